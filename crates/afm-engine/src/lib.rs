@@ -1,0 +1,10 @@
+//! afm-engine: the serving engine. One thread (the engine loop) owns all mutable state: the
+//! scheduler, the KV block manager and prefix cache, the model runner and the samplers.
+//! Everything else talks to it through [`EngineHandle`] over channels.
+//!
+//! Requests arrive already tokenized ([`GenerateRequest`]); text-level work (templates, stop
+//! strings, reasoning and tool-call parsing) happens in the caller.
+
+pub mod api;
+
+pub use api::*;
