@@ -10,6 +10,10 @@ pub mod error;
 pub mod matmul;
 pub mod quant;
 
+pub mod attention;
+pub mod kv_store;
+pub mod ops;
+
 pub use bytes::WeightBytes;
 pub use dtype::DType;
 pub use error::RuntimeError;
