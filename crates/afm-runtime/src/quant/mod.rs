@@ -1,15 +1,55 @@
-//! GGML block formats: dequantization and quantized dot products.
+//! GGML block formats: bit-exact dequantization and the dot-product kernels `matmul` runs.
+//!
+//! Layout of this module:
+//! - `float`, `legacy`, `kquants`: decoding of F32/F16/BF16, the 32-weight formats
+//!   (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) and the 256-weight K-quants (Q2_K..Q6_K), plus the portable
+//!   scalar dot kernels against quantized activations.
+//! - `activations`: activation rows quantized once per matmul call (8-bit, as llama.cpp does).
+//! - `avx2_*`: the same kernels with AVX2+FMA, chosen at run time by `kernel`.
+//!
+//! It does not own threading or tiling; `matmul` does.
+
+mod float;
+mod kquants;
+mod legacy;
 
 use crate::DType;
 
-/// Decode one row stored as `dtype` into f32.
+/// Decode one row stored as `dtype` into f32, bit-exact with GGML's reference dequantization.
+///
+/// Panics when `src` is not exactly the encoding of `out.len()` elements; callers size both
+/// from a shape checked at load time.
 pub fn dequantize_row(dtype: DType, src: &[u8], out: &mut [f32]) {
+    assert_eq!(
+        dtype.row_bytes(out.len()),
+        Some(src.len()),
+        "dequantize_row: {} bytes do not encode {} {} values",
+        src.len(),
+        out.len(),
+        dtype.name()
+    );
     match dtype {
-        DType::F32 => {
-            for (o, c) in out.iter_mut().zip(src.chunks_exact(4)) {
-                *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-            }
-        }
-        other => unimplemented!("dequantize {}", other.name()),
+        DType::F32 => float::dequantize_f32(src, out),
+        DType::F16 => float::dequantize_f16(src, out),
+        DType::BF16 => float::dequantize_bf16(src, out),
+        DType::Q4_0 => legacy::dequantize_q4_0(src, out),
+        DType::Q4_1 => legacy::dequantize_q4_1(src, out),
+        DType::Q5_0 => legacy::dequantize_q5_0(src, out),
+        DType::Q5_1 => legacy::dequantize_q5_1(src, out),
+        DType::Q8_0 => legacy::dequantize_q8_0(src, out),
+        DType::Q2K => kquants::dequantize_q2_k(src, out),
+        DType::Q3K => kquants::dequantize_q3_k(src, out),
+        DType::Q4K => kquants::dequantize_q4_k(src, out),
+        DType::Q5K => kquants::dequantize_q5_k(src, out),
+        DType::Q6K => kquants::dequantize_q6_k(src, out),
     }
 }
+
+/// Little-endian f16 at byte `i`, widened exactly.
+#[inline(always)]
+fn f16_at(b: &[u8], i: usize) -> f32 {
+    half::f16::from_bits(u16::from_le_bytes([b[i], b[i + 1]])).to_f32()
+}
+
+#[cfg(test)]
+mod tests;

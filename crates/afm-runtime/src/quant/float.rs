@@ -1,0 +1,23 @@
+//! F32, F16 and BF16 rows: decoding and the scalar f32 dot products against them.
+//! Floats are not quantized on the activation side; weights are widened on the fly.
+
+use super::f16_at;
+
+pub(super) fn dequantize_f32(src: &[u8], out: &mut [f32]) {
+    for (o, c) in out.iter_mut().zip(src.chunks_exact(4)) {
+        *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+    }
+}
+
+pub(super) fn dequantize_f16(src: &[u8], out: &mut [f32]) {
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = f16_at(src, 2 * i);
+    }
+}
+
+/// BF16 is the top half of an f32, so widening is a shift.
+pub(super) fn dequantize_bf16(src: &[u8], out: &mut [f32]) {
+    for (o, c) in out.iter_mut().zip(src.chunks_exact(2)) {
+        *o = f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16);
+    }
+}

@@ -1,0 +1,85 @@
+//! The 32-weight block formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0): decoding, bit-exact with
+//! GGML's `dequantize_row_*`, and the scalar dot products against Q8 activation blocks.
+//!
+//! Block layouts (`ggml-common.h`), all little-endian, 32 weights each:
+//! ```text
+//! Q4_0 18 B: f16 d | u8 qs[16]                  w = d·(q-8)
+//! Q4_1 20 B: f16 d | f16 m | u8 qs[16]          w = d·q + m
+//! Q5_0 22 B: f16 d | u32 qh | u8 qs[16]         w = d·(q-16)
+//! Q5_1 24 B: f16 d | f16 m | u32 qh | u8 qs[16] w = d·q + m
+//! Q8_0 34 B: f16 d | i8 qs[32]                  w = d·q
+//! ```
+//! Nibbles: `qs[j] & 0xF` is weight j, `qs[j] >> 4` is weight j+16; bit j of `qh` is the fifth
+//! bit of weight j.
+
+use super::f16_at;
+
+/// Weights per block.
+pub(super) const QK: usize = 32;
+
+/// The 4-bit values of a block, in weight order.
+#[inline(always)]
+fn nibbles(qs: &[u8]) -> [u8; QK] {
+    let mut q = [0u8; QK];
+    for j in 0..QK / 2 {
+        q[j] = qs[j] & 0x0F;
+        q[j + QK / 2] = qs[j] >> 4;
+    }
+    q
+}
+
+/// The 5-bit values of a block: nibbles plus the bit from `qh`.
+#[inline(always)]
+fn five_bit(qh: &[u8], qs: &[u8]) -> [u8; QK] {
+    let h = u32::from_le_bytes([qh[0], qh[1], qh[2], qh[3]]);
+    let mut q = nibbles(qs);
+    for (j, v) in q.iter_mut().enumerate() {
+        *v |= (((h >> j) & 1) as u8) << 4;
+    }
+    q
+}
+
+pub(super) fn dequantize_q4_0(src: &[u8], out: &mut [f32]) {
+    for (b, y) in src.chunks_exact(18).zip(out.chunks_exact_mut(QK)) {
+        let d = f16_at(b, 0);
+        for (o, q) in y.iter_mut().zip(nibbles(&b[2..18])) {
+            *o = (q as i32 - 8) as f32 * d;
+        }
+    }
+}
+
+pub(super) fn dequantize_q4_1(src: &[u8], out: &mut [f32]) {
+    for (b, y) in src.chunks_exact(20).zip(out.chunks_exact_mut(QK)) {
+        let (d, m) = (f16_at(b, 0), f16_at(b, 2));
+        for (o, q) in y.iter_mut().zip(nibbles(&b[4..20])) {
+            *o = q as f32 * d + m;
+        }
+    }
+}
+
+pub(super) fn dequantize_q5_0(src: &[u8], out: &mut [f32]) {
+    for (b, y) in src.chunks_exact(22).zip(out.chunks_exact_mut(QK)) {
+        let d = f16_at(b, 0);
+        for (o, q) in y.iter_mut().zip(five_bit(&b[2..6], &b[6..22])) {
+            *o = (q as i32 - 16) as f32 * d;
+        }
+    }
+}
+
+pub(super) fn dequantize_q5_1(src: &[u8], out: &mut [f32]) {
+    for (b, y) in src.chunks_exact(24).zip(out.chunks_exact_mut(QK)) {
+        let (d, m) = (f16_at(b, 0), f16_at(b, 2));
+        for (o, q) in y.iter_mut().zip(five_bit(&b[4..8], &b[8..24])) {
+            *o = q as f32 * d + m;
+        }
+    }
+}
+
+pub(super) fn dequantize_q8_0(src: &[u8], out: &mut [f32]) {
+    for (b, y) in src.chunks_exact(34).zip(out.chunks_exact_mut(QK)) {
+        let d = f16_at(b, 0);
+        for (o, &q) in y.iter_mut().zip(&b[2..34]) {
+            *o = q as i8 as f32 * d;
+        }
+    }
+}
