@@ -6,5 +6,12 @@
 //! strings, reasoning and tool-call parsing) happens in the caller.
 
 pub mod api;
+pub mod engine;
+pub mod kv_blocks;
+pub mod scheduler;
+pub mod sequence;
+pub mod metrics;
+pub mod sampling;
 
 pub use api::*;
+pub use engine::{Engine, EngineConfig, EngineError, EngineHandle};

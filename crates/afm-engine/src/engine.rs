@@ -1,0 +1,360 @@
+//! The engine loop: the one thread that owns the scheduler, the KV cache, the model and every
+//! sampler. Callers hold an [`EngineHandle`] and talk to it over a channel.
+//!
+//! One step is three calls, as in nano-vllm: `schedule` → `forward` → `complete_step`.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::Instant;
+
+use afm_models::{ForwardBatch, LoadedModel, SeqChunk};
+use afm_runtime::kv_store::KvCache;
+use tokio::sync::mpsc as tmpsc;
+
+use crate::api::*;
+use crate::kv_blocks::BlockManager;
+use crate::metrics::EngineMetrics;
+use crate::sampling::Sampler;
+use crate::scheduler::{Scheduler, SchedulerConfig, StepPlan};
+use crate::sequence::Sequence;
+
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// Longest sequence (prompt + generated); 0 = the model's own limit.
+    pub max_context: usize,
+    /// Sequences decoded together (`--concurrent`).
+    pub concurrent: usize,
+    /// Requests allowed to wait for admission before 429.
+    pub max_waiting: usize,
+    /// Tokens computed per step at most (`--prefill-step-size`).
+    pub prefill_step_size: usize,
+    /// Bytes for the KV pool; `None` = a share of available memory.
+    pub kv_budget_bytes: Option<usize>,
+    pub block_size: usize,
+    pub prefix_caching: bool,
+    /// `AFM_DEBUG=1`: tagged diagnostic lines on stderr.
+    pub debug: bool,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            max_context: 0,
+            concurrent: 1,
+            max_waiting: 64,
+            prefill_step_size: 1024,
+            kv_budget_bytes: None,
+            block_size: 16,
+            prefix_caching: true,
+            debug: false,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum EngineError {
+    #[error("too many requests waiting (limit {limit}); retry later")]
+    QueueFull { limit: usize },
+    #[error("prompt has {prompt} tokens; this model's context is {limit} tokens")]
+    PromptTooLong { prompt: usize, limit: usize },
+    #[error("the engine has stopped")]
+    Stopped,
+    #[error("{0}")]
+    Config(String),
+}
+
+enum Command {
+    Submit { id: RequestId, req: GenerateRequest, tx: tmpsc::UnboundedSender<GenerateEvent>, at: Instant },
+    Cancel(RequestId),
+}
+
+/// A cheap, cloneable handle to the engine thread.
+#[derive(Clone)]
+pub struct EngineHandle {
+    tx: mpsc::Sender<Command>,
+    next_id: Arc<AtomicU64>,
+    /// Submitted but not yet admitted: checked here so a full queue is refused synchronously.
+    waiting: Arc<AtomicUsize>,
+    max_waiting: usize,
+    max_context: usize,
+    metrics: Arc<EngineMetrics>,
+}
+
+impl EngineHandle {
+    pub fn submit(&self, req: GenerateRequest) -> Result<(RequestId, EventReceiver), EngineError> {
+        if req.prompt_tokens.len() >= self.max_context {
+            return Err(EngineError::PromptTooLong { prompt: req.prompt_tokens.len(), limit: self.max_context });
+        }
+        if self.waiting.fetch_add(1, Ordering::SeqCst) >= self.max_waiting {
+            self.waiting.fetch_sub(1, Ordering::SeqCst);
+            return Err(EngineError::QueueFull { limit: self.max_waiting });
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = tmpsc::unbounded_channel();
+        let cmd = Command::Submit { id, req, tx, at: Instant::now() };
+        if self.tx.send(cmd).is_err() {
+            self.waiting.fetch_sub(1, Ordering::SeqCst);
+            return Err(EngineError::Stopped);
+        }
+        Ok((id, rx))
+    }
+
+    /// Stops a request wherever it is; its `Finished { Cancelled }` event follows.
+    pub fn cancel(&self, id: RequestId) {
+        let _ = self.tx.send(Command::Cancel(id));
+    }
+
+    pub fn max_context(&self) -> usize {
+        self.max_context
+    }
+
+    pub fn metrics(&self) -> &EngineMetrics {
+        &self.metrics
+    }
+}
+
+/// Per-request state the engine keeps beside the scheduler's token state.
+struct Active {
+    tx: tmpsc::UnboundedSender<GenerateEvent>,
+    sampler: Sampler,
+    req: GenerateRequest,
+    arrived: Instant,
+    admitted: Option<Instant>,
+    first_token: Option<Instant>,
+    generated: usize,
+}
+
+pub struct Engine {
+    model: LoadedModel,
+    kv: KvCache,
+    scheduler: Scheduler,
+    active: HashMap<RequestId, Active>,
+    rx: mpsc::Receiver<Command>,
+    waiting: Arc<AtomicUsize>,
+    metrics: Arc<EngineMetrics>,
+    max_context: usize,
+    debug: bool,
+}
+
+impl Engine {
+    /// Sizes the KV pool, starts the engine thread and returns its handle.
+    pub fn spawn(model: LoadedModel, cfg: EngineConfig) -> Result<EngineHandle, EngineError> {
+        let model_ctx = model.config.max_position;
+        let max_context = if cfg.max_context == 0 { model_ctx } else { cfg.max_context };
+        let shapes = model.model.kv_shapes();
+        let per_block = KvCache::bytes_per_block(&shapes, cfg.block_size);
+        let budget = cfg.kv_budget_bytes.unwrap_or_else(default_kv_budget);
+        let num_blocks = budget / per_block.max(1);
+        let per_seq = max_context.div_ceil(cfg.block_size);
+        if num_blocks < per_seq {
+            return Err(EngineError::Config(format!(
+                "KV budget of {budget} bytes holds {} tokens; context {max_context} needs {} bytes (lower --max-context or raise the KV budget)",
+                num_blocks * cfg.block_size,
+                per_seq * per_block
+            )));
+        }
+        eprintln!(
+            "[KVCache] {num_blocks} blocks × {} tokens ({:.1} MiB, {} KiB/block), context {max_context}, prefix caching {}",
+            cfg.block_size,
+            (num_blocks * per_block) as f64 / (1 << 20) as f64,
+            per_block / 1024,
+            if cfg.prefix_caching { "on" } else { "off" }
+        );
+        let kv = KvCache::new(&shapes, num_blocks, cfg.block_size);
+        let blocks = BlockManager::new(num_blocks, cfg.block_size, cfg.prefix_caching);
+        let sched_cfg = SchedulerConfig {
+            max_running: cfg.concurrent.max(1),
+            max_waiting: usize::MAX,
+            token_budget: cfg.prefill_step_size.max(1),
+            max_prefill_chunk: cfg.prefill_step_size.max(1),
+        };
+        let (tx, rx) = mpsc::channel();
+        let waiting = Arc::new(AtomicUsize::new(0));
+        let metrics = Arc::new(EngineMetrics::default());
+        let engine = Engine {
+            model,
+            kv,
+            scheduler: Scheduler::new(sched_cfg, blocks),
+            active: HashMap::new(),
+            rx,
+            waiting: waiting.clone(),
+            metrics: metrics.clone(),
+            max_context,
+            debug: cfg.debug,
+        };
+        std::thread::Builder::new()
+            .name("afm-engine".into())
+            .spawn(move || engine.run())
+            .map_err(|e| EngineError::Config(format!("cannot start the engine thread: {e}")))?;
+        Ok(EngineHandle {
+            tx,
+            next_id: Arc::new(AtomicU64::new(1)),
+            waiting,
+            max_waiting: cfg.max_waiting,
+            max_context,
+            metrics,
+        })
+    }
+
+    fn run(mut self) {
+        loop {
+            if !self.scheduler.has_work() {
+                // Idle: block until a command arrives; exit when every handle is gone.
+                match self.rx.recv() {
+                    Ok(cmd) => self.handle(cmd),
+                    Err(_) => return,
+                }
+            }
+            while let Ok(cmd) = self.rx.try_recv() {
+                self.handle(cmd);
+            }
+            if self.scheduler.has_work() {
+                self.step();
+            }
+        }
+    }
+
+    fn handle(&mut self, cmd: Command) {
+        match cmd {
+            Command::Submit { id, req, tx, at } => {
+                let max_tokens = req.max_tokens.min(self.max_context - req.prompt_tokens.len());
+                let seq = Sequence::new(id, req.prompt_tokens.clone(), max_tokens, id);
+                if let Err(e) = self.scheduler.add(seq) {
+                    self.waiting.fetch_sub(1, Ordering::SeqCst);
+                    let _ = tx.send(GenerateEvent::Error { message: e.to_string() });
+                    return;
+                }
+                let sampler = Sampler::new(req.sampling.clone());
+                self.active.insert(id, Active { tx, sampler, req, arrived: at, admitted: None, first_token: None, generated: 0 });
+            }
+            Command::Cancel(id) => self.finish(id, FinishReason::Cancelled),
+        }
+    }
+
+    fn step(&mut self) {
+        let plan = self.scheduler.schedule();
+        for id in &plan.preempted {
+            if self.debug {
+                eprintln!("[BatchScheduler] preempted request {id} (KV blocks exhausted; will recompute)");
+            }
+        }
+        if plan.items.is_empty() {
+            return;
+        }
+        self.note_admissions(&plan);
+        let mut logits = self.forward(&plan);
+        let vocab = self.model.model.vocab_size();
+        let mut sampled = Vec::new();
+        let mut row = 0;
+        for item in plan.items.iter().filter(|i| i.samples) {
+            let logits_row = &mut logits[row * vocab..(row + 1) * vocab];
+            row += 1;
+            let Some(seq) = self.scheduler.get(item.seq_id) else { continue };
+            let Some(a) = self.active.get_mut(&item.seq_id) else { continue };
+            let (tok, lp) = a.sampler.sample(logits_row, &seq.tokens, a.req.top_logprobs);
+            sampled.push((item.seq_id, tok));
+            a.first_token.get_or_insert_with(Instant::now);
+            a.generated += 1;
+            // A failed send means the caller went away; check_finished cancels it.
+            let _ = a.tx.send(GenerateEvent::Token { id: tok, logprob: lp });
+        }
+        self.scheduler.complete_step(&plan, &sampled);
+        for (id, tok) in sampled {
+            self.check_finished(id, tok);
+        }
+    }
+
+    fn note_admissions(&mut self, plan: &StepPlan) {
+        for item in &plan.items {
+            if let Some(a) = self.active.get_mut(&item.seq_id) {
+                if a.admitted.is_none() {
+                    a.admitted = Some(Instant::now());
+                    self.waiting.fetch_sub(1, Ordering::SeqCst);
+                    if self.debug {
+                        let cached = self.scheduler.get(item.seq_id).map_or(0, |s| s.cached_prompt_tokens);
+                        eprintln!(
+                            "[KVCache] request {}: prefix hit {cached}/{} tokens",
+                            item.seq_id,
+                            a.req.prompt_tokens.len()
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    fn forward(&mut self, plan: &StepPlan) -> Vec<f32> {
+        let mut tokens = Vec::new();
+        let mut chunks = Vec::with_capacity(plan.items.len());
+        for item in &plan.items {
+            let seq = self.scheduler.get(item.seq_id).expect("planned sequences are live");
+            tokens.extend_from_slice(&seq.tokens[item.start..item.start + item.len]);
+        }
+        for item in &plan.items {
+            chunks.push(SeqChunk { len: item.len, pos0: item.start, block_table: &item.block_table, logits: item.samples });
+        }
+        let batch = ForwardBatch { tokens: &tokens, seqs: &chunks };
+        self.model.model.forward(&batch, &mut self.kv)
+    }
+
+    fn check_finished(&mut self, id: RequestId, tok: u32) {
+        let Some(a) = self.active.get(&id) else { return };
+        if a.tx.is_closed() {
+            return self.finish(id, FinishReason::Cancelled);
+        }
+        if a.req.stop_token_ids.contains(&tok) {
+            self.finish(id, FinishReason::Stop);
+        } else if let Some(seq) = self.scheduler.get(id) {
+            if a.generated >= seq.max_tokens || seq.tokens.len() >= self.max_context {
+                self.finish(id, FinishReason::Length);
+            }
+        }
+    }
+
+    /// Ends a request: frees its blocks, reports its stats. Unknown ids are ignored (already done).
+    fn finish(&mut self, id: RequestId, reason: FinishReason) {
+        let seq = self.scheduler.finish(id);
+        let Some(a) = self.active.remove(&id) else { return };
+        if a.admitted.is_none() {
+            self.waiting.fetch_sub(1, Ordering::SeqCst);
+        }
+        let now = Instant::now();
+        let admitted = a.admitted.unwrap_or(now);
+        let first = a.first_token.unwrap_or(now);
+        let stats = GenerationStats {
+            prompt_tokens: a.req.prompt_tokens.len(),
+            cached_tokens: seq.map_or(0, |s| s.cached_prompt_tokens),
+            completion_tokens: a.generated,
+            queue_time: (admitted - a.arrived).as_secs_f64(),
+            prompt_time: (first - admitted).as_secs_f64(),
+            completion_time: (now - first).as_secs_f64(),
+        };
+        self.metrics.record(&stats);
+        if self.debug {
+            let tps = if stats.completion_time > 0.0 { stats.completion_tokens as f64 / stats.completion_time } else { 0.0 };
+            eprintln!(
+                "[BatchScheduler] request {id} finished ({reason:?}): {} prompt ({} cached), {} generated, TTFT {:.1} ms, decode {tps:.1} tok/s",
+                stats.prompt_tokens,
+                stats.cached_tokens,
+                stats.completion_tokens,
+                (stats.queue_time + stats.prompt_time) * 1e3
+            );
+        }
+        let _ = a.tx.send(GenerateEvent::Finished { reason, stats });
+    }
+}
+
+/// A quarter of available memory, at most 4 GiB. Pages are touched only when used.
+fn default_kv_budget() -> usize {
+    let avail = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find(|l| l.starts_with("MemAvailable:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<usize>().ok())
+        })
+        .map_or(8 << 30, |kb| kb * 1024);
+    (avail / 4).min(4 << 30)
+}

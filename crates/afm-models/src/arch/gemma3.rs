@@ -1,0 +1,148 @@
+//! `gemma3` / `gemma3_text`: sandwich-normed decoder (norms before and after attention and MLP),
+//! embeddings scaled by √hidden, per-head Q/K RMSNorm, GeGLU MLP, and a mix of sliding-window
+//! layers (local RoPE base) and global layers. HF stores RMSNorm weights as `w` for `x·(1 + w)`;
+//! llama.cpp's GGUF stores `1 + w`, so the offset is folded in at load.
+
+use afm_runtime::attention::AttnParams;
+use afm_runtime::kv_store::{KvCache, LayerKv, LayerKvShape};
+use afm_runtime::ops::{self, Rope, RopeStyle};
+
+use super::llama::rope_for;
+use crate::checkpoint::{Checkpoint, NormNaming};
+use crate::config::TransformerConfig;
+use crate::forward::{CausalLm, ForwardBatch};
+use crate::layers::{apply_rope, cached_attention, gather_rows, Embedding, GatedMlp, Linear, RmsNorm};
+use crate::weights::GgufFile;
+use crate::ModelError;
+
+const N: NormNaming = NormNaming::Gemma;
+
+struct Block {
+    input_norm: RmsNorm,
+    q: Linear,
+    k: Linear,
+    v: Linear,
+    o: Linear,
+    q_norm: RmsNorm,
+    k_norm: RmsNorm,
+    post_attn_norm: RmsNorm,
+    pre_ffn_norm: RmsNorm,
+    mlp: GatedMlp,
+    post_ffn_norm: RmsNorm,
+    sliding: bool,
+}
+
+pub struct Gemma3 {
+    cfg: TransformerConfig,
+    embed: Embedding,
+    layers: Vec<Block>,
+    norm: RmsNorm,
+    lm_head: Linear,
+    rope_global: Rope,
+    rope_local: Rope,
+}
+
+/// What llama.cpp hard-codes for Gemma 3 rather than storing in the GGUF.
+pub fn adjust_gguf_config(cfg: &mut TransformerConfig, _g: &GgufFile) {
+    cfg.layer_sliding = (0..cfg.num_layers).map(|i| (i + 1) % 6 != 0).collect();
+    cfg.rope_local_theta = 10_000.0;
+    cfg.query_pre_attn_scalar = Some(cfg.head_dim as f32);
+}
+
+impl Gemma3 {
+    pub fn load(ck: &Checkpoint, cfg: &TransformerConfig) -> Result<Self, ModelError> {
+        let (h, hd) = (cfg.hidden_size, cfg.head_dim);
+        let eps = cfg.rms_eps;
+        let offset = if ck.is_gguf() { 0.0 } else { 1.0 };
+        let norm = |name: &str, len: usize| RmsNorm::load(ck, name, N, len, eps, offset);
+        let table = ck.matrix("embed_tokens.weight", N, cfg.vocab_size, h)?;
+        let lm_head = if ck.has("lm_head.weight", N) {
+            Linear::load(ck, "lm_head", N, cfg.vocab_size, h, false)?
+        } else {
+            Linear { w: table.clone(), b: None }
+        };
+        let mut layers = Vec::with_capacity(cfg.num_layers);
+        for i in 0..cfg.num_layers {
+            let p = format!("layers.{i}");
+            let lin = |m: &str, out: usize, inp: usize| Linear::load(ck, &format!("{p}.self_attn.{m}"), N, out, inp, false);
+            layers.push(Block {
+                input_norm: norm(&format!("{p}.input_layernorm"), h)?,
+                q: lin("q_proj", cfg.num_heads * hd, h)?,
+                k: lin("k_proj", cfg.num_kv_heads * hd, h)?,
+                v: lin("v_proj", cfg.num_kv_heads * hd, h)?,
+                o: lin("o_proj", h, cfg.num_heads * hd)?,
+                q_norm: norm(&format!("{p}.self_attn.q_norm"), hd)?,
+                k_norm: norm(&format!("{p}.self_attn.k_norm"), hd)?,
+                post_attn_norm: norm(&format!("{p}.post_attention_layernorm"), h)?,
+                pre_ffn_norm: norm(&format!("{p}.pre_feedforward_layernorm"), h)?,
+                mlp: GatedMlp::load(ck, &format!("{p}.mlp"), N, h, cfg.intermediate_size, ops::gelu_tanh)?,
+                post_ffn_norm: norm(&format!("{p}.post_feedforward_layernorm"), h)?,
+                sliding: cfg.layer_sliding[i],
+            });
+        }
+        Ok(Self {
+            embed: Embedding { table, scale: (h as f32).sqrt() },
+            layers,
+            norm: norm("norm", h)?,
+            lm_head,
+            rope_global: rope_for(cfg, cfg.rope_theta, RopeStyle::Neox),
+            rope_local: Rope::new(hd, cfg.rope_local_theta, 1.0, RopeStyle::Neox),
+            cfg: cfg.clone(),
+        })
+    }
+
+    fn attention(&self, b: &Block, x: &[f32], kv: &mut LayerKv, batch: &ForwardBatch, pos: &[usize]) -> Vec<f32> {
+        let (n, hd) = (pos.len(), self.cfg.head_dim);
+        let mut q = b.q.forward(x, n);
+        let mut k = b.k.forward(x, n);
+        let v = b.v.forward(x, n);
+        b.q_norm.forward_inplace(&mut q);
+        b.k_norm.forward_inplace(&mut k);
+        let rope = if b.sliding { &self.rope_local } else { &self.rope_global };
+        apply_rope(rope, &mut q, hd, pos);
+        apply_rope(rope, &mut k, hd, pos);
+        let params = AttnParams {
+            n_heads: self.cfg.num_heads,
+            head_dim: hd,
+            scale: 1.0 / self.cfg.query_pre_attn_scalar.unwrap_or(hd as f32).sqrt(),
+            window: if b.sliding { self.cfg.sliding_window } else { None },
+            softcap: self.cfg.attn_logit_softcap,
+        };
+        let o = cached_attention(&q, &k, &v, kv, batch, &params);
+        b.o.forward(&o, n)
+    }
+}
+
+impl CausalLm for Gemma3 {
+    fn forward(&self, batch: &ForwardBatch, kv: &mut KvCache) -> Vec<f32> {
+        let pos = batch.positions();
+        let n = pos.len();
+        let mut x = self.embed.forward(batch.tokens);
+        for (b, cache) in self.layers.iter().zip(kv.layers.iter_mut()) {
+            let h = b.input_norm.forward(&x);
+            let mut a = self.attention(b, &h, cache, batch, &pos);
+            b.post_attn_norm.forward_inplace(&mut a);
+            ops::add_assign(&mut x, &a);
+            let h = b.pre_ffn_norm.forward(&x);
+            let mut m = b.mlp.forward(&h, n);
+            b.post_ffn_norm.forward_inplace(&mut m);
+            ops::add_assign(&mut x, &m);
+        }
+        let rows = batch.logit_rows();
+        let mut last = gather_rows(&x, self.cfg.hidden_size, &rows);
+        self.norm.forward_inplace(&mut last);
+        let mut logits = self.lm_head.forward(&last, rows.len());
+        if let Some(cap) = self.cfg.final_logit_softcap {
+            ops::softcap(&mut logits, cap);
+        }
+        logits
+    }
+
+    fn kv_shapes(&self) -> Vec<LayerKvShape> {
+        vec![LayerKvShape { n_kv_heads: self.cfg.num_kv_heads, head_dim: self.cfg.head_dim }; self.cfg.num_layers]
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.cfg.vocab_size
+    }
+}

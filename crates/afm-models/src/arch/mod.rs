@@ -1,0 +1,63 @@
+//! The architectures of the general runtime: one file each, one row each in [`ARCHITECTURES`].
+
+pub mod gemma3;
+pub mod llama;
+pub mod qwen2;
+pub mod qwen3;
+
+use afm_runtime::ops::RopeStyle;
+
+use crate::checkpoint::Checkpoint;
+use crate::config::TransformerConfig;
+use crate::forward::CausalLm;
+use crate::weights::GgufFile;
+use crate::ModelError;
+
+type LoadFn = fn(&Checkpoint, &TransformerConfig) -> Result<Box<dyn CausalLm>, ModelError>;
+
+pub struct Architecture {
+    /// HF `model_type` values.
+    pub hf_types: &'static [&'static str],
+    /// GGUF `general.architecture`.
+    pub gguf_arch: &'static str,
+    /// Fills in what llama.cpp keeps out of the GGUF metadata.
+    pub adjust_gguf: fn(&mut TransformerConfig, &GgufFile),
+    pub load: LoadFn,
+}
+
+fn no_adjust(_: &mut TransformerConfig, _: &GgufFile) {}
+
+pub const ARCHITECTURES: &[Architecture] = &[
+    Architecture {
+        hf_types: &["llama"],
+        gguf_arch: "llama",
+        adjust_gguf: no_adjust,
+        load: |ck, cfg| {
+            // llama.cpp permutes llama's Q/K rows so GGML can rotate interleaved pairs.
+            let style = if ck.is_gguf() { RopeStyle::Interleaved } else { RopeStyle::Neox };
+            Ok(Box::new(llama::Llama::load(ck, cfg, Default::default(), style)?))
+        },
+    },
+    Architecture {
+        hf_types: &["qwen2"],
+        gguf_arch: "qwen2",
+        adjust_gguf: no_adjust,
+        load: |ck, cfg| Ok(Box::new(qwen2::load(ck, cfg)?)),
+    },
+    Architecture {
+        hf_types: &["qwen3"],
+        gguf_arch: "qwen3",
+        adjust_gguf: no_adjust,
+        load: |ck, cfg| Ok(Box::new(qwen3::load(ck, cfg)?)),
+    },
+    Architecture {
+        hf_types: &["gemma3", "gemma3_text"],
+        gguf_arch: "gemma3",
+        adjust_gguf: gemma3::adjust_gguf_config,
+        load: |ck, cfg| Ok(Box::new(gemma3::Gemma3::load(ck, cfg)?)),
+    },
+];
+
+pub fn supported_names() -> String {
+    ARCHITECTURES.iter().flat_map(|a| a.hf_types.iter().copied()).collect::<Vec<_>>().join(", ")
+}

@@ -1,0 +1,58 @@
+//! The one forward contract every architecture implements.
+//!
+//! A step carries any number of new tokens per sequence, so prefill, chunked prefill, decode and
+//! speculative verification are the same call:
+//!
+//! ```text
+//! tokens: [ a0 a1 a2 a3 | b7 | c3 c4 ]      concatenated, one span per sequence
+//! seqs:   [ {len 4, pos0 0}, {len 1, pos0 7}, {len 2, pos0 3} ]
+//! logits: one row per sequence with `logits: true`, for its last new token
+//! ```
+
+use afm_runtime::kv_store::{KvCache, LayerKvShape};
+
+#[derive(Debug, Clone, Copy)]
+pub struct SeqChunk<'a> {
+    pub len: usize,
+    /// Position of the first new token (= tokens already in the cache).
+    pub pos0: usize,
+    /// Block ids covering positions `0..pos0 + len`.
+    pub block_table: &'a [u32],
+    /// Return logits for this sequence's last new token.
+    pub logits: bool,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct ForwardBatch<'a> {
+    pub tokens: &'a [u32],
+    pub seqs: &'a [SeqChunk<'a>],
+}
+
+impl ForwardBatch<'_> {
+    /// Position of every token, in order.
+    pub fn positions(&self) -> Vec<usize> {
+        self.seqs.iter().flat_map(|s| s.pos0..s.pos0 + s.len).collect()
+    }
+
+    /// Row indices (into `tokens`) whose logits are wanted.
+    pub fn logit_rows(&self) -> Vec<usize> {
+        let mut row = 0;
+        let mut rows = Vec::new();
+        for s in self.seqs {
+            row += s.len;
+            if s.logits {
+                rows.push(row - 1);
+            }
+        }
+        rows
+    }
+}
+
+/// A causal language model: weights only; the KV cache is the engine's and comes in as an input.
+pub trait CausalLm: Send + Sync {
+    /// Writes the new tokens' K/V into `kv` and returns `[logit rows][vocab]` logits.
+    fn forward(&self, batch: &ForwardBatch, kv: &mut KvCache) -> Vec<f32>;
+    /// Cache shape of each layer.
+    fn kv_shapes(&self) -> Vec<LayerKvShape>;
+    fn vocab_size(&self) -> usize;
+}

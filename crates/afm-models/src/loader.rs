@@ -1,0 +1,91 @@
+//! From a resolved `-m` location to a ready model: config, architecture row, weights bound.
+
+use std::path::Path;
+
+use crate::arch::{supported_names, Architecture, ARCHITECTURES};
+use crate::checkpoint::Checkpoint;
+use crate::config::TransformerConfig;
+use crate::forward::CausalLm;
+use crate::source::ModelLocation;
+use crate::weights::{GgufFile, SafetensorsSet, WeightSource};
+use crate::ModelError;
+
+pub struct LoadedModel {
+    /// Name reported to clients (file stem or directory name).
+    pub name: String,
+    pub arch: &'static str,
+    pub config: TransformerConfig,
+    pub model: Box<dyn CausalLm>,
+    pub location: ModelLocation,
+    /// The weight files, kept for their metadata (tokenizer, template); weights share its mapping.
+    pub source: WeightSource,
+}
+
+impl LoadedModel {
+    pub fn gguf(&self) -> Option<&GgufFile> {
+        match &self.source {
+            WeightSource::Gguf(g) => Some(g),
+            WeightSource::Safetensors(_) => None,
+        }
+    }
+
+    pub fn hf_dir(&self) -> Option<&Path> {
+        match &self.location {
+            ModelLocation::HfDir(d) => Some(d),
+            ModelLocation::Gguf(_) => None,
+        }
+    }
+}
+
+fn unsupported(name: &str) -> ModelError {
+    ModelError::UnsupportedArch(name.to_string(), supported_names())
+}
+
+pub fn load_model(loc: &ModelLocation) -> Result<LoadedModel, ModelError> {
+    match loc {
+        ModelLocation::Gguf(path) => load_gguf(path, loc),
+        ModelLocation::HfDir(dir) => load_hf(dir, loc),
+    }
+}
+
+fn display_name(p: &Path) -> String {
+    let stem = if p.is_dir() { p.file_name() } else { p.file_stem() };
+    stem.map_or_else(|| p.display().to_string(), |s| s.to_string_lossy().into_owned())
+}
+
+fn load_gguf(path: &Path, loc: &ModelLocation) -> Result<LoadedModel, ModelError> {
+    let g = GgufFile::open(path)?;
+    let name = g.architecture().unwrap_or("<none>").to_string();
+    let arch = ARCHITECTURES.iter().find(|a| a.gguf_arch == name).ok_or_else(|| unsupported(&name))?;
+    let mut config = TransformerConfig::from_gguf(&g, arch.gguf_arch)?;
+    (arch.adjust_gguf)(&mut config, &g);
+    let source = WeightSource::Gguf(g);
+    let model = (arch.load)(&Checkpoint::new(&source, ""), &config)?;
+    Ok(LoadedModel { name: display_name(path), arch: arch.gguf_arch, config, model, location: loc.clone(), source })
+}
+
+fn load_hf(dir: &Path, loc: &ModelLocation) -> Result<LoadedModel, ModelError> {
+    let cfg_path = dir.join("config.json");
+    let text = std::fs::read_to_string(&cfg_path)
+        .map_err(|e| ModelError::File { path: cfg_path.display().to_string(), reason: e.to_string() })?;
+    let json: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| ModelError::File { path: cfg_path.display().to_string(), reason: e.to_string() })?;
+    // Multimodal wrappers keep the language model's config under `text_config`.
+    let (text_cfg, prefix) = match json.get("text_config") {
+        Some(t) if t.is_object() => (t.clone(), "model.language_model."),
+        _ => (json.clone(), "model."),
+    };
+    let model_type = text_cfg
+        .get("model_type")
+        .or_else(|| json.get("model_type"))
+        .and_then(|v| v.as_str())
+        .unwrap_or("<none>");
+    let arch: &Architecture = ARCHITECTURES
+        .iter()
+        .find(|a| a.hf_types.contains(&model_type))
+        .ok_or_else(|| unsupported(model_type))?;
+    let config = TransformerConfig::from_hf(&text_cfg)?;
+    let source = WeightSource::Safetensors(SafetensorsSet::open_dir(dir)?);
+    let model = (arch.load)(&Checkpoint::new(&source, prefix), &config)?;
+    Ok(LoadedModel { name: display_name(dir), arch: arch.hf_types[0], config, model, location: loc.clone(), source })
+}
