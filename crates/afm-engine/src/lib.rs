@@ -6,6 +6,9 @@
 //! strings, reasoning and tool-call parsing) happens in the caller.
 
 pub mod api;
+pub mod kv_blocks;
+pub mod scheduler;
+pub mod sequence;
 pub mod engine;
 pub mod kv_blocks;
 pub mod scheduler;
