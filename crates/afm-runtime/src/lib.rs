@@ -9,6 +9,7 @@ pub mod dtype;
 pub mod error;
 pub mod matmul;
 pub mod quant;
+pub mod threads;
 
 pub mod attention;
 pub mod kv_store;

@@ -2,8 +2,21 @@
 //!
 //! Layout: `rows` output features × `cols` input features, row-major, each row a whole number
 //! of blocks of `dtype` (checked once in `new`).
+//!
+//! `matmul` quantizes the activations once (8-bit blocks for quantized weights, as llama.cpp
+//! does), then splits the weight rows into chunks over the `threads` pool. Inside a chunk,
+//! each weight row is decoded once per tile of up to `MAX_TILE` activation rows, and the
+//! activation rows are walked in blocks small enough to stay in cache, so prefill reuses
+//! every weight byte across the batch instead of streaming the matrix once per token:
+//! ```text
+//! for act_block in x (≤ ~256 KiB of quantized activations):
+//!     for r in chunk rows:                  // weight row stays in L1
+//!         for tile in act_block (4 rows):   // kernel: 1 weight row × 4 activation rows
+//! ```
 
-use crate::{quant, DType, RuntimeError, WeightBytes};
+use crate::quant::{self, Isa, Q8Rows, Q8kRows, RowKernel, MAX_TILE};
+use crate::{DType, RuntimeError, WeightBytes};
+use rayon::prelude::*;
 
 #[derive(Clone, Debug)]
 pub struct WeightMatrix {
@@ -14,12 +27,19 @@ pub struct WeightMatrix {
 }
 
 impl WeightMatrix {
-    pub fn new(dtype: DType, rows: usize, cols: usize, bytes: WeightBytes) -> Result<Self, RuntimeError> {
-        let row = dtype.row_bytes(cols).ok_or(RuntimeError::RowNotBlockAligned {
-            dtype: dtype.name(),
-            cols,
-            block: dtype.block_elems(),
-        })?;
+    pub fn new(
+        dtype: DType,
+        rows: usize,
+        cols: usize,
+        bytes: WeightBytes,
+    ) -> Result<Self, RuntimeError> {
+        let row = dtype
+            .row_bytes(cols)
+            .ok_or(RuntimeError::RowNotBlockAligned {
+                dtype: dtype.name(),
+                cols,
+                block: dtype.block_elems(),
+            })?;
         let want = row * rows;
         if bytes.len() != want {
             return Err(RuntimeError::SizeMismatch {
@@ -30,14 +50,28 @@ impl WeightMatrix {
                 got: bytes.len(),
             });
         }
-        Ok(Self { dtype, rows, cols, bytes })
+        Ok(Self {
+            dtype,
+            rows,
+            cols,
+            bytes,
+        })
     }
 
     /// An f32 matrix from values (tests, converted weights).
     pub fn from_f32(rows: usize, cols: usize, values: &[f32]) -> Self {
-        assert_eq!(values.len(), rows * cols, "from_f32: values do not fill the shape");
+        assert_eq!(
+            values.len(),
+            rows * cols,
+            "from_f32: values do not fill the shape"
+        );
         let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-        Self { dtype: DType::F32, rows, cols, bytes: WeightBytes::from_vec(bytes) }
+        Self {
+            dtype: DType::F32,
+            rows,
+            cols,
+            bytes: WeightBytes::from_vec(bytes),
+        }
     }
 
     pub fn dtype(&self) -> DType {
@@ -53,8 +87,12 @@ impl WeightMatrix {
         &self.bytes
     }
 
+    fn row_bytes(&self) -> usize {
+        self.dtype.row_bytes(self.cols).expect("checked in new")
+    }
+
     fn row_slice(&self, r: usize) -> &[u8] {
-        let rb = self.dtype.row_bytes(self.cols).expect("checked in new");
+        let rb = self.row_bytes();
         &self.bytes.as_slice()[r * rb..(r + 1) * rb]
     }
 
@@ -65,6 +103,37 @@ impl WeightMatrix {
 
     /// `out[i, r] = Σ_c x[i, c] · W[r, c]` for `n` input rows: x is `[n, cols]`, out `[n, rows]`.
     pub fn matmul(&self, x: &[f32], n: usize, out: &mut [f32]) {
+        self.matmul_with(Isa::best(), x, n, out)
+    }
+
+    /// `matmul` with the kernels of a given instruction set (tests and benchmarks compare
+    /// them); an `isa` this CPU lacks falls back to scalar.
+    pub fn matmul_with(&self, isa: Isa, x: &[f32], n: usize, out: &mut [f32]) {
+        assert_eq!(x.len(), n * self.cols, "matmul: input shape");
+        assert_eq!(out.len(), n * self.rows, "matmul: output shape");
+        if n == 0 || self.rows == 0 {
+            return;
+        }
+        if self.cols == 0 {
+            out.fill(0.0);
+            return;
+        }
+        let cols = self.cols;
+        match RowKernel::for_type(self.dtype, isa) {
+            RowKernel::Float(k) => self.drive(n, 4 * cols, out, |w, i0, o| k(w, x, cols, i0, o)),
+            RowKernel::Q8(k) => {
+                let a = Q8Rows::quantize(x, cols, isa);
+                self.drive(n, cols, out, |w, i0, o| k(w, &a, i0, o))
+            }
+            RowKernel::Q8k(k) => {
+                let a = Q8kRows::quantize(x, cols, isa);
+                self.drive(n, cols, out, |w, i0, o| k(w, &a, i0, o))
+            }
+        }
+    }
+
+    /// The plain reference: dequantize each row and dot in f64. Slow; tests compare with it.
+    pub fn matmul_reference(&self, x: &[f32], n: usize, out: &mut [f32]) {
         assert_eq!(x.len(), n * self.cols, "matmul: input shape");
         assert_eq!(out.len(), n * self.rows, "matmul: output shape");
         let mut w = vec![0f32; self.cols];
@@ -72,8 +141,60 @@ impl WeightMatrix {
             self.dequantize_row(r, &mut w);
             for i in 0..n {
                 let xi = &x[i * self.cols..(i + 1) * self.cols];
-                out[i * self.rows + r] = xi.iter().zip(&w).map(|(a, b)| a * b).sum();
+                let dot: f64 = xi.iter().zip(&w).map(|(&a, &b)| a as f64 * b as f64).sum();
+                out[i * self.rows + r] = dot as f32;
             }
         }
     }
+
+    /// Run `kernel(weight_row, i0, out_tile)` over every weight row and activation tile,
+    /// weight-row chunks in parallel. `act_row_bytes` sizes the cache blocking.
+    fn drive<K>(&self, n: usize, act_row_bytes: usize, out: &mut [f32], kernel: K)
+    where
+        K: Fn(&[u8], usize, &mut [f32]) + Sync,
+    {
+        let (rows, rb, w) = (self.rows, self.row_bytes(), self.bytes.as_slice());
+        let chunk = chunk_rows(rows, n, rb);
+        // Each chunk of weight rows owns the matching column range of every output row.
+        let mut pieces: Vec<(usize, &mut [f32])> = out
+            .chunks_exact_mut(rows)
+            .flat_map(|row| row.chunks_mut(chunk).enumerate())
+            .collect();
+        pieces.sort_by_key(|p| p.0); // stable: activation rows stay in order within a chunk
+        let act_block =
+            (ACT_BLOCK_BYTES / act_row_bytes.max(1)).clamp(MAX_TILE, 64) / MAX_TILE * MAX_TILE;
+        pieces.par_chunks_mut(n).for_each(|outs| {
+            let r0 = outs[0].0 * chunk;
+            let r1 = (r0 + chunk).min(rows);
+            let mut tile = [0f32; MAX_TILE];
+            for b0 in (0..n).step_by(act_block) {
+                let b1 = (b0 + act_block).min(n);
+                for r in r0..r1 {
+                    let wr = &w[r * rb..(r + 1) * rb];
+                    for i0 in (b0..b1).step_by(MAX_TILE) {
+                        let nb = (b1 - i0).min(MAX_TILE);
+                        kernel(wr, i0, &mut tile[..nb]);
+                        for (j, &v) in tile[..nb].iter().enumerate() {
+                            outs[i0 + j].1[r - r0] = v;
+                        }
+                    }
+                }
+            }
+        });
+    }
 }
+
+/// Quantized activations kept hot while a chunk's weight rows pass over them.
+const ACT_BLOCK_BYTES: usize = 256 << 10;
+
+/// Weight rows per parallel task: a few tasks per thread for balance, but each at least
+/// ~16 KiB of weights × activation rows so scheduling stays a small cost.
+fn chunk_rows(rows: usize, n: usize, row_bytes: usize) -> usize {
+    let threads = rayon::current_num_threads().max(1);
+    let balanced = rows.div_ceil(4 * threads);
+    let min_work = (16 << 10) / (row_bytes * n.min(64)).max(1);
+    balanced.max(min_work).clamp(1, rows.max(1))
+}
+
+#[cfg(test)]
+mod tests;

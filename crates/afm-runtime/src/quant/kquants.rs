@@ -11,6 +11,7 @@
 //! ```
 //! Bit positions of weight `e` (0..256) are spelled out by the `*_q` helpers below.
 
+use super::activations::Q8kRows;
 use super::f16_at;
 
 pub(super) const QK_K: usize = 256;
@@ -134,4 +135,134 @@ pub(super) fn dequantize_q6_k(src: &[u8], out: &mut [f32]) {
             *o = d * scales[e / 16] as i8 as f32 * q6k_q(ql, qh, e) as f32;
         }
     }
+}
+
+/// Per-superblock integer sums of one K-quant block against one Q8K block:
+/// `sumi = Σ_g scale_g·Σ_{e∈g} q_e·x_e` and `summ = Σ_g min_g·Σ_{e∈g} x_e`, so the block's dot
+/// is `d·d_x·sumi − dmin·d_x·summ`.
+struct Sums {
+    d: f32,
+    dmin: f32,
+    sumi: i32,
+    summ: i32,
+}
+
+/// Σ_{e∈[from, from+len)} q_e·x_e for decoded values `q`.
+#[inline(always)]
+fn isum<T: Copy + Into<i32>>(q: &[T], x: &[i8], from: usize, len: usize) -> i32 {
+    q[from..from + len]
+        .iter()
+        .zip(&x[from..from + len])
+        .map(|(&a, &b)| a.into() * b as i32)
+        .sum()
+}
+
+fn sums_q2_k(b: &[u8], x: &[i8], bsums: &[i16]) -> Sums {
+    let (scales, qs) = (&b[0..16], &b[16..80]);
+    let q: [u8; QK_K] = std::array::from_fn(|e| q2k_q(qs, e));
+    let (mut sumi, mut summ) = (0, 0);
+    for g in 0..16 {
+        sumi += (scales[g] & 0xF) as i32 * isum(&q, x, 16 * g, 16);
+        summ += (scales[g] >> 4) as i32 * bsums[g] as i32;
+    }
+    Sums {
+        d: f16_at(b, 80),
+        dmin: f16_at(b, 82),
+        sumi,
+        summ,
+    }
+}
+
+fn sums_q3_k(b: &[u8], x: &[i8], _bsums: &[i16]) -> Sums {
+    let (hmask, qs) = (&b[0..32], &b[32..96]);
+    let scales = q3k_scales(&b[96..108]);
+    let q: [i8; QK_K] = std::array::from_fn(|e| q3k_q(hmask, qs, e));
+    let sumi = (0..16)
+        .map(|g| scales[g] as i32 * isum(&q, x, 16 * g, 16))
+        .sum();
+    Sums {
+        d: f16_at(b, 108),
+        dmin: 0.0,
+        sumi,
+        summ: 0,
+    }
+}
+
+fn sums_q45_k(b: &[u8], x: &[i8], bsums: &[i16], q: &[u8; QK_K]) -> Sums {
+    let (mut sumi, mut summ) = (0, 0);
+    for j in 0..8 {
+        let (sc, m) = scale_min_k4(j, &b[4..16]);
+        sumi += sc as i32 * isum(q, x, 32 * j, 32);
+        summ += m as i32 * (bsums[2 * j] as i32 + bsums[2 * j + 1] as i32);
+    }
+    Sums {
+        d: f16_at(b, 0),
+        dmin: f16_at(b, 2),
+        sumi,
+        summ,
+    }
+}
+
+fn sums_q4_k(b: &[u8], x: &[i8], bsums: &[i16]) -> Sums {
+    let qs = &b[16..144];
+    sums_q45_k(b, x, bsums, &std::array::from_fn(|e| q4k_q(qs, e)))
+}
+
+fn sums_q5_k(b: &[u8], x: &[i8], bsums: &[i16]) -> Sums {
+    let (qh, qs) = (&b[16..48], &b[48..176]);
+    sums_q45_k(b, x, bsums, &std::array::from_fn(|e| q5k_q(qh, qs, e)))
+}
+
+fn sums_q6_k(b: &[u8], x: &[i8], _bsums: &[i16]) -> Sums {
+    let (ql, qh, scales) = (&b[0..128], &b[128..192], &b[192..208]);
+    let q: [i8; QK_K] = std::array::from_fn(|e| q6k_q(ql, qh, e));
+    let sumi = (0..16)
+        .map(|g| scales[g] as i8 as i32 * isum(&q, x, 16 * g, 16))
+        .sum();
+    Sums {
+        d: f16_at(b, 208),
+        dmin: 0.0,
+        sumi,
+        summ: 0,
+    }
+}
+
+fn dot_k(
+    w: &[u8],
+    bytes: usize,
+    sums: fn(&[u8], &[i8], &[i16]) -> Sums,
+    x: &Q8kRows,
+    i0: usize,
+    out: &mut [f32],
+) {
+    for (j, o) in out.iter_mut().enumerate() {
+        let xr = x.row(i0 + j);
+        let mut acc = 0f32;
+        for (k, b) in w.chunks_exact(bytes).enumerate() {
+            let xq = &xr.qs[k * QK_K..(k + 1) * QK_K];
+            let s = sums(b, xq, &xr.bsums[16 * k..16 * (k + 1)]);
+            acc += s.d * xr.d[k] * s.sumi as f32 - s.dmin * xr.d[k] * s.summ as f32;
+        }
+        *o = acc;
+    }
+}
+
+pub(super) fn dot_q2_k(w: &[u8], x: &Q8kRows, i0: usize, out: &mut [f32]) {
+    dot_k(w, 84, sums_q2_k, x, i0, out)
+}
+
+pub(super) fn dot_q3_k(w: &[u8], x: &Q8kRows, i0: usize, out: &mut [f32]) {
+    dot_k(w, 110, sums_q3_k, x, i0, out)
+}
+
+pub(super) fn dot_q4_k(w: &[u8], x: &Q8kRows, i0: usize, out: &mut [f32]) {
+    dot_k(w, 144, sums_q4_k, x, i0, out)
+}
+
+pub(super) fn dot_q5_k(w: &[u8], x: &Q8kRows, i0: usize, out: &mut [f32]) {
+    dot_k(w, 176, sums_q5_k, x, i0, out)
+}
+
+pub(super) fn dot_q6_k(w: &[u8], x: &Q8kRows, i0: usize, out: &mut [f32]) {
+    dot_k(w, 210, sums_q6_k, x, i0, out)
 }

@@ -12,6 +12,7 @@
 //! Nibbles: `qs[j] & 0xF` is weight j, `qs[j] >> 4` is weight j+16; bit j of `qh` is the fifth
 //! bit of weight j.
 
+use super::activations::Q8Rows;
 use super::f16_at;
 
 /// Weights per block.
@@ -81,5 +82,82 @@ pub(super) fn dequantize_q8_0(src: &[u8], out: &mut [f32]) {
         for (o, &q) in y.iter_mut().zip(&b[2..34]) {
             *o = q as i8 as f32 * d;
         }
+    }
+}
+
+/// Unsigned block values and the affine map `w = scale·q + offset` of one block.
+type Decoded = ([u8; QK], f32, f32);
+
+fn decode_q4_0(b: &[u8]) -> Decoded {
+    let d = f16_at(b, 0);
+    (nibbles(&b[2..18]), d, -8.0 * d)
+}
+
+fn decode_q4_1(b: &[u8]) -> Decoded {
+    (nibbles(&b[4..20]), f16_at(b, 0), f16_at(b, 2))
+}
+
+fn decode_q5_0(b: &[u8]) -> Decoded {
+    let d = f16_at(b, 0);
+    (five_bit(&b[2..6], &b[6..22]), d, -16.0 * d)
+}
+
+fn decode_q5_1(b: &[u8]) -> Decoded {
+    (five_bit(&b[4..8], &b[8..24]), f16_at(b, 0), f16_at(b, 2))
+}
+
+/// Σ over blocks of `scale·d_x·Σ q·x_q + offset·s_x`: the block offset meets the activation
+/// block sum, so the integer part stays unsigned.
+fn dot_affine(
+    w: &[u8],
+    bytes: usize,
+    decode: fn(&[u8]) -> Decoded,
+    x: &Q8Rows,
+    i0: usize,
+    out: &mut [f32],
+) {
+    for (j, o) in out.iter_mut().enumerate() {
+        let xr = x.row(i0 + j);
+        let mut acc = 0f32;
+        for (k, b) in w.chunks_exact(bytes).enumerate() {
+            let (q, scale, offset) = decode(b);
+            let xq = &xr.qs[k * QK..(k + 1) * QK];
+            let sumi: i32 = q.iter().zip(xq).map(|(&a, &c)| a as i32 * c as i32).sum();
+            acc += scale * xr.d[k] * sumi as f32 + offset * xr.s[k];
+        }
+        *o = acc;
+    }
+}
+
+pub(super) fn dot_q4_0(w: &[u8], x: &Q8Rows, i0: usize, out: &mut [f32]) {
+    dot_affine(w, 18, decode_q4_0, x, i0, out)
+}
+
+pub(super) fn dot_q4_1(w: &[u8], x: &Q8Rows, i0: usize, out: &mut [f32]) {
+    dot_affine(w, 20, decode_q4_1, x, i0, out)
+}
+
+pub(super) fn dot_q5_0(w: &[u8], x: &Q8Rows, i0: usize, out: &mut [f32]) {
+    dot_affine(w, 22, decode_q5_0, x, i0, out)
+}
+
+pub(super) fn dot_q5_1(w: &[u8], x: &Q8Rows, i0: usize, out: &mut [f32]) {
+    dot_affine(w, 24, decode_q5_1, x, i0, out)
+}
+
+pub(super) fn dot_q8_0(w: &[u8], x: &Q8Rows, i0: usize, out: &mut [f32]) {
+    for (j, o) in out.iter_mut().enumerate() {
+        let xr = x.row(i0 + j);
+        let mut acc = 0f32;
+        for (k, b) in w.chunks_exact(34).enumerate() {
+            let xq = &xr.qs[k * QK..(k + 1) * QK];
+            let sumi: i32 = b[2..34]
+                .iter()
+                .zip(xq)
+                .map(|(&a, &c)| a as i8 as i32 * c as i32)
+                .sum();
+            acc += f16_at(b, 0) * xr.d[k] * sumi as f32;
+        }
+        *o = acc;
     }
 }

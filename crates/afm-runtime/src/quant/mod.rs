@@ -9,11 +9,22 @@
 //!
 //! It does not own threading or tiling; `matmul` does.
 
+mod activations;
+#[cfg(target_arch = "x86_64")]
+mod avx2_float;
+#[cfg(target_arch = "x86_64")]
+mod avx2_kquants;
+#[cfg(target_arch = "x86_64")]
+mod avx2_legacy;
 mod float;
+mod kernel;
 mod kquants;
 mod legacy;
 
 use crate::DType;
+
+pub use activations::{Q8Rows, Q8kRows, Q8K_BLOCK, Q8_BLOCK};
+pub use kernel::{Isa, RowKernel, MAX_TILE};
 
 /// Decode one row stored as `dtype` into f32, bit-exact with GGML's reference dequantization.
 ///

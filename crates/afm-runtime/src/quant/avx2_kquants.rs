@@ -1,0 +1,205 @@
+//! AVX2 dot kernels for Q4_K, Q5_K and Q6_K against Q8K activation rows (Q2_K and Q3_K use
+//! the scalar kernels). Per superblock the sub-block scales are applied in integers
+//! (`madd` of i16 scales with i16 pair sums), and one float FMA per superblock and activation
+//! row folds in `d·d_x`. Minimums and the Q6_K offset of −32 meet the activation sums per 16
+//! (`bsums`), never the weights.
+//!
+//! Every function here needs AVX2, FMA and F16C; the safe entry points are reached only
+//! through `RowKernel::for_type` after runtime detection.
+
+use super::activations::{Q8kRow, Q8kRows, Q8K_BLOCK};
+use super::avx2_legacy::{f16_load, hsum};
+use super::kernel::with_tile;
+use std::arch::x86_64::*;
+
+/// Q4_K/Q5_K's twelve scale bytes as eight 6-bit scales then eight 6-bit mins
+/// (GGML's `utmp` unpacking of `get_scale_min_k4`).
+#[inline]
+fn scales_mins_k4(p: &[u8]) -> ([u8; 8], [u8; 8]) {
+    let u = |i: usize| u32::from_le_bytes([p[4 * i], p[4 * i + 1], p[4 * i + 2], p[4 * i + 3]]);
+    let (u0, u1, u2) = (u(0), u(1), u(2));
+    let (k1, k2, k3) = (0x3f3f_3f3f_u32, 0x0f0f_0f0f_u32, 0x0303_0303_u32);
+    let sc_lo = u0 & k1;
+    let sc_hi = (u2 & k2) | (((u0 >> 6) & k3) << 4);
+    let m_lo = u1 & k1;
+    let m_hi = ((u2 >> 4) & k2) | (((u1 >> 6) & k3) << 4);
+    let join = |a: u32, b: u32| (a as u64 | ((b as u64) << 32)).to_le_bytes();
+    (join(sc_lo, sc_hi), join(m_lo, m_hi))
+}
+
+/// `Σ_g mins[g]·(bsums[2g] + bsums[2g+1])` as four i32 lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn mins_dot(mins: __m128i, bsums: *const i16) -> __m128i {
+    let lo = _mm_loadu_si128(bsums as *const __m128i);
+    let hi = _mm_loadu_si128(bsums.add(8) as *const __m128i);
+    _mm_madd_epi16(mins, _mm_hadd_epi16(lo, hi))
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn hsum128(v: __m128) -> f32 {
+    let s = _mm_add_ps(v, _mm_movehl_ps(v, v));
+    _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn load(x: &[i8], at: usize) -> __m256i {
+    _mm256_loadu_si256(x.as_ptr().add(at) as *const __m256i)
+}
+
+/// Q4_K (`HIGH = false`) or Q5_K (`HIGH = true`) row against `NB` activation rows.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tile_q45_k<const HIGH: bool, const NB: usize>(w: &[u8], xs: &[Q8kRow; NB]) -> [f32; NB] {
+    let bytes = if HIGH { 176 } else { 144 };
+    let m4 = _mm256_set1_epi8(0x0F);
+    let one = _mm256_set1_epi8(1);
+    let mut acc = [_mm256_setzero_ps(); NB];
+    let mut accm = [_mm_setzero_ps(); NB];
+    for k in 0..w.len() / bytes {
+        let b = &w[k * bytes..(k + 1) * bytes];
+        let (d, dmin) = (f16_load(b.as_ptr()), f16_load(b.as_ptr().add(2)));
+        let (sc, mins) = scales_mins_k4(&b[4..16]);
+        let mins16 = _mm_cvtepu8_epi16(_mm_loadl_epi64(mins.as_ptr() as *const __m128i));
+        for j in 0..NB {
+            let dm = _mm_set1_ps(dmin * *xs[j].d.get_unchecked(k));
+            let mp = mins_dot(mins16, xs[j].bsums.as_ptr().add(16 * k));
+            accm[j] = _mm_fmadd_ps(dm, _mm_cvtepi32_ps(mp), accm[j]);
+        }
+        let qs = b.as_ptr().add(if HIGH { 48 } else { 16 });
+        let mut qh = if HIGH {
+            _mm256_loadu_si256(b.as_ptr().add(16) as *const __m256i)
+        } else {
+            m4
+        };
+        let mut sumi = [_mm256_setzero_si256(); NB];
+        for c in 0..4 {
+            let q4 = _mm256_loadu_si256(qs.add(32 * c) as *const __m256i);
+            let mut ql = _mm256_and_si256(q4, m4);
+            let mut qhi = _mm256_and_si256(_mm256_srli_epi16(q4, 4), m4);
+            if HIGH {
+                // Bits 2c and 2c+1 of qh[l] are the fifth bits of the two 32-weight halves.
+                let bl = _mm256_and_si256(qh, one);
+                let bh = _mm256_and_si256(_mm256_srli_epi16(qh, 1), one);
+                ql = _mm256_or_si256(ql, _mm256_slli_epi16(bl, 4));
+                qhi = _mm256_or_si256(qhi, _mm256_slli_epi16(bh, 4));
+                qh = _mm256_srli_epi16(qh, 2);
+            }
+            let sl = _mm256_set1_epi16(sc[2 * c] as i16);
+            let sh = _mm256_set1_epi16(sc[2 * c + 1] as i16);
+            for j in 0..NB {
+                let xl = load(xs[j].qs, k * Q8K_BLOCK + 64 * c);
+                let xh = load(xs[j].qs, k * Q8K_BLOCK + 64 * c + 32);
+                let pl = _mm256_madd_epi16(_mm256_maddubs_epi16(ql, xl), sl);
+                let ph = _mm256_madd_epi16(_mm256_maddubs_epi16(qhi, xh), sh);
+                sumi[j] = _mm256_add_epi32(sumi[j], _mm256_add_epi32(pl, ph));
+            }
+        }
+        for j in 0..NB {
+            let dd = _mm256_set1_ps(d * *xs[j].d.get_unchecked(k));
+            acc[j] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(sumi[j]), acc[j]);
+        }
+    }
+    let mut out = [0f32; NB];
+    for j in 0..NB {
+        out[j] = hsum(acc[j]) - hsum128(accm[j]);
+    }
+    out
+}
+
+/// Q6_K row against `NB` activation rows. Values stay unsigned (0..63); the −32 offset is
+/// applied once per superblock as `32·Σ_g scale_g·bsum_g`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tile_q6_k<const NB: usize>(w: &[u8], xs: &[Q8kRow; NB]) -> [f32; NB] {
+    let m4 = _mm256_set1_epi8(0x0F);
+    let m2 = _mm256_set1_epi8(0x03);
+    let mut acc = [_mm256_setzero_ps(); NB];
+    for k in 0..w.len() / 210 {
+        let b = w.as_ptr().add(k * 210);
+        let d = f16_load(b.add(208));
+        let sc8 = _mm_loadu_si128(b.add(192) as *const __m128i);
+        let scales = _mm256_cvtepi8_epi16(sc8);
+        let mut sumi = [_mm256_setzero_si256(); NB];
+        for j in 0..NB {
+            let bs = _mm256_loadu_si256(xs[j].bsums.as_ptr().add(16 * k) as *const __m256i);
+            let offset = _mm256_slli_epi32(_mm256_madd_epi16(scales, bs), 5);
+            sumi[j] = _mm256_sub_epi32(sumi[j], offset);
+        }
+        for h in 0..2 {
+            let ql0 = _mm256_loadu_si256(b.add(64 * h) as *const __m256i);
+            let ql1 = _mm256_loadu_si256(b.add(64 * h + 32) as *const __m256i);
+            let qh = _mm256_loadu_si256(b.add(128 + 32 * h) as *const __m256i);
+            // Bit pairs 0-1, 2-3, 4-5, 6-7 of qh[l] top up weights l, l+32, l+64, l+96.
+            let h0 = _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4);
+            let h1 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4);
+            let h2 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4);
+            let h3 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4);
+            let q = [
+                _mm256_or_si256(_mm256_and_si256(ql0, m4), h0),
+                _mm256_or_si256(_mm256_and_si256(ql1, m4), h1),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), h2),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4), h3),
+            ];
+            for (g, qg) in q.iter().enumerate() {
+                // Scales 2g and 2g+1 of this half cover the low and high 16 weights.
+                let s = 8 * h + 2 * g;
+                let sg = _mm256_set_m128i(
+                    _mm_set1_epi16(*(b.add(192 + s + 1) as *const i8) as i16),
+                    _mm_set1_epi16(*(b.add(192 + s) as *const i8) as i16),
+                );
+                for j in 0..NB {
+                    let xq = load(xs[j].qs, k * Q8K_BLOCK + 128 * h + 32 * g);
+                    let p = _mm256_madd_epi16(_mm256_maddubs_epi16(*qg, xq), sg);
+                    sumi[j] = _mm256_add_epi32(sumi[j], p);
+                }
+            }
+        }
+        for j in 0..NB {
+            let dd = _mm256_set1_ps(d * *xs[j].d.get_unchecked(k));
+            acc[j] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(sumi[j]), acc[j]);
+        }
+    }
+    let mut out = [0f32; NB];
+    for j in 0..NB {
+        out[j] = hsum(acc[j]);
+    }
+    out
+}
+
+/// The activation rows `i0..i0+NB`, after checking they are as long as the weight row.
+fn rows<const NB: usize>(x: &Q8kRows, i0: usize, w_blocks: usize) -> [Q8kRow<'_>; NB] {
+    assert_eq!(
+        w_blocks * Q8K_BLOCK,
+        x.cols,
+        "weight row and activation row lengths differ"
+    );
+    std::array::from_fn(|j| x.row(i0 + j))
+}
+
+pub(super) fn dot_q4_k(w: &[u8], x: &Q8kRows, i0: usize, out: &mut [f32]) {
+    with_tile!(out.len(), NB => {
+        let xs = rows::<NB>(x, i0, w.len() / 144);
+        // SAFETY: selected by `RowKernel::for_type` only when AVX2/FMA/F16C are present;
+        // `rows` checked every activation row covers the weight row.
+        out.copy_from_slice(&unsafe { tile_q45_k::<false, NB>(w, &xs) });
+    })
+}
+
+pub(super) fn dot_q5_k(w: &[u8], x: &Q8kRows, i0: usize, out: &mut [f32]) {
+    with_tile!(out.len(), NB => {
+        let xs = rows::<NB>(x, i0, w.len() / 176);
+        // SAFETY: as in `dot_q4_k`.
+        out.copy_from_slice(&unsafe { tile_q45_k::<true, NB>(w, &xs) });
+    })
+}
+
+pub(super) fn dot_q6_k(w: &[u8], x: &Q8kRows, i0: usize, out: &mut [f32]) {
+    with_tile!(out.len(), NB => {
+        let xs = rows::<NB>(x, i0, w.len() / 210);
+        // SAFETY: as in `dot_q4_k`.
+        out.copy_from_slice(&unsafe { tile_q6_k::<NB>(w, &xs) });
+    })
+}
