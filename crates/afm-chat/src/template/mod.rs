@@ -1,0 +1,2 @@
+//! Chat templates (placeholder while the tokenizer lands).
+pub struct ChatTemplate;
