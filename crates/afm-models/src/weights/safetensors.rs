@@ -529,6 +529,33 @@ mod tests {
         }
     }
 
+    #[test]
+    fn mutated_files_never_panic() {
+        let good = safetensors(&[
+            ("a", "F32", &[2, 2], f32_bytes(&[1.0, 2.0, 3.0, 4.0])),
+            ("b", "BF16", &[3], vec![0; 6]),
+        ]);
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        for _ in 0..5000 {
+            let mut bytes = good.clone();
+            for _ in 0..1 + next() % 3 {
+                let i = (next() % bytes.len() as u64) as usize;
+                bytes[i] = next() as u8;
+            }
+            if let Ok(set) = SafetensorsSet::from_bytes(bytes) {
+                for name in set.tensor_names() {
+                    let _ = set.tensor(&name).map(|t| t.to_f32());
+                }
+            }
+        }
+    }
+
     fn write_index(dir: &ScratchDir, map: &[(&str, &str)]) {
         let weight_map: serde_json::Map<String, serde_json::Value> = map
             .iter()
