@@ -172,6 +172,8 @@ impl Engine {
         let (tx, rx) = mpsc::channel();
         let waiting = Arc::new(AtomicUsize::new(0));
         let metrics = Arc::new(EngineMetrics::default());
+        metrics.kv_blocks_total.store(num_blocks as u64, Ordering::Relaxed);
+        metrics.kv_blocks_free.store(num_blocks as u64, Ordering::Relaxed);
         let engine = Engine {
             model,
             kv,
@@ -212,7 +214,19 @@ impl Engine {
             if self.scheduler.has_work() {
                 self.step();
             }
+            self.publish_gauges();
         }
+    }
+
+    fn publish_gauges(&self) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let m = &self.metrics;
+        m.num_running.store(self.scheduler.num_running() as u64, Relaxed);
+        m.num_waiting.store(self.scheduler.num_waiting() as u64, Relaxed);
+        m.batch_size_peak.fetch_max(self.scheduler.num_running() as u64, Relaxed);
+        let blocks = self.scheduler.blocks();
+        m.kv_blocks_total.store(blocks.num_blocks() as u64, Relaxed);
+        m.kv_blocks_free.store(blocks.num_free() as u64, Relaxed);
     }
 
     fn handle(&mut self, cmd: Command) {

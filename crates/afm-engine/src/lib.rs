@@ -6,9 +6,6 @@
 //! strings, reasoning and tool-call parsing) happens in the caller.
 
 pub mod api;
-pub mod kv_blocks;
-pub mod scheduler;
-pub mod sequence;
 pub mod engine;
 pub mod kv_blocks;
 pub mod scheduler;
@@ -18,3 +15,4 @@ pub mod sampling;
 
 pub use api::*;
 pub use engine::{Engine, EngineConfig, EngineError, EngineHandle};
+pub use metrics::EngineMetrics;
