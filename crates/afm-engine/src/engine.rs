@@ -65,7 +65,12 @@ pub enum EngineError {
 }
 
 enum Command {
-    Submit { id: RequestId, req: GenerateRequest, tx: tmpsc::UnboundedSender<GenerateEvent>, at: Instant },
+    Submit {
+        id: RequestId,
+        req: GenerateRequest,
+        tx: tmpsc::UnboundedSender<GenerateEvent>,
+        at: Instant,
+    },
     Cancel(RequestId),
 }
 
@@ -84,15 +89,25 @@ pub struct EngineHandle {
 impl EngineHandle {
     pub fn submit(&self, req: GenerateRequest) -> Result<(RequestId, EventReceiver), EngineError> {
         if req.prompt_tokens.len() >= self.max_context {
-            return Err(EngineError::PromptTooLong { prompt: req.prompt_tokens.len(), limit: self.max_context });
+            return Err(EngineError::PromptTooLong {
+                prompt: req.prompt_tokens.len(),
+                limit: self.max_context,
+            });
         }
         if self.waiting.fetch_add(1, Ordering::SeqCst) >= self.max_waiting {
             self.waiting.fetch_sub(1, Ordering::SeqCst);
-            return Err(EngineError::QueueFull { limit: self.max_waiting });
+            return Err(EngineError::QueueFull {
+                limit: self.max_waiting,
+            });
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = tmpsc::unbounded_channel();
-        let cmd = Command::Submit { id, req, tx, at: Instant::now() };
+        let cmd = Command::Submit {
+            id,
+            req,
+            tx,
+            at: Instant::now(),
+        };
         if self.tx.send(cmd).is_err() {
             self.waiting.fetch_sub(1, Ordering::SeqCst);
             return Err(EngineError::Stopped);
@@ -141,7 +156,11 @@ impl Engine {
     /// Sizes the KV pool, starts the engine thread and returns its handle.
     pub fn spawn(model: LoadedModel, cfg: EngineConfig) -> Result<EngineHandle, EngineError> {
         let model_ctx = model.config.max_position;
-        let max_context = if cfg.max_context == 0 { model_ctx } else { cfg.max_context };
+        let max_context = if cfg.max_context == 0 {
+            model_ctx
+        } else {
+            cfg.max_context
+        };
         let shapes = model.model.kv_shapes();
         let per_block = KvCache::bytes_per_block(&shapes, cfg.block_size);
         let budget = cfg.kv_budget_bytes.unwrap_or_else(default_kv_budget);
@@ -172,8 +191,12 @@ impl Engine {
         let (tx, rx) = mpsc::channel();
         let waiting = Arc::new(AtomicUsize::new(0));
         let metrics = Arc::new(EngineMetrics::default());
-        metrics.kv_blocks_total.store(num_blocks as u64, Ordering::Relaxed);
-        metrics.kv_blocks_free.store(num_blocks as u64, Ordering::Relaxed);
+        metrics
+            .kv_blocks_total
+            .store(num_blocks as u64, Ordering::Relaxed);
+        metrics
+            .kv_blocks_free
+            .store(num_blocks as u64, Ordering::Relaxed);
         let engine = Engine {
             model,
             kv,
@@ -221,9 +244,12 @@ impl Engine {
     fn publish_gauges(&self) {
         use std::sync::atomic::Ordering::Relaxed;
         let m = &self.metrics;
-        m.num_running.store(self.scheduler.num_running() as u64, Relaxed);
-        m.num_waiting.store(self.scheduler.num_waiting() as u64, Relaxed);
-        m.batch_size_peak.fetch_max(self.scheduler.num_running() as u64, Relaxed);
+        m.num_running
+            .store(self.scheduler.num_running() as u64, Relaxed);
+        m.num_waiting
+            .store(self.scheduler.num_waiting() as u64, Relaxed);
+        m.batch_size_peak
+            .fetch_max(self.scheduler.num_running() as u64, Relaxed);
         let blocks = self.scheduler.blocks();
         m.kv_blocks_total.store(blocks.num_blocks() as u64, Relaxed);
         m.kv_blocks_free.store(blocks.num_free() as u64, Relaxed);
@@ -232,15 +258,30 @@ impl Engine {
     fn handle(&mut self, cmd: Command) {
         match cmd {
             Command::Submit { id, req, tx, at } => {
-                let max_tokens = req.max_tokens.min(self.max_context - req.prompt_tokens.len());
+                let max_tokens = req
+                    .max_tokens
+                    .min(self.max_context - req.prompt_tokens.len());
                 let seq = Sequence::new(id, req.prompt_tokens.clone(), max_tokens, id);
                 if let Err(e) = self.scheduler.add(seq) {
                     self.waiting.fetch_sub(1, Ordering::SeqCst);
-                    let _ = tx.send(GenerateEvent::Error { message: e.to_string() });
+                    let _ = tx.send(GenerateEvent::Error {
+                        message: e.to_string(),
+                    });
                     return;
                 }
                 let sampler = Sampler::new(req.sampling.clone());
-                self.active.insert(id, Active { tx, sampler, req, arrived: at, admitted: None, first_token: None, generated: 0 });
+                self.active.insert(
+                    id,
+                    Active {
+                        tx,
+                        sampler,
+                        req,
+                        arrived: at,
+                        admitted: None,
+                        first_token: None,
+                        generated: 0,
+                    },
+                );
             }
             Command::Cancel(id) => self.finish(id, FinishReason::Cancelled),
         }
@@ -250,7 +291,9 @@ impl Engine {
         let plan = self.scheduler.schedule();
         for id in &plan.preempted {
             if self.debug {
-                eprintln!("[BatchScheduler] preempted request {id} (KV blocks exhausted; will recompute)");
+                eprintln!(
+                    "[BatchScheduler] preempted request {id} (KV blocks exhausted; will recompute)"
+                );
             }
         }
         if plan.items.is_empty() {
@@ -260,18 +303,25 @@ impl Engine {
         let mut logits = self.forward(&plan);
         let vocab = self.model.model.vocab_size();
         let mut sampled = Vec::new();
-        let mut row = 0;
-        for item in plan.items.iter().filter(|i| i.samples) {
+        for (row, item) in plan.items.iter().filter(|i| i.samples).enumerate() {
             let logits_row = &mut logits[row * vocab..(row + 1) * vocab];
-            row += 1;
-            let Some(seq) = self.scheduler.get(item.seq_id) else { continue };
-            let Some(a) = self.active.get_mut(&item.seq_id) else { continue };
-            let (tok, lp) = a.sampler.sample(logits_row, &seq.tokens, a.req.top_logprobs);
+            let Some(seq) = self.scheduler.get(item.seq_id) else {
+                continue;
+            };
+            let Some(a) = self.active.get_mut(&item.seq_id) else {
+                continue;
+            };
+            let (tok, lp) = a
+                .sampler
+                .sample(logits_row, &seq.tokens, a.req.top_logprobs);
             sampled.push((item.seq_id, tok));
             a.first_token.get_or_insert_with(Instant::now);
             a.generated += 1;
             // A failed send means the caller went away; check_finished cancels it.
-            let _ = a.tx.send(GenerateEvent::Token { id: tok, logprob: lp });
+            let _ = a.tx.send(GenerateEvent::Token {
+                id: tok,
+                logprob: lp,
+            });
         }
         self.scheduler.complete_step(&plan, &sampled);
         for (id, tok) in sampled {
@@ -286,7 +336,10 @@ impl Engine {
                     a.admitted = Some(Instant::now());
                     self.waiting.fetch_sub(1, Ordering::SeqCst);
                     if self.debug {
-                        let cached = self.scheduler.get(item.seq_id).map_or(0, |s| s.cached_prompt_tokens);
+                        let cached = self
+                            .scheduler
+                            .get(item.seq_id)
+                            .map_or(0, |s| s.cached_prompt_tokens);
                         eprintln!(
                             "[KVCache] request {}: prefix hit {cached}/{} tokens",
                             item.seq_id,
@@ -302,18 +355,31 @@ impl Engine {
         let mut tokens = Vec::new();
         let mut chunks = Vec::with_capacity(plan.items.len());
         for item in &plan.items {
-            let seq = self.scheduler.get(item.seq_id).expect("planned sequences are live");
+            let seq = self
+                .scheduler
+                .get(item.seq_id)
+                .expect("planned sequences are live");
             tokens.extend_from_slice(&seq.tokens[item.start..item.start + item.len]);
         }
         for item in &plan.items {
-            chunks.push(SeqChunk { len: item.len, pos0: item.start, block_table: &item.block_table, logits: item.samples });
+            chunks.push(SeqChunk {
+                len: item.len,
+                pos0: item.start,
+                block_table: &item.block_table,
+                logits: item.samples,
+            });
         }
-        let batch = ForwardBatch { tokens: &tokens, seqs: &chunks };
+        let batch = ForwardBatch {
+            tokens: &tokens,
+            seqs: &chunks,
+        };
         self.model.model.forward(&batch, &mut self.kv)
     }
 
     fn check_finished(&mut self, id: RequestId, tok: u32) {
-        let Some(a) = self.active.get(&id) else { return };
+        let Some(a) = self.active.get(&id) else {
+            return;
+        };
         if a.tx.is_closed() {
             return self.finish(id, FinishReason::Cancelled);
         }
@@ -329,7 +395,9 @@ impl Engine {
     /// Ends a request: frees its blocks, reports its stats. Unknown ids are ignored (already done).
     fn finish(&mut self, id: RequestId, reason: FinishReason) {
         let seq = self.scheduler.finish(id);
-        let Some(a) = self.active.remove(&id) else { return };
+        let Some(a) = self.active.remove(&id) else {
+            return;
+        };
         if a.admitted.is_none() {
             self.waiting.fetch_sub(1, Ordering::SeqCst);
         }
@@ -346,7 +414,11 @@ impl Engine {
         };
         self.metrics.record(&stats);
         if self.debug {
-            let tps = if stats.completion_time > 0.0 { stats.completion_tokens as f64 / stats.completion_time } else { 0.0 };
+            let tps = if stats.completion_time > 0.0 {
+                stats.completion_tokens as f64 / stats.completion_time
+            } else {
+                0.0
+            };
             eprintln!(
                 "[BatchScheduler] request {id} finished ({reason:?}): {} prompt ({} cached), {} generated, TTFT {:.1} ms, decode {tps:.1} tok/s",
                 stats.prompt_tokens,

@@ -22,7 +22,10 @@ pub enum NormNaming {
 
 impl<'a> Checkpoint<'a> {
     pub fn new(source: &'a WeightSource, prefix: &str) -> Self {
-        Self { source, prefix: prefix.to_string() }
+        Self {
+            source,
+            prefix: prefix.to_string(),
+        }
     }
 
     pub fn is_gguf(&self) -> bool {
@@ -46,19 +49,38 @@ impl<'a> Checkpoint<'a> {
     }
 
     /// A `[rows, cols]` matrix, shape checked.
-    pub fn matrix(&self, name: &str, naming: NormNaming, rows: usize, cols: usize) -> Result<WeightMatrix, ModelError> {
+    pub fn matrix(
+        &self,
+        name: &str,
+        naming: NormNaming,
+        rows: usize,
+        cols: usize,
+    ) -> Result<WeightMatrix, ModelError> {
         let v = self.view(name, naming)?;
         if v.shape != [rows, cols] {
-            return Err(ModelError::Shape { name: v.name, want: vec![rows, cols], got: v.shape });
+            return Err(ModelError::Shape {
+                name: v.name,
+                want: vec![rows, cols],
+                got: v.shape,
+            });
         }
         Ok(v.into_matrix()?)
     }
 
     /// A 1-D tensor of `len` values as f32, shape checked.
-    pub fn vector(&self, name: &str, naming: NormNaming, len: usize) -> Result<Vec<f32>, ModelError> {
+    pub fn vector(
+        &self,
+        name: &str,
+        naming: NormNaming,
+        len: usize,
+    ) -> Result<Vec<f32>, ModelError> {
         let v = self.view(name, naming)?;
         if v.numel() != len || v.shape.len() != 1 {
-            return Err(ModelError::Shape { name: v.name, want: vec![len], got: v.shape });
+            return Err(ModelError::Shape {
+                name: v.name,
+                want: vec![len],
+                got: v.shape,
+            });
         }
         Ok(v.to_f32()?)
     }
@@ -72,8 +94,12 @@ fn gguf_name(name: &str, naming: NormNaming) -> String {
         "lm_head.weight" => return "output.weight".into(),
         _ => {}
     }
-    let Some(rest) = name.strip_prefix("layers.") else { return name.into() };
-    let Some((layer, tail)) = rest.split_once('.') else { return name.into() };
+    let Some(rest) = name.strip_prefix("layers.") else {
+        return name.into();
+    };
+    let Some((layer, tail)) = rest.split_once('.') else {
+        return name.into();
+    };
     let (module, suffix) = tail.rsplit_once('.').unwrap_or((tail, ""));
     let short = match (module, naming) {
         ("input_layernorm", _) => "attn_norm",
@@ -101,11 +127,38 @@ mod tests {
 
     #[test]
     fn maps_hf_names_to_llama_cpp_names() {
-        assert_eq!(gguf_name("layers.3.self_attn.q_proj.weight", NormNaming::Llama), "blk.3.attn_q.weight");
-        assert_eq!(gguf_name("layers.0.self_attn.k_proj.bias", NormNaming::Llama), "blk.0.attn_k.bias");
-        assert_eq!(gguf_name("layers.1.post_attention_layernorm.weight", NormNaming::Llama), "blk.1.ffn_norm.weight");
-        assert_eq!(gguf_name("layers.1.post_attention_layernorm.weight", NormNaming::Gemma), "blk.1.post_attention_norm.weight");
-        assert_eq!(gguf_name("layers.1.pre_feedforward_layernorm.weight", NormNaming::Gemma), "blk.1.ffn_norm.weight");
-        assert_eq!(gguf_name("embed_tokens.weight", NormNaming::Llama), "token_embd.weight");
+        assert_eq!(
+            gguf_name("layers.3.self_attn.q_proj.weight", NormNaming::Llama),
+            "blk.3.attn_q.weight"
+        );
+        assert_eq!(
+            gguf_name("layers.0.self_attn.k_proj.bias", NormNaming::Llama),
+            "blk.0.attn_k.bias"
+        );
+        assert_eq!(
+            gguf_name(
+                "layers.1.post_attention_layernorm.weight",
+                NormNaming::Llama
+            ),
+            "blk.1.ffn_norm.weight"
+        );
+        assert_eq!(
+            gguf_name(
+                "layers.1.post_attention_layernorm.weight",
+                NormNaming::Gemma
+            ),
+            "blk.1.post_attention_norm.weight"
+        );
+        assert_eq!(
+            gguf_name(
+                "layers.1.pre_feedforward_layernorm.weight",
+                NormNaming::Gemma
+            ),
+            "blk.1.ffn_norm.weight"
+        );
+        assert_eq!(
+            gguf_name("embed_tokens.weight", NormNaming::Llama),
+            "token_embd.weight"
+        );
     }
 }

@@ -10,7 +10,12 @@ use crate::ModelError;
 pub enum RopeScaling {
     None,
     Linear(f32),
-    Llama3 { factor: f32, low_freq_factor: f32, high_freq_factor: f32, original_max_position: f32 },
+    Llama3 {
+        factor: f32,
+        low_freq_factor: f32,
+        high_freq_factor: f32,
+        original_max_position: f32,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -43,10 +48,13 @@ fn get<'a>(cfg: &'a Value, key: &str) -> Option<&'a Value> {
 }
 
 fn usize_key(cfg: &Value, key: &str) -> Result<usize, ModelError> {
-    get(cfg, key).and_then(Value::as_u64).map(|v| v as usize).ok_or_else(|| ModelError::Config {
-        key: key.into(),
-        reason: "missing or not a non-negative integer".into(),
-    })
+    get(cfg, key)
+        .and_then(Value::as_u64)
+        .map(|v| v as usize)
+        .ok_or_else(|| ModelError::Config {
+            key: key.into(),
+            reason: "missing or not a non-negative integer".into(),
+        })
 }
 
 fn f32_key(cfg: &Value, key: &str) -> Option<f32> {
@@ -60,13 +68,18 @@ impl TransformerConfig {
         let num_heads = usize_key(cfg, "num_attention_heads")?;
         let num_layers = usize_key(cfg, "num_hidden_layers")?;
         let head_dim = match get(cfg, "head_dim") {
-            Some(v) => v.as_u64().ok_or_else(|| bad("head_dim", "not an integer"))? as usize,
+            Some(v) => v
+                .as_u64()
+                .ok_or_else(|| bad("head_dim", "not an integer"))? as usize,
             None => hidden_size / num_heads.max(1),
         };
         let rope = rope_params(cfg);
         let rope_theta = rope.0.unwrap_or(10_000.0);
         let layer_sliding = match get(cfg, "layer_types").and_then(Value::as_array) {
-            Some(types) => types.iter().map(|t| t.as_str() == Some("sliding_attention")).collect(),
+            Some(types) => types
+                .iter()
+                .map(|t| t.as_str() == Some("sliding_attention"))
+                .collect(),
             None => match get(cfg, "sliding_window_pattern").and_then(Value::as_u64) {
                 Some(p) => (0..num_layers).map(|i| (i + 1) % p as usize != 0).collect(),
                 None => vec![false; num_layers],
@@ -77,16 +90,27 @@ impl TransformerConfig {
             hidden_size,
             num_layers,
             num_heads,
-            num_kv_heads: get(cfg, "num_key_value_heads").and_then(Value::as_u64).map_or(num_heads, |v| v as usize),
+            num_kv_heads: get(cfg, "num_key_value_heads")
+                .and_then(Value::as_u64)
+                .map_or(num_heads, |v| v as usize),
             head_dim,
             intermediate_size: usize_key(cfg, "intermediate_size")?,
             rms_eps: f32_key(cfg, "rms_norm_eps").unwrap_or(1e-6),
             rope_theta,
             rope_scaling: rope.1,
-            rope_local_theta: rope.2.or_else(|| f32_key(cfg, "rope_local_base_freq")).unwrap_or(rope_theta),
-            max_position: get(cfg, "max_position_embeddings").and_then(Value::as_u64).unwrap_or(4096) as usize,
-            tie_embeddings: get(cfg, "tie_word_embeddings").and_then(Value::as_bool).unwrap_or(true),
-            sliding_window: get(cfg, "sliding_window").and_then(Value::as_u64).map(|v| v as usize),
+            rope_local_theta: rope
+                .2
+                .or_else(|| f32_key(cfg, "rope_local_base_freq"))
+                .unwrap_or(rope_theta),
+            max_position: get(cfg, "max_position_embeddings")
+                .and_then(Value::as_u64)
+                .unwrap_or(4096) as usize,
+            tie_embeddings: get(cfg, "tie_word_embeddings")
+                .and_then(Value::as_bool)
+                .unwrap_or(true),
+            sliding_window: get(cfg, "sliding_window")
+                .and_then(Value::as_u64)
+                .map(|v| v as usize),
             layer_sliding,
             query_pre_attn_scalar: f32_key(cfg, "query_pre_attn_scalar"),
             final_logit_softcap: f32_key(cfg, "final_logit_softcapping"),
@@ -99,15 +123,24 @@ impl TransformerConfig {
     pub fn from_gguf(g: &GgufFile, arch: &str) -> Result<Self, ModelError> {
         let key = |k: &str| format!("{arch}.{k}");
         let u = |k: &str| -> Result<usize, ModelError> {
-            g.get(&key(k)).and_then(|v| v.as_u64()).map(|v| v as usize).ok_or_else(|| bad(&key(k), "missing or not an integer"))
+            g.get(&key(k))
+                .and_then(|v| v.as_u64())
+                .map(|v| v as usize)
+                .ok_or_else(|| bad(&key(k), "missing or not an integer"))
         };
         let f = |k: &str| g.get(&key(k)).and_then(|v| v.as_f64()).map(|v| v as f32);
         let hidden_size = u("embedding_length")?;
         let num_heads = u("attention.head_count")?;
         let num_layers = u("block_count")?;
         let head_dim = u("attention.key_length").unwrap_or(hidden_size / num_heads.max(1));
-        let vocab_size = g.tensor("token_embd.weight").map(|t| t.shape[0]).map_err(ModelError::Weights)?;
-        let rope_scaling = match (g.get(&key("rope.scaling.type")).and_then(|v| v.as_str()), f("rope.scaling.factor")) {
+        let vocab_size = g
+            .tensor("token_embd.weight")
+            .map(|t| t.shape[0])
+            .map_err(ModelError::Weights)?;
+        let rope_scaling = match (
+            g.get(&key("rope.scaling.type")).and_then(|v| v.as_str()),
+            f("rope.scaling.factor"),
+        ) {
             (Some("linear"), Some(fac)) if fac > 0.0 && fac != 1.0 => RopeScaling::Linear(fac),
             _ => RopeScaling::None,
         };
@@ -139,8 +172,14 @@ impl TransformerConfig {
     fn validate(self) -> Result<Self, ModelError> {
         let checks: [(&str, bool); 6] = [
             ("num_attention_heads", self.num_heads > 0),
-            ("num_key_value_heads", self.num_kv_heads > 0 && self.num_heads % self.num_kv_heads == 0),
-            ("head_dim", self.head_dim > 0 && self.head_dim % 2 == 0),
+            (
+                "num_key_value_heads",
+                self.num_kv_heads > 0 && self.num_heads.is_multiple_of(self.num_kv_heads),
+            ),
+            (
+                "head_dim",
+                self.head_dim > 0 && self.head_dim.is_multiple_of(2),
+            ),
             ("hidden_size", self.hidden_size > 0),
             ("vocab_size", self.vocab_size > 0),
             ("layer_types", self.layer_sliding.len() == self.num_layers),
@@ -158,7 +197,10 @@ impl TransformerConfig {
 }
 
 fn bad(key: &str, reason: &str) -> ModelError {
-    ModelError::Config { key: key.into(), reason: reason.into() }
+    ModelError::Config {
+        key: key.into(),
+        reason: reason.into(),
+    }
 }
 
 /// (global theta, scaling, local theta) from `rope_theta`/`rope_scaling` (transformers 4) or
@@ -176,7 +218,10 @@ fn rope_params(cfg: &Value) -> (Option<f32>, RopeScaling, Option<f32>) {
 }
 
 fn scaling(p: &Value) -> RopeScaling {
-    let kind = get(p, "rope_type").or_else(|| get(p, "type")).and_then(Value::as_str).unwrap_or("default");
+    let kind = get(p, "rope_type")
+        .or_else(|| get(p, "type"))
+        .and_then(Value::as_str)
+        .unwrap_or("default");
     let factor = f32_key(p, "factor").unwrap_or(1.0);
     match kind {
         "linear" if factor != 1.0 => RopeScaling::Linear(factor),

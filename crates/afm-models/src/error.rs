@@ -11,9 +11,16 @@ pub enum ModelError {
     #[error("config: {key}: {reason}")]
     Config { key: String, reason: String },
     #[error("tensor '{name}' has shape {got:?}, expected {want:?}")]
-    Shape { name: String, want: Vec<usize>, got: Vec<usize> },
+    Shape {
+        name: String,
+        want: Vec<usize>,
+        got: Vec<usize>,
+    },
     #[error("tensor '{name}': {source}")]
-    Runtime { name: String, source: afm_runtime::RuntimeError },
+    Runtime {
+        name: String,
+        source: afm_runtime::RuntimeError,
+    },
     #[error("{path}: {reason}")]
     File { path: String, reason: String },
 }

@@ -31,7 +31,10 @@ pub struct ForwardBatch<'a> {
 impl ForwardBatch<'_> {
     /// Position of every token, in order.
     pub fn positions(&self) -> Vec<usize> {
-        self.seqs.iter().flat_map(|s| s.pos0..s.pos0 + s.len).collect()
+        self.seqs
+            .iter()
+            .flat_map(|s| s.pos0..s.pos0 + s.len)
+            .collect()
     }
 
     /// Row indices (into `tokens`) whose logits are wanted.

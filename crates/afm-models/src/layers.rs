@@ -17,9 +17,20 @@ pub struct Linear {
 }
 
 impl Linear {
-    pub fn load(ck: &Checkpoint, name: &str, n: NormNaming, out: usize, inp: usize, bias: bool) -> Result<Self, ModelError> {
+    pub fn load(
+        ck: &Checkpoint,
+        name: &str,
+        n: NormNaming,
+        out: usize,
+        inp: usize,
+        bias: bool,
+    ) -> Result<Self, ModelError> {
         let w = ck.matrix(&format!("{name}.weight"), n, out, inp)?;
-        let b = if bias { Some(ck.vector(&format!("{name}.bias"), n, out)?) } else { None };
+        let b = if bias {
+            Some(ck.vector(&format!("{name}.bias"), n, out)?)
+        } else {
+            None
+        };
         Ok(Self { w, b })
     }
 
@@ -42,7 +53,14 @@ pub struct RmsNorm {
 impl RmsNorm {
     /// `offset` is added to the stored weight: Gemma's HF checkpoints store `w` and compute
     /// `x·(1 + w)`, while llama.cpp's GGUF conversion already stores `1 + w`.
-    pub fn load(ck: &Checkpoint, name: &str, n: NormNaming, len: usize, eps: f32, offset: f32) -> Result<Self, ModelError> {
+    pub fn load(
+        ck: &Checkpoint,
+        name: &str,
+        n: NormNaming,
+        len: usize,
+        eps: f32,
+        offset: f32,
+    ) -> Result<Self, ModelError> {
         let mut w = ck.vector(&format!("{name}.weight"), n, len)?;
         w.iter_mut().for_each(|v| *v += offset);
         Ok(Self { w, eps })
@@ -88,7 +106,14 @@ pub struct GatedMlp {
 }
 
 impl GatedMlp {
-    pub fn load(ck: &Checkpoint, prefix: &str, n: NormNaming, hidden: usize, inter: usize, act: fn(f32) -> f32) -> Result<Self, ModelError> {
+    pub fn load(
+        ck: &Checkpoint,
+        prefix: &str,
+        n: NormNaming,
+        hidden: usize,
+        inter: usize,
+        act: fn(f32) -> f32,
+    ) -> Result<Self, ModelError> {
         Ok(Self {
             gate: Linear::load(ck, &format!("{prefix}.gate_proj"), n, inter, hidden, false)?,
             up: Linear::load(ck, &format!("{prefix}.up_proj"), n, inter, hidden, false)?,
@@ -114,16 +139,33 @@ pub fn apply_rope(rope: &Rope, x: &mut [f32], head_dim: usize, positions: &[usiz
 }
 
 /// Store the new tokens' K/V in the cache, then attend. `q` is `[rows][n_heads·head_dim]`.
-pub fn cached_attention(q: &[f32], k: &[f32], v: &[f32], kv: &mut LayerKv, batch: &ForwardBatch, params: &AttnParams) -> Vec<f32> {
+pub fn cached_attention(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    kv: &mut LayerKv,
+    batch: &ForwardBatch,
+    params: &AttnParams,
+) -> Vec<f32> {
     let kv_width = kv.shape.n_kv_heads * kv.shape.head_dim;
     let mut row = 0;
     let mut seqs = Vec::with_capacity(batch.seqs.len());
     for s in batch.seqs {
         for i in 0..s.len {
             let r = row + i;
-            kv.write(s.block_table, s.pos0 + i, &k[r * kv_width..(r + 1) * kv_width], &v[r * kv_width..(r + 1) * kv_width]);
+            kv.write(
+                s.block_table,
+                s.pos0 + i,
+                &k[r * kv_width..(r + 1) * kv_width],
+                &v[r * kv_width..(r + 1) * kv_width],
+            );
         }
-        seqs.push(AttnSeq { row0: row, len: s.len, pos0: s.pos0, block_table: s.block_table });
+        seqs.push(AttnSeq {
+            row0: row,
+            len: s.len,
+            pos0: s.pos0,
+            block_table: s.block_table,
+        });
         row += s.len;
     }
     let mut out = vec![0.0; q.len()];
@@ -133,5 +175,7 @@ pub fn cached_attention(q: &[f32], k: &[f32], v: &[f32], kv: &mut LayerKv, batch
 
 /// The rows of `x` (`[rows][width]`) listed in `rows`.
 pub fn gather_rows(x: &[f32], width: usize, rows: &[usize]) -> Vec<f32> {
-    rows.iter().flat_map(|&r| x[r * width..(r + 1) * width].iter().copied()).collect()
+    rows.iter()
+        .flat_map(|&r| x[r * width..(r + 1) * width].iter().copied())
+        .collect()
 }

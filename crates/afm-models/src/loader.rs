@@ -49,27 +49,48 @@ pub fn load_model(loc: &ModelLocation) -> Result<LoadedModel, ModelError> {
 }
 
 fn display_name(p: &Path) -> String {
-    let stem = if p.is_dir() { p.file_name() } else { p.file_stem() };
-    stem.map_or_else(|| p.display().to_string(), |s| s.to_string_lossy().into_owned())
+    let stem = if p.is_dir() {
+        p.file_name()
+    } else {
+        p.file_stem()
+    };
+    stem.map_or_else(
+        || p.display().to_string(),
+        |s| s.to_string_lossy().into_owned(),
+    )
 }
 
 fn load_gguf(path: &Path, loc: &ModelLocation) -> Result<LoadedModel, ModelError> {
     let g = GgufFile::open(path)?;
     let name = g.architecture().unwrap_or("<none>").to_string();
-    let arch = ARCHITECTURES.iter().find(|a| a.gguf_arch == name).ok_or_else(|| unsupported(&name))?;
+    let arch = ARCHITECTURES
+        .iter()
+        .find(|a| a.gguf_arch == name)
+        .ok_or_else(|| unsupported(&name))?;
     let mut config = TransformerConfig::from_gguf(&g, arch.gguf_arch)?;
     (arch.adjust_gguf)(&mut config, &g);
     let source = WeightSource::Gguf(g);
     let model = (arch.load)(&Checkpoint::new(&source, ""), &config)?;
-    Ok(LoadedModel { name: display_name(path), arch: arch.gguf_arch, config, model, location: loc.clone(), source })
+    Ok(LoadedModel {
+        name: display_name(path),
+        arch: arch.gguf_arch,
+        config,
+        model,
+        location: loc.clone(),
+        source,
+    })
 }
 
 fn load_hf(dir: &Path, loc: &ModelLocation) -> Result<LoadedModel, ModelError> {
     let cfg_path = dir.join("config.json");
-    let text = std::fs::read_to_string(&cfg_path)
-        .map_err(|e| ModelError::File { path: cfg_path.display().to_string(), reason: e.to_string() })?;
-    let json: serde_json::Value = serde_json::from_str(&text)
-        .map_err(|e| ModelError::File { path: cfg_path.display().to_string(), reason: e.to_string() })?;
+    let text = std::fs::read_to_string(&cfg_path).map_err(|e| ModelError::File {
+        path: cfg_path.display().to_string(),
+        reason: e.to_string(),
+    })?;
+    let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| ModelError::File {
+        path: cfg_path.display().to_string(),
+        reason: e.to_string(),
+    })?;
     // Multimodal wrappers keep the language model's config under `text_config`.
     let (text_cfg, prefix) = match json.get("text_config") {
         Some(t) if t.is_object() => (t.clone(), "model.language_model."),
@@ -87,5 +108,12 @@ fn load_hf(dir: &Path, loc: &ModelLocation) -> Result<LoadedModel, ModelError> {
     let config = TransformerConfig::from_hf(&text_cfg)?;
     let source = WeightSource::Safetensors(SafetensorsSet::open_dir(dir)?);
     let model = (arch.load)(&Checkpoint::new(&source, prefix), &config)?;
-    Ok(LoadedModel { name: display_name(dir), arch: arch.hf_types[0], config, model, location: loc.clone(), source })
+    Ok(LoadedModel {
+        name: display_name(dir),
+        arch: arch.hf_types[0],
+        config,
+        model,
+        location: loc.clone(),
+        source,
+    })
 }

@@ -104,6 +104,6 @@ impl DType {
     /// Bytes of a row of `n` elements; `None` when `n` is not a whole number of blocks.
     pub fn row_bytes(self, n: usize) -> Option<usize> {
         let b = self.block_elems();
-        (n % b == 0).then(|| n / b * self.block_bytes())
+        (n.is_multiple_of(b)).then(|| (n / b).checked_mul(self.block_bytes()))?
     }
 }

@@ -11,7 +11,9 @@ use super::llama::rope_for;
 use crate::checkpoint::{Checkpoint, NormNaming};
 use crate::config::TransformerConfig;
 use crate::forward::{CausalLm, ForwardBatch};
-use crate::layers::{apply_rope, cached_attention, gather_rows, Embedding, GatedMlp, Linear, RmsNorm};
+use crate::layers::{
+    apply_rope, cached_attention, gather_rows, Embedding, GatedMlp, Linear, RmsNorm,
+};
 use crate::weights::GgufFile;
 use crate::ModelError;
 
@@ -59,12 +61,17 @@ impl Gemma3 {
         let lm_head = if ck.has("lm_head.weight", N) {
             Linear::load(ck, "lm_head", N, cfg.vocab_size, h, false)?
         } else {
-            Linear { w: table.clone(), b: None }
+            Linear {
+                w: table.clone(),
+                b: None,
+            }
         };
         let mut layers = Vec::with_capacity(cfg.num_layers);
         for i in 0..cfg.num_layers {
             let p = format!("layers.{i}");
-            let lin = |m: &str, out: usize, inp: usize| Linear::load(ck, &format!("{p}.self_attn.{m}"), N, out, inp, false);
+            let lin = |m: &str, out: usize, inp: usize| {
+                Linear::load(ck, &format!("{p}.self_attn.{m}"), N, out, inp, false)
+            };
             layers.push(Block {
                 input_norm: norm(&format!("{p}.input_layernorm"), h)?,
                 q: lin("q_proj", cfg.num_heads * hd, h)?,
@@ -75,13 +82,23 @@ impl Gemma3 {
                 k_norm: norm(&format!("{p}.self_attn.k_norm"), hd)?,
                 post_attn_norm: norm(&format!("{p}.post_attention_layernorm"), h)?,
                 pre_ffn_norm: norm(&format!("{p}.pre_feedforward_layernorm"), h)?,
-                mlp: GatedMlp::load(ck, &format!("{p}.mlp"), N, h, cfg.intermediate_size, ops::gelu_tanh)?,
+                mlp: GatedMlp::load(
+                    ck,
+                    &format!("{p}.mlp"),
+                    N,
+                    h,
+                    cfg.intermediate_size,
+                    ops::gelu_tanh,
+                )?,
                 post_ffn_norm: norm(&format!("{p}.post_feedforward_layernorm"), h)?,
                 sliding: cfg.layer_sliding[i],
             });
         }
         Ok(Self {
-            embed: Embedding { table, scale: (h as f32).sqrt() },
+            embed: Embedding {
+                table,
+                scale: (h as f32).sqrt(),
+            },
             layers,
             norm: norm("norm", h)?,
             lm_head,
@@ -91,21 +108,36 @@ impl Gemma3 {
         })
     }
 
-    fn attention(&self, b: &Block, x: &[f32], kv: &mut LayerKv, batch: &ForwardBatch, pos: &[usize]) -> Vec<f32> {
+    fn attention(
+        &self,
+        b: &Block,
+        x: &[f32],
+        kv: &mut LayerKv,
+        batch: &ForwardBatch,
+        pos: &[usize],
+    ) -> Vec<f32> {
         let (n, hd) = (pos.len(), self.cfg.head_dim);
         let mut q = b.q.forward(x, n);
         let mut k = b.k.forward(x, n);
         let v = b.v.forward(x, n);
         b.q_norm.forward_inplace(&mut q);
         b.k_norm.forward_inplace(&mut k);
-        let rope = if b.sliding { &self.rope_local } else { &self.rope_global };
+        let rope = if b.sliding {
+            &self.rope_local
+        } else {
+            &self.rope_global
+        };
         apply_rope(rope, &mut q, hd, pos);
         apply_rope(rope, &mut k, hd, pos);
         let params = AttnParams {
             n_heads: self.cfg.num_heads,
             head_dim: hd,
             scale: 1.0 / self.cfg.query_pre_attn_scalar.unwrap_or(hd as f32).sqrt(),
-            window: if b.sliding { self.cfg.sliding_window } else { None },
+            window: if b.sliding {
+                self.cfg.sliding_window
+            } else {
+                None
+            },
             softcap: self.cfg.attn_logit_softcap,
         };
         let o = cached_attention(&q, &k, &v, kv, batch, &params);
@@ -139,7 +171,13 @@ impl CausalLm for Gemma3 {
     }
 
     fn kv_shapes(&self) -> Vec<LayerKvShape> {
-        vec![LayerKvShape { n_kv_heads: self.cfg.num_kv_heads, head_dim: self.cfg.head_dim }; self.cfg.num_layers]
+        vec![
+            LayerKvShape {
+                n_kv_heads: self.cfg.num_kv_heads,
+                head_dim: self.cfg.head_dim
+            };
+            self.cfg.num_layers
+        ]
     }
 
     fn vocab_size(&self) -> usize {

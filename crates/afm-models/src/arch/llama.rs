@@ -9,7 +9,9 @@ use afm_runtime::ops::{self, Rope, RopeStyle};
 use crate::checkpoint::{Checkpoint, NormNaming};
 use crate::config::{RopeScaling, TransformerConfig};
 use crate::forward::{CausalLm, ForwardBatch};
-use crate::layers::{apply_rope, cached_attention, gather_rows, Embedding, GatedMlp, Linear, RmsNorm};
+use crate::layers::{
+    apply_rope, cached_attention, gather_rows, Embedding, GatedMlp, Linear, RmsNorm,
+};
 use crate::ModelError;
 
 const N: NormNaming = NormNaming::Llama;
@@ -53,38 +55,115 @@ pub fn rope_for(cfg: &TransformerConfig, theta: f32, style: RopeStyle) -> Rope {
     match cfg.rope_scaling {
         RopeScaling::None => Rope::new(cfg.head_dim, theta, 1.0, style),
         RopeScaling::Linear(f) => Rope::new(cfg.head_dim, theta, f, style),
-        RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position } => {
-            Rope::llama3(cfg.head_dim, theta, factor, low_freq_factor, high_freq_factor, original_max_position, style)
-        }
+        RopeScaling::Llama3 {
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_max_position,
+        } => Rope::llama3(
+            cfg.head_dim,
+            theta,
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_max_position,
+            style,
+        ),
     }
 }
 
 impl Llama {
-    pub fn load(ck: &Checkpoint, cfg: &TransformerConfig, opts: LlamaOptions, style: RopeStyle) -> Result<Self, ModelError> {
+    pub fn load(
+        ck: &Checkpoint,
+        cfg: &TransformerConfig,
+        opts: LlamaOptions,
+        style: RopeStyle,
+    ) -> Result<Self, ModelError> {
         let (h, hd) = (cfg.hidden_size, cfg.head_dim);
         let table = ck.matrix("embed_tokens.weight", N, cfg.vocab_size, h)?;
         let lm_head = if ck.has("lm_head.weight", N) {
             Linear::load(ck, "lm_head", N, cfg.vocab_size, h, false)?
         } else {
-            Linear { w: table.clone(), b: None }
+            Linear {
+                w: table.clone(),
+                b: None,
+            }
         };
         let mut layers = Vec::with_capacity(cfg.num_layers);
         for i in 0..cfg.num_layers {
             let p = format!("layers.{i}");
-            let head_norm = |n: &str| RmsNorm::load(ck, &format!("{p}.self_attn.{n}"), N, hd, cfg.rms_eps, 0.0);
+            let head_norm =
+                |n: &str| RmsNorm::load(ck, &format!("{p}.self_attn.{n}"), N, hd, cfg.rms_eps, 0.0);
             let attn = Attention {
-                q: Linear::load(ck, &format!("{p}.self_attn.q_proj"), N, cfg.num_heads * hd, h, opts.qkv_bias)?,
-                k: Linear::load(ck, &format!("{p}.self_attn.k_proj"), N, cfg.num_kv_heads * hd, h, opts.qkv_bias)?,
-                v: Linear::load(ck, &format!("{p}.self_attn.v_proj"), N, cfg.num_kv_heads * hd, h, opts.qkv_bias)?,
-                o: Linear::load(ck, &format!("{p}.self_attn.o_proj"), N, h, cfg.num_heads * hd, false)?,
-                q_norm: if opts.qk_norm { Some(head_norm("q_norm")?) } else { None },
-                k_norm: if opts.qk_norm { Some(head_norm("k_norm")?) } else { None },
+                q: Linear::load(
+                    ck,
+                    &format!("{p}.self_attn.q_proj"),
+                    N,
+                    cfg.num_heads * hd,
+                    h,
+                    opts.qkv_bias,
+                )?,
+                k: Linear::load(
+                    ck,
+                    &format!("{p}.self_attn.k_proj"),
+                    N,
+                    cfg.num_kv_heads * hd,
+                    h,
+                    opts.qkv_bias,
+                )?,
+                v: Linear::load(
+                    ck,
+                    &format!("{p}.self_attn.v_proj"),
+                    N,
+                    cfg.num_kv_heads * hd,
+                    h,
+                    opts.qkv_bias,
+                )?,
+                o: Linear::load(
+                    ck,
+                    &format!("{p}.self_attn.o_proj"),
+                    N,
+                    h,
+                    cfg.num_heads * hd,
+                    false,
+                )?,
+                q_norm: if opts.qk_norm {
+                    Some(head_norm("q_norm")?)
+                } else {
+                    None
+                },
+                k_norm: if opts.qk_norm {
+                    Some(head_norm("k_norm")?)
+                } else {
+                    None
+                },
             };
             layers.push(Block {
-                input_norm: RmsNorm::load(ck, &format!("{p}.input_layernorm"), N, h, cfg.rms_eps, 0.0)?,
+                input_norm: RmsNorm::load(
+                    ck,
+                    &format!("{p}.input_layernorm"),
+                    N,
+                    h,
+                    cfg.rms_eps,
+                    0.0,
+                )?,
                 attn,
-                post_attn_norm: RmsNorm::load(ck, &format!("{p}.post_attention_layernorm"), N, h, cfg.rms_eps, 0.0)?,
-                mlp: GatedMlp::load(ck, &format!("{p}.mlp"), N, h, cfg.intermediate_size, ops::silu)?,
+                post_attn_norm: RmsNorm::load(
+                    ck,
+                    &format!("{p}.post_attention_layernorm"),
+                    N,
+                    h,
+                    cfg.rms_eps,
+                    0.0,
+                )?,
+                mlp: GatedMlp::load(
+                    ck,
+                    &format!("{p}.mlp"),
+                    N,
+                    h,
+                    cfg.intermediate_size,
+                    ops::silu,
+                )?,
             });
         }
         Ok(Self {
@@ -97,7 +176,14 @@ impl Llama {
         })
     }
 
-    fn attention(&self, a: &Attention, x: &[f32], kv: &mut afm_runtime::kv_store::LayerKv, batch: &ForwardBatch, pos: &[usize]) -> Vec<f32> {
+    fn attention(
+        &self,
+        a: &Attention,
+        x: &[f32],
+        kv: &mut afm_runtime::kv_store::LayerKv,
+        batch: &ForwardBatch,
+        pos: &[usize],
+    ) -> Vec<f32> {
         let (n, hd) = (pos.len(), self.cfg.head_dim);
         let mut q = a.q.forward(x, n);
         let mut k = a.k.forward(x, n);
@@ -140,7 +226,13 @@ impl CausalLm for Llama {
     }
 
     fn kv_shapes(&self) -> Vec<LayerKvShape> {
-        vec![LayerKvShape { n_kv_heads: self.cfg.num_kv_heads, head_dim: self.cfg.head_dim }; self.cfg.num_layers]
+        vec![
+            LayerKvShape {
+                n_kv_heads: self.cfg.num_kv_heads,
+                head_dim: self.cfg.head_dim
+            };
+            self.cfg.num_layers
+        ]
     }
 
     fn vocab_size(&self) -> usize {

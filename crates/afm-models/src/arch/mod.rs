@@ -34,8 +34,17 @@ pub const ARCHITECTURES: &[Architecture] = &[
         adjust_gguf: no_adjust,
         load: |ck, cfg| {
             // llama.cpp permutes llama's Q/K rows so GGML can rotate interleaved pairs.
-            let style = if ck.is_gguf() { RopeStyle::Interleaved } else { RopeStyle::Neox };
-            Ok(Box::new(llama::Llama::load(ck, cfg, Default::default(), style)?))
+            let style = if ck.is_gguf() {
+                RopeStyle::Interleaved
+            } else {
+                RopeStyle::Neox
+            };
+            Ok(Box::new(llama::Llama::load(
+                ck,
+                cfg,
+                Default::default(),
+                style,
+            )?))
         },
     },
     Architecture {
@@ -59,5 +68,9 @@ pub const ARCHITECTURES: &[Architecture] = &[
 ];
 
 pub fn supported_names() -> String {
-    ARCHITECTURES.iter().flat_map(|a| a.hf_types.iter().copied()).collect::<Vec<_>>().join(", ")
+    ARCHITECTURES
+        .iter()
+        .flat_map(|a| a.hf_types.iter().copied())
+        .collect::<Vec<_>>()
+        .join(", ")
 }

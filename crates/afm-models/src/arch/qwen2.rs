@@ -8,5 +8,13 @@ use crate::config::TransformerConfig;
 use crate::ModelError;
 
 pub fn load(ck: &Checkpoint, cfg: &TransformerConfig) -> Result<Llama, ModelError> {
-    Llama::load(ck, cfg, LlamaOptions { qkv_bias: true, qk_norm: false }, RopeStyle::Neox)
+    Llama::load(
+        ck,
+        cfg,
+        LlamaOptions {
+            qkv_bias: true,
+            qk_norm: false,
+        },
+        RopeStyle::Neox,
+    )
 }

@@ -8,5 +8,13 @@ use crate::config::TransformerConfig;
 use crate::ModelError;
 
 pub fn load(ck: &Checkpoint, cfg: &TransformerConfig) -> Result<Llama, ModelError> {
-    Llama::load(ck, cfg, LlamaOptions { qkv_bias: false, qk_norm: true }, RopeStyle::Neox)
+    Llama::load(
+        ck,
+        cfg,
+        LlamaOptions {
+            qkv_bias: false,
+            qk_norm: true,
+        },
+        RopeStyle::Neox,
+    )
 }
