@@ -22,12 +22,23 @@ struct Reference {
 fn reference(dir: &Path) -> Reference {
     let text = std::fs::read_to_string(dir.join("reference.json")).expect("reference.json");
     let v: serde_json::Value = serde_json::from_str(&text).expect("reference json");
-    let tokens = v["tokens"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap() as u32).collect();
+    let tokens = v["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_u64().unwrap() as u32)
+        .collect();
     let logits = v["logits"]
         .as_array()
         .unwrap()
         .iter()
-        .map(|row| row.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect())
+        .map(|row| {
+            row.as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_f64().unwrap() as f32)
+                .collect()
+        })
         .collect();
     Reference { tokens, logits }
 }
@@ -48,8 +59,16 @@ fn run_chunks(m: &LoadedModel, tokens: &[u32], chunks: &[usize]) -> Vec<(usize, 
     let mut out = Vec::new();
     let mut pos = 0;
     for &len in chunks {
-        let seq = [SeqChunk { len, pos0: pos, block_table: &table, logits: true }];
-        let batch = ForwardBatch { tokens: &tokens[pos..pos + len], seqs: &seq };
+        let seq = [SeqChunk {
+            len,
+            pos0: pos,
+            block_table: &table,
+            logits: true,
+        }];
+        let batch = ForwardBatch {
+            tokens: &tokens[pos..pos + len],
+            seqs: &seq,
+        };
         let logits = m.model.forward(&batch, &mut kv);
         pos += len;
         out.push((pos - 1, logits));
@@ -68,7 +87,10 @@ fn check_model(m: &LoadedModel, r: &Reference, what: &str) {
         assert_eq!(chunks.iter().sum::<usize>(), n);
         for (pos, logits) in run_chunks(m, &r.tokens, &chunks) {
             let err = rel_err(&logits, &r.logits[pos]);
-            assert!(err <= 1e-3, "{what} {name}: position {pos} relative error {err:.2e}");
+            assert!(
+                err <= 1e-3,
+                "{what} {name}: position {pos} relative error {err:.2e}"
+            );
         }
     }
 }
@@ -76,24 +98,36 @@ fn check_model(m: &LoadedModel, r: &Reference, what: &str) {
 fn check_arch(arch: &str) {
     let dir = fixtures().join(arch);
     if !dir.join("reference.json").exists() {
-        panic!("missing fixture {}: run scripts/gen_tiny_fixtures.py", dir.display());
+        panic!(
+            "missing fixture {}: run scripts/gen_tiny_fixtures.py",
+            dir.display()
+        );
     }
     let r = reference(&dir);
-    let m = load_model(&ModelLocation::HfDir(dir.clone())).unwrap_or_else(|e| panic!("{arch}: {e}"));
+    let m =
+        load_model(&ModelLocation::HfDir(dir.clone())).unwrap_or_else(|e| panic!("{arch}: {e}"));
     check_model(&m, &r, &format!("{arch} safetensors"));
     for gguf in ["model-f32.gguf", "model-q8_0.gguf"] {
         let path = dir.join(gguf);
         if !path.exists() {
             continue;
         }
-        let m = load_model(&ModelLocation::Gguf(path)).unwrap_or_else(|e| panic!("{arch} {gguf}: {e}"));
+        let m =
+            load_model(&ModelLocation::Gguf(path)).unwrap_or_else(|e| panic!("{arch} {gguf}: {e}"));
         if gguf.contains("f32") {
             check_model(&m, &r, &format!("{arch} {gguf}"));
         } else {
             // 8-bit weights: the greedy choice must still agree with transformers nearly everywhere.
             let got = run_chunks(&m, &r.tokens, &vec![1; r.tokens.len()]);
-            let agree = got.iter().filter(|(p, l)| argmax(l) == argmax(&r.logits[*p])).count();
-            assert!(agree * 10 >= got.len() * 9, "{arch} {gguf}: argmax agrees at {agree}/{}", got.len());
+            let agree = got
+                .iter()
+                .filter(|(p, l)| argmax(l) == argmax(&r.logits[*p]))
+                .count();
+            assert!(
+                agree * 10 >= got.len() * 9,
+                "{arch} {gguf}: argmax agrees at {agree}/{}",
+                got.len()
+            );
         }
     }
 }
@@ -120,4 +154,10 @@ fn qwen3_matches_transformers() {
 #[test]
 fn gemma3_matches_transformers() {
     check_arch("gemma3");
+}
+
+/// Gemma 3 with final-logit soft-capping, a non-default query scale and split RoPE bases.
+#[test]
+fn gemma3_variant_matches_transformers() {
+    check_arch("gemma3_alt");
 }
