@@ -2,7 +2,7 @@
 //! integer dot products (llama.cpp's approach and accuracy).
 //!
 //! ```text
-//! Q8Rows  (for the 32-weight formats), per 32 values:  d: f32 | s = d·Σq: f32 | q: i8[32]
+//! Q8Rows  (for the 32-weight formats), per 32 values:  [d, s = d·Σq]: [f32; 2] | q: i8[32]
 //! Q8kRows (for the K-quants),          per 256 values: d: f32 | q: i8[256] | bsums: i16[16]
 //! ```
 //! `x ≈ d·q` with `d = max|x| / 127`; `q` rounds half to even, so the scalar and the AVX2
@@ -19,8 +19,8 @@ pub const Q8K_BLOCK: usize = 256;
 pub struct Q8Rows {
     pub(crate) cols: usize,
     pub(crate) qs: Vec<i8>,
-    pub(crate) d: Vec<f32>,
-    pub(crate) s: Vec<f32>,
+    /// `[d, d·Σq]` per block, side by side so a kernel loads both with one instruction.
+    pub(crate) ds: Vec<[f32; 2]>,
 }
 
 /// `n` activation rows of `cols` values as Q8K blocks of 256.
@@ -35,8 +35,7 @@ pub struct Q8kRows {
 #[derive(Clone, Copy)]
 pub(crate) struct Q8Row<'a> {
     pub qs: &'a [i8],
-    pub d: &'a [f32],
-    pub s: &'a [f32],
+    pub ds: &'a [[f32; 2]],
 }
 
 /// One row of `Q8kRows`.
@@ -58,16 +57,13 @@ impl Q8Rows {
         let mut r = Self {
             cols,
             qs: vec![0; x.len()],
-            d: vec![0.0; nb],
-            s: vec![0.0; nb],
+            ds: vec![[0.0; 2]; nb],
         };
         match isa {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `usable` confirmed AVX2 and FMA at run time.
-            Isa::Avx2 if isa.usable() => unsafe {
-                quantize_q8_avx2(x, &mut r.qs, &mut r.d, &mut r.s)
-            },
-            _ => quantize_q8(x, &mut r.qs, &mut r.d, &mut r.s),
+            Isa::Avx2 if isa.usable() => unsafe { quantize_q8_avx2(x, &mut r.qs, &mut r.ds) },
+            _ => quantize_q8(x, &mut r.qs, &mut r.ds),
         }
         r
     }
@@ -76,8 +72,7 @@ impl Q8Rows {
         let nb = self.cols / Q8_BLOCK;
         Q8Row {
             qs: &self.qs[i * self.cols..(i + 1) * self.cols],
-            d: &self.d[i * nb..(i + 1) * nb],
-            s: &self.s[i * nb..(i + 1) * nb],
+            ds: &self.ds[i * nb..(i + 1) * nb],
         }
     }
 }
@@ -139,12 +134,11 @@ fn quantize_block(x: &[f32], q: &mut [i8]) -> (f32, i32) {
 }
 
 #[inline(always)]
-fn quantize_q8_body(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut [f32]) {
+fn quantize_q8_body(x: &[f32], qs: &mut [i8], ds: &mut [[f32; 2]]) {
     let blocks = x.chunks_exact(Q8_BLOCK).zip(qs.chunks_exact_mut(Q8_BLOCK));
-    for ((xb, qb), (db, sb)) in blocks.zip(d.iter_mut().zip(s.iter_mut())) {
+    for ((xb, qb), dsb) in blocks.zip(ds.iter_mut()) {
         let (scale, sum) = quantize_block(xb, qb);
-        *db = scale;
-        *sb = scale * sum as f32;
+        *dsb = [scale, scale * sum as f32];
     }
 }
 
@@ -161,8 +155,8 @@ fn quantize_q8k_body(x: &[f32], qs: &mut [i8], d: &mut [f32], bsums: &mut [i16])
     }
 }
 
-fn quantize_q8(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut [f32]) {
-    quantize_q8_body(x, qs, d, s)
+fn quantize_q8(x: &[f32], qs: &mut [i8], ds: &mut [[f32; 2]]) {
+    quantize_q8_body(x, qs, ds)
 }
 
 fn quantize_q8k(x: &[f32], qs: &mut [i8], d: &mut [f32], bsums: &mut [i16]) {
@@ -173,8 +167,8 @@ fn quantize_q8k(x: &[f32], qs: &mut [i8], d: &mut [f32], bsums: &mut [i16]) {
 /// because every step is the same IEEE operation.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn quantize_q8_avx2(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut [f32]) {
-    quantize_q8_body(x, qs, d, s)
+unsafe fn quantize_q8_avx2(x: &[f32], qs: &mut [i8], ds: &mut [[f32; 2]]) {
+    quantize_q8_body(x, qs, ds)
 }
 
 #[cfg(target_arch = "x86_64")]

@@ -59,11 +59,17 @@ unsafe fn fifth_bits(p: *const u8) -> __m256i {
     _mm256_and_si256(set, _mm256_set1_epi8(0x10))
 }
 
-/// A block format with unsigned values: `w = scale·q + offset`.
+/// A block format with unsigned values: `w = d·q + m`, where `m` is stored (Q4_1, Q5_1) or
+/// is `OFFSET·d` (Q4_0, Q5_0).
 trait AffineBlock {
     const BYTES: usize;
-    /// The 32 values, `scale` and `offset` of the block at `p`.
-    unsafe fn decode(p: *const u8) -> (__m256i, f32, f32);
+    /// Multiplies the accumulated `scales()[1]·s_x` lane: 1 when that lane holds `m`, the
+    /// offset in steps of `d` when it holds `d`.
+    const OFFSET: f32;
+    /// The 32 values of the block at `p`.
+    unsafe fn values(p: *const u8) -> __m256i;
+    /// `[d, m or d, _, _]`, converted with one F16C instruction.
+    unsafe fn scales(p: *const u8) -> __m128;
 }
 
 struct Q4_0;
@@ -71,69 +77,143 @@ struct Q4_1;
 struct Q5_0;
 struct Q5_1;
 
+/// `[d, d, d, d]` from the f16 at `p`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn scale_d(p: *const u8) -> __m128 {
+    _mm_cvtph_ps(_mm_set1_epi16((p as *const i16).read_unaligned()))
+}
+
+/// `[d, m, 0, 0]` from the two f16 at `p`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn scale_dm(p: *const u8) -> __m128 {
+    _mm_cvtph_ps(_mm_cvtsi32_si128((p as *const i32).read_unaligned()))
+}
+
 impl AffineBlock for Q4_0 {
     const BYTES: usize = 18;
+    const OFFSET: f32 = -8.0;
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn decode(p: *const u8) -> (__m256i, f32, f32) {
-        let d = f16_load(p);
-        (nibbles(p.add(2)), d, -8.0 * d)
+    unsafe fn values(p: *const u8) -> __m256i {
+        nibbles(p.add(2))
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn scales(p: *const u8) -> __m128 {
+        scale_d(p)
     }
 }
 
 impl AffineBlock for Q4_1 {
     const BYTES: usize = 20;
+    const OFFSET: f32 = 1.0;
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn decode(p: *const u8) -> (__m256i, f32, f32) {
-        (nibbles(p.add(4)), f16_load(p), f16_load(p.add(2)))
+    unsafe fn values(p: *const u8) -> __m256i {
+        nibbles(p.add(4))
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn scales(p: *const u8) -> __m128 {
+        scale_dm(p)
     }
 }
 
 impl AffineBlock for Q5_0 {
     const BYTES: usize = 22;
+    const OFFSET: f32 = -16.0;
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn decode(p: *const u8) -> (__m256i, f32, f32) {
-        let d = f16_load(p);
-        (
-            _mm256_or_si256(nibbles(p.add(6)), fifth_bits(p.add(2))),
-            d,
-            -16.0 * d,
-        )
+    unsafe fn values(p: *const u8) -> __m256i {
+        _mm256_or_si256(nibbles(p.add(6)), fifth_bits(p.add(2)))
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn scales(p: *const u8) -> __m128 {
+        scale_d(p)
     }
 }
 
 impl AffineBlock for Q5_1 {
     const BYTES: usize = 24;
+    const OFFSET: f32 = 1.0;
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn decode(p: *const u8) -> (__m256i, f32, f32) {
-        let q = _mm256_or_si256(nibbles(p.add(8)), fifth_bits(p.add(4)));
-        (q, f16_load(p), f16_load(p.add(2)))
+    unsafe fn values(p: *const u8) -> __m256i {
+        _mm256_or_si256(nibbles(p.add(8)), fifth_bits(p.add(4)))
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn scales(p: *const u8) -> __m128 {
+        scale_dm(p)
     }
 }
 
-/// One weight row of an affine format against `NB` activation rows.
+/// `[d_x, s_x, 0, 0]` of activation block `k`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn act_ds(x: &Q8Row, k: usize) -> __m128 {
+    _mm_castpd_ps(_mm_load_sd(x.ds.as_ptr().add(k) as *const f64))
+}
+
+/// Σ of u8 × i8 products of 32 bytes, as eight i32 lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_u8i8(q: __m256i, x: __m256i) -> __m256i {
+    _mm256_madd_epi16(_mm256_maddubs_epi16(q, x), _mm256_set1_epi16(1))
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn act_q(x: &Q8Row, k: usize) -> __m256i {
+    _mm256_loadu_si256(x.qs.as_ptr().add(k * Q8_BLOCK) as *const __m256i)
+}
+
+/// Accumulate weight block `k` into `acc`/`corr`: `acc += d·d_x·Σq·q_x` (eight lanes),
+/// `corr += [d·d_x, m·s_x, ..]` (lane 1 is the offset part).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn affine_step<B: AffineBlock, const NB: usize>(
+    w: &[u8],
+    k: usize,
+    xs: &[Q8Row; NB],
+    acc: &mut [__m256; NB],
+    corr: &mut [__m128; NB],
+) {
+    let p = w.as_ptr().add(k * B::BYTES);
+    let (q, sc) = (B::values(p), B::scales(p));
+    for j in 0..NB {
+        let prod = _mm_mul_ps(sc, act_ds(&xs[j], k));
+        let dot = _mm256_cvtepi32_ps(dot_u8i8(q, act_q(&xs[j], k)));
+        acc[j] = _mm256_fmadd_ps(_mm256_broadcastss_ps(prod), dot, acc[j]);
+        corr[j] = _mm_add_ps(corr[j], prod);
+    }
+}
+
+/// One weight row of an affine format against `NB` activation rows. Blocks alternate
+/// between two accumulator sets so consecutive FMAs do not wait on each other.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn tile_affine<B: AffineBlock, const NB: usize>(w: &[u8], xs: &[Q8Row; NB]) -> [f32; NB] {
-    let ones = _mm256_set1_epi16(1);
-    let mut acc = [_mm256_setzero_ps(); NB];
-    let mut corr = [0f32; NB];
-    for k in 0..w.len() / B::BYTES {
-        let (q, scale, offset) = B::decode(w.as_ptr().add(k * B::BYTES));
-        for j in 0..NB {
-            let xq = _mm256_loadu_si256(xs[j].qs.as_ptr().add(k * Q8_BLOCK) as *const __m256i);
-            let p = _mm256_madd_epi16(_mm256_maddubs_epi16(q, xq), ones);
-            let dd = _mm256_set1_ps(scale * *xs[j].d.get_unchecked(k));
-            acc[j] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(p), acc[j]);
-            corr[j] += offset * *xs[j].s.get_unchecked(k);
-        }
+    let mut acc = [[_mm256_setzero_ps(); NB]; 2];
+    let mut corr = [[_mm_setzero_ps(); NB]; 2];
+    let blocks = w.len() / B::BYTES;
+    let mut k = 0;
+    while k + 1 < blocks {
+        affine_step::<B, NB>(w, k, xs, &mut acc[0], &mut corr[0]);
+        affine_step::<B, NB>(w, k + 1, xs, &mut acc[1], &mut corr[1]);
+        k += 2;
+    }
+    if k < blocks {
+        affine_step::<B, NB>(w, k, xs, &mut acc[0], &mut corr[0]);
     }
     let mut out = [0f32; NB];
     for j in 0..NB {
-        out[j] = hsum(acc[j]) + corr[j];
+        let c = _mm_add_ps(corr[0][j], corr[1][j]);
+        let offset = _mm_cvtss_f32(_mm_movehdup_ps(c));
+        out[j] = hsum(_mm256_add_ps(acc[0][j], acc[1][j])) + B::OFFSET * offset;
     }
     out
 }
@@ -141,25 +221,35 @@ unsafe fn tile_affine<B: AffineBlock, const NB: usize>(w: &[u8], xs: &[Q8Row; NB
 /// Q8_0 weights are signed: multiply |w| by x carrying w's sign, so `maddubs` sees u8 × i8.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q8_0_step<const NB: usize>(w: &[u8], k: usize, xs: &[Q8Row; NB], acc: &mut [__m256; NB]) {
+    let p = w.as_ptr().add(k * 34);
+    let sc = scale_d(p);
+    let q = _mm256_loadu_si256(p.add(2) as *const __m256i);
+    let aq = _mm256_sign_epi8(q, q);
+    for j in 0..NB {
+        let prod = _mm_mul_ps(sc, act_ds(&xs[j], k));
+        let dot = _mm256_cvtepi32_ps(dot_u8i8(aq, _mm256_sign_epi8(act_q(&xs[j], k), q)));
+        acc[j] = _mm256_fmadd_ps(_mm256_broadcastss_ps(prod), dot, acc[j]);
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn tile_q8_0<const NB: usize>(w: &[u8], xs: &[Q8Row; NB]) -> [f32; NB] {
-    let ones = _mm256_set1_epi16(1);
-    let mut acc = [_mm256_setzero_ps(); NB];
-    for k in 0..w.len() / 34 {
-        let p = w.as_ptr().add(k * 34);
-        let d = f16_load(p);
-        let q = _mm256_loadu_si256(p.add(2) as *const __m256i);
-        let aq = _mm256_sign_epi8(q, q);
-        for j in 0..NB {
-            let xq = _mm256_loadu_si256(xs[j].qs.as_ptr().add(k * Q8_BLOCK) as *const __m256i);
-            let sx = _mm256_sign_epi8(xq, q);
-            let p = _mm256_madd_epi16(_mm256_maddubs_epi16(aq, sx), ones);
-            let dd = _mm256_set1_ps(d * *xs[j].d.get_unchecked(k));
-            acc[j] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(p), acc[j]);
-        }
+    let mut acc = [[_mm256_setzero_ps(); NB]; 2];
+    let blocks = w.len() / 34;
+    let mut k = 0;
+    while k + 1 < blocks {
+        q8_0_step::<NB>(w, k, xs, &mut acc[0]);
+        q8_0_step::<NB>(w, k + 1, xs, &mut acc[1]);
+        k += 2;
+    }
+    if k < blocks {
+        q8_0_step::<NB>(w, k, xs, &mut acc[0]);
     }
     let mut out = [0f32; NB];
     for j in 0..NB {
-        out[j] = hsum(acc[j]);
+        out[j] = hsum(_mm256_add_ps(acc[0][j], acc[1][j]));
     }
     out
 }

@@ -123,7 +123,7 @@ fn dot_affine(
             let (q, scale, offset) = decode(b);
             let xq = &xr.qs[k * QK..(k + 1) * QK];
             let sumi: i32 = q.iter().zip(xq).map(|(&a, &c)| a as i32 * c as i32).sum();
-            acc += scale * xr.d[k] * sumi as f32 + offset * xr.s[k];
+            acc += scale * xr.ds[k][0] * sumi as f32 + offset * xr.ds[k][1];
         }
         *o = acc;
     }
@@ -156,7 +156,7 @@ pub(super) fn dot_q8_0(w: &[u8], x: &Q8Rows, i0: usize, out: &mut [f32]) {
                 .zip(xq)
                 .map(|(&a, &c)| a as i8 as i32 * c as i32)
                 .sum();
-            acc += f16_at(b, 0) * xr.d[k] * sumi as f32;
+            acc += f16_at(b, 0) * xr.ds[k][0] * sumi as f32;
         }
         *o = acc;
     }

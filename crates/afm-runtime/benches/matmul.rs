@@ -1,0 +1,233 @@
+//! Matmul throughput: GB/s of weight bytes streamed and GFLOP/s, per type, shape, batch and
+//! thread count. Plain `std::time`; run with `cargo bench -p afm-runtime --bench matmul`.
+//!
+//! Two weight residencies are measured:
+//! - `hot`: one matrix, reused call after call (it sits in L2/L3): kernel speed;
+//! - `dram`: enough copies of the matrix to exceed the last-level cache, used in turn, as a
+//!   decode step walks through a model's layers: memory bandwidth.
+//!
+//! `cpu%` is the process's CPU time over wall time: near 100·threads on an idle machine; far
+//! below it, other work on the machine took the cores and the wall numbers understate.
+//! `GB/cpu-s` divides the weight bytes by CPU time instead: the kernel's cost on a shared box.
+//!
+//! Args (optional): `quick` (shorter runs), or type names to restrict (`Q4_1 Q8_0`).
+
+use afm_runtime::quant::Isa;
+use afm_runtime::{DType, WeightBytes, WeightMatrix};
+use std::time::{Duration, Instant};
+
+/// splitmix64, for deterministic random blocks.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+}
+
+/// Byte offsets of the f16 scales in a block: kept finite so timings see real numbers.
+fn f16_fields(dtype: DType) -> &'static [usize] {
+    match dtype {
+        DType::Q4_1 | DType::Q5_1 | DType::Q4K | DType::Q5K => &[0, 2],
+        DType::Q4_0 | DType::Q5_0 | DType::Q8_0 => &[0],
+        DType::Q2K => &[80, 82],
+        DType::Q3K => &[108],
+        DType::Q6K => &[208],
+        DType::F32 | DType::F16 | DType::BF16 => &[],
+    }
+}
+
+fn random_matrix(rng: &mut Rng, dtype: DType, rows: usize, cols: usize) -> WeightMatrix {
+    let len = dtype.row_bytes(cols).expect("block-aligned shape") * rows;
+    let mut b: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
+    match dtype {
+        DType::F32 => {
+            for c in b.chunks_exact_mut(4) {
+                c.copy_from_slice(&((rng.next() % 2000) as f32 * 1e-4 - 0.1).to_le_bytes());
+            }
+        }
+        DType::F16 | DType::BF16 => {
+            for c in b.chunks_exact_mut(2) {
+                c[1] &= 0x3f; // small finite values either way
+            }
+        }
+        _ => {
+            for block in b.chunks_exact_mut(dtype.block_bytes()) {
+                for &off in f16_fields(dtype) {
+                    let v = half::f16::from_f32((rng.next() % 1000) as f32 * 1e-5);
+                    block[off..off + 2].copy_from_slice(&v.to_le_bytes());
+                }
+            }
+        }
+    }
+    WeightMatrix::new(dtype, rows, cols, WeightBytes::from_vec(b)).expect("valid matrix")
+}
+
+/// CPU time of every thread of this process so far, in ns (`/proc/self/task/*/schedstat`),
+/// so a run on a shared machine can be told apart from a slow kernel.
+fn cpu_ns() -> u64 {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return 0;
+    };
+    tasks
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// Wall and CPU seconds per call: repeat `f` until `budget` has passed, best of 5 rounds.
+fn time_per_call(budget: Duration, mut f: impl FnMut()) -> (f64, f64) {
+    f();
+    let mut best = (f64::INFINITY, f64::INFINITY);
+    for _ in 0..5 {
+        let (start, cpu0) = (Instant::now(), cpu_ns());
+        let mut calls = 0u32;
+        while start.elapsed() < budget / 5 || calls == 0 {
+            f();
+            calls += 1;
+        }
+        let wall = start.elapsed().as_secs_f64() / calls as f64;
+        let cpu = cpu_ns().saturating_sub(cpu0) as f64 * 1e-9 / calls as f64;
+        if wall < best.0 {
+            best = (wall, cpu);
+        }
+    }
+    best
+}
+
+struct Row {
+    dtype: DType,
+    rows: usize,
+    cols: usize,
+    n: usize,
+    threads: usize,
+    residency: &'static str,
+    secs: f64,
+    cpu_secs: f64,
+    bytes: usize,
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| a != "--bench")
+        .collect();
+    let quick = args.iter().any(|a| a == "quick");
+    let budget = Duration::from_millis(if quick { 150 } else { 600 });
+    let wanted: Vec<&String> = args.iter().filter(|a| *a != "quick").collect();
+    let types = [
+        DType::Q4_1,
+        DType::Q4K,
+        DType::Q6K,
+        DType::Q8_0,
+        DType::Q5_0,
+        DType::F16,
+    ];
+    let shapes = [(576, 1536), (896, 4864)];
+    println!(
+        "isa {:?}, {} logical CPUs",
+        Isa::best(),
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    );
+    println!(
+        "{:<6} {:>10} {:>4} {:>3} {:<4} {:>10} {:>8} {:>9} {:>6} {:>10}",
+        "type", "rows×cols", "n", "thr", "mem", "µs/call", "GB/s", "GFLOP/s", "cpu%", "GB/cpu-s"
+    );
+    let mut rng = Rng(1);
+    for dtype in types {
+        if !wanted.is_empty() && !wanted.iter().any(|w| w.as_str() == dtype.name()) {
+            continue;
+        }
+        for (rows, cols) in shapes {
+            let m = random_matrix(&mut rng, dtype, rows, cols);
+            // Copies to exceed a 32 MiB last-level cache twice over.
+            let copies = ((64usize << 20) / m.bytes().len()).max(2);
+            let cold: Vec<WeightMatrix> = (0..copies)
+                .map(|_| random_matrix(&mut rng, dtype, rows, cols))
+                .collect();
+            for n in [1usize, 64] {
+                let x: Vec<f32> = (0..n * cols)
+                    .map(|i| ((i * 7919) % 1000) as f32 * 1e-3 - 0.5)
+                    .collect();
+                let mut out = vec![0f32; n * rows];
+                for threads in [1usize, 2] {
+                    let pool = rayon::ThreadPoolBuilder::new()
+                        .num_threads(threads)
+                        .build()
+                        .expect("pool");
+                    let hot = pool.install(|| time_per_call(budget, || m.matmul(&x, n, &mut out)));
+                    let row = |residency, (secs, cpu_secs)| Row {
+                        dtype,
+                        rows,
+                        cols,
+                        n,
+                        threads,
+                        residency,
+                        secs,
+                        cpu_secs,
+                        bytes: m.bytes().len(),
+                    };
+                    print_row(&row("hot", hot));
+                    if n == 1 {
+                        let mut next = 0;
+                        let dram = pool.install(|| {
+                            time_per_call(budget, || {
+                                cold[next % copies].matmul(&x, n, &mut out);
+                                next += 1;
+                            })
+                        });
+                        print_row(&row("dram", dram));
+                    }
+                }
+            }
+        }
+    }
+    stream_baseline(budget);
+}
+
+fn print_row(r: &Row) {
+    let gbs = r.bytes as f64 / r.secs / 1e9;
+    let gflops = 2.0 * (r.rows * r.cols * r.n) as f64 / r.secs / 1e9;
+    println!(
+        "{:<6} {:>10} {:>4} {:>3} {:<4} {:>10.1} {:>8.1} {:>9.1} {:>6.0} {:>10.1}",
+        r.dtype.name(),
+        format!("{}×{}", r.rows, r.cols),
+        r.n,
+        r.threads,
+        r.residency,
+        r.secs * 1e6,
+        gbs,
+        gflops,
+        100.0 * r.cpu_secs / r.secs,
+        r.bytes as f64 / r.cpu_secs / 1e9
+    );
+}
+
+/// What the memory system gives a plain read of 256 MiB (sum of u64s), for comparison.
+fn stream_baseline(budget: Duration) {
+    let data: Vec<u64> = (0..(256usize << 20) / 8).map(|i| i as u64).collect();
+    for threads in [1usize, 2] {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .expect("pool");
+        let (secs, _) = pool.install(|| {
+            time_per_call(budget, || {
+                use rayon::prelude::*;
+                let s: u64 = data
+                    .par_chunks(1 << 16)
+                    .map(|c| c.iter().fold(0u64, |a, &v| a.wrapping_add(v)))
+                    .sum();
+                std::hint::black_box(s);
+            })
+        });
+        println!(
+            "memory read baseline, {threads} thread(s): {:.1} GB/s",
+            (data.len() * 8) as f64 / secs / 1e9
+        );
+    }
+}
