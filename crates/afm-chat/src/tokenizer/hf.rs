@@ -1,6 +1,6 @@
 //! HF `tokenizer.json` (+ tokenizer_config.json, generation_config.json, config.json): the BPE
 //! model with its normalizers, pre-tokenizers and decoder, reproducing HF `tokenizers` so ids equal
-//! transformers'. Supported components: normalizers Replace/Prepend/Sequence; pre-tokenizers
+//! transformers'. Supported components: normalizers Replace/Prepend/NF(K)C/NF(K)D/Sequence; pre-tokenizers
 //! Split/Digits/ByteLevel/Metaspace/Sequence; BPE with byte-level chars or byte fallback.
 //! Anything else is refused with its name, never silently approximated.
 
@@ -10,6 +10,7 @@ use super::{unicode, BuildOptions, PieceStyle, Tokenizer};
 use crate::ChatError;
 use serde_json::Value;
 use std::path::Path;
+use unicode_normalization::UnicodeNormalization;
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Behavior {
@@ -23,6 +24,10 @@ enum Behavior {
 enum Normalizer {
     Replace { from: String, to: String },
     Prepend(String),
+    Nfc,
+    Nfkc,
+    Nfd,
+    Nfkd,
 }
 
 enum PreStep {
@@ -119,8 +124,10 @@ fn parse_normalizer(v: &Value, out: &mut Vec<Normalizer>) -> Result<(), ChatErro
                 .unwrap_or("")
                 .into(),
         )),
-        // NFC leaves already-composed text unchanged; chat text nearly always is.
-        Some("NFC") => {}
+        Some("NFC") => out.push(Normalizer::Nfc),
+        Some("NFKC") => out.push(Normalizer::Nfkc),
+        Some("NFD") => out.push(Normalizer::Nfd),
+        Some("NFKD") => out.push(Normalizer::Nfkd),
         _ => return Err(unsupported("normalizer", v)),
     }
     Ok(())
@@ -356,6 +363,10 @@ impl Pipeline {
                         t.insert_str(0, p);
                     }
                 }
+                Normalizer::Nfc => t = t.nfc().collect(),
+                Normalizer::Nfkc => t = t.nfkc().collect(),
+                Normalizer::Nfd => t = t.nfd().collect(),
+                Normalizer::Nfkd => t = t.nfkd().collect(),
             }
         }
         for word in self.pre_tokenize(&t, first) {
