@@ -186,7 +186,29 @@ fn main() {
             }
         }
     }
+    dispatch_overhead(budget);
     stream_baseline(budget);
+}
+
+/// A small decode-sized matmul (SmolLM2's attn_k, 192×576 Q4_1) called from a thread outside
+/// the pool, as a plain caller does, and from inside it (`threads::install`), as a forward
+/// pass should: the difference is the cost of handing each matmul to the pool.
+fn dispatch_overhead(budget: Duration) {
+    let mut rng = Rng(9);
+    let m = random_matrix(&mut rng, DType::Q4_1, 192, 576);
+    let x = vec![0.25f32; 576];
+    let mut out = vec![0f32; 192];
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .build()
+        .expect("pool");
+    let (outside, _) = time_per_call(budget, || pool.install(|| m.matmul(&x, 1, &mut out)));
+    let (inside, _) = pool.install(|| time_per_call(budget, || m.matmul(&x, 1, &mut out)));
+    println!(
+        "Q4_1 192×576 n=1, 2 threads: {:.1} µs per call handed to the pool, {:.1} µs from inside it",
+        outside * 1e6,
+        inside * 1e6
+    );
 }
 
 fn print_row(r: &Row) {

@@ -61,8 +61,8 @@ impl Q8Rows {
         };
         match isa {
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: `usable` confirmed AVX2 and FMA at run time.
-            Isa::Avx2 if isa.usable() => unsafe { quantize_q8_avx2(x, &mut r.qs, &mut r.ds) },
+            // SAFETY: `has_avx2` confirmed AVX2 and FMA at run time.
+            _ if isa.has_avx2() => unsafe { quantize_q8_avx2(x, &mut r.qs, &mut r.ds) },
             _ => quantize_q8(x, &mut r.qs, &mut r.ds),
         }
         r
@@ -93,8 +93,8 @@ impl Q8kRows {
         };
         match isa {
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: `usable` confirmed AVX2 and FMA at run time.
-            Isa::Avx2 if isa.usable() => unsafe {
+            // SAFETY: `has_avx2` confirmed AVX2 and FMA at run time.
+            _ if isa.has_avx2() => unsafe {
                 quantize_q8k_avx2(x, &mut r.qs, &mut r.d, &mut r.bsums)
             },
             _ => quantize_q8k(x, &mut r.qs, &mut r.d, &mut r.bsums),

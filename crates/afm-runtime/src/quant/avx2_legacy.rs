@@ -34,7 +34,7 @@ pub(super) unsafe fn hsum(v: __m256) -> f32 {
 /// high ones.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn nibbles(p: *const u8) -> __m256i {
+pub(super) unsafe fn nibbles(p: *const u8) -> __m256i {
     let x = _mm_loadu_si128(p as *const __m128i);
     let both = _mm256_set_m128i(_mm_srli_epi16(x, 4), x);
     _mm256_and_si256(both, _mm256_set1_epi8(0x0F))
@@ -154,7 +154,7 @@ impl AffineBlock for Q5_1 {
 /// `[d_x, s_x, 0, 0]` of activation block `k`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn act_ds(x: &Q8Row, k: usize) -> __m128 {
+pub(super) unsafe fn act_ds(x: &Q8Row, k: usize) -> __m128 {
     _mm_castpd_ps(_mm_load_sd(x.ds.as_ptr().add(k) as *const f64))
 }
 
@@ -167,7 +167,7 @@ unsafe fn dot_u8i8(q: __m256i, x: __m256i) -> __m256i {
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn act_q(x: &Q8Row, k: usize) -> __m256i {
+pub(super) unsafe fn act_q(x: &Q8Row, k: usize) -> __m256i {
     _mm256_loadu_si256(x.qs.as_ptr().add(k * Q8_BLOCK) as *const __m256i)
 }
 
@@ -255,7 +255,7 @@ unsafe fn tile_q8_0<const NB: usize>(w: &[u8], xs: &[Q8Row; NB]) -> [f32; NB] {
 }
 
 /// The activation rows `i0..i0+NB`, after checking they are as long as the weight row.
-fn rows<const NB: usize>(x: &Q8Rows, i0: usize, w_blocks: usize) -> [Q8Row<'_>; NB] {
+pub(super) fn rows<const NB: usize>(x: &Q8Rows, i0: usize, w_blocks: usize) -> [Q8Row<'_>; NB] {
     assert_eq!(
         w_blocks * Q8_BLOCK,
         x.cols,

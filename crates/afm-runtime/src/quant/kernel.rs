@@ -13,6 +13,9 @@ pub enum Isa {
     Scalar,
     /// AVX2 + FMA + F16C (x86-64).
     Avx2,
+    /// AVX2 plus AVX-512 F/BW/VL/VNNI, used at 256 bits: the 32-weight formats get
+    /// `vpdpbusd` kernels, everything else runs the AVX2 ones.
+    Avx512Vnni,
 }
 
 impl Isa {
@@ -25,7 +28,11 @@ impl Isa {
                 && is_x86_feature_detected!("fma")
                 && is_x86_feature_detected!("f16c")
             {
-                return Isa::Avx2;
+                let vnni = is_x86_feature_detected!("avx512f")
+                    && is_x86_feature_detected!("avx512bw")
+                    && is_x86_feature_detected!("avx512vl")
+                    && is_x86_feature_detected!("avx512vnni");
+                return if vnni { Isa::Avx512Vnni } else { Isa::Avx2 };
             }
             Isa::Scalar
         })
@@ -33,16 +40,24 @@ impl Isa {
 
     /// Whether this CPU can run `self`; a kernel asked for an unusable set falls back to scalar.
     pub fn usable(self) -> bool {
-        self == Isa::Scalar || self == Isa::best()
+        match self {
+            Isa::Scalar => true,
+            Isa::Avx2 => Isa::best() != Isa::Scalar,
+            Isa::Avx512Vnni => Isa::best() == Isa::Avx512Vnni,
+        }
     }
 
     /// Every instruction set usable here (tests compare them).
     pub fn available() -> Vec<Isa> {
-        let mut v = vec![Isa::Scalar];
-        if Isa::best() != Isa::Scalar {
-            v.push(Isa::best());
-        }
-        v
+        [Isa::Scalar, Isa::Avx2, Isa::Avx512Vnni]
+            .into_iter()
+            .filter(|i| i.usable())
+            .collect()
+    }
+
+    /// Whether the AVX2 kernels (and the AVX2 activation quantizer) may run.
+    pub(super) fn has_avx2(self) -> bool {
+        self != Isa::Scalar && self.usable()
     }
 }
 
@@ -68,9 +83,16 @@ pub enum RowKernel {
 impl RowKernel {
     pub fn for_type(dtype: DType, isa: Isa) -> RowKernel {
         #[cfg(target_arch = "x86_64")]
-        if isa.usable() && isa == Isa::Avx2 {
-            if let Some(k) = avx2(dtype) {
-                return k;
+        {
+            if isa == Isa::Avx512Vnni && isa.usable() {
+                if let Some(k) = vnni(dtype) {
+                    return k;
+                }
+            }
+            if isa.has_avx2() {
+                if let Some(k) = avx2(dtype) {
+                    return k;
+                }
             }
         }
         let _ = isa;
@@ -90,6 +112,20 @@ impl RowKernel {
             DType::Q6K => RowKernel::Q8k(kquants::dot_q6_k),
         }
     }
+}
+
+/// AVX-512 VNNI kernels; `None` where the AVX2 one is used.
+#[cfg(target_arch = "x86_64")]
+fn vnni(dtype: DType) -> Option<RowKernel> {
+    use super::vnni_legacy as v;
+    Some(match dtype {
+        DType::Q4_0 => RowKernel::Q8(v::dot_q4_0),
+        DType::Q4_1 => RowKernel::Q8(v::dot_q4_1),
+        DType::Q5_0 => RowKernel::Q8(v::dot_q5_0),
+        DType::Q5_1 => RowKernel::Q8(v::dot_q5_1),
+        DType::Q8_0 => RowKernel::Q8(v::dot_q8_0),
+        _ => return None,
+    })
 }
 
 /// AVX2 kernels; `None` where only the scalar one exists.

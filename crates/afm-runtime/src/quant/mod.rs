@@ -5,7 +5,8 @@
 //!   (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) and the 256-weight K-quants (Q2_K..Q6_K), plus the portable
 //!   scalar dot kernels against quantized activations.
 //! - `activations`: activation rows quantized once per matmul call (8-bit, as llama.cpp does).
-//! - `avx2_*`: the same kernels with AVX2+FMA, chosen at run time by `kernel`.
+//! - `avx2_*`: the same kernels with AVX2+FMA, and `vnni_legacy` the 32-weight ones with
+//!   AVX-512 VNNI, chosen at run time by `kernel`.
 //!
 //! It does not own threading or tiling; `matmul` does.
 
@@ -20,6 +21,8 @@ mod float;
 mod kernel;
 mod kquants;
 mod legacy;
+#[cfg(target_arch = "x86_64")]
+mod vnni_legacy;
 
 use crate::DType;
 
