@@ -162,7 +162,7 @@ impl Engine {
             cfg.max_context
         };
         let shapes = model.model.kv_shapes();
-        let per_block = KvCache::bytes_per_block(&shapes, cfg.block_size);
+        let per_block = KvCache::bytes_per_block(&shapes, cfg.block_size, model.kv_dtype);
         let budget = cfg.kv_budget_bytes.unwrap_or_else(default_kv_budget);
         let num_blocks = budget / per_block.max(1);
         let per_seq = max_context.div_ceil(cfg.block_size);
@@ -180,7 +180,7 @@ impl Engine {
             per_block / 1024,
             if cfg.prefix_caching { "on" } else { "off" }
         );
-        let kv = KvCache::new(&shapes, num_blocks, cfg.block_size);
+        let kv = KvCache::new(&shapes, num_blocks, cfg.block_size, model.kv_dtype);
         let blocks = BlockManager::new(num_blocks, cfg.block_size, cfg.prefix_caching);
         let sched_cfg = SchedulerConfig {
             max_running: cfg.concurrent.max(1),

@@ -12,16 +12,28 @@ fn main() {
     let mut tokens: Vec<u32> = args[3].split(',').map(|t| t.parse().expect("id")).collect();
     let total = tokens.len() + n;
     let table: Vec<u32> = (0..total.div_ceil(16) as u32).collect();
-    let mut kv = KvCache::new(&m.model.kv_shapes(), table.len(), 16);
+    let mut kv = KvCache::new(&m.model.kv_shapes(), table.len(), 16, m.kv_dtype);
     let t0 = std::time::Instant::now();
     let mut pos = 0;
     let mut out = Vec::new();
     for step in 0..n {
         let chunk = &tokens[pos..];
-        let seq = [SeqChunk { len: chunk.len(), pos0: pos, block_table: &table, logits: true }];
-        let logits = m.model.forward(&ForwardBatch { tokens: chunk, seqs: &seq }, &mut kv);
+        let seq = [SeqChunk {
+            len: chunk.len(),
+            pos0: pos,
+            block_table: &table,
+            logits: true,
+        }];
+        let logits = m.model.forward(
+            &ForwardBatch {
+                tokens: chunk,
+                seqs: &seq,
+            },
+            &mut kv,
+        );
         pos = tokens.len();
-        let next = (0..logits.len()).fold(0, |b, i| if logits[i] > logits[b] { i } else { b }) as u32;
+        let next =
+            (0..logits.len()).fold(0, |b, i| if logits[i] > logits[b] { i } else { b }) as u32;
         if step == 0 {
             eprintln!("prefill {:.1} ms", t0.elapsed().as_secs_f64() * 1e3);
         }

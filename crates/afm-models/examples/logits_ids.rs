@@ -13,11 +13,22 @@ fn main() {
     let m = load_model(&resolve_model(&args[1]).expect("resolve")).expect("load");
     let tokens: Vec<u32> = args[2].split(',').map(|t| t.parse().expect("id")).collect();
     let table: Vec<u32> = (0..tokens.len().div_ceil(16) as u32).collect();
-    let mut kv = KvCache::new(&m.model.kv_shapes(), table.len(), 16);
+    let mut kv = KvCache::new(&m.model.kv_shapes(), table.len(), 16, m.kv_dtype);
     let mut f = std::fs::File::create(&args[3]).expect("create");
     for pos in 0..tokens.len() {
-        let seq = [SeqChunk { len: 1, pos0: pos, block_table: &table, logits: true }];
-        let logits = m.model.forward(&ForwardBatch { tokens: &tokens[pos..pos + 1], seqs: &seq }, &mut kv);
+        let seq = [SeqChunk {
+            len: 1,
+            pos0: pos,
+            block_table: &table,
+            logits: true,
+        }];
+        let logits = m.model.forward(
+            &ForwardBatch {
+                tokens: &tokens[pos..pos + 1],
+                seqs: &seq,
+            },
+            &mut kv,
+        );
         for v in logits {
             f.write_all(&v.to_le_bytes()).expect("write");
         }

@@ -3,7 +3,10 @@
 use std::path::Path;
 
 use crate::arch::{supported_names, Architecture, ARCHITECTURES};
-use crate::checkpoint::Checkpoint;
+use afm_runtime::kv_store::KvDtype;
+use afm_runtime::DType;
+
+use crate::checkpoint::{Checkpoint, NormNaming};
 use crate::config::TransformerConfig;
 use crate::forward::CausalLm;
 use crate::source::ModelLocation;
@@ -19,6 +22,9 @@ pub struct LoadedModel {
     pub location: ModelLocation,
     /// The weight files, kept for their metadata (tokenizer, template); weights share its mapping.
     pub source: WeightSource,
+    /// Precision of the KV cache: f32 for f32 checkpoints (exact against transformers), f16
+    /// otherwise (llama.cpp's choice: half the memory, same greedy output).
+    pub kv_dtype: KvDtype,
 }
 
 impl LoadedModel {
@@ -70,7 +76,9 @@ fn load_gguf(path: &Path, loc: &ModelLocation) -> Result<LoadedModel, ModelError
     let mut config = TransformerConfig::from_gguf(&g, arch.gguf_arch)?;
     (arch.adjust_gguf)(&mut config, &g);
     let source = WeightSource::Gguf(g);
-    let model = (arch.load)(&Checkpoint::new(&source, ""), &config)?;
+    let ck = Checkpoint::new(&source, "");
+    let model = (arch.load)(&ck, &config)?;
+    let kv_dtype = kv_dtype_for(&ck)?;
     Ok(LoadedModel {
         name: display_name(path),
         arch: arch.gguf_arch,
@@ -78,6 +86,7 @@ fn load_gguf(path: &Path, loc: &ModelLocation) -> Result<LoadedModel, ModelError
         model,
         location: loc.clone(),
         source,
+        kv_dtype,
     })
 }
 
@@ -107,7 +116,9 @@ fn load_hf(dir: &Path, loc: &ModelLocation) -> Result<LoadedModel, ModelError> {
         .ok_or_else(|| unsupported(model_type))?;
     let config = TransformerConfig::from_hf(&text_cfg)?;
     let source = WeightSource::Safetensors(SafetensorsSet::open_dir(dir)?);
-    let model = (arch.load)(&Checkpoint::new(&source, prefix), &config)?;
+    let ck = Checkpoint::new(&source, prefix);
+    let model = (arch.load)(&ck, &config)?;
+    let kv_dtype = kv_dtype_for(&ck)?;
     Ok(LoadedModel {
         name: display_name(dir),
         arch: arch.hf_types[0],
@@ -115,5 +126,16 @@ fn load_hf(dir: &Path, loc: &ModelLocation) -> Result<LoadedModel, ModelError> {
         model,
         location: loc.clone(),
         source,
+        kv_dtype,
+    })
+}
+
+/// The embedding table's type stands for the checkpoint's precision.
+fn kv_dtype_for(ck: &Checkpoint) -> Result<KvDtype, ModelError> {
+    let embed = ck.view("embed_tokens.weight", NormNaming::Llama)?;
+    Ok(if embed.dtype == DType::F32 {
+        KvDtype::F32
+    } else {
+        KvDtype::F16
     })
 }

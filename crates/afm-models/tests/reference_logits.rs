@@ -53,7 +53,7 @@ fn rel_err(a: &[f32], b: &[f32]) -> f32 {
 /// for the last token of each chunk.
 fn run_chunks(m: &LoadedModel, tokens: &[u32], chunks: &[usize]) -> Vec<(usize, Vec<f32>)> {
     let blocks = tokens.len().div_ceil(BLOCK);
-    let mut kv = KvCache::new(&m.model.kv_shapes(), blocks + 2, BLOCK);
+    let mut kv = KvCache::new(&m.model.kv_shapes(), blocks + 2, BLOCK, m.kv_dtype);
     // Scattered, reversed block ids: attention must follow the table, not assume contiguity.
     let table: Vec<u32> = (0..blocks as u32).rev().map(|b| b + 2).collect();
     let mut out = Vec::new();

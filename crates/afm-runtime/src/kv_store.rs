@@ -6,7 +6,13 @@
 //! token at position p of a sequence → block table[p / block_size], slot p % block_size
 //! ```
 //! Heads are outside slots so one head's keys in a block are contiguous for attention.
+//! Entries are f16 for reduced-precision checkpoints, as llama.cpp stores them (half the memory,
+//! and the same rounding, so greedy output agrees with it), and f32 for f32 checkpoints, so those
+//! match transformers to f32 precision.
 //! The engine owns this storage and its block accounting; models only read and write through it.
+
+use half::f16;
+use half::slice::HalfFloatSliceExt;
 
 /// Shape of one layer's cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -15,17 +21,63 @@ pub struct LayerKvShape {
     pub head_dim: usize,
 }
 
+/// Element type of the cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvDtype {
+    F32,
+    F16,
+}
+
+enum Store {
+    F32(Vec<f32>),
+    F16(Vec<f16>),
+}
+
+impl Store {
+    fn new(dtype: KvDtype, n: usize) -> Self {
+        match dtype {
+            KvDtype::F32 => Store::F32(vec![0.0; n]),
+            KvDtype::F16 => Store::F16(vec![f16::ZERO; n]),
+        }
+    }
+
+    fn write(&mut self, at: usize, x: &[f32]) {
+        match self {
+            Store::F32(s) => s[at..at + x.len()].copy_from_slice(x),
+            Store::F16(s) => s[at..at + x.len()].convert_from_f32_slice(x),
+        }
+    }
+
+    fn read(&self, at: usize, out: &mut [f32]) {
+        match self {
+            Store::F32(s) => out.copy_from_slice(&s[at..at + out.len()]),
+            Store::F16(s) => s[at..at + out.len()].convert_to_f32_slice(out),
+        }
+    }
+}
+
 pub struct LayerKv {
     pub shape: LayerKvShape,
     block_size: usize,
-    k: Vec<f32>,
-    v: Vec<f32>,
+    dtype: KvDtype,
+    k: Store,
+    v: Store,
 }
 
 impl LayerKv {
-    fn new(shape: LayerKvShape, num_blocks: usize, block_size: usize) -> Self {
+    fn new(shape: LayerKvShape, num_blocks: usize, block_size: usize, dtype: KvDtype) -> Self {
         let n = num_blocks * block_size * shape.n_kv_heads * shape.head_dim;
-        Self { shape, block_size, k: vec![0.0; n], v: vec![0.0; n] }
+        Self {
+            shape,
+            block_size,
+            dtype,
+            k: Store::new(dtype, n),
+            v: Store::new(dtype, n),
+        }
+    }
+
+    pub fn dtype(&self) -> KvDtype {
+        self.dtype
     }
 
     fn offset(&self, block: u32, slot: usize, head: usize) -> usize {
@@ -39,20 +91,18 @@ impl LayerKv {
         let (block, slot) = (table[pos / self.block_size], pos % self.block_size);
         for h in 0..self.shape.n_kv_heads {
             let o = self.offset(block, slot, h);
-            self.k[o..o + d].copy_from_slice(&k[h * d..(h + 1) * d]);
-            self.v[o..o + d].copy_from_slice(&v[h * d..(h + 1) * d]);
+            self.k.write(o, &k[h * d..(h + 1) * d]);
+            self.v.write(o, &v[h * d..(h + 1) * d]);
         }
     }
 
-    /// Keys of `head` in `block`, slots `0..n`, as `[n][head_dim]`.
-    pub fn keys(&self, block: u32, head: usize, n: usize) -> &[f32] {
-        let o = self.offset(block, 0, head);
-        &self.k[o..o + n * self.shape.head_dim]
+    /// Keys of `head` in `block`, slots `s0..s0 + out.len() / head_dim`, into `out` as f32.
+    pub fn read_keys(&self, block: u32, head: usize, s0: usize, out: &mut [f32]) {
+        self.k.read(self.offset(block, s0, head), out);
     }
 
-    pub fn values(&self, block: u32, head: usize, n: usize) -> &[f32] {
-        let o = self.offset(block, 0, head);
-        &self.v[o..o + n * self.shape.head_dim]
+    pub fn read_values(&self, block: u32, head: usize, s0: usize, out: &mut [f32]) {
+        self.v.read(self.offset(block, s0, head), out);
     }
 
     pub fn block_size(&self) -> usize {
@@ -68,14 +118,33 @@ pub struct KvCache {
 }
 
 impl KvCache {
-    pub fn new(shapes: &[LayerKvShape], num_blocks: usize, block_size: usize) -> Self {
-        let layers = shapes.iter().map(|s| LayerKv::new(*s, num_blocks, block_size)).collect();
-        Self { layers, block_size, num_blocks }
+    pub fn new(
+        shapes: &[LayerKvShape],
+        num_blocks: usize,
+        block_size: usize,
+        dtype: KvDtype,
+    ) -> Self {
+        let layers = shapes
+            .iter()
+            .map(|s| LayerKv::new(*s, num_blocks, block_size, dtype))
+            .collect();
+        Self {
+            layers,
+            block_size,
+            num_blocks,
+        }
     }
 
     /// Bytes one block takes across all layers (for sizing the pool from a memory budget).
-    pub fn bytes_per_block(shapes: &[LayerKvShape], block_size: usize) -> usize {
-        shapes.iter().map(|s| 2 * block_size * s.n_kv_heads * s.head_dim * 4).sum()
+    pub fn bytes_per_block(shapes: &[LayerKvShape], block_size: usize, dtype: KvDtype) -> usize {
+        let elem = match dtype {
+            KvDtype::F32 => 4,
+            KvDtype::F16 => 2,
+        };
+        shapes
+            .iter()
+            .map(|s| 2 * block_size * s.n_kv_heads * s.head_dim * elem)
+            .sum()
     }
 
     pub fn block_size(&self) -> usize {
