@@ -100,11 +100,24 @@ impl Rope {
         let inv_freq = (0..dims / 2)
             .map(|i| 1.0 / (base as f64).powf(2.0 * i as f64 / dims as f64) as f32 / linear_factor)
             .collect();
-        Self { inv_freq, dims, style, mscale: 1.0 }
+        Self {
+            inv_freq,
+            dims,
+            style,
+            mscale: 1.0,
+        }
     }
 
     /// Llama 3's frequency-dependent scaling of long wavelengths.
-    pub fn llama3(dims: usize, base: f32, factor: f32, low: f32, high: f32, orig_ctx: f32, style: RopeStyle) -> Self {
+    pub fn llama3(
+        dims: usize,
+        base: f32,
+        factor: f32,
+        low: f32,
+        high: f32,
+        orig_ctx: f32,
+        style: RopeStyle,
+    ) -> Self {
         let mut r = Self::new(dims, base, 1.0, style);
         let low_wavelen = orig_ctx / low;
         let high_wavelen = orig_ctx / high;
