@@ -10,7 +10,8 @@
 //! below it, other work on the machine took the cores and the wall numbers understate.
 //! `GB/cpu-s` divides the weight bytes by CPU time instead: the kernel's cost on a shared box.
 //!
-//! Args (optional): `quick` (shorter runs), or type names to restrict (`Q4_1 Q8_0`).
+//! Args (optional): `quick` (shorter runs), and type names (`Q4_1 Q3_K`) instead of the
+//! default set.
 
 use afm_runtime::quant::Isa;
 use afm_runtime::{DType, WeightBytes, WeightMatrix};
@@ -119,7 +120,23 @@ fn main() {
     let quick = args.iter().any(|a| a == "quick");
     let budget = Duration::from_millis(if quick { 150 } else { 600 });
     let wanted: Vec<&String> = args.iter().filter(|a| *a != "quick").collect();
-    let types = [
+    let all = [
+        DType::F32,
+        DType::F16,
+        DType::BF16,
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q5_0,
+        DType::Q5_1,
+        DType::Q8_0,
+        DType::Q2K,
+        DType::Q3K,
+        DType::Q4K,
+        DType::Q5K,
+        DType::Q6K,
+    ];
+    // By default the types the target models use; name others on the command line.
+    let default = [
         DType::Q4_1,
         DType::Q4K,
         DType::Q6K,
@@ -127,6 +144,13 @@ fn main() {
         DType::Q5_0,
         DType::F16,
     ];
+    let types: Vec<DType> = if wanted.is_empty() {
+        default.to_vec()
+    } else {
+        all.into_iter()
+            .filter(|t| wanted.iter().any(|w| w.as_str() == t.name()))
+            .collect()
+    };
     let shapes = [(576, 1536), (896, 4864)];
     println!(
         "isa {:?}, {} logical CPUs",
@@ -139,9 +163,6 @@ fn main() {
     );
     let mut rng = Rng(1);
     for dtype in types {
-        if !wanted.is_empty() && !wanted.iter().any(|w| w.as_str() == dtype.name()) {
-            continue;
-        }
         for (rows, cols) in shapes {
             let m = random_matrix(&mut rng, dtype, rows, cols);
             // Copies to exceed a 32 MiB last-level cache twice over.

@@ -22,3 +22,16 @@ pub fn num_threads() -> usize {
 pub fn install<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     rayon::scope(|_| f())
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn install_runs_on_a_pool_thread_and_returns_the_result() {
+        assert_eq!(rayon::current_thread_index(), None);
+        let (on_pool, value) = super::install(|| (rayon::current_thread_index().is_some(), 41 + 1));
+        assert!(on_pool);
+        assert_eq!(value, 42);
+        // Nested calls run in place.
+        assert_eq!(super::install(|| super::install(|| 7)), 7);
+    }
+}

@@ -1,8 +1,7 @@
-//! AVX2 dot kernels for Q4_K, Q5_K and Q6_K against Q8K activation rows (Q2_K and Q3_K use
-//! the scalar kernels). Per superblock the sub-block scales are applied in integers
+//! AVX2 dot kernels for the K-quants against Q8K activation rows. Per superblock the sub-block scales are applied in integers
 //! (`madd` of i16 scales with i16 pair sums), and one float FMA per superblock and activation
-//! row folds in `d·d_x`. Minimums and the Q6_K offset of −32 meet the activation sums per 16
-//! (`bsums`), never the weights.
+//! row folds in `d·d_x`. Minimums and the Q3_K/Q6_K offsets (−4, −32) meet the activation
+//! sums per 16 (`bsums`), never the weights, so the values stay unsigned for `maddubs`.
 //!
 //! Every function here needs AVX2, FMA and F16C; the safe entry points are reached only
 //! through `RowKernel::for_type` after runtime detection.
@@ -10,6 +9,7 @@
 use super::activations::{Q8kRow, Q8kRows, Q8K_BLOCK};
 use super::avx2_legacy::{f16_load, hsum};
 use super::kernel::with_tile;
+use super::kquants::q3k_scales;
 use std::arch::x86_64::*;
 
 /// Q4_K/Q5_K's twelve scale bytes as eight 6-bit scales then eight 6-bit mins
@@ -169,6 +169,112 @@ unsafe fn tile_q6_k<const NB: usize>(w: &[u8], xs: &[Q8kRow; NB]) -> [f32; NB] {
     out
 }
 
+/// `[s_lo ×8 | s_hi ×8]` as i16: the scales of two 16-weight groups, one per 128-bit half.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn pair_scales(lo: i16, hi: i16) -> __m256i {
+    _mm256_set_m128i(_mm_set1_epi16(hi), _mm_set1_epi16(lo))
+}
+
+/// Q2_K row against `NB` activation rows: 2-bit values, 4-bit scales and mins per 16.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tile_q2_k<const NB: usize>(w: &[u8], xs: &[Q8kRow; NB]) -> [f32; NB] {
+    let m2 = _mm256_set1_epi8(3);
+    let mut acc = [_mm256_setzero_ps(); NB];
+    let mut accm = [_mm256_setzero_ps(); NB];
+    for k in 0..w.len() / 84 {
+        let b = w.as_ptr().add(k * 84);
+        let (d, dmin) = (f16_load(b.add(80)), f16_load(b.add(82)));
+        let sc8 = _mm_loadu_si128(b as *const __m128i);
+        let mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sc8, 4), _mm_set1_epi8(0x0F)));
+        let mut sc = [0u8; 16];
+        _mm_storeu_si128(
+            sc.as_mut_ptr() as *mut __m128i,
+            _mm_and_si128(sc8, _mm_set1_epi8(0x0F)),
+        );
+        let mut sumi = [_mm256_setzero_si256(); NB];
+        for j in 0..NB {
+            let bs = _mm256_loadu_si256(xs[j].bsums.as_ptr().add(16 * k) as *const __m256i);
+            let dm = _mm256_set1_ps(dmin * *xs[j].d.get_unchecked(k));
+            accm[j] = _mm256_fmadd_ps(dm, _mm256_cvtepi32_ps(_mm256_madd_epi16(mins, bs)), accm[j]);
+        }
+        for h in 0..2 {
+            let mut q2 = _mm256_loadu_si256(b.add(16 + 32 * h) as *const __m256i);
+            for s in 0..4 {
+                // Bits 2s..2s+1 of qs[32h + l] are weight 128h + 32s + l.
+                let q = _mm256_and_si256(q2, m2);
+                q2 = _mm256_srli_epi16(q2, 2);
+                let g = 8 * h + 2 * s;
+                let sg = pair_scales(sc[g] as i16, sc[g + 1] as i16);
+                for j in 0..NB {
+                    let xq = load(xs[j].qs, k * Q8K_BLOCK + 128 * h + 32 * s);
+                    let p = _mm256_madd_epi16(_mm256_maddubs_epi16(q, xq), sg);
+                    sumi[j] = _mm256_add_epi32(sumi[j], p);
+                }
+            }
+        }
+        for j in 0..NB {
+            let dd = _mm256_set1_ps(d * *xs[j].d.get_unchecked(k));
+            acc[j] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(sumi[j]), acc[j]);
+        }
+    }
+    let mut out = [0f32; NB];
+    for j in 0..NB {
+        out[j] = hsum(acc[j]) - hsum(accm[j]);
+    }
+    out
+}
+
+/// Q3_K row against `NB` activation rows. Values are kept as `q + 4` (0..7, the high bit
+/// adds 4) and the offset is applied once per superblock as `4·Σ_g scale_g·bsum_g`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tile_q3_k<const NB: usize>(w: &[u8], xs: &[Q8kRow; NB]) -> [f32; NB] {
+    let (m2, one) = (_mm256_set1_epi8(3), _mm256_set1_epi8(1));
+    let mut acc = [_mm256_setzero_ps(); NB];
+    for k in 0..w.len() / 110 {
+        let blk = &w[k * 110..(k + 1) * 110];
+        let b = blk.as_ptr();
+        let d = f16_load(b.add(108));
+        let sc = q3k_scales(&blk[96..108]);
+        let scales = _mm256_cvtepi8_epi16(_mm_loadu_si128(sc.as_ptr() as *const __m128i));
+        let mut sumi = [_mm256_setzero_si256(); NB];
+        for j in 0..NB {
+            let bs = _mm256_loadu_si256(xs[j].bsums.as_ptr().add(16 * k) as *const __m256i);
+            let offset = _mm256_slli_epi32(_mm256_madd_epi16(scales, bs), 2);
+            sumi[j] = _mm256_sub_epi32(sumi[j], offset);
+        }
+        // Bit 4h+s of hmask[l] is the high bit of weight 128h + 32s + l.
+        let mut hm = _mm256_loadu_si256(b as *const __m256i);
+        for h in 0..2 {
+            let mut q2 = _mm256_loadu_si256(b.add(32 + 32 * h) as *const __m256i);
+            for s in 0..4 {
+                let high = _mm256_slli_epi16(_mm256_and_si256(hm, one), 2);
+                let q = _mm256_or_si256(_mm256_and_si256(q2, m2), high);
+                q2 = _mm256_srli_epi16(q2, 2);
+                hm = _mm256_srli_epi16(hm, 1);
+                let g = 8 * h + 2 * s;
+                let sg = pair_scales(sc[g] as i16, sc[g + 1] as i16);
+                for j in 0..NB {
+                    let xq = load(xs[j].qs, k * Q8K_BLOCK + 128 * h + 32 * s);
+                    let p = _mm256_madd_epi16(_mm256_maddubs_epi16(q, xq), sg);
+                    sumi[j] = _mm256_add_epi32(sumi[j], p);
+                }
+            }
+        }
+        for j in 0..NB {
+            let dd = _mm256_set1_ps(d * *xs[j].d.get_unchecked(k));
+            acc[j] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(sumi[j]), acc[j]);
+        }
+    }
+    let mut out = [0f32; NB];
+    for j in 0..NB {
+        out[j] = hsum(acc[j]);
+    }
+    out
+}
+
 /// The activation rows `i0..i0+NB`, after checking they are as long as the weight row.
 fn rows<const NB: usize>(x: &Q8kRows, i0: usize, w_blocks: usize) -> [Q8kRow<'_>; NB] {
     assert_eq!(
@@ -177,6 +283,22 @@ fn rows<const NB: usize>(x: &Q8kRows, i0: usize, w_blocks: usize) -> [Q8kRow<'_>
         "weight row and activation row lengths differ"
     );
     std::array::from_fn(|j| x.row(i0 + j))
+}
+
+pub(super) fn dot_q2_k(w: &[u8], x: &Q8kRows, i0: usize, out: &mut [f32]) {
+    with_tile!(out.len(), NB => {
+        let xs = rows::<NB>(x, i0, w.len() / 84);
+        // SAFETY: as in `dot_q4_k`.
+        out.copy_from_slice(&unsafe { tile_q2_k::<NB>(w, &xs) });
+    })
+}
+
+pub(super) fn dot_q3_k(w: &[u8], x: &Q8kRows, i0: usize, out: &mut [f32]) {
+    with_tile!(out.len(), NB => {
+        let xs = rows::<NB>(x, i0, w.len() / 110);
+        // SAFETY: as in `dot_q4_k`.
+        out.copy_from_slice(&unsafe { tile_q3_k::<NB>(w, &xs) });
+    })
 }
 
 pub(super) fn dot_q4_k(w: &[u8], x: &Q8kRows, i0: usize, out: &mut [f32]) {

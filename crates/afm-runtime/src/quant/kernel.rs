@@ -128,7 +128,7 @@ fn vnni(dtype: DType) -> Option<RowKernel> {
     })
 }
 
-/// AVX2 kernels; `None` where only the scalar one exists.
+/// AVX2 kernels (every type has one).
 #[cfg(target_arch = "x86_64")]
 fn avx2(dtype: DType) -> Option<RowKernel> {
     use super::{avx2_float as f, avx2_kquants as k, avx2_legacy as l};
@@ -141,10 +141,11 @@ fn avx2(dtype: DType) -> Option<RowKernel> {
         DType::Q5_0 => RowKernel::Q8(l::dot_q5_0),
         DType::Q5_1 => RowKernel::Q8(l::dot_q5_1),
         DType::Q8_0 => RowKernel::Q8(l::dot_q8_0),
+        DType::Q2K => RowKernel::Q8k(k::dot_q2_k),
+        DType::Q3K => RowKernel::Q8k(k::dot_q3_k),
         DType::Q4K => RowKernel::Q8k(k::dot_q4_k),
         DType::Q5K => RowKernel::Q8k(k::dot_q5_k),
         DType::Q6K => RowKernel::Q8k(k::dot_q6_k),
-        DType::Q2K | DType::Q3K => return None,
     })
 }
 
