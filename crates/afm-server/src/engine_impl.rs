@@ -1,0 +1,26 @@
+//! The real engine behind the [`Generator`] seam.
+
+use afm_engine::{EngineError, EngineHandle, EventReceiver, GenerateRequest, RequestId};
+
+use crate::seams::{Generator, SubmitError};
+
+impl Generator for EngineHandle {
+    fn submit(&self, req: GenerateRequest) -> Result<(RequestId, EventReceiver), SubmitError> {
+        EngineHandle::submit(self, req).map_err(|e| match e {
+            EngineError::QueueFull { limit } => SubmitError::QueueFull { limit },
+            EngineError::PromptTooLong { prompt, limit } => {
+                SubmitError::PromptTooLong { prompt, limit }
+            }
+            EngineError::Stopped => SubmitError::Stopped,
+            other => SubmitError::Other(other.to_string()),
+        })
+    }
+
+    fn cancel(&self, id: RequestId) {
+        EngineHandle::cancel(self, id)
+    }
+
+    fn max_context(&self) -> usize {
+        EngineHandle::max_context(self)
+    }
+}
