@@ -2,18 +2,21 @@
 //! complete UTF-8 (a multi-byte char split across tokens is held back until it completes).
 
 use crate::Tokenizer;
+use std::ops::Deref;
 
-pub struct IncrementalDecoder<'t> {
-    tok: &'t Tokenizer,
+/// Holds the tokenizer as `&Tokenizer` or as an owning handle such as `Arc<Tokenizer>` (for
+/// decoders that live in per-request state).
+pub struct IncrementalDecoder<T: Deref<Target = Tokenizer>> {
+    tok: T,
     pending: Vec<u8>,
     show_special: bool,
     /// SPM models strip the space prefix of the first piece, as `decode` does.
     strip_leading_space: bool,
 }
 
-impl<'t> IncrementalDecoder<'t> {
+impl<T: Deref<Target = Tokenizer>> IncrementalDecoder<T> {
     /// Special tokens (control/unknown) contribute no text.
-    pub fn new(tok: &'t Tokenizer) -> Self {
+    pub fn new(tok: T) -> Self {
         Self {
             tok,
             pending: Vec::new(),

@@ -118,3 +118,24 @@ fn split_multibyte_char_is_held_until_complete() {
     assert_eq!(dec.push(byte(0xFF)), "\u{FFFD}");
     assert_eq!(dec.push(3), "a");
 }
+
+#[test]
+fn shared_types_are_thread_safe_and_decoder_can_own_its_tokenizer() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<Tokenizer>();
+    assert_send_sync::<afm_chat::ChatTemplate>();
+    let mut spec = VocabSpec::new(
+        VocabModel::Spm,
+        vec![
+            "<unk>".into(),
+            "<s>".into(),
+            "</s>".into(),
+            "\u{2581}hi".into(),
+        ],
+    );
+    spec.bos = Some(1);
+    spec.eos = Some(2);
+    let tok = std::sync::Arc::new(Tokenizer::from_spec(spec).unwrap());
+    let mut dec = IncrementalDecoder::new(tok.clone());
+    assert_eq!(dec.push(3), " hi");
+}
