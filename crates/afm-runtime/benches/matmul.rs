@@ -11,7 +11,7 @@
 //! `GB/cpu-s` divides the weight bytes by CPU time instead: the kernel's cost on a shared box.
 //!
 //! Args (optional): `quick` (shorter runs), and type names (`Q4_1 Q3_K`) instead of the
-//! default set.
+//! default set, or `models` for only the whole-model decode sweep.
 
 use afm_runtime::quant::Isa;
 use afm_runtime::{DType, WeightBytes, WeightMatrix};
@@ -44,7 +44,10 @@ fn f16_fields(dtype: DType) -> &'static [usize] {
 
 fn random_matrix(rng: &mut Rng, dtype: DType, rows: usize, cols: usize) -> WeightMatrix {
     let len = dtype.row_bytes(cols).expect("block-aligned shape") * rows;
-    let mut b: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
+    let mut b = vec![0u8; len];
+    for c in b.chunks_mut(8) {
+        c.copy_from_slice(&rng.next().to_le_bytes()[..c.len()]);
+    }
     match dtype {
         DType::F32 => {
             for c in b.chunks_exact_mut(4) {
@@ -119,6 +122,10 @@ fn main() {
         .collect();
     let quick = args.iter().any(|a| a == "quick");
     let budget = Duration::from_millis(if quick { 150 } else { 600 });
+    if args.iter().any(|a| a == "models") {
+        model_decode(budget);
+        return;
+    }
     let wanted: Vec<&String> = args.iter().filter(|a| *a != "quick").collect();
     let all = [
         DType::F32,
@@ -207,8 +214,93 @@ fn main() {
             }
         }
     }
+    if wanted.is_empty() {
+        model_decode(budget);
+    }
     dispatch_overhead(budget);
     stream_baseline(budget);
+}
+
+/// The matmuls of one decode step (n = 1) through a whole model's shapes and storage types,
+/// run inside the pool as a forward pass would: an upper bound on tokens/s from the weight
+/// kernels alone. Per layer: q, k, v, o, gate, up, down as (type, rows, cols); then the head.
+fn model_decode(budget: Duration) {
+    use DType::*;
+    let smollm2 = |_: usize| {
+        let l = [
+            (Q4_1, 576, 576),
+            (Q4_1, 192, 576),
+            (Q4_1, 192, 576),
+            (Q4_1, 576, 576),
+        ];
+        let f = [(Q4_1, 1536, 576), (Q4_1, 1536, 576), (Q4_1, 576, 1536)];
+        l.into_iter().chain(f).collect::<Vec<_>>()
+    };
+    // Qwen2.5-0.5B Q4_K_M: 896 is no multiple of 256, so most tensors fall back to Q5_0;
+    // attn_v and ffn_down alternate between a higher and a lower type across layers.
+    let qwen05 = |i: usize| {
+        let v = if i % 2 == 0 { Q8_0 } else { Q5_0 };
+        let down = if i % 2 == 0 { Q6K } else { Q4K };
+        vec![
+            (Q5_0, 896, 896),
+            (Q5_0, 128, 896),
+            (v, 128, 896),
+            (Q5_0, 896, 896),
+            (Q5_0, 4864, 896),
+            (Q5_0, 4864, 896),
+            (down, 896, 4864),
+        ]
+    };
+    type Layer = Box<dyn Fn(usize) -> Vec<(DType, usize, usize)>>;
+    let models: [(&str, usize, Layer, (DType, usize, usize)); 2] = [
+        (
+            "SmolLM2-135M Q4_1",
+            30,
+            Box::new(smollm2),
+            (Q8_0, 49152, 576),
+        ),
+        (
+            "Qwen2.5-0.5B Q4_K_M",
+            24,
+            Box::new(qwen05),
+            (Q8_0, 151936, 896),
+        ),
+    ];
+    let mut rng = Rng(17);
+    for (name, layers, layer, head) in models {
+        let shapes: Vec<_> = (0..layers).flat_map(|i| layer(i)).chain([head]).collect();
+        let mats: Vec<WeightMatrix> = shapes
+            .iter()
+            .map(|&(t, r, c)| random_matrix(&mut rng, t, r, c))
+            .collect();
+        let bytes: usize = mats.iter().map(|m| m.bytes().len()).sum();
+        let x: Vec<f32> = (0..4864)
+            .map(|i| ((i * 37) % 100) as f32 * 0.01 - 0.5)
+            .collect();
+        let mut out = vec![0f32; 151936];
+        for threads in [1usize, 2] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .expect("pool");
+            let (secs, cpu) = pool.install(|| {
+                time_per_call(budget * 3, || {
+                    for m in &mats {
+                        m.matmul(&x[..m.cols()], 1, &mut out[..m.rows()]);
+                    }
+                })
+            });
+            println!(
+                "{name} decode matmuls, {threads} thread(s): {:.2} ms/token = {:.0} tok/s, \
+                 {:.1} GB/s over {:.0} MB (cpu {:.0}%)",
+                secs * 1e3,
+                1.0 / secs,
+                bytes as f64 / secs / 1e9,
+                bytes as f64 / 1e6,
+                100.0 * cpu / secs
+            );
+        }
+    }
 }
 
 /// A small decode-sized matmul (SmolLM2's attn_k, 192×576 Q4_1) called from a thread outside
@@ -219,17 +311,22 @@ fn dispatch_overhead(budget: Duration) {
     let m = random_matrix(&mut rng, DType::Q4_1, 192, 576);
     let x = vec![0.25f32; 576];
     let mut out = vec![0f32; 192];
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(2)
-        .build()
-        .expect("pool");
-    let (outside, _) = time_per_call(budget, || pool.install(|| m.matmul(&x, 1, &mut out)));
-    let (inside, _) = pool.install(|| time_per_call(budget, || m.matmul(&x, 1, &mut out)));
-    println!(
-        "Q4_1 192×576 n=1, 2 threads: {:.1} µs per call handed to the pool, {:.1} µs from inside it",
-        outside * 1e6,
-        inside * 1e6
-    );
+    for threads in [1, 2] {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .expect("pool");
+        let (outside, oc) = time_per_call(budget, || pool.install(|| m.matmul(&x, 1, &mut out)));
+        let (inside, ic) = pool.install(|| time_per_call(budget, || m.matmul(&x, 1, &mut out)));
+        println!(
+            "Q4_1 192×576 n=1, {threads} thread(s): {:.1} µs per call handed to the pool \
+             ({:.1} µs CPU), {:.1} µs from inside it ({:.1} µs CPU)",
+            outside * 1e6,
+            oc * 1e6,
+            inside * 1e6,
+            ic * 1e6
+        );
+    }
 }
 
 fn print_row(r: &Row) {
