@@ -9,7 +9,7 @@ use std::sync::{mpsc, Arc};
 use std::time::Instant;
 
 use afm_models::{ForwardBatch, LoadedModel, SeqChunk};
-use afm_runtime::kv_store::KvCache;
+use afm_runtime::kv_store::{KvCache, KvDtype};
 use tokio::sync::mpsc as tmpsc;
 
 use crate::api::*;
@@ -33,6 +33,8 @@ pub struct EngineConfig {
     pub kv_budget_bytes: Option<usize>,
     pub block_size: usize,
     pub prefix_caching: bool,
+    /// `--kv-bits 8|4`: store K/V quantized; `None` keeps the checkpoint's precision.
+    pub kv_bits: Option<u8>,
     /// `AFM_DEBUG=1`: tagged diagnostic lines on stderr.
     pub debug: bool,
 }
@@ -47,6 +49,7 @@ impl Default for EngineConfig {
             kv_budget_bytes: None,
             block_size: 16,
             prefix_caching: true,
+            kv_bits: None,
             debug: false,
         }
     }
@@ -162,7 +165,17 @@ impl Engine {
             cfg.max_context
         };
         let shapes = model.model.kv_shapes();
-        let per_block = KvCache::bytes_per_block(&shapes, cfg.block_size, model.kv_dtype);
+        let kv_dtype = match cfg.kv_bits {
+            None => model.kv_dtype,
+            Some(8) => KvDtype::Q8,
+            Some(4) => KvDtype::Q4,
+            Some(b) => {
+                return Err(EngineError::Config(format!(
+                    "--kv-bits must be 4 or 8, got {b}"
+                )))
+            }
+        };
+        let per_block = KvCache::bytes_per_block(&shapes, cfg.block_size, kv_dtype);
         let budget = cfg.kv_budget_bytes.unwrap_or_else(default_kv_budget);
         let num_blocks = budget / per_block.max(1);
         let per_seq = max_context.div_ceil(cfg.block_size);
@@ -174,13 +187,13 @@ impl Engine {
             )));
         }
         eprintln!(
-            "[KVCache] {num_blocks} blocks × {} tokens ({:.1} MiB, {} KiB/block), context {max_context}, prefix caching {}",
+            "[KVCache] {num_blocks} blocks × {} tokens, {kv_dtype:?} ({:.1} MiB, {} KiB/block), context {max_context}, prefix caching {}",
             cfg.block_size,
             (num_blocks * per_block) as f64 / (1 << 20) as f64,
             per_block / 1024,
             if cfg.prefix_caching { "on" } else { "off" }
         );
-        let kv = KvCache::new(&shapes, num_blocks, cfg.block_size, model.kv_dtype);
+        let kv = KvCache::new(&shapes, num_blocks, cfg.block_size, kv_dtype);
         let blocks = BlockManager::new(num_blocks, cfg.block_size, cfg.prefix_caching);
         let sched_cfg = SchedulerConfig {
             max_running: cfg.concurrent.max(1),

@@ -146,11 +146,14 @@ mod tests {
             n_kv_heads: 1,
             head_dim: d,
         };
-        for dtype in [KvDtype::F32, KvDtype::F16] {
-            check_against_dense(
-                KvCache::new(&[shape], 8, 3, dtype),
-                if dtype == KvDtype::F32 { 1e-5 } else { 2e-3 },
-            );
+        let cases = [
+            (KvDtype::F32, 1e-5),
+            (KvDtype::F16, 2e-3),
+            (KvDtype::Q8, 2e-2),
+            (KvDtype::Q4, 0.2),
+        ];
+        for (dtype, tol) in cases {
+            check_against_dense(KvCache::new(&[shape], 8, 3, dtype), tol);
         }
     }
 

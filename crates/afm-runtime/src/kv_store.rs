@@ -14,6 +14,8 @@
 use half::f16;
 use half::slice::HalfFloatSliceExt;
 
+use crate::kv_quant::{group_size, Q4Store, Q8Store};
+
 /// Shape of one layer's cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LayerKvShape {
@@ -26,18 +28,39 @@ pub struct LayerKvShape {
 pub enum KvDtype {
     F32,
     F16,
+    /// `--kv-bits 8`: group-wise 8-bit (see `kv_quant`).
+    Q8,
+    /// `--kv-bits 4`: group-wise 4-bit with minimum.
+    Q4,
+}
+
+impl KvDtype {
+    /// Bytes per stored element, scales included.
+    fn bytes_per_elem(self, head_dim: usize) -> f64 {
+        let g = group_size(head_dim) as f64;
+        match self {
+            KvDtype::F32 => 4.0,
+            KvDtype::F16 => 2.0,
+            KvDtype::Q8 => 1.0 + 2.0 / g,
+            KvDtype::Q4 => 0.5 + 4.0 / g,
+        }
+    }
 }
 
 enum Store {
     F32(Vec<f32>),
     F16(Vec<f16>),
+    Q8(Q8Store),
+    Q4(Q4Store),
 }
 
 impl Store {
-    fn new(dtype: KvDtype, n: usize) -> Self {
+    fn new(dtype: KvDtype, n: usize, head_dim: usize) -> Self {
         match dtype {
             KvDtype::F32 => Store::F32(vec![0.0; n]),
             KvDtype::F16 => Store::F16(vec![f16::ZERO; n]),
+            KvDtype::Q8 => Store::Q8(Q8Store::new(n, group_size(head_dim))),
+            KvDtype::Q4 => Store::Q4(Q4Store::new(n, group_size(head_dim))),
         }
     }
 
@@ -45,6 +68,8 @@ impl Store {
         match self {
             Store::F32(s) => s[at..at + x.len()].copy_from_slice(x),
             Store::F16(s) => s[at..at + x.len()].convert_from_f32_slice(x),
+            Store::Q8(s) => s.write(at, x),
+            Store::Q4(s) => s.write(at, x),
         }
     }
 
@@ -52,6 +77,8 @@ impl Store {
         match self {
             Store::F32(s) => out.copy_from_slice(&s[at..at + out.len()]),
             Store::F16(s) => s[at..at + out.len()].convert_to_f32_slice(out),
+            Store::Q8(s) => s.read(at, out),
+            Store::Q4(s) => s.read(at, out),
         }
     }
 }
@@ -71,8 +98,8 @@ impl LayerKv {
             shape,
             block_size,
             dtype,
-            k: Store::new(dtype, n),
-            v: Store::new(dtype, n),
+            k: Store::new(dtype, n, shape.head_dim),
+            v: Store::new(dtype, n, shape.head_dim),
         }
     }
 
@@ -137,13 +164,12 @@ impl KvCache {
 
     /// Bytes one block takes across all layers (for sizing the pool from a memory budget).
     pub fn bytes_per_block(shapes: &[LayerKvShape], block_size: usize, dtype: KvDtype) -> usize {
-        let elem = match dtype {
-            KvDtype::F32 => 4,
-            KvDtype::F16 => 2,
-        };
         shapes
             .iter()
-            .map(|s| 2 * block_size * s.n_kv_heads * s.head_dim * elem)
+            .map(|s| {
+                let elems = 2 * block_size * s.n_kv_heads * s.head_dim;
+                (elems as f64 * dtype.bytes_per_elem(s.head_dim)).ceil() as usize
+            })
             .sum()
     }
 

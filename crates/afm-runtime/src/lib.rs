@@ -12,6 +12,7 @@ pub mod quant;
 pub mod threads;
 
 pub mod attention;
+pub mod kv_quant;
 pub mod kv_store;
 pub mod ops;
 
