@@ -5,6 +5,7 @@
 pub mod detokenize;
 pub mod template;
 pub mod tokenizer;
+pub mod tool_calls;
 
 pub use detokenize::IncrementalDecoder;
 pub use template::ChatTemplate;
