@@ -13,6 +13,9 @@
 //!     for r in chunk rows:                  // weight row stays in L1
 //!         for tile in act_block (4 rows):   // kernel: 1 weight row × 4 activation rows
 //! ```
+//! Call it from inside `threads::install` (a whole forward pass at a time): handing each
+//! matmul from an outside thread to the pool costs ~15–20 µs of wake-ups per call, more than a
+//! small decode matmul itself.
 
 use crate::quant::{self, Isa, Q8Rows, Q8kRows, RowKernel, MAX_TILE};
 use crate::{DType, RuntimeError, WeightBytes};
@@ -109,8 +112,18 @@ impl WeightMatrix {
     /// `matmul` with the kernels of a given instruction set (tests and benchmarks compare
     /// them); an `isa` this CPU lacks falls back to scalar.
     pub fn matmul_with(&self, isa: Isa, x: &[f32], n: usize, out: &mut [f32]) {
-        assert_eq!(x.len(), n * self.cols, "matmul: input shape");
-        assert_eq!(out.len(), n * self.rows, "matmul: output shape");
+        assert_eq!(
+            x.len(),
+            n * self.cols,
+            "matmul: x must be n={n} rows of {} values",
+            self.cols
+        );
+        assert_eq!(
+            out.len(),
+            n * self.rows,
+            "matmul: out must be n={n} rows of {} values",
+            self.rows
+        );
         if n == 0 || self.rows == 0 {
             return;
         }

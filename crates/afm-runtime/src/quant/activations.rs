@@ -51,7 +51,8 @@ impl Q8Rows {
     pub fn quantize(x: &[f32], cols: usize, isa: Isa) -> Self {
         assert!(
             cols.is_multiple_of(Q8_BLOCK) && x.len().is_multiple_of(cols.max(1)),
-            "Q8Rows: shape"
+            "Q8Rows: {} values are not whole rows of {cols}, a multiple of {Q8_BLOCK}",
+            x.len()
         );
         let nb = x.len() / Q8_BLOCK;
         let mut r = Self {
@@ -82,7 +83,8 @@ impl Q8kRows {
     pub fn quantize(x: &[f32], cols: usize, isa: Isa) -> Self {
         assert!(
             cols.is_multiple_of(Q8K_BLOCK) && x.len().is_multiple_of(cols.max(1)),
-            "Q8kRows: shape"
+            "Q8kRows: {} values are not whole rows of {cols}, a multiple of {Q8K_BLOCK}",
+            x.len()
         );
         let nb = x.len() / Q8K_BLOCK;
         let mut r = Self {
