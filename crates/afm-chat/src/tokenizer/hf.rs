@@ -2,7 +2,9 @@
 //! model with its normalizers, pre-tokenizers and decoder, reproducing HF `tokenizers` so ids equal
 //! transformers'. Supported components: normalizers Replace/Prepend/NF(K)C/NF(K)D/Sequence; pre-tokenizers
 //! Split/Digits/ByteLevel/Metaspace/Sequence; BPE with byte-level chars or byte fallback.
-//! Anything else is refused with its name, never silently approximated.
+//! Anything else is refused with its name, never silently approximated. One known difference:
+//! added tokens are matched on the raw text, where HF matches `normalized: true` added tokens on
+//! the normalized text (only matters when the normalizer rewrites the token's own text).
 
 use super::bpe::Symbol;
 use super::vocab::{attr, VocabModel, VocabSpec};

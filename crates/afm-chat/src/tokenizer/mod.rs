@@ -150,7 +150,8 @@ impl Tokenizer {
         }
         let mut scores = spec.scores;
         scores.resize(n, 0.0);
-        let vocab = Vocab::new(texts, scores, attrs, eos, eot, eom);
+        let llama_attrs = opts.encoder.is_none();
+        let vocab = Vocab::new(texts, scores, attrs, [eos, eot, eom], llama_attrs);
 
         let mut add_bos = false;
         let mut add_space_prefix = false;

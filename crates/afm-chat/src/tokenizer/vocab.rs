@@ -179,8 +179,26 @@ impl Vocab {
     }
 
     /// Builds the table and applies llama.cpp's by-text fix-ups. `eos`, `eot`, `eom` are the ids
-    /// from metadata (already range-checked).
+    /// from metadata (already range-checked). `llama_attrs`: also apply llama.cpp's attribute
+    /// changes (tokens it recognises by text become control tokens); HF vocabularies keep their
+    /// own attributes and only get the end-of-generation set.
     pub(crate) fn new(
+        texts: Vec<String>,
+        scores: Vec<f32>,
+        attrs: Vec<u32>,
+        ids_meta: [Option<u32>; 3],
+        llama_attrs: bool,
+    ) -> Self {
+        let [eos, eot, eom] = ids_meta;
+        let original = attrs.clone();
+        let mut v = Self::with_llama_fixups(texts, scores, attrs, eos, eot, eom);
+        if !llama_attrs {
+            v.attrs = original;
+        }
+        v
+    }
+
+    fn with_llama_fixups(
         texts: Vec<String>,
         scores: Vec<f32>,
         mut attrs: Vec<u32>,
