@@ -221,54 +221,74 @@ fn main() {
     stream_baseline(budget);
 }
 
+/// A matrix's storage type, rows and columns.
+type Shape = (DType, usize, usize);
+
+/// A model's decode matmuls: `layer(i)` lists layer i's matrices, then the output head.
+struct Model {
+    name: &'static str,
+    layers: usize,
+    layer: fn(usize) -> Vec<Shape>,
+    head: Shape,
+}
+
+fn smollm2_layer(_: usize) -> Vec<Shape> {
+    let (q, kv, ffn) = (
+        (DType::Q4_1, 576, 576),
+        (DType::Q4_1, 192, 576),
+        (DType::Q4_1, 1536, 576),
+    );
+    vec![q, kv, kv, q, ffn, ffn, (DType::Q4_1, 576, 1536)]
+}
+
+/// Qwen2.5-0.5B Q4_K_M: 896 is no multiple of 256, so most tensors fall back to Q5_0;
+/// attn_v and ffn_down alternate between a higher and a lower type across layers.
+fn qwen05_layer(i: usize) -> Vec<Shape> {
+    let v = if i.is_multiple_of(2) {
+        DType::Q8_0
+    } else {
+        DType::Q5_0
+    };
+    let down = if i.is_multiple_of(2) {
+        DType::Q6K
+    } else {
+        DType::Q4K
+    };
+    let (q, kv, ffn) = (
+        (DType::Q5_0, 896, 896),
+        (DType::Q5_0, 128, 896),
+        (DType::Q5_0, 4864, 896),
+    );
+    vec![q, kv, (v, 128, 896), q, ffn, ffn, (down, 896, 4864)]
+}
+
 /// The matmuls of one decode step (n = 1) through a whole model's shapes and storage types,
 /// run inside the pool as a forward pass would: an upper bound on tokens/s from the weight
 /// kernels alone. Per layer: q, k, v, o, gate, up, down as (type, rows, cols); then the head.
 fn model_decode(budget: Duration) {
-    use DType::*;
-    let smollm2 = |_: usize| {
-        let l = [
-            (Q4_1, 576, 576),
-            (Q4_1, 192, 576),
-            (Q4_1, 192, 576),
-            (Q4_1, 576, 576),
-        ];
-        let f = [(Q4_1, 1536, 576), (Q4_1, 1536, 576), (Q4_1, 576, 1536)];
-        l.into_iter().chain(f).collect::<Vec<_>>()
-    };
-    // Qwen2.5-0.5B Q4_K_M: 896 is no multiple of 256, so most tensors fall back to Q5_0;
-    // attn_v and ffn_down alternate between a higher and a lower type across layers.
-    let qwen05 = |i: usize| {
-        let v = if i % 2 == 0 { Q8_0 } else { Q5_0 };
-        let down = if i % 2 == 0 { Q6K } else { Q4K };
-        vec![
-            (Q5_0, 896, 896),
-            (Q5_0, 128, 896),
-            (v, 128, 896),
-            (Q5_0, 896, 896),
-            (Q5_0, 4864, 896),
-            (Q5_0, 4864, 896),
-            (down, 896, 4864),
-        ]
-    };
-    type Layer = Box<dyn Fn(usize) -> Vec<(DType, usize, usize)>>;
-    let models: [(&str, usize, Layer, (DType, usize, usize)); 2] = [
-        (
-            "SmolLM2-135M Q4_1",
-            30,
-            Box::new(smollm2),
-            (Q8_0, 49152, 576),
-        ),
-        (
-            "Qwen2.5-0.5B Q4_K_M",
-            24,
-            Box::new(qwen05),
-            (Q8_0, 151936, 896),
-        ),
+    let models = [
+        Model {
+            name: "SmolLM2-135M Q4_1",
+            layers: 30,
+            layer: smollm2_layer,
+            head: (DType::Q8_0, 49152, 576),
+        },
+        Model {
+            name: "Qwen2.5-0.5B Q4_K_M",
+            layers: 24,
+            layer: qwen05_layer,
+            head: (DType::Q8_0, 151936, 896),
+        },
     ];
     let mut rng = Rng(17);
-    for (name, layers, layer, head) in models {
-        let shapes: Vec<_> = (0..layers).flat_map(|i| layer(i)).chain([head]).collect();
+    for Model {
+        name,
+        layers,
+        layer,
+        head,
+    } in models
+    {
+        let shapes: Vec<_> = (0..layers).flat_map(layer).chain([head]).collect();
         let mats: Vec<WeightMatrix> = shapes
             .iter()
             .map(|&(t, r, c)| random_matrix(&mut rng, t, r, c))
