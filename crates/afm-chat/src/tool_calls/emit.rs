@@ -76,6 +76,9 @@ pub(crate) struct Emitter {
     pub(crate) calls: Vec<ToolCall>,
     events: Vec<ToolEvent>,
     open: Option<OpenCall>,
+    /// Indices are never reused, even after a call is abandoned: a streaming client has
+    /// already seen the abandoned one's index.
+    next_index: usize,
     ended: bool,
     schemas: Schemas,
     opts: ParserOptions,
@@ -87,6 +90,7 @@ impl Emitter {
             calls: Vec::new(),
             events: Vec::new(),
             open: None,
+            next_index: 0,
             ended: false,
             schemas: Schemas::new(tools),
             opts,
@@ -140,7 +144,8 @@ impl Emitter {
         if !self.schemas.is_empty() && !self.schemas.knows(&name) {
             self.debug(|| format!("call to undeclared tool '{name}'"));
         }
-        let index = self.calls.len();
+        let index = self.next_index;
+        self.next_index += 1;
         let id = new_call_id();
         self.events.push(ToolEvent::CallStart {
             index,

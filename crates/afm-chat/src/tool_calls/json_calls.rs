@@ -154,7 +154,7 @@ impl JsonCalls {
             _ => {}
         }
         if peek_any(t, self.cfg.closers).is_ok() {
-            return self.cut_off(em);
+            return self.cut_off(ws, em);
         }
         let early = !self.obj.started && self.obj.name.is_none();
         if self.cfg.strict_keys && early && self.made == 0 && c != '"' {
@@ -222,7 +222,7 @@ impl JsonCalls {
                 self.obj.nest = 0;
                 self.close_object(0, em)
             }
-            Some(_) => self.cut_off(em),
+            Some(_) => self.cut_off(ws, em),
         }
     }
 
@@ -271,12 +271,12 @@ impl JsonCalls {
     }
 
     /// A closer appeared inside the object: salvage under fix_args, else give up the call.
-    fn cut_off(&mut self, em: &mut Emitter) -> Flow {
+    fn cut_off(&mut self, used: usize, em: &mut Emitter) -> Flow {
         if self.obj.started && em.fix_args() {
             em.end_call();
             self.st = St::Between;
             self.made += 1;
-            return Flow::Step(0);
+            return Flow::Step(used);
         }
         match self.made {
             0 if !self.obj.started => Flow::Reject,
@@ -329,7 +329,7 @@ impl JsonCalls {
             }
             ScanEnd::More if used == 0 => Flow::Need,
             ScanEnd::More => Flow::Step(used),
-            ScanEnd::Stopped => self.cut_off(em),
+            ScanEnd::Stopped => self.cut_off(used, em),
         }
     }
 }

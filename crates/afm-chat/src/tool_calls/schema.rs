@@ -229,7 +229,11 @@ fn convert(v: &Value, ty: &str, repair: bool) -> Option<Value> {
                     true => super::lenient::parse_any(t),
                     false => serde_json::from_str(t).ok(),
                 };
-                parsed.filter(|p| fits(p, ty))
+                match parsed.filter(|p| fits(p, ty)) {
+                    Some(p) => Some(p),
+                    None if repair && ty == "array" => Some(Value::Array(vec![v.clone()])),
+                    None => None,
+                }
             }
             _ => None,
         };
