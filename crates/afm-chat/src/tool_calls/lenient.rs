@@ -203,9 +203,7 @@ impl<'a> Reader<'a> {
     /// Numbers, literals, and anything else up to a delimiter (kept as a string).
     fn bare(&mut self) -> Value {
         let rest = self.rest();
-        let end = rest
-            .find(|c: char| matches!(c, ',' | '}' | ']' | ')' | '\n'))
-            .unwrap_or(rest.len());
+        let end = rest.find([',', '}', ']', ')', '\n']).unwrap_or(rest.len());
         let word = rest[..end].trim();
         self.i += end;
         scalar(word)

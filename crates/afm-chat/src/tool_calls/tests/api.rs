@@ -84,8 +84,16 @@ fn none_format_is_all_text() {
 fn text_only_output_is_unchanged_in_every_format() {
     let input = "  Plain answer: 3 < 4, {braces} [brackets] and `code`.\n";
     for f in [
-        F::Hermes, F::Llama3Json, F::Mistral, F::QwenXml, F::Gemma, F::Glm4, F::KimiK2,
-        F::MinimaxM2, F::DeepSeekV3, F::DeepSeekV4Dsml,
+        F::Hermes,
+        F::Llama3Json,
+        F::Mistral,
+        F::QwenXml,
+        F::Gemma,
+        F::Glm4,
+        F::KimiK2,
+        F::MinimaxM2,
+        F::DeepSeekV3,
+        F::DeepSeekV4Dsml,
     ] {
         expect(f, &[], false, input, input, &[]);
     }

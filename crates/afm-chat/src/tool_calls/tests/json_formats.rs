@@ -12,7 +12,14 @@ const H: ToolCallFormat = ToolCallFormat::Hermes;
 #[test]
 fn hermes_call_with_text_before() {
     let input = "Let me check the weather.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": 3}}\n</tool_call>";
-    let out = expect(H, &[], false, input, "Let me check the weather.\n", &[("get_weather", json!({"city": "Paris", "days": 3}))]);
+    let out = expect(
+        H,
+        &[],
+        false,
+        input,
+        "Let me check the weather.\n",
+        &[("get_weather", json!({"city": "Paris", "days": 3}))],
+    );
     // Without repair the arguments are passed on exactly as the model wrote them.
     assert_eq!(out.calls[0].1, r#"{"city": "Paris", "days": 3}"#);
 }
@@ -20,11 +27,18 @@ fn hermes_call_with_text_before() {
 #[test]
 fn hermes_parallel_calls_get_their_own_indices() {
     let input = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Tokyo\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"get_time\", \"arguments\": {}}\n</tool_call>";
-    expect(H, &[], false, input, "", &[
-        ("get_weather", json!({"city": "Paris"})),
-        ("get_weather", json!({"city": "Tokyo"})),
-        ("get_time", json!({})),
-    ]);
+    expect(
+        H,
+        &[],
+        false,
+        input,
+        "",
+        &[
+            ("get_weather", json!({"city": "Paris"})),
+            ("get_weather", json!({"city": "Tokyo"})),
+            ("get_time", json!({})),
+        ],
+    );
 }
 
 #[test]
@@ -33,10 +47,17 @@ fn hermes_closing_tag_and_braces_inside_string_arguments() {
 {"name": "write_file", "arguments": {"path": "notes.md", "content": "End a call with </tool_call>; braces } { and \"quotes\" \\ stay.\n"}}
 </tool_call>
 After."#;
-    expect(H, &[], false, input, "\nAfter.", &[(
-        "write_file",
-        json!({"path": "notes.md", "content": "End a call with </tool_call>; braces } { and \"quotes\" \\ stay.\n"}),
-    )]);
+    expect(
+        H,
+        &[],
+        false,
+        input,
+        "\nAfter.",
+        &[(
+            "write_file",
+            json!({"path": "notes.md", "content": "End a call with </tool_call>; braces } { and \"quotes\" \\ stay.\n"}),
+        )],
+    );
 }
 
 #[test]
@@ -45,12 +66,24 @@ fn hermes_streams_name_before_arguments_and_arguments_in_pieces() {
     let mut ev = p.push("Sure.<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"ci");
     assert_eq!(ev.remove(0), ToolEvent::Text("Sure.".into()));
     assert!(matches!(&ev[0], ToolEvent::CallStart { index: 0, name, .. } if name == "get_weather"));
-    assert_eq!(ev[1], ToolEvent::CallArgs { index: 0, fragment: "{\"ci".into() });
+    assert_eq!(
+        ev[1],
+        ToolEvent::CallArgs {
+            index: 0,
+            fragment: "{\"ci".into()
+        }
+    );
     let ev = p.push("ty\": \"Paris\"}}\n</tool_call>");
-    assert_eq!(ev, vec![
-        ToolEvent::CallArgs { index: 0, fragment: "ty\": \"Paris\"}".into() },
-        ToolEvent::CallEnd { index: 0 },
-    ]);
+    assert_eq!(
+        ev,
+        vec![
+            ToolEvent::CallArgs {
+                index: 0,
+                fragment: "ty\": \"Paris\"}".into()
+            },
+            ToolEvent::CallEnd { index: 0 },
+        ]
+    );
 }
 
 #[test]
@@ -64,20 +97,42 @@ fn hermes_text_is_released_as_soon_as_no_marker_can_start() {
 #[test]
 fn hermes_arguments_given_as_a_json_string_are_unwrapped() {
     let input = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": \"{\\\"city\\\": \\\"Paris\\\"}\"}\n</tool_call>";
-    expect(H, &[], false, input, "", &[("get_weather", json!({"city": "Paris"}))]);
+    expect(
+        H,
+        &[],
+        false,
+        input,
+        "",
+        &[("get_weather", json!({"city": "Paris"}))],
+    );
 }
 
 #[test]
 fn hermes_block_may_hold_qwen_xml() {
     let input = "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>";
-    expect(H, &weather_tools(), false, input, "", &[("get_weather", json!({"city": "Paris"}))]);
+    expect(
+        H,
+        &weather_tools(),
+        false,
+        input,
+        "",
+        &[("get_weather", json!({"city": "Paris"}))],
+    );
 }
 
 #[test]
 fn hermes_unterminated_call_is_text_without_repair_and_salvaged_with_it() {
-    let input = "Checking.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Par";
+    let input =
+        "Checking.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Par";
     expect(H, &[], false, input, input, &[]);
-    expect(H, &[], true, input, "Checking.\n", &[("get_weather", json!({"city": "Par"}))]);
+    expect(
+        H,
+        &[],
+        true,
+        input,
+        "Checking.\n",
+        &[("get_weather", json!({"city": "Par"}))],
+    );
 }
 
 #[test]
@@ -88,11 +143,19 @@ fn hermes_unterminated_before_the_name_is_text_even_with_repair() {
 
 #[test]
 fn hermes_closer_cutting_the_arguments_short() {
-    let input = "<tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"</tool_call> ok";
+    let input =
+        "<tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"</tool_call> ok";
     // Without repair the broken call stays text; repair closes it at the closer.
     let out = parse_all_ways(H, &[], false, input);
     assert_eq!((out.text.as_str(), out.calls.len()), (input, 0));
-    expect(H, &[], true, input, " ok", &[("get_weather", json!({"city": "Paris"}))]);
+    expect(
+        H,
+        &[],
+        true,
+        input,
+        " ok",
+        &[("get_weather", json!({"city": "Paris"}))],
+    );
 }
 
 #[test]
@@ -110,21 +173,49 @@ fn hermes_plain_text_mentioning_the_tag() {
 #[test]
 fn hermes_openai_style_nested_function_object() {
     let input = r#"<tool_call>{"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Oslo"}}}</tool_call>"#;
-    expect(H, &[], false, input, "", &[("get_weather", json!({"city": "Oslo"}))]);
+    expect(
+        H,
+        &[],
+        false,
+        input,
+        "",
+        &[("get_weather", json!({"city": "Oslo"}))],
+    );
 }
 
 const L: ToolCallFormat = ToolCallFormat::Llama3Json;
 
 #[test]
 fn llama3_bare_json_call() {
-    let input = r#"{"name": "get_weather", "parameters": {"city": "San Francisco, CA", "metric": true}}"#;
-    expect(L, &[], false, input, "", &[("get_weather", json!({"city": "San Francisco, CA", "metric": true}))]);
+    let input =
+        r#"{"name": "get_weather", "parameters": {"city": "San Francisco, CA", "metric": true}}"#;
+    expect(
+        L,
+        &[],
+        false,
+        input,
+        "",
+        &[(
+            "get_weather",
+            json!({"city": "San Francisco, CA", "metric": true}),
+        )],
+    );
 }
 
 #[test]
 fn llama3_python_tag_with_several_calls() {
     let input = r#"<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}; {"name": "get_time", "parameters": {}}"#;
-    expect(L, &[], false, input, "", &[("get_weather", json!({"city": "Paris"})), ("get_time", json!({}))]);
+    expect(
+        L,
+        &[],
+        false,
+        input,
+        "",
+        &[
+            ("get_weather", json!({"city": "Paris"})),
+            ("get_time", json!({})),
+        ],
+    );
 }
 
 #[test]
@@ -137,8 +228,16 @@ fn llama3_json_answer_that_is_not_a_call_stays_text() {
 
 #[test]
 fn llama3_call_then_text_after() {
-    let input = "\n{\"name\": \"get_time\", \"parameters\": {\"tz\": \"UTC\"}}\n\nI asked for the time.";
-    expect(L, &[], false, input, "\n\nI asked for the time.", &[("get_time", json!({"tz": "UTC"}))]);
+    let input =
+        "\n{\"name\": \"get_time\", \"parameters\": {\"tz\": \"UTC\"}}\n\nI asked for the time.";
+    expect(
+        L,
+        &[],
+        false,
+        input,
+        "\n\nI asked for the time.",
+        &[("get_time", json!({"tz": "UTC"}))],
+    );
 }
 
 const M: ToolCallFormat = ToolCallFormat::Mistral;
@@ -146,28 +245,65 @@ const M: ToolCallFormat = ToolCallFormat::Mistral;
 #[test]
 fn mistral_v3_array_of_calls() {
     let input = r#"[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris"}, "id": "a1b2c3d4e"}, {"name": "get_time", "arguments": {}, "id": "f5g6h7i8j"}]"#;
-    expect(M, &[], false, input, "", &[("get_weather", json!({"city": "Paris"})), ("get_time", json!({}))]);
+    expect(
+        M,
+        &[],
+        false,
+        input,
+        "",
+        &[
+            ("get_weather", json!({"city": "Paris"})),
+            ("get_time", json!({})),
+        ],
+    );
 }
 
 #[test]
 fn mistral_v11_name_args_calls() {
     let input = r#"I'll look both up.[TOOL_CALLS]get_weather[ARGS]{"city": "Paris", "note": "[ARGS] } in text"}[TOOL_CALLS]get_time[ARGS]{}"#;
-    expect(M, &[], false, input, "I'll look both up.", &[
-        ("get_weather", json!({"city": "Paris", "note": "[ARGS] } in text"})),
-        ("get_time", json!({})),
-    ]);
+    expect(
+        M,
+        &[],
+        false,
+        input,
+        "I'll look both up.",
+        &[
+            (
+                "get_weather",
+                json!({"city": "Paris", "note": "[ARGS] } in text"}),
+            ),
+            ("get_time", json!({})),
+        ],
+    );
 }
 
 #[test]
 fn mistral_call_id_between_name_and_args() {
     let input = r#"[TOOL_CALLS]get_weather[CALL_ID]Ab3De6Gh9[ARGS]{"city": "Rome"}"#;
-    expect(M, &[], false, input, "", &[("get_weather", json!({"city": "Rome"}))]);
+    expect(
+        M,
+        &[],
+        false,
+        input,
+        "",
+        &[("get_weather", json!({"city": "Rome"}))],
+    );
 }
 
 #[test]
 fn mistral_args_cut_by_next_call() {
     let input = r#"[TOOL_CALLS]get_weather[ARGS]{"city": "Rome"[TOOL_CALLS]get_time[ARGS]{}"#;
-    expect(M, &[], true, input, "", &[("get_weather", json!({"city": "Rome"})), ("get_time", json!({}))]);
+    expect(
+        M,
+        &[],
+        true,
+        input,
+        "",
+        &[
+            ("get_weather", json!({"city": "Rome"})),
+            ("get_time", json!({})),
+        ],
+    );
     let out = run(M, &[], false, [input]);
     assert_eq!(out.calls, vec![("get_time".to_string(), "{}".to_string())]);
 }

@@ -115,12 +115,23 @@ fn check_events(events: &[ToolEvent], calls: &[ToolCall]) {
             }
         }
     }
-    let mut ended: Vec<(usize, &Seen)> = seen.iter().filter(|(_, s)| s.ended).map(|(i, s)| (*i, s)).collect();
+    let mut ended: Vec<(usize, &Seen)> = seen
+        .iter()
+        .filter(|(_, s)| s.ended)
+        .map(|(i, s)| (*i, s))
+        .collect();
     ended.sort_by_key(|(i, _)| *i);
-    assert_eq!(ended.len(), calls.len(), "every ended call, and only those, is in calls()");
+    assert_eq!(
+        ended.len(),
+        calls.len(),
+        "every ended call, and only those, is in calls()"
+    );
     for ((_, s), c) in ended.iter().zip(calls) {
         assert_eq!((&s.id, &s.name), (&c.id, &c.name));
-        assert_eq!(s.args, c.arguments, "fragments must concatenate to the arguments");
+        assert_eq!(
+            s.args, c.arguments,
+            "fragments must concatenate to the arguments"
+        );
     }
     let mut ids: Vec<&String> = calls.iter().map(|c| &c.id).collect();
     ids.sort();
@@ -130,7 +141,10 @@ fn check_events(events: &[ToolEvent], calls: &[ToolCall]) {
 
 /// Char boundaries of `s`, excluding 0 and len.
 fn cuts(s: &str) -> Vec<usize> {
-    s.char_indices().map(|(i, _)| i).filter(|&i| i > 0).collect()
+    s.char_indices()
+        .map(|(i, _)| i)
+        .filter(|&i| i > 0)
+        .collect()
 }
 
 fn split_at_cuts<'a>(s: &'a str, at: &[usize]) -> Vec<&'a str> {
@@ -146,11 +160,19 @@ fn split_at_cuts<'a>(s: &'a str, at: &[usize]) -> Vec<&'a str> {
 
 /// Feeds `input` whole, char by char, split once at every position and in 40 random
 /// chunkings; asserts they all agree and returns the outcome.
-pub(super) fn parse_all_ways(format: ToolCallFormat, tools: &[Value], fix: bool, input: &str) -> Outcome {
+pub(super) fn parse_all_ways(
+    format: ToolCallFormat,
+    tools: &[Value],
+    fix: bool,
+    input: &str,
+) -> Outcome {
     let whole = run(format, tools, fix, [input]);
     let all = cuts(input);
     let by_char = run(format, tools, fix, split_at_cuts(input, &all));
-    assert_eq!(by_char, whole, "char by char differs from whole for {input:?}");
+    assert_eq!(
+        by_char, whole,
+        "char by char differs from whole for {input:?}"
+    );
     for &c in &all {
         let two = run(format, tools, fix, split_at_cuts(input, &[c]));
         assert_eq!(two, whole, "split at {c} differs for {input:?}");
@@ -164,7 +186,7 @@ pub(super) fn parse_all_ways(format: ToolCallFormat, tools: &[Value], fix: bool,
                 state ^= state << 13;
                 state ^= state >> 7;
                 state ^= state << 17;
-                state % 5 == 0
+                state.is_multiple_of(5)
             })
             .collect();
         let random = run(format, tools, fix, split_at_cuts(input, &picked));
@@ -188,7 +210,8 @@ pub(super) fn expect(
         .calls
         .iter()
         .map(|(n, a)| {
-            let v = serde_json::from_str(a).unwrap_or_else(|e| panic!("arguments {a:?} not JSON: {e}"));
+            let v =
+                serde_json::from_str(a).unwrap_or_else(|e| panic!("arguments {a:?} not JSON: {e}"));
             (n.as_str(), v)
         })
         .collect();
