@@ -14,6 +14,7 @@
 mod bpe;
 mod gguf;
 pub(crate) mod hf;
+mod hf_pipeline;
 mod pretokenize;
 mod spm;
 mod unicode;
@@ -38,7 +39,7 @@ enum Encoder {
     /// llama.cpp SentencePiece.
     Spm,
     /// HF tokenizer.json pipeline (BPE model).
-    Hf(hf::Pipeline),
+    Hf(hf_pipeline::Pipeline),
 }
 
 /// How a normal token's text becomes bytes.
@@ -76,7 +77,7 @@ enum Frag<'a> {
 
 /// Options that differ between the GGUF (llama.cpp) and tokenizer.json (HF) loaders.
 pub(crate) struct BuildOptions {
-    pub encoder: Option<hf::Pipeline>,
+    pub encoder: Option<hf_pipeline::Pipeline>,
     pub style: Option<PieceStyle>,
     /// Per-token extra attribute bits (LSTRIP/RSTRIP from HF added tokens).
     pub extra_attrs: Vec<(u32, u32)>,
@@ -105,7 +106,7 @@ impl Tokenizer {
         hf::load(dir)
     }
 
-    pub(crate) fn build(spec: VocabSpec, opts: BuildOptions) -> Result<Self, ChatError> {
+    pub(crate) fn build(mut spec: VocabSpec, opts: BuildOptions) -> Result<Self, ChatError> {
         let n = spec.tokens.len();
         if n == 0 {
             return Err(ChatError::Tokenizer("vocabulary has no tokens".into()));
@@ -122,37 +123,10 @@ impl Tokenizer {
         let eos = check("eos_token_id", spec.eos)?;
         let eot = check("eot_token_id", spec.eot)?;
         let eom = check("eom_token_id", spec.eom)?;
-        let mut warnings = Vec::new();
-        // llama.cpp renames empty tokens so that no text matches them.
-        let texts: Vec<String> = spec
-            .tokens
-            .into_iter()
-            .enumerate()
-            .map(|(i, t)| {
-                if t.is_empty() {
-                    format!("[EMPTY_{i}]")
-                } else {
-                    t
-                }
-            })
-            .collect();
-        let mut attrs: Vec<u32> = (0..n)
-            .map(|i| {
-                spec.token_types
-                    .get(i)
-                    .map_or(attr::NORMAL, |&t| attr_from_type(t))
-            })
-            .collect();
-        for &(id, bits) in &opts.extra_attrs {
-            if let Some(a) = attrs.get_mut(id as usize) {
-                *a |= bits;
-            }
-        }
-        let mut scores = spec.scores;
-        scores.resize(n, 0.0);
         let llama_attrs = opts.encoder.is_none();
-        let vocab = Vocab::new(texts, scores, attrs, [eos, eot, eom], llama_attrs);
+        let vocab = token_table(&mut spec, &opts.extra_attrs, [eos, eot, eom], llama_attrs);
 
+        let mut warnings = Vec::new();
         let mut add_bos = false;
         let mut add_space_prefix = false;
         let mut clean_spaces = false;
@@ -163,13 +137,8 @@ impl Tokenizer {
                 warnings.extend(warning);
                 add_bos = settings.add_bos;
                 clean_spaces = settings.clean_spaces;
-                (
-                    Encoder::Bpe {
-                        pre,
-                        ignore_merges: settings.ignore_merges,
-                    },
-                    PieceStyle::ByteLevel,
-                )
+                let ignore_merges = settings.ignore_merges;
+                (Encoder::Bpe { pre, ignore_merges }, PieceStyle::ByteLevel)
             }
             (None, VocabModel::Spm) => {
                 add_bos = true;
@@ -179,8 +148,6 @@ impl Tokenizer {
         };
         let add_bos = spec.add_bos.unwrap_or(add_bos);
         let add_eos = spec.add_eos.unwrap_or(false);
-        let add_space_prefix = spec.add_space_prefix.unwrap_or(add_space_prefix);
-        let clean_spaces = opts.clean_spaces.unwrap_or(clean_spaces);
         if add_bos && bos.is_none() {
             return Err(ChatError::Tokenizer(
                 "add_bos_token is true, but bos_token_id is not set".into(),
@@ -191,49 +158,14 @@ impl Tokenizer {
                 "add_eos_token is true, but eos_token_id is not set".into(),
             ));
         }
-
         let (merges, dropped) = merge_table(&spec.merges, &vocab);
         if dropped > 0 {
             warnings.push(format!(
                 "{dropped} merges name tokens missing from the vocabulary and were ignored"
             ));
         }
-        let byte_tokens = (0..=255u8)
-            .map(|b| {
-                vocab.find(&format!("<0x{b:02X}>")).or_else(|| {
-                    if b < 0x80 {
-                        vocab.find(&(b as char).to_string())
-                    } else {
-                        None
-                    }
-                })
-            })
-            .collect();
-
-        let mut special_order: Vec<u32> = (0..n as u32)
-            .filter(|&i| {
-                vocab.attrs[i as usize] & (attr::CONTROL | attr::USER_DEFINED | attr::UNKNOWN) != 0
-            })
-            .collect();
-        special_order.sort_by(|&a, &b| {
-            vocab.texts[b as usize]
-                .len()
-                .cmp(&vocab.texts[a as usize].len())
-                .then(a.cmp(&b))
-        });
-        let special_finder = if special_order.is_empty() {
-            None
-        } else {
-            let pats: Vec<&str> = special_order
-                .iter()
-                .map(|&i| vocab.texts[i as usize].as_str())
-                .collect();
-            Some(
-                AhoCorasick::new(pats)
-                    .map_err(|e| ChatError::Tokenizer(format!("special-token matcher: {e}")))?,
-            )
-        };
-
+        let byte_tokens = byte_tokens(&vocab);
+        let (special_order, special_finder) = special_matcher(&vocab)?;
         Ok(Self {
             vocab,
             encoder,
@@ -246,8 +178,8 @@ impl Tokenizer {
             eos,
             add_bos,
             add_eos,
-            add_space_prefix,
-            clean_spaces,
+            add_space_prefix: spec.add_space_prefix.unwrap_or(add_space_prefix),
+            clean_spaces: opts.clean_spaces.unwrap_or(clean_spaces),
             warnings,
         })
     }
@@ -530,6 +462,81 @@ impl Tokenizer {
     pub(crate) fn byte_token(&self, b: u8) -> Option<u32> {
         self.byte_tokens[b as usize]
     }
+}
+
+/// The token table: texts (empty ones renamed, as llama.cpp does, so no text matches them),
+/// scores, and attributes from the token types plus loader-given bits.
+fn token_table(
+    spec: &mut VocabSpec,
+    extra_attrs: &[(u32, u32)],
+    ids_meta: [Option<u32>; 3],
+    llama_attrs: bool,
+) -> Vocab {
+    let n = spec.tokens.len();
+    let texts: Vec<String> = std::mem::take(&mut spec.tokens)
+        .into_iter()
+        .enumerate()
+        .map(|(i, t)| {
+            if t.is_empty() {
+                format!("[EMPTY_{i}]")
+            } else {
+                t
+            }
+        })
+        .collect();
+    let mut attrs: Vec<u32> = (0..n)
+        .map(|i| {
+            spec.token_types
+                .get(i)
+                .map_or(attr::NORMAL, |&t| attr_from_type(t))
+        })
+        .collect();
+    for &(id, bits) in extra_attrs {
+        if let Some(a) = attrs.get_mut(id as usize) {
+            *a |= bits;
+        }
+    }
+    let mut scores = std::mem::take(&mut spec.scores);
+    scores.resize(n, 0.0);
+    Vocab::new(texts, scores, attrs, ids_meta, llama_attrs)
+}
+
+/// `<0xNN>` byte tokens (SPM byte fallback), else the one-char token for ASCII bytes.
+fn byte_tokens(vocab: &Vocab) -> Vec<Option<u32>> {
+    (0..=255u8)
+        .map(|b| {
+            vocab.find(&format!("<0x{b:02X}>")).or_else(|| {
+                if b < 0x80 {
+                    vocab.find(&(b as char).to_string())
+                } else {
+                    None
+                }
+            })
+        })
+        .collect()
+}
+
+/// Special and added tokens in llama.cpp's splitting order (longest text first, then id), and an
+/// automaton over their texts used to skip the ones absent from an input.
+fn special_matcher(vocab: &Vocab) -> Result<(Vec<u32>, Option<AhoCorasick>), ChatError> {
+    let special = attr::CONTROL | attr::USER_DEFINED | attr::UNKNOWN;
+    let mut order: Vec<u32> = (0..vocab.texts.len() as u32)
+        .filter(|&i| vocab.attrs[i as usize] & special != 0)
+        .collect();
+    order.sort_by(|&a, &b| {
+        let len = |i: u32| vocab.texts[i as usize].len();
+        len(b).cmp(&len(a)).then(a.cmp(&b))
+    });
+    if order.is_empty() {
+        return Ok((order, None));
+    }
+    let pats: Vec<&str> = order
+        .iter()
+        .map(|&i| vocab.texts[i as usize].as_str())
+        .collect();
+    let finder = AhoCorasick::new(pats)
+        .map_err(|e| ChatError::Tokenizer(format!("special-token matcher: {e}")))?;
+    Ok((order, Some(finder)))
 }
 
 /// Merge rules keyed by token ids; rules naming unknown tokens are dropped (and counted).
