@@ -46,7 +46,7 @@ pub fn start_chat(state: &AppState, req: ValidChatRequest) -> Result<ChatJob, Ap
                 format!("The chat template could not render these messages: {e}"),
             )
         })?;
-    let prompt_tokens = text.encode(&rendered, false);
+    let prompt_tokens = text.encode(&rendered, true);
     let reasoning =
         (!state.config.raw).then(|| ReasoningSplitter::prompt_opens_reasoning(&rendered));
     let g = &req.generation;

@@ -9,7 +9,7 @@
 
 pub mod chat;
 pub mod completions;
-// pub mod engine_impl; (enabled once the engine compiles)
+pub mod engine_impl;
 pub mod generation;
 pub mod reasoning;
 pub mod registry;
@@ -17,6 +17,7 @@ pub mod routes;
 pub mod seams;
 pub mod stop_strings;
 pub mod testing;
+pub mod text_model;
 pub mod usage;
 
 use std::sync::Arc;
@@ -40,6 +41,8 @@ pub struct ServerConfig {
     pub raw: bool,
     /// Larger bodies get 413.
     pub max_body_bytes: usize,
+    /// `-v`: one stderr line per request (method, path, status, milliseconds).
+    pub log_requests: bool,
 }
 
 impl Default for ServerConfig {
@@ -48,6 +51,7 @@ impl Default for ServerConfig {
             defaults: RequestDefaults::default(),
             raw: false,
             max_body_bytes: 16 << 20,
+            log_requests: false,
         }
     }
 }

@@ -50,7 +50,7 @@ impl IntoResponse for HttpError {
 
 pub fn router(state: Arc<AppState>) -> Router {
     let limit = state.config.max_body_bytes;
-    Router::new()
+    let router = Router::new()
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/chat/completions/{id}/cancel", post(cancel))
         .route("/v1/completions", post(completions))
@@ -64,8 +64,26 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/count_tokens", post(count_tokens))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(DefaultBodyLimit::max(limit))
-        .with_state(state)
+        .layer(DefaultBodyLimit::max(limit));
+    let router = if state.config.log_requests {
+        router.layer(axum::middleware::from_fn(log_request))
+    } else {
+        router
+    };
+    router.with_state(state)
+}
+
+async fn log_request(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let (method, path) = (req.method().clone(), req.uri().path().to_string());
+    let start = std::time::Instant::now();
+    let resp = next.run(req).await;
+    // For streams this is the time to the response head; the body follows.
+    eprintln!(
+        "afm: {method} {path} {} {:.1} ms",
+        resp.status().as_u16(),
+        start.elapsed().as_secs_f64() * 1e3
+    );
+    resp
 }
 
 fn body_bytes(state: &AppState, body: Body) -> Result<Bytes, ApiError> {
@@ -174,7 +192,7 @@ fn tokenize_body(state: &AppState, body: Body) -> Result<(TokenizeRequest, Vec<u
                 .map_err(|e| {
                     ApiError::invalid("messages", format!("The chat template failed: {e}"))
                 })?;
-            text.encode(&rendered, false)
+            text.encode(&rendered, true)
         }
         (Some(prompt), None) => text.encode(prompt, req.add_special_tokens.unwrap_or(true)),
         (None, None) => {

@@ -1,1 +1,88 @@
-fn main() {}
+//! The `afm` binary: parses the command line, loads the model, then serves the OpenAI API or
+//! answers one `-s` prompt. Every failure is one line on stderr and exit code 1.
+
+mod cli;
+mod load;
+mod single;
+
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use afm_server::{AppState, ServerConfig};
+use anyhow::{Context, Result};
+use clap::Parser;
+
+use cli::{Cli, Command, ServeArgs};
+
+fn main() -> ExitCode {
+    std::panic::set_hook(Box::new(|info| {
+        eprintln!(
+            "afm: internal error: {}",
+            info.to_string().replace('\n', " ")
+        );
+    }));
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) if !e.use_stderr() => {
+            let _ = e.print(); // --help, --version
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            let text = e.to_string();
+            eprintln!(
+                "afm: {}",
+                text.lines().next().unwrap_or("invalid arguments")
+            );
+            return ExitCode::FAILURE;
+        }
+    };
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("afm: error: {}", format!("{e:#}").replace('\n', " "));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
+    let Command::Serve(args) = cli.command;
+    args.refuse_unavailable()?;
+    let config = ServerConfig {
+        defaults: args.request_defaults()?,
+        raw: args.raw,
+        log_requests: args.log_level() >= 1,
+        ..ServerConfig::default()
+    };
+    let served = load::load(&args)?;
+    let state = AppState::new(served, config);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(async {
+        match &args.single_prompt {
+            Some(prompt) => single::run(&args, state, prompt).await,
+            None => serve(&args, state).await,
+        }
+    })
+}
+
+async fn serve(args: &ServeArgs, state: Arc<AppState>) -> Result<()> {
+    let addr = format!("{}:{}", args.hostname, args.port);
+    let listener = tokio::net::TcpListener::bind(&addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr}"))?;
+    eprintln!(
+        "afm: serving {} at http://{addr}/v1 (context {} tokens)",
+        state.model.info.id,
+        state.model.generator.max_context()
+    );
+    let shutdown = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    afm_server::serve(listener, state, shutdown)
+        .await
+        .context("serving")
+}

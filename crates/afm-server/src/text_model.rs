@@ -1,0 +1,110 @@
+//! The real [`TextModel`]: afm-chat's tokenizer and chat template.
+
+use std::sync::Arc;
+
+use afm_chat::{ChatTemplate, Tokenizer};
+use serde_json::{Map, Value};
+
+use crate::seams::{Detokenizer, TextModel};
+
+pub struct ChatText {
+    tokenizer: Arc<Tokenizer>,
+    template: ChatTemplate,
+    /// The BOS token's text, to avoid a second BOS when the template already wrote one.
+    bos_text: Option<String>,
+}
+
+impl ChatText {
+    pub fn new(tokenizer: Tokenizer, template: ChatTemplate) -> Self {
+        let bos_text = tokenizer
+            .bos_id()
+            .filter(|_| tokenizer.adds_bos())
+            .map(|id| String::from_utf8_lossy(&tokenizer.token_bytes(id)).into_owned())
+            .filter(|t| !t.is_empty());
+        ChatText {
+            tokenizer: Arc::new(tokenizer),
+            template,
+            bos_text,
+        }
+    }
+
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+}
+
+impl TextModel for ChatText {
+    fn render_chat(
+        &self,
+        messages: &[Value],
+        tools: Option<&[Value]>,
+        add_generation_prompt: bool,
+        kwargs: &Map<String, Value>,
+    ) -> Result<String, String> {
+        self.template
+            .render(messages, tools, add_generation_prompt, kwargs)
+            .map_err(|e| e.to_string())
+    }
+
+    /// `add_special` follows the model's BOS rule (as llama.cpp does), except that a text
+    /// already starting with the BOS token (templates often write it) gets no second one.
+    fn encode(&self, text: &str, add_special: bool) -> Vec<u32> {
+        let has_bos = self
+            .bos_text
+            .as_deref()
+            .is_some_and(|b| text.starts_with(b));
+        self.tokenizer.encode(text, add_special && !has_bos, true)
+    }
+
+    fn decode(&self, ids: &[u32]) -> String {
+        self.tokenizer.decode(ids, false)
+    }
+
+    fn detokenizer(&self) -> Box<dyn Detokenizer> {
+        Box::new(OwnedDecoder {
+            tokenizer: self.tokenizer.clone(),
+            pending: Vec::new(),
+        })
+    }
+
+    fn token_bytes(&self, id: u32) -> Vec<u8> {
+        self.tokenizer.token_bytes(id)
+    }
+
+    fn stop_token_ids(&self) -> Vec<u32> {
+        self.tokenizer.eos_ids().to_vec()
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.tokenizer.vocab_size()
+    }
+}
+
+/// afm-chat's `IncrementalDecoder` borrows its tokenizer; a stream needs an owned one.
+/// Same rules: control tokens give no text, incomplete UTF-8 waits for the next token.
+struct OwnedDecoder {
+    tokenizer: Arc<Tokenizer>,
+    pending: Vec<u8>,
+}
+
+impl Detokenizer for OwnedDecoder {
+    fn push(&mut self, id: u32) -> String {
+        if self.tokenizer.is_special(id) {
+            return String::new();
+        }
+        self.pending.extend(self.tokenizer.token_bytes(id));
+        let complete = match std::str::from_utf8(&self.pending) {
+            Ok(_) => self.pending.len(),
+            // An incomplete character at the end: keep it for the next token.
+            Err(e) if e.error_len().is_none() => e.valid_up_to(),
+            // Invalid bytes cannot become valid: flush them as U+FFFD.
+            Err(_) => self.pending.len(),
+        };
+        let done: Vec<u8> = self.pending.drain(..complete).collect();
+        String::from_utf8_lossy(&done).into_owned()
+    }
+
+    fn finish(&mut self) -> String {
+        String::from_utf8_lossy(&std::mem::take(&mut self.pending)).into_owned()
+    }
+}

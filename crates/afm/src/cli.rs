@@ -1,0 +1,378 @@
+//! The command line: `afm serve` (alias `afm mlx`) with every flag of the original AFM, and
+//! its translation into server and engine settings. Flags whose feature afm does not have yet
+//! are accepted by the parser and then refused with one line saying so, never ignored.
+
+use afm_api::{RequestDefaults, SamplingFields, StopField};
+use anyhow::{bail, Context, Result};
+use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
+use serde_json::{Map, Value};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "afm",
+    version,
+    about = "An OpenAI-compatible LLM server",
+    disable_version_flag = true
+)]
+pub struct Cli {
+    /// Print the version.
+    #[arg(long, action = ArgAction::Version)]
+    version: Option<bool>,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Serve a model over the OpenAI API, or answer one prompt with -s.
+    #[command(visible_alias = "mlx")]
+    Serve(Box<ServeArgs>),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Runtime {
+    Auto,
+    /// The general runtime (AFM's name for it).
+    #[value(alias = "general")]
+    Mlx,
+    Dwarfstar,
+}
+
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// GGUF file, model directory (config.json + safetensors + tokenizer), or Hugging Face id
+    /// found in the local HF cache.
+    #[arg(short = 'm', long)]
+    pub model: String,
+    /// Answer this one prompt without a server, print the answer and exit.
+    #[arg(short = 's', long = "single-prompt", value_name = "PROMPT")]
+    pub single_prompt: Option<String>,
+    /// System prompt (instructions) for -s.
+    #[arg(short = 'i', long = "instructions", value_name = "SYSTEM")]
+    pub instructions: Option<String>,
+    #[arg(short = 'p', long, default_value_t = 9999)]
+    pub port: u16,
+    #[arg(short = 'H', long, default_value = "127.0.0.1")]
+    pub hostname: String,
+    /// Log requests.
+    #[arg(short = 'v', long)]
+    pub verbose: bool,
+    /// Log more.
+    #[arg(short = 'V', long = "very-verbose")]
+    pub very_verbose: bool,
+    /// Log everything.
+    #[arg(long = "vv")]
+    pub trace: bool,
+    /// No SSE: -s prints the whole answer at the end; the server refuses `stream: true`.
+    #[arg(long)]
+    pub no_streaming: bool,
+    /// No reasoning extraction: the model's text goes to `content` as is.
+    #[arg(long)]
+    pub raw: bool,
+    /// With -s: print the OpenAI chat.completion JSON.
+    #[arg(long)]
+    pub json: bool,
+
+    #[command(flatten)]
+    pub sampling: SamplingFlags,
+
+    /// Default JSON schema when a request has none (turns thinking off).
+    #[arg(long, value_name = "SCHEMA")]
+    pub guided_json: Option<String>,
+    /// Open the built-in WebUI.
+    #[arg(short = 'w', long)]
+    pub webui: bool,
+    /// Quantized KV cache.
+    #[arg(long, value_parser = ["4", "8"])]
+    pub kv_bits: Option<String>,
+    #[arg(long, default_value_t = 1024)]
+    pub prefill_step_size: usize,
+    /// Prepare kernels at start-up.
+    #[arg(long, default_value = "y", value_parser = ["y", "n", "yes", "no"])]
+    pub prewarm: String,
+    #[arg(
+        long = "mlx-runtime",
+        visible_alias = "runtime",
+        value_enum,
+        default_value = "auto"
+    )]
+    pub runtime: Runtime,
+    #[arg(long, overrides_with = "disable_prefix_caching")]
+    pub enable_prefix_caching: bool,
+    #[arg(long)]
+    pub disable_prefix_caching: bool,
+    #[command(flatten)]
+    pub speculative: SpeculativeFlags,
+    #[arg(long, value_name = "NAME")]
+    pub tool_call_parser: Option<String>,
+    #[arg(long)]
+    pub fix_tool_args: bool,
+    #[arg(long)]
+    pub enable_grammar_constraints: bool,
+    /// Turn thinking off by default (`enable_thinking: false`).
+    #[arg(long = "no-think", visible_alias = "no-thinking")]
+    pub no_think: bool,
+    #[arg(long, value_parser = ["low", "medium", "high", "max"])]
+    pub reasoning_effort: Option<String>,
+    /// JSON object merged into every request's chat template kwargs.
+    #[arg(long, value_name = "JSON")]
+    pub default_chat_template_kwargs: Option<String>,
+    /// Sequences decoded together (batch scheduler when > 1).
+    #[arg(long, default_value_t = 1)]
+    pub concurrent: usize,
+    /// Requests that may wait for a slot before the server answers 429.
+    #[arg(long, default_value_t = 64)]
+    pub max_waiting: usize,
+    /// Context length in tokens (0: the model's).
+    #[arg(long = "max-context", visible_alias = "ctx-size", default_value_t = 0)]
+    pub max_context: usize,
+    #[arg(long)]
+    pub gpu_profile: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct SamplingFlags {
+    #[arg(short = 't', long)]
+    pub temperature: Option<f64>,
+    #[arg(long)]
+    pub top_p: Option<f64>,
+    #[arg(long, allow_hyphen_values = true)]
+    pub top_k: Option<i64>,
+    #[arg(long)]
+    pub min_p: Option<f64>,
+    #[arg(long, allow_hyphen_values = true)]
+    pub presence_penalty: Option<f64>,
+    #[arg(long, allow_hyphen_values = true)]
+    pub frequency_penalty: Option<f64>,
+    #[arg(long, visible_alias = "repeat-penalty")]
+    pub repetition_penalty: Option<f64>,
+    #[arg(long, allow_hyphen_values = true)]
+    pub seed: Option<i64>,
+    #[arg(long, default_value_t = 8192)]
+    pub max_tokens: i64,
+    #[arg(long, default_value_t = 20)]
+    pub max_logprobs: usize,
+    /// Default stop strings, comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    pub stop: Vec<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct SpeculativeFlags {
+    /// MTP speculative decoding.
+    #[arg(long)]
+    pub mtp: bool,
+    #[arg(long, value_name = "DIR")]
+    pub eagle3: Option<String>,
+    #[arg(long, value_name = "GGUF")]
+    pub dspark_support: Option<String>,
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=16))]
+    pub dspark_draft_tokens: u32,
+    #[arg(long, default_value_t = 0.7)]
+    pub dspark_confidence: f64,
+    #[arg(long)]
+    pub dspark_strict: bool,
+}
+
+impl ServeArgs {
+    /// Refuses flags whose feature does not exist yet (each would change what the user gets).
+    pub fn refuse_unavailable(&self) -> Result<()> {
+        let spec = &self.speculative;
+        let unavailable = [
+            (
+                self.guided_json.is_some(),
+                "--guided-json (grammar-constrained output)",
+            ),
+            (self.webui, "-w (the WebUI)"),
+            (self.kv_bits.is_some(), "--kv-bits (quantized KV cache)"),
+            (spec.mtp, "--mtp (MTP speculative decoding)"),
+            (
+                spec.eagle3.is_some(),
+                "--eagle3 (EAGLE3 speculative decoding)",
+            ),
+            (
+                spec.dspark_support.is_some() || spec.dspark_strict,
+                "--dspark-* (DSpark drafting)",
+            ),
+            (
+                self.tool_call_parser
+                    .as_deref()
+                    .is_some_and(|p| p != "none"),
+                "--tool-call-parser (tool-call parsing)",
+            ),
+            (self.fix_tool_args, "--fix-tool-args (tool-call repair)"),
+            (
+                self.enable_grammar_constraints,
+                "--enable-grammar-constraints (grammar)",
+            ),
+            (self.gpu_profile, "--gpu-profile"),
+            (
+                self.runtime == Runtime::Dwarfstar,
+                "--mlx-runtime dwarfstar",
+            ),
+        ];
+        if let Some((_, what)) = unavailable.iter().find(|(set, _)| *set) {
+            bail!("{what} is not available yet in afm");
+        }
+        if !(0.0..=1.0).contains(&spec.dspark_confidence) {
+            bail!(
+                "--dspark-confidence {} is out of range; it must be in [0, 1]",
+                spec.dspark_confidence
+            );
+        }
+        if self.concurrent == 0 {
+            bail!("--concurrent 0 is out of range; it must be at least 1");
+        }
+        Ok(())
+    }
+
+    /// Server-wide request defaults from the sampling and reasoning flags.
+    pub fn request_defaults(&self) -> Result<RequestDefaults> {
+        let s = &self.sampling;
+        let fields = SamplingFields {
+            temperature: s.temperature,
+            top_p: s.top_p,
+            top_k: s.top_k,
+            min_p: s.min_p,
+            seed: s.seed,
+            stop: (!s.stop.is_empty()).then(|| StopField::Many(s.stop.clone())),
+            max_tokens: Some(s.max_tokens),
+            presence_penalty: s.presence_penalty,
+            frequency_penalty: s.frequency_penalty,
+            repetition_penalty: s.repetition_penalty,
+            ..SamplingFields::default()
+        };
+        let mut defaults = RequestDefaults {
+            max_logprobs: s.max_logprobs,
+            streaming_enabled: !self.no_streaming || self.single_prompt.is_some(),
+            template_kwargs: self.template_kwargs()?,
+            ..RequestDefaults::default()
+        }
+        .with_flags(&fields)
+        // Same checks and messages as a request's, with the flag's name in place of the field.
+        .map_err(|e| anyhow::anyhow!("{}", e.to_string().replace('_', "-")))?;
+        defaults.grammar_enabled = self.enable_grammar_constraints;
+        Ok(defaults)
+    }
+
+    fn template_kwargs(&self) -> Result<Map<String, Value>> {
+        let mut kwargs = match &self.default_chat_template_kwargs {
+            Some(text) => match serde_json::from_str::<Value>(text)
+                .context("--default-chat-template-kwargs is not valid JSON")?
+            {
+                Value::Object(map) => map,
+                _ => bail!("--default-chat-template-kwargs must be a JSON object"),
+            },
+            None => Map::new(),
+        };
+        if let Some(effort) = &self.reasoning_effort {
+            kwargs.insert("reasoning_effort".into(), Value::String(effort.clone()));
+            kwargs.insert("enable_thinking".into(), Value::Bool(true));
+        }
+        if self.no_think {
+            kwargs.insert("enable_thinking".into(), Value::Bool(false));
+        }
+        Ok(kwargs)
+    }
+
+    pub fn prefix_caching(&self) -> bool {
+        !self.disable_prefix_caching
+    }
+
+    /// 0 quiet, 1 `-v`, 2 `-V`, 3 `--vv`.
+    pub fn log_level(&self) -> u8 {
+        if self.trace {
+            3
+        } else if self.very_verbose {
+            2
+        } else {
+            self.verbose as u8
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<ServeArgs> {
+        let cli = Cli::try_parse_from(args)?;
+        let Command::Serve(a) = cli.command;
+        Ok(*a)
+    }
+
+    #[test]
+    fn mlx_is_an_alias_and_defaults_match_afm() {
+        let a = parse(&["afm", "mlx", "-m", "x.gguf"]).unwrap();
+        assert_eq!((a.port, a.hostname.as_str()), (9999, "127.0.0.1"));
+        assert_eq!(a.sampling.max_tokens, 8192);
+        assert_eq!(a.sampling.max_logprobs, 20);
+        assert_eq!(a.prefill_step_size, 1024);
+        assert!(a.prefix_caching());
+        let d = a.request_defaults().unwrap();
+        assert_eq!(d.max_tokens, 8192);
+        assert_eq!(d.sampling.temperature, 1.0);
+    }
+
+    #[test]
+    fn sampling_flags_become_defaults() {
+        let a = parse(&[
+            "afm",
+            "serve",
+            "-m",
+            "m",
+            "-t",
+            "0",
+            "--top-k",
+            "40",
+            "--seed",
+            "7",
+            "--stop",
+            "a,b",
+            "--no-think",
+            "--repeat-penalty",
+            "1.1",
+        ])
+        .unwrap();
+        let d = a.request_defaults().unwrap();
+        assert_eq!(d.sampling.temperature, 0.0);
+        assert_eq!(d.sampling.top_k, 40);
+        assert_eq!(d.sampling.seed, Some(7));
+        assert_eq!(d.stop, vec!["a", "b"]);
+        assert_eq!(d.template_kwargs["enable_thinking"], Value::Bool(false));
+        let a = parse(&["afm", "serve", "-m", "m", "--top-p", "0"]).unwrap();
+        let err = a.request_defaults().unwrap_err().to_string();
+        assert!(err.contains("top-p") && err.contains("(0, 1]"), "{err}");
+    }
+
+    #[test]
+    fn unavailable_features_are_refused_not_ignored() {
+        for flag in [
+            &["--kv-bits", "8"][..],
+            &["--mtp"],
+            &["-w"],
+            &["--guided-json", "{}"],
+        ] {
+            let mut args = vec!["afm", "mlx", "-m", "m"];
+            args.extend_from_slice(flag);
+            let err = parse(&args)
+                .unwrap()
+                .refuse_unavailable()
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("not available yet"), "{err}");
+        }
+        let ok = parse(&[
+            "afm",
+            "mlx",
+            "-m",
+            "m",
+            "--prewarm",
+            "n",
+            "--concurrent",
+            "4",
+        ])
+        .unwrap();
+        assert!(ok.refuse_unavailable().is_ok());
+    }
+}

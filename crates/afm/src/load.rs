@@ -1,0 +1,69 @@
+//! From `-m` to a served model: resolve the location, load weights, tokenizer and chat
+//! template, start the engine. Every failure is one line naming the file and the reason.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use afm_api::ModelInfo;
+use afm_chat::{ChatTemplate, Tokenizer};
+use afm_engine::{Engine, EngineConfig};
+use afm_models::source::resolve_model;
+use afm_models::{load_model, LoadedModel};
+use afm_server::text_model::ChatText;
+use afm_server::ServedModel;
+use anyhow::{anyhow, Context, Result};
+
+use crate::cli::ServeArgs;
+
+pub fn load(args: &ServeArgs) -> Result<ServedModel> {
+    let location = resolve_model(&args.model).map_err(|e| anyhow!("{e}"))?;
+    let model = load_model(&location).with_context(|| format!("loading {}", args.model))?;
+    let (tokenizer, template) = text_side(&model)?;
+    // An HF id is its own best name; a path is named by its file or directory.
+    let id = if Path::new(&args.model).exists() {
+        model.name.clone()
+    } else {
+        args.model.clone()
+    };
+    let info = ModelInfo {
+        aliases: vec![args.model.clone(), model.name.clone()],
+        id,
+        vocab_size: tokenizer.vocab_size(),
+    };
+    let cfg = EngineConfig {
+        max_context: args.max_context,
+        concurrent: args.concurrent,
+        max_waiting: args.max_waiting,
+        prefill_step_size: args.prefill_step_size,
+        prefix_caching: args.prefix_caching(),
+        debug: std::env::var("AFM_DEBUG").is_ok_and(|v| v == "1"),
+        ..EngineConfig::default()
+    };
+    let handle = Engine::spawn(model, cfg).map_err(|e| anyhow!("starting the engine: {e}"))?;
+    Ok(ServedModel {
+        info,
+        text: Arc::new(ChatText::new(tokenizer, template)),
+        generator: Arc::new(handle),
+    })
+}
+
+/// Tokenizer and chat template from the GGUF metadata or the HF directory; a model without
+/// a template gets afm-chat's documented fallback.
+fn text_side(model: &LoadedModel) -> Result<(Tokenizer, ChatTemplate)> {
+    let (tokenizer, template) = if let Some(g) = model.gguf() {
+        let tok = Tokenizer::from_gguf(g).context("reading the GGUF tokenizer")?;
+        let tpl = ChatTemplate::from_gguf(g, &tok).context("reading the GGUF chat template")?;
+        (tok, tpl)
+    } else if let Some(dir) = model.hf_dir() {
+        let tok = Tokenizer::from_hf_dir(dir)
+            .with_context(|| format!("reading the tokenizer in {}", dir.display()))?;
+        let tpl = ChatTemplate::from_hf_dir(dir, &tok)
+            .with_context(|| format!("reading the chat template in {}", dir.display()))?;
+        (tok, tpl)
+    } else {
+        return Err(anyhow!(
+            "the model has neither GGUF metadata nor a directory"
+        ));
+    };
+    Ok((tokenizer, template.unwrap_or_else(ChatTemplate::fallback)))
+}
