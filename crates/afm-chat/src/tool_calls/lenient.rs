@@ -221,7 +221,11 @@ pub(crate) fn scalar(word: &str) -> Value {
     if let Ok(n) = serde_json::from_str::<Number>(word) {
         return Value::Number(n);
     }
-    let looks_numeric = word.starts_with(|c: char| c.is_ascii_digit() || c == '-' || c == '.');
+    // Python-style forms JSON lacks (`5.`, `.5`, `+1`), but not `00123`: a zip code or id.
+    let digits = word.trim_start_matches(['-', '+']);
+    let leading_zero = digits.len() > 1 && digits.starts_with('0') && !digits[1..].starts_with('.');
+    let looks_numeric =
+        !leading_zero && digits.starts_with(|c: char| c.is_ascii_digit() || c == '.');
     if let Some(n) = looks_numeric
         .then(|| word.parse::<f64>().ok())
         .flatten()

@@ -203,7 +203,7 @@ pub(crate) enum Flow {
 }
 
 /// A dialect's state machine for the text after one of its openers.
-pub(crate) trait Body {
+pub(crate) trait Body: Send {
     /// Looks at the unconsumed input (`eof`: no more will come) and makes one step.
     fn step(&mut self, input: &str, eof: bool, em: &mut Emitter) -> Flow;
     /// End of output with the body still open: closes an open call (salvage, under
@@ -318,7 +318,6 @@ impl ToolCallParser {
         let Some((_, opener)) = hit else {
             return safe > 0;
         };
-        self.ws_pending.clear();
         let len = opener.text.len();
         self.raw = self.buf[self.pos..self.pos + len].to_string();
         self.opener_len = len;
@@ -356,7 +355,8 @@ impl ToolCallParser {
         let flow = match body.step(input, eof, &mut self.em) {
             Flow::Need if !eof => return false,
             // End of output with the body open: close it, or give its source back as text.
-            Flow::Need if body.finish(&mut self.em) => Flow::Done(0),
+            // What a body holds back at the end is call syntax (a partial closer): dropped.
+            Flow::Need if body.finish(&mut self.em) => Flow::Done(input.len()),
             Flow::Need => Flow::Abandon,
             flow => flow,
         };
@@ -364,7 +364,9 @@ impl ToolCallParser {
             Flow::Step(n) => {
                 self.consume(n);
                 if self.em.take_ended() {
+                    // A call ended: whitespace held before it lay between calls.
                     self.raw.clear();
+                    self.ws_pending.clear();
                 }
             }
             Flow::Done(n) => {
@@ -393,6 +395,7 @@ impl ToolCallParser {
 
     fn leave_body(&mut self) {
         self.raw.clear();
+        self.ws_pending.clear();
         self.mode = Mode::Text;
         self.at_boundary = true;
     }
@@ -401,7 +404,6 @@ impl ToolCallParser {
         self.em.abandon();
         let raw = std::mem::take(&mut self.raw);
         self.mode = Mode::Text;
-        self.at_boundary = false;
         self.emit_text(&raw);
     }
 }

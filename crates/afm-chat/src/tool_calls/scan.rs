@@ -129,7 +129,7 @@ impl JsonScan {
                 i += 1;
                 continue;
             }
-            if stops.iter().any(|m| m.as_bytes().first() == Some(&c)) {
+            if input.is_char_boundary(i) && stops.iter().any(|m| m.as_bytes().first() == Some(&c)) {
                 let tail = &input[i..];
                 if stops.iter().any(|m| tail.starts_with(m)) {
                     return (i, ScanEnd::Stopped);

@@ -121,6 +121,14 @@ impl Xml {
             return self.give_up();
         }
         if self.st == XSt::CallHeader {
+            // A call only once its body shows up: `<function=x>` in prose is not one.
+            let after = &input[used..];
+            let body = &after[ws_len(after)..];
+            match peek_any(body, &[self.spec.param_open, self.spec.call_close]) {
+                Ok(_) => {}
+                Err(true) if body.len() < MAX_HEADER => return Flow::Need,
+                Err(_) => return self.give_up(),
+            }
             em.start_call(&name);
             self.st = XSt::InCall;
         } else {

@@ -98,3 +98,9 @@ fn text_only_output_is_unchanged_in_every_format() {
         expect(f, &[], false, input, input, &[]);
     }
 }
+
+#[test]
+fn parser_can_move_between_threads() {
+    fn assert_send<T: Send>() {}
+    assert_send::<crate::tool_calls::ToolCallParser>();
+}

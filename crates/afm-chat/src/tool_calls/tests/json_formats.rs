@@ -307,3 +307,35 @@ fn mistral_args_cut_by_next_call() {
     let out = run(M, &[], false, [input]);
     assert_eq!(out.calls, vec![("get_time".to_string(), "{}".to_string())]);
 }
+
+#[test]
+fn whitespace_between_calls_is_dropped_but_kept_around_text() {
+    let call = "<tool_call>\n{\"name\": \"get_time\", \"arguments\": {}}\n</tool_call>";
+    let input = format!("\n\n{call}\n\n{call}\n");
+    expect(
+        H,
+        &[],
+        false,
+        &input,
+        "",
+        &[("get_time", json!({})), ("get_time", json!({}))],
+    );
+    let input = format!("\n\n{call}\n\nThen: {call}\n");
+    expect(
+        H,
+        &[],
+        false,
+        &input,
+        "\n\nThen: ",
+        &[("get_time", json!({})), ("get_time", json!({}))],
+    );
+    // A marker that turns out not to be a call keeps the whitespace before it.
+    expect(
+        H,
+        &[],
+        false,
+        "\n\n<tool_call> is a tag",
+        "\n\n<tool_call> is a tag",
+        &[],
+    );
+}

@@ -8,6 +8,7 @@ mod api;
 mod gemma;
 mod json_formats;
 mod repair;
+mod robustness;
 mod token_formats;
 mod xml_formats;
 

@@ -286,3 +286,10 @@ fn glm_unterminated_call() {
         &[("get_weather", json!({"city": "Beij"}))],
     );
 }
+
+#[test]
+fn qwen_xml_tags_in_prose_are_text() {
+    let input = "\n\nWrite <function=name> then <parameter=key> lines; <tool_call> wraps them.";
+    expect(Q, &[], false, input, input, &[]);
+    expect(Q, &[], true, input, input, &[]);
+}
