@@ -121,6 +121,7 @@ impl ChatTemplate {
         env.set_fuel(Some(limits.fuel));
         env.set_recursion_limit(limits.max_recursion);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.set_formatter(pyjson::py_formatter);
         env.add_filter("tojson", pyjson::tojson_filter);
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);

@@ -1,9 +1,13 @@
-//! `tojson` as HF chat templates expect it: Python's `json.dumps(x, ensure_ascii=False,
-//! indent=.., separators=.., sort_keys=..)`, byte for byte (transformers overrides Jinja's
-//! HTML-escaping `tojson` with exactly this). Floats print like Python's `repr`.
+//! Python-compatible text for template values. `tojson` as HF chat templates expect it: Python's
+//! `json.dumps(x, ensure_ascii=False, indent=.., separators=.., sort_keys=..)`, byte for byte
+//! (transformers overrides Jinja's HTML-escaping `tojson` with exactly this); and the output
+//! formatter, which prints floats, lists and dicts as Python's `str()` does (`1e+20`,
+//! `['a', None]`), where minijinja would print Rust/JSON forms.
 
+use crate::tokenizer::unicode::{category, Category};
 use minijinja::value::{Kwargs, ValueKind};
 use minijinja::{Error, ErrorKind, Value};
+use minijinja::{Output, State};
 use std::fmt::Write;
 
 pub(crate) struct Options {
@@ -234,6 +238,106 @@ fn write_str(out: &mut String, s: &str, ensure_ascii: bool) {
         }
     }
     out.push('"');
+}
+
+/// Output formatter: Python `str()` for floats, sequences and maps; minijinja's default otherwise.
+pub(crate) fn py_formatter(out: &mut Output, state: &State, value: &Value) -> Result<(), Error> {
+    let text = match value.kind() {
+        ValueKind::Number if !value.is_integer() => {
+            let mut s = String::new();
+            write_number(&mut s, value);
+            s
+        }
+        ValueKind::Seq | ValueKind::Map => {
+            let mut s = String::new();
+            write_repr(&mut s, value, 0)?;
+            s
+        }
+        _ => return minijinja::escape_formatter(out, state, value),
+    };
+    out.write_str(&text)
+        .map_err(|e| Error::new(ErrorKind::WriteFailure, e.to_string()))
+}
+
+/// Python `repr()` of a value inside a container.
+fn write_repr(out: &mut String, v: &Value, depth: usize) -> Result<(), Error> {
+    if depth > MAX_DEPTH {
+        return Err(Error::new(
+            ErrorKind::InvalidOperation,
+            "value nested too deeply to print",
+        ));
+    }
+    match v.kind() {
+        ValueKind::Undefined | ValueKind::None => out.push_str("None"),
+        ValueKind::Bool => out.push_str(if v.is_true() { "True" } else { "False" }),
+        ValueKind::Number => write_number(out, v),
+        ValueKind::String => write_py_str(out, v.as_str().unwrap_or("")),
+        ValueKind::Map => {
+            out.push('{');
+            for (i, k) in v.try_iter()?.enumerate() {
+                if i > 0 {
+                    out.push_str(", ");
+                }
+                let item = v.get_item(&k)?;
+                write_repr(out, &k, depth + 1)?;
+                out.push_str(": ");
+                write_repr(out, &item, depth + 1)?;
+            }
+            out.push('}');
+        }
+        ValueKind::Seq | ValueKind::Iterable => {
+            out.push('[');
+            for (i, item) in v.try_iter()?.enumerate() {
+                if i > 0 {
+                    out.push_str(", ");
+                }
+                write_repr(out, &item, depth + 1)?;
+            }
+            out.push(']');
+        }
+        _ => {
+            let _ = write!(out, "{v}");
+        }
+    }
+    Ok(())
+}
+
+/// Python `repr(str)`: single quotes unless the text has ' and no ", escapes for non-printables.
+fn write_py_str(out: &mut String, s: &str) {
+    let quote = if s.contains('\'') && !s.contains('"') {
+        '"'
+    } else {
+        '\''
+    };
+    out.push(quote);
+    for c in s.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if c == quote => {
+                out.push('\\');
+                out.push(c);
+            }
+            c if !py_printable(c) => {
+                let cp = c as u32;
+                let _ = match cp {
+                    0..=0xFF => write!(out, "\\x{cp:02x}"),
+                    0x100..=0xFFFF => write!(out, "\\u{cp:04x}"),
+                    _ => write!(out, "\\U{cp:08x}"),
+                };
+            }
+            c => out.push(c),
+        }
+    }
+    out.push(quote);
+}
+
+/// Python's `str.isprintable` for one char: not a control/format/unassigned char, not a
+/// separator other than the ASCII space.
+fn py_printable(c: char) -> bool {
+    c == ' ' || !matches!(category(c as u32), Category::Control | Category::Separator)
 }
 
 #[cfg(test)]

@@ -99,3 +99,10 @@ fn tool_call_arguments_become_objects() {
     let msgs = json!([{"role": "assistant", "content": null, "tool_calls": [{"id": "1", "type": "function", "function": {"name": "f", "arguments": "{\"x\": 1, \"y\": [true, null]}"}}]}]);
     assert_eq!(render(src, msgs).unwrap(), r#"{"x": 1, "y": [true, null]}"#);
 }
+
+#[test]
+fn python_style_scalars() {
+    let src = "{{ none }}|{{ true }}|{{ 1.0 }}|{{ 2.5e-7 }}|{{ 1e20 }}|{{ [1, 'a', none, 1.5] }}|{{ {'k': none} }}|{{ undefined_var }}|{{ [\"it's\", 'tab\\t', '\\u200b'] }}";
+    let out = render(src, json!([])).unwrap();
+    assert_eq!(out, "None|True|1.0|2.5e-07|1e+20|[1, 'a', None, 1.5]|{'k': None}||[\"it's\", 'tab\\t', '\\u200b']");
+}

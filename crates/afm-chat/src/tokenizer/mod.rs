@@ -17,7 +17,7 @@ pub(crate) mod hf;
 mod hf_pipeline;
 mod pretokenize;
 mod spm;
-mod unicode;
+pub(crate) mod unicode;
 mod unicode_data;
 mod vocab;
 
