@@ -1,1 +1,276 @@
-fn main() {}
+//! CUDA micro-benchmarks against the card's own ceiling, measured in the same run:
+//! device-to-device copy bandwidth (bytes read + written), then GEMV at Qwen3-8B shapes
+//! (Q4_K, Q6_K, Q8_0, BF16; GB/s of weights read, as a fraction of the copy rate), decode
+//! attention at 1k and 16k context with split-K on and off, prefill attention and sampling.
+//!
+//! Every timed buffer set is rotated over ≥ 512 MB so the 60 MB L2 cannot serve repeats; data is
+//! random; times are CUDA-event medians of 5 batches after warm-up.
+//! Run: `target/cuda/bin/cuda_bench` (device `AFM_CUDA_DEVICE`, default 0).
+
+use afm_runtime::attention::{AttnParams, AttnSeq};
+use afm_runtime::cuda::{
+    AttnBatch, CudaContext, CudaSlice, DeviceKvCache, DeviceWeight, MatmulPath, SampleParams,
+};
+use afm_runtime::kv_store::{KvDtype, LayerKvShape};
+use afm_runtime::{DType, WeightBytes, WeightMatrix};
+use half::f16;
+
+type R<T> = Result<T, Box<dyn std::error::Error>>;
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn sym(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+}
+
+const ROTATE_BYTES: usize = 512 << 20;
+
+/// Median over 5 batches of `reps` calls (after 3 warm-up calls) of the mean ms per call.
+fn time_ms(c: &mut CudaContext, reps: usize, mut f: impl FnMut(&mut CudaContext, usize)) -> R<f64> {
+    for i in 0..3 {
+        f(c, i);
+    }
+    let t = c.timer()?;
+    let mut v = Vec::new();
+    for b in 0..5 {
+        t.start(c)?;
+        for i in 0..reps {
+            f(c, b * reps + i);
+        }
+        t.stop(c)?;
+        v.push(t.elapsed_ms()? as f64 / reps as f64);
+    }
+    v.sort_by(f64::total_cmp);
+    Ok(v[2])
+}
+
+fn random_weight(rng: &mut Rng, dtype: DType, rows: usize, cols: usize) -> R<WeightMatrix> {
+    let n = dtype.row_bytes(cols).ok_or("unaligned")? * rows;
+    let mut b: Vec<u8> = (0..n).map(|_| rng.next() as u8).collect();
+    let scale = f16::from_f32(0.004).to_le_bytes();
+    match dtype {
+        DType::BF16 => b.chunks_exact_mut(2).for_each(|x| x[1] = 0x3c | (x[1] & 0x80)),
+        DType::Q8_0 => b.chunks_exact_mut(34).for_each(|k| k[..2].copy_from_slice(&scale)),
+        DType::Q4K => b.chunks_exact_mut(144).for_each(|k| {
+            k[..2].copy_from_slice(&scale);
+            k[2..4].copy_from_slice(&scale);
+        }),
+        DType::Q6K => b.chunks_exact_mut(210).for_each(|k| k[208..].copy_from_slice(&scale)),
+        _ => {}
+    }
+    Ok(WeightMatrix::new(dtype, rows, cols, WeightBytes::from_vec(b))?)
+}
+
+fn copy_ceiling(c: &mut CudaContext) -> R<f64> {
+    let n = 1usize << 31; // 2 GiB each way
+    let src: CudaSlice<u8> = c.upload(&vec![0x5au8; n])?;
+    let mut dst: CudaSlice<u8> = c.alloc(n)?;
+    let ms = time_ms(c, 10, |c, _| c.copy(&src, &mut dst).expect("copy"))?;
+    Ok(2.0 * n as f64 / ms / 1e6)
+}
+
+fn gemv(c: &mut CudaContext, copy_gbs: f64, out: &mut Vec<String>) -> R<()> {
+    let mut rng = Rng(1);
+    let shapes = [(4096, 4096), (12288, 4096), (4096, 12288)];
+    for dtype in [DType::Q4K, DType::Q6K, DType::Q8_0, DType::BF16] {
+        for (rows, cols) in shapes {
+            let w = random_weight(&mut rng, dtype, rows, cols)?;
+            let bytes = w.bytes().len();
+            let copies = ROTATE_BYTES.div_ceil(bytes).clamp(2, 64);
+            let ws: Vec<DeviceWeight> = (0..copies)
+                .map(|_| DeviceWeight::upload(c, &w))
+                .collect::<Result<_, _>>()?;
+            for n in [1usize, 8] {
+                let x: Vec<f32> = (0..n * cols).map(|_| rng.sym()).collect();
+                let xd = c.upload(&x)?;
+                let mut y: CudaSlice<f32> = c.alloc(n * rows)?;
+                let paths: &[MatmulPath] = if dtype == DType::BF16 && n == 1 {
+                    &[MatmulPath::Gemv, MatmulPath::Gemm]
+                } else {
+                    &[MatmulPath::Gemv]
+                };
+                for &path in paths {
+                    let ms = time_ms(c, 20, |c, i| {
+                        c.matmul_with(path, &ws[i % copies], &xd, n, &mut y).expect("matmul")
+                    })?;
+                    let gbs = bytes as f64 / ms / 1e6;
+                    let name = if path == MatmulPath::Gemm { "cuBLAS" } else { "gemv" };
+                    out.push(format!(
+                        "| {:5} | {rows:5}x{cols:<5} | {n} | {name:6} | {:7.2} us | {gbs:7.0} GB/s | {:5.1}% |",
+                        dtype.name(),
+                        ms * 1e3,
+                        100.0 * gbs / copy_gbs
+                    ));
+                    println!("{}", out.last().expect("pushed"));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Decode attention, Qwen3-8B heads (32 query, 8 KV, head_dim 128), f16 cache.
+fn decode_attention(c: &mut CudaContext, copy_gbs: f64, out: &mut Vec<String>) -> R<()> {
+    let (nh, nkv, d, bs) = (32, 8, 128, 16);
+    let shape = LayerKvShape {
+        n_kv_heads: nkv,
+        head_dim: d,
+    };
+    let mut rng = Rng(2);
+    for (ctx_len, batch) in [(1024, 1), (1024, 16), (16384, 1), (16384, 8)] {
+        let blocks_per_seq = ctx_len / bs;
+        let num_blocks = blocks_per_seq * batch;
+        let layer_bytes = batch * ctx_len * nkv * d * 2 * 2;
+        let layers = ROTATE_BYTES.div_ceil(layer_bytes).clamp(2, 128);
+        let mut cache =
+            DeviceKvCache::new(c, &vec![shape; layers], num_blocks, bs, KvDtype::F16)?;
+        let tables: Vec<Vec<u32>> = (0..batch)
+            .map(|s| (0..blocks_per_seq).map(|b| (b * batch + s) as u32).collect())
+            .collect();
+        // Fill every layer with random K/V through one prefill-shaped batch.
+        let fill: Vec<AttnSeq> = (0..batch)
+            .map(|s| AttnSeq {
+                row0: s * ctx_len,
+                len: ctx_len,
+                pos0: 0,
+                block_table: &tables[s],
+            })
+            .collect();
+        let fb = AttnBatch::new(c, &cache, &fill, nh)?;
+        let kv: Vec<f32> = (0..batch * ctx_len * nkv * d).map(|_| rng.sym()).collect();
+        let kvd = c.upload(&kv)?;
+        for l in 0..layers {
+            c.kv_write(&mut cache, l, &fb, &kvd, nkv * d, &kvd, nkv * d)?;
+        }
+        drop(kvd);
+        let step: Vec<AttnSeq> = (0..batch)
+            .map(|s| AttnSeq {
+                row0: s,
+                len: 1,
+                pos0: ctx_len - 1,
+                block_table: &tables[s],
+            })
+            .collect();
+        let sb = AttnBatch::new(c, &cache, &step, nh)?;
+        let q: Vec<f32> = (0..batch * nh * d).map(|_| rng.sym()).collect();
+        let qd = c.upload(&q)?;
+        let mut o: CudaSlice<f32> = c.alloc(batch * nh * d)?;
+        let p = AttnParams {
+            n_heads: nh,
+            head_dim: d,
+            scale: 1.0 / (d as f32).sqrt(),
+            window: None,
+            softcap: None,
+        };
+        for (name, splits) in [("split-K auto", None), ("split-K off", Some(1))] {
+            let ms = time_ms(c, 20, |c, i| {
+                c.paged_attention(&cache, i % layers, &sb, &qd, nh * d, &p, &mut o, nh * d, splits)
+                    .expect("attention")
+            })?;
+            let gbs = layer_bytes as f64 / ms / 1e6;
+            out.push(format!(
+                "| ctx {ctx_len:5} | batch {batch:2} | {name:12} | {:8.2} us | {gbs:6.0} GB/s | {:5.1}% |",
+                ms * 1e3,
+                100.0 * gbs / copy_gbs
+            ));
+            println!("{}", out.last().expect("pushed"));
+        }
+    }
+    Ok(())
+}
+
+/// Causal prefill attention of one prompt (same heads), in TFLOP/s of QKᵀ and PV.
+fn prefill_attention(c: &mut CudaContext, out: &mut Vec<String>) -> R<()> {
+    let (nh, nkv, d, bs) = (32, 8, 128, 16);
+    let shape = LayerKvShape {
+        n_kv_heads: nkv,
+        head_dim: d,
+    };
+    let mut rng = Rng(3);
+    for n in [1024usize, 4096] {
+        let mut cache = DeviceKvCache::new(c, &[shape], n / bs, bs, KvDtype::F16)?;
+        let table: Vec<u32> = (0..(n / bs) as u32).collect();
+        let seqs = [AttnSeq {
+            row0: 0,
+            len: n,
+            pos0: 0,
+            block_table: &table,
+        }];
+        let b = AttnBatch::new(c, &cache, &seqs, nh)?;
+        let kv: Vec<f32> = (0..n * nkv * d).map(|_| rng.sym()).collect();
+        let kvd = c.upload(&kv)?;
+        c.kv_write(&mut cache, 0, &b, &kvd, nkv * d, &kvd, nkv * d)?;
+        let q: Vec<f32> = (0..n * nh * d).map(|_| rng.sym()).collect();
+        let qd = c.upload(&q)?;
+        let mut o: CudaSlice<f32> = c.alloc(n * nh * d)?;
+        let p = AttnParams {
+            n_heads: nh,
+            head_dim: d,
+            scale: 1.0 / (d as f32).sqrt(),
+            window: None,
+            softcap: None,
+        };
+        let ms = time_ms(c, 3, |c, _| {
+            c.paged_attention(&cache, 0, &b, &qd, nh * d, &p, &mut o, nh * d, None)
+                .expect("attention")
+        })?;
+        let flops = 4.0 * (n * n / 2) as f64 * (nh * d) as f64;
+        out.push(format!(
+            "| prefill {n:5} tokens | {:8.3} ms | {:6.1} TFLOP/s |",
+            ms,
+            flops / ms / 1e9
+        ));
+        println!("{}", out.last().expect("pushed"));
+    }
+    Ok(())
+}
+
+fn sampling(c: &mut CudaContext, out: &mut Vec<String>) -> R<()> {
+    let vocab = 151_936;
+    let mut rng = Rng(4);
+    for rows in [1usize, 64] {
+        let logits: Vec<f32> = (0..rows * vocab).map(|_| 4.0 * rng.sym()).collect();
+        let ld = c.upload(&logits)?;
+        let mut ids: CudaSlice<i32> = c.alloc(rows)?;
+        let p = SampleParams {
+            temperature: 0.8,
+            top_k: 40,
+            top_p: 0.95,
+            min_p: 0.05,
+            u: 0.5,
+        };
+        let params = vec![p; rows];
+        let greedy = time_ms(c, 20, |c, _| c.argmax(&ld, vocab, &mut ids).expect("argmax"))?;
+        let sample = time_ms(c, 20, |c, _| c.sample(&ld, vocab, &params, &mut ids).expect("sample"))?;
+        out.push(format!(
+            "| sampling {rows:2} x {vocab} | argmax {:7.1} us | top-k/p/min-p {:7.1} us |",
+            greedy * 1e3,
+            sample * 1e3
+        ));
+        println!("{}", out.last().expect("pushed"));
+    }
+    Ok(())
+}
+
+fn main() -> R<()> {
+    let ordinal = std::env::var("AFM_CUDA_DEVICE").ok().and_then(|s| s.parse().ok()).unwrap_or(0);
+    let mut c = CudaContext::new(ordinal)?;
+    println!("{:?}", c.info());
+    let copy_gbs = copy_ceiling(&mut c)?;
+    let mut table = vec![format!("copy ceiling: {copy_gbs:.0} GB/s (bytes read + written)")];
+    println!("{}", table[0]);
+    gemv(&mut c, copy_gbs, &mut table)?;
+    decode_attention(&mut c, copy_gbs, &mut table)?;
+    prefill_attention(&mut c, &mut table)?;
+    sampling(&mut c, &mut table)?;
+    println!("\n{}", table.join("\n"));
+    Ok(())
+}

@@ -12,6 +12,8 @@ pub mod quant;
 pub mod threads;
 
 pub mod attention;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod kv_quant;
 pub mod kv_store;
 pub mod ops;

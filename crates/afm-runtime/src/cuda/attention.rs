@@ -1,0 +1,443 @@
+//! The paged KV cache on the device, the KV write and paged attention.
+//!
+//! Same storage layout and block ids as `crate::kv_store` (see `kernels/attention.cu`), and the
+//! same step description as the CPU: [`AttnSeq`] rows, positions and block tables, packed once
+//! per step into an [`AttnBatch`] that every layer reuses:
+//! ```text
+//! meta (i32): tables [n_seqs][max_blocks] | seqs [n_seqs][row0, len, pos0, 0]
+//!             | row_seq [n_rows] | tiles [n_tiles][seq, first query]
+//! ```
+//! Decode steps (one query per sequence) get one tile per sequence; steps with longer chunks get
+//! tiles of `16 / GH` queries. When a step has few blocks and long contexts, the key range is
+//! split over `n_splits` blocks per tile and `attn_reduce` merges them (split-K).
+
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig};
+use half::f16;
+
+use super::context::scratch;
+use super::{check_len, launch, CudaContext, CudaError, Result};
+use crate::attention::{AttnParams, AttnSeq};
+use crate::kv_store::{KvDtype, LayerKvShape};
+
+/// Device storage of one layer's keys or values.
+pub enum KvBuf {
+    F32(CudaSlice<f32>),
+    F16(CudaSlice<f16>),
+}
+
+impl KvBuf {
+    fn ptr(&self, ctx: &CudaContext) -> u64 {
+        match self {
+            KvBuf::F32(b) => ctx.ptr(b),
+            KvBuf::F16(b) => ctx.ptr(b),
+        }
+    }
+}
+
+pub struct DeviceLayerKv {
+    pub shape: LayerKvShape,
+    dtype: KvDtype,
+    k: KvBuf,
+    v: KvBuf,
+}
+
+/// One [`DeviceLayerKv`] per layer, all with the same block ids.
+pub struct DeviceKvCache {
+    pub layers: Vec<DeviceLayerKv>,
+    block_size: usize,
+    num_blocks: usize,
+}
+
+impl DeviceKvCache {
+    /// A zeroed cache of `num_blocks` blocks of `block_size` tokens per layer.
+    pub fn new(
+        ctx: &CudaContext,
+        shapes: &[LayerKvShape],
+        num_blocks: usize,
+        block_size: usize,
+        dtype: KvDtype,
+    ) -> Result<Self> {
+        if !matches!(dtype, KvDtype::F32 | KvDtype::F16) {
+            return Err(CudaError::Unsupported {
+                what: "KV cache type on the GPU",
+                value: format!("{dtype:?}"),
+                supported: "F32, F16",
+            });
+        }
+        let buf = |n: usize| -> Result<KvBuf> {
+            Ok(match dtype {
+                KvDtype::F32 => KvBuf::F32(ctx.zeros(n)?),
+                _ => KvBuf::F16(ctx.zeros(n)?),
+            })
+        };
+        let layers = shapes
+            .iter()
+            .map(|&shape| {
+                let n = num_blocks * block_size * shape.n_kv_heads * shape.head_dim;
+                Ok(DeviceLayerKv {
+                    shape,
+                    dtype,
+                    k: buf(n)?,
+                    v: buf(n)?,
+                })
+            })
+            .collect::<Result<_>>()?;
+        Ok(Self {
+            layers,
+            block_size,
+            num_blocks,
+        })
+    }
+
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    pub fn num_blocks(&self) -> usize {
+        self.num_blocks
+    }
+}
+
+impl DeviceLayerKv {
+    pub fn dtype(&self) -> KvDtype {
+        self.dtype
+    }
+
+    /// Keys and values of `head` in `block` (`block_size × head_dim` each) as f32, for tests.
+    pub fn read_block(
+        &self,
+        ctx: &CudaContext,
+        cache: &DeviceKvCache,
+        block: usize,
+        head: usize,
+    ) -> Result<(Vec<f32>, Vec<f32>)> {
+        let n = cache.block_size * self.shape.head_dim;
+        let at = (block * self.shape.n_kv_heads + head) * n;
+        let read = |b: &KvBuf| -> Result<Vec<f32>> {
+            Ok(match b {
+                KvBuf::F32(s) => ctx.download(&s.slice(at..at + n))?,
+                KvBuf::F16(s) => ctx
+                    .download(&s.slice(at..at + n))?
+                    .iter()
+                    .map(|h| h.to_f32())
+                    .collect(),
+            })
+        };
+        Ok((read(&self.k)?, read(&self.v)?))
+    }
+}
+
+/// One step's sequences, packed for the device (see the module header).
+pub struct AttnBatch {
+    meta: CudaSlice<i32>,
+    n_seqs: usize,
+    n_rows: usize,
+    max_blocks: usize,
+    tiles: usize,
+    /// Queries per tile: 1 for pure decode steps, else `16 / GH`.
+    qb: usize,
+    /// Heads per attention block, from the head grouping (see [`heads_per_block`]).
+    gh: usize,
+    /// Most positions any query of the step can see.
+    max_context: usize,
+    off_seqs: usize,
+    off_rows: usize,
+    off_tiles: usize,
+}
+
+/// Query heads one attention block serves: the largest of 4, 2, 1 that divides the group
+/// (2 at most for head_dim 256, to bound registers).
+fn heads_per_block(group: usize, head_dim: usize) -> usize {
+    let max = if head_dim > 128 { 2 } else { 4 };
+    [4, 2, 1]
+        .into_iter()
+        .find(|&g| g <= max && group.is_multiple_of(g))
+        .unwrap_or(1)
+}
+
+impl AttnBatch {
+    /// Packs `seqs` for layers shaped like `cache.layers[0]` with `n_heads` query heads.
+    /// Checks that the rows are contiguous from 0, that every table covers its positions and
+    /// that block ids exist in `cache`.
+    pub fn new(
+        ctx: &CudaContext,
+        cache: &DeviceKvCache,
+        seqs: &[AttnSeq],
+        n_heads: usize,
+    ) -> Result<Self> {
+        let shape = cache.layers.first().map(|l| l.shape).ok_or(CudaError::Shape {
+            what: "KV cache layers",
+            got: 0,
+            want: 1,
+        })?;
+        if shape.n_kv_heads == 0 || !n_heads.is_multiple_of(shape.n_kv_heads) {
+            return Err(CudaError::Shape {
+                what: "query heads (a multiple of the KV heads)",
+                got: n_heads,
+                want: shape.n_kv_heads,
+            });
+        }
+        let gh = heads_per_block(n_heads / shape.n_kv_heads, shape.head_dim);
+        let bs = cache.block_size;
+        let decode = seqs.iter().all(|s| s.len <= 1);
+        let qb = if decode { 1 } else { 16 / gh };
+        let max_blocks = seqs
+            .iter()
+            .map(|s| (s.pos0 + s.len).div_ceil(bs))
+            .max()
+            .unwrap_or(0)
+            .max(1);
+        let mut tables = vec![0i32; seqs.len() * max_blocks];
+        let (mut info, mut row_seq, mut tiles) = (Vec::new(), Vec::new(), Vec::new());
+        let mut max_context = 0;
+        for (i, s) in seqs.iter().enumerate() {
+            check("sequence row0 (rows follow each other)", s.row0, row_seq.len())?;
+            let need = (s.pos0 + s.len).div_ceil(bs);
+            check_len("block table length", s.block_table.len(), need)?;
+            for (slot, &b) in tables[i * max_blocks..].iter_mut().zip(&s.block_table[..need]) {
+                if b as usize >= cache.num_blocks {
+                    return Err(CudaError::Shape {
+                        what: "block id (below the number of blocks)",
+                        got: b as usize,
+                        want: cache.num_blocks,
+                    });
+                }
+                *slot = b as i32;
+            }
+            info.extend([s.row0 as i32, s.len as i32, s.pos0 as i32, 0]);
+            row_seq.extend(std::iter::repeat_n(i as i32, s.len));
+            tiles.extend((0..s.len).step_by(qb).flat_map(|q| [i as i32, q as i32]));
+            max_context = max_context.max(s.pos0 + s.len);
+        }
+        let n_rows = row_seq.len();
+        let (off_seqs, off_rows) = (tables.len(), tables.len() + info.len());
+        let off_tiles = off_rows + row_seq.len();
+        let n_tiles = tiles.len() / 2;
+        if n_tiles > 65535 {
+            return Err(CudaError::Shape {
+                what: "attention query tiles in one step (at most 65535)",
+                got: n_tiles,
+                want: 65535,
+            });
+        }
+        let mut meta = tables;
+        meta.extend(info);
+        meta.extend(row_seq);
+        meta.extend(tiles);
+        Ok(Self {
+            meta: ctx.upload(&meta)?,
+            n_seqs: seqs.len(),
+            n_rows,
+            max_blocks,
+            tiles: n_tiles,
+            qb,
+            gh,
+            max_context,
+            off_seqs,
+            off_rows,
+            off_tiles,
+        })
+    }
+
+    pub fn n_rows(&self) -> usize {
+        self.n_rows
+    }
+
+    pub fn n_seqs(&self) -> usize {
+        self.n_seqs
+    }
+
+    fn ptrs(&self, ctx: &CudaContext) -> (u64, u64, u64, u64) {
+        let base = ctx.ptr(&self.meta);
+        let at = |o: usize| base + 4 * o as u64;
+        (base, at(self.off_seqs), at(self.off_rows), at(self.off_tiles))
+    }
+}
+
+fn check(what: &'static str, got: usize, want: usize) -> Result<()> {
+    super::check(what, got, want)
+}
+
+/// Mirror of `AttnArgs` in attention.cu.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct AttnArgs {
+    n_heads: i32,
+    n_kv_heads: i32,
+    block_size: i32,
+    max_blocks: i32,
+    window: i32,
+    n_splits: i32,
+    qb: i32,
+    q_stride: i32,
+    out_stride: i32,
+    group: i32,
+    hchunks: i32,
+    pad: i32,
+    scale: f32,
+    softcap: f32,
+}
+
+// SAFETY: plain #[repr(C)] data, laid out as the CUDA struct.
+unsafe impl cudarc::driver::DeviceRepr for AttnArgs {}
+
+impl CudaContext {
+    /// Writes the step's new keys and values (row t at `k + t·k_stride`, `n_kv_heads · head_dim`
+    /// values) into their slots.
+    #[allow(clippy::too_many_arguments)]
+    pub fn kv_write(
+        &self,
+        cache: &mut DeviceKvCache,
+        layer: usize,
+        batch: &AttnBatch,
+        k: &impl DevicePtr<f32>,
+        k_stride: usize,
+        v: &impl DevicePtr<f32>,
+        v_stride: usize,
+    ) -> Result<()> {
+        let kv = cache.layers.get(layer).ok_or(CudaError::Shape {
+            what: "KV layer index",
+            got: layer,
+            want: cache.layers.len(),
+        })?;
+        let width = kv.shape.n_kv_heads * kv.shape.head_dim;
+        if batch.n_rows == 0 {
+            return Ok(());
+        }
+        check_len("kv_write k_stride", k_stride, width)?;
+        check_len("kv_write v_stride", v_stride, width)?;
+        check_len("kv_write keys", k.len(), (batch.n_rows - 1) * k_stride + width)?;
+        check_len("kv_write values", v.len(), (batch.n_rows - 1) * v_stride + width)?;
+        let (kp, vp, kc, vc) = (self.ptr(k), self.ptr(v), kv.k.ptr(self), kv.v.ptr(self));
+        let (tab, seqs, rows, _) = batch.ptrs(self);
+        let (nkv, d, bs, mb) = (
+            kv.shape.n_kv_heads as i32,
+            kv.shape.head_dim as i32,
+            cache.block_size as i32,
+            batch.max_blocks as i32,
+        );
+        let (ks, vs) = (k_stride as i32, v_stride as i32);
+        let cfg = LaunchConfig {
+            grid_dim: (batch.n_rows as u32, 1, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let name = match kv.k {
+            KvBuf::F32(_) => "kv_write_f32",
+            KvBuf::F16(_) => "kv_write_f16",
+        };
+        let f = self.kernel(name)?;
+        launch!(self, f, cfg; kp, vp, kc, vc, tab, seqs, rows, nkv, d, bs, mb, ks, vs)
+    }
+
+    /// Attention of the step's queries (`q`: row r, head h at `r·q_stride + h·head_dim`)
+    /// against layer `layer` of the cache; `out` rows `out_stride` apart. `splits` forces the
+    /// number of key-range splits (1 = off); `None` picks it from the context length and the
+    /// number of blocks, as in the module header.
+    #[allow(clippy::too_many_arguments)]
+    pub fn paged_attention(
+        &mut self,
+        cache: &DeviceKvCache,
+        layer: usize,
+        batch: &AttnBatch,
+        q: &impl DevicePtr<f32>,
+        q_stride: usize,
+        p: &AttnParams,
+        out: &mut impl DevicePtrMut<f32>,
+        out_stride: usize,
+        splits: Option<usize>,
+    ) -> Result<()> {
+        let kv = cache.layers.get(layer).ok_or(CudaError::Shape {
+            what: "KV layer index",
+            got: layer,
+            want: cache.layers.len(),
+        })?;
+        let (d, nkv) = (kv.shape.head_dim, kv.shape.n_kv_heads);
+        super::check("attention head_dim (the cache's)", p.head_dim, d)?;
+        if ![16, 32, 64, 128, 256].contains(&d) {
+            return Err(CudaError::Unsupported {
+                what: "attention head_dim",
+                value: d.to_string(),
+                supported: "16, 32, 64, 128, 256",
+            });
+        }
+        let group = p.n_heads / nkv;
+        let gh = heads_per_block(group, d);
+        super::check("heads per block (the batch was packed for)", gh, batch.gh)?;
+        if batch.n_rows == 0 {
+            return Ok(());
+        }
+        check_len("attention q_stride", q_stride, p.n_heads * d)?;
+        check_len("attention out_stride", out_stride, p.n_heads * d)?;
+        check_len("attention queries", q.len(), (batch.n_rows - 1) * q_stride + p.n_heads * d)?;
+        check_len("attention output", out.len(), (batch.n_rows - 1) * out_stride + p.n_heads * d)?;
+
+        let hchunks = group / gh;
+        let blocks = nkv * hchunks * batch.tiles;
+        let keys = p.window.map_or(batch.max_context, |w| w.min(batch.max_context));
+        let n_splits = splits.unwrap_or_else(|| {
+            if keys < 512 {
+                1
+            } else {
+                (2 * self.info().sm_count).div_ceil(blocks).clamp(1, (keys / 256).min(64))
+            }
+        });
+        let n_splits = n_splits.clamp(1, 64);
+        let args = AttnArgs {
+            n_heads: p.n_heads as i32,
+            n_kv_heads: nkv as i32,
+            block_size: cache.block_size as i32,
+            max_blocks: batch.max_blocks as i32,
+            window: p.window.unwrap_or(0) as i32,
+            n_splits: n_splits as i32,
+            qb: batch.qb as i32,
+            q_stride: q_stride as i32,
+            out_stride: out_stride as i32,
+            group: group as i32,
+            hchunks: hchunks as i32,
+            pad: 0,
+            scale: p.scale,
+            softcap: p.softcap.unwrap_or(0.0),
+        };
+        let ws = if n_splits > 1 {
+            let n = batch.n_rows * p.n_heads * n_splits * (d + 2);
+            let stream = self.stream().clone();
+            scratch(&stream, &mut self.ws.attn, n)?
+        } else {
+            0
+        };
+        let (qp, op, kc, vc) = (self.ptr(q), self.ptr_mut(out), kv.k.ptr(self), kv.v.ptr(self));
+        let (tab, seqs, _, tiles) = batch.ptrs(self);
+        let t = match kv.k {
+            KvBuf::F32(_) => "f32",
+            KvBuf::F16(_) => "f16",
+        };
+        let cfg = LaunchConfig {
+            grid_dim: (
+                (nkv * hchunks) as u32,
+                batch.tiles as u32,
+                n_splits as u32,
+            ),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let f = self.kernel(&format!("attn_{t}_{d}_{gh}"))?;
+        launch!(self, f, cfg; qp, kc, vc, tab, seqs, tiles, op, ws, args)?;
+        if n_splits > 1 {
+            let (nh, ns, di, os) = (
+                p.n_heads as i32,
+                n_splits as i32,
+                d as i32,
+                out_stride as i32,
+            );
+            let cfg = LaunchConfig {
+                grid_dim: ((batch.n_rows * p.n_heads) as u32, 1, 1),
+                block_dim: (d.min(128) as u32, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let f = self.kernel("attn_reduce")?;
+            launch!(self, f, cfg; ws, op, nh, ns, di, os)?;
+        }
+        Ok(())
+    }
+}

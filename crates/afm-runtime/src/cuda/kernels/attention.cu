@@ -1,0 +1,243 @@
+// Paged attention over the KV cache, for decode and prefill alike, plus the KV write.
+//
+// Cache layout per layer (same as afm_runtime::kv_store):
+//   k, v: [num_blocks][n_kv_heads][block_size][D]   token at position p of a sequence lives in
+//         block table[p / block_size], slot p % block_size
+//
+// One block of 128 threads serves one KV head (GH of its query heads), one query tile and one
+// split of the key range. It is 16 lane groups of 8 lanes; each lane holds D/8 dimensions of a
+// query and of its output, so a key's score is a 3-step shuffle within the group:
+//   group g -> (query qi, head hi, key partition pi),  QB * GH * P = 16
+//   decode  (QB = 1):       P = 16/GH partitions share the keys of one query
+//   prefill (QB = 16/GH):   every group walks all keys of its own query (P = 1)
+// Each group keeps an online softmax (max m, sum l, acc); partitions merge in shared memory.
+// With n_splits > 1 (long contexts, few blocks), blocks write (acc, m, l) per split and
+// attn_reduce combines them: the "split-K" flash-decoding path.
+
+struct AttnArgs {
+    int n_heads, n_kv_heads, block_size, max_blocks;
+    int window, n_splits, qb, q_stride;
+    int out_stride, group, hchunks, pad;
+    float scale, softcap;
+};
+
+// W consecutive 32-bit words from 4*W-byte aligned memory, in the widest loads that fit.
+template <int W>
+__device__ __forceinline__ void load_words(const u32* p, u32 (&w)[W]) {
+    if constexpr (W % 4 == 0) {
+#pragma unroll
+        for (int i = 0; i < W / 4; i++) {
+            const uint4 v = ((const uint4*)p)[i];
+            w[4 * i] = v.x; w[4 * i + 1] = v.y; w[4 * i + 2] = v.z; w[4 * i + 3] = v.w;
+        }
+    } else if constexpr (W % 2 == 0) {
+#pragma unroll
+        for (int i = 0; i < W / 2; i++) {
+            const uint2 v = ((const uint2*)p)[i];
+            w[2 * i] = v.x; w[2 * i + 1] = v.y;
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < W; i++) w[i] = p[i];
+    }
+}
+
+template <bool HALF, int W>
+__device__ __forceinline__ float word_elem(const u32 (&w)[W], int i) {
+    if constexpr (HALF) return h2f((u16)((i & 1) ? (w[i >> 1] >> 16) : (w[i >> 1] & 0xffff)));
+    else return __uint_as_float(w[i]);
+}
+
+template <bool HALF, int D, int GH>
+__device__ void attn_impl(const float* __restrict__ q, const u32* __restrict__ kc,
+                          const u32* __restrict__ vc, const int* __restrict__ tables,
+                          const int* __restrict__ seqs, const int* __restrict__ tiles,
+                          float* __restrict__ out, float* __restrict__ ws, const AttnArgs a) {
+    constexpr int NG = 16, DL = D / 8;
+    constexpr int W = HALF ? DL / 2 : DL;           // 32-bit words per lane per row
+    constexpr int KC = W * 4 <= 32 ? 4 : (W * 4 <= 64 ? 2 : 1);  // keys per step
+    constexpr int ELEM = HALF ? 2 : 4;
+    __shared__ float sm_m[NG], sm_l[NG];
+    __shared__ float sm_acc[NG][D];
+
+    const int g = threadIdx.x >> 3, li = threadIdx.x & 7;
+    const u32 gmask = 0xffu << (threadIdx.x & 24);
+    const int qb = a.qb, P = NG / (qb * GH);
+    const int qi = g / (GH * P), rem = g % (GH * P), hi = rem % GH, pi = rem / GH;
+    const int kvh = blockIdx.x / a.hchunks;
+    const int h0 = kvh * a.group + (blockIdx.x % a.hchunks) * GH;
+    const int s = tiles[blockIdx.y * 2], q_off = tiles[blockIdx.y * 2 + 1];
+    const int row0 = seqs[s * 4], len = seqs[s * 4 + 1], pos0 = seqs[s * 4 + 2];
+    const int nq = min(qb, len - q_off);
+    const bool active = qi < nq;
+    const int pos = pos0 + q_off + qi;
+    const int* table = tables + (i64)s * a.max_blocks;
+
+    int k0 = 0, k1 = 0;
+    if (active) {
+        const int first = a.window > 0 ? max(0, pos + 1 - a.window) : 0;
+        const int chunk = (pos + 1 - first + a.n_splits - 1) / a.n_splits;
+        k0 = first + blockIdx.z * chunk;
+        k1 = min(k0 + chunk, pos + 1);
+    }
+
+    float qv[DL];
+#pragma unroll
+    for (int i = 0; i < DL; i++) qv[i] = 0.f;
+    if (active) {
+        const float* qp = q + (i64)(row0 + q_off + qi) * a.q_stride + (h0 + hi) * D + li * DL;
+#pragma unroll
+        for (int i = 0; i < DL; i++) qv[i] = HALF ? h2f(f2h(qp[i])) : qp[i];  // as the CPU does
+    }
+    float m = NEG_INF, l = 0.f, acc[DL];
+#pragma unroll
+    for (int i = 0; i < DL; i++) acc[i] = 0.f;
+
+    const i64 head_words = (i64)a.block_size * D * ELEM / 4;
+    const i64 kv_base = kvh * head_words;
+    const int row_words = D * ELEM / 4;
+    for (int j0 = k0 + pi; j0 < k1; j0 += P * KC) {
+        u32 kw[KC][W], vw[KC][W];
+#pragma unroll
+        for (int t = 0; t < KC; t++) {
+            const int j = j0 + t * P;
+            if (j < k1) {
+                const i64 blk = table[j / a.block_size];
+                const i64 off = blk * a.n_kv_heads * head_words + kv_base +
+                                (i64)(j % a.block_size) * row_words + li * W;
+                load_words<W>(kc + off, kw[t]);
+                load_words<W>(vc + off, vw[t]);
+            }
+        }
+        float sc[KC];
+        float mc = NEG_INF;
+#pragma unroll
+        for (int t = 0; t < KC; t++) {
+            float dot = 0.f;
+#pragma unroll
+            for (int i = 0; i < DL; i++) dot += qv[i] * word_elem<HALF, W>(kw[t], i);
+            dot += __shfl_xor_sync(gmask, dot, 4);
+            dot += __shfl_xor_sync(gmask, dot, 2);
+            dot += __shfl_xor_sync(gmask, dot, 1);
+            float sv = dot * a.scale;
+            if (a.softcap > 0.f) sv = a.softcap * tanhf(sv / a.softcap);
+            sc[t] = (j0 + t * P < k1) ? sv : NEG_INF;
+            mc = fmaxf(mc, sc[t]);
+        }
+        const float mn = fmaxf(m, mc);
+        const float corr = __expf(m - mn);
+        l *= corr;
+#pragma unroll
+        for (int i = 0; i < DL; i++) acc[i] *= corr;
+#pragma unroll
+        for (int t = 0; t < KC; t++) {
+            if (j0 + t * P < k1) {
+                const float p = __expf(sc[t] - mn);
+                l += p;
+#pragma unroll
+                for (int i = 0; i < DL; i++) acc[i] += p * word_elem<HALF, W>(vw[t], i);
+            }
+        }
+        m = mn;
+    }
+
+    if (li == 0) { sm_m[g] = m; sm_l[g] = l; }
+#pragma unroll
+    for (int i = 0; i < DL; i++) sm_acc[g][li * DL + i] = acc[i];
+    __syncthreads();
+
+    // Merge the P partitions of each (query, head) pair.
+    for (int e = threadIdx.x; e < qb * GH * D; e += blockDim.x) {
+        const int pair = e / D, dd = e % D, pq = pair / GH, ph = pair % GH;
+        if (pq >= nq) continue;
+        float M = NEG_INF;
+        for (int p = 0; p < P; p++) M = fmaxf(M, sm_m[pq * GH * P + p * GH + ph]);
+        float L = 0.f, O = 0.f;
+        if (M != NEG_INF) {
+            for (int p = 0; p < P; p++) {
+                const int gi = pq * GH * P + p * GH + ph;
+                const float wgt = __expf(sm_m[gi] - M);
+                L += sm_l[gi] * wgt;
+                O += sm_acc[gi][dd] * wgt;
+            }
+        }
+        const int r = row0 + q_off + pq, hh = h0 + ph;
+        if (a.n_splits == 1) {
+            out[(i64)r * a.out_stride + hh * D + dd] = O / L;
+        } else {
+            float* wp = ws + (((i64)r * a.n_heads + hh) * a.n_splits + blockIdx.z) * (D + 2);
+            wp[dd] = O;
+            if (dd == 0) { wp[D] = M; wp[D + 1] = L; }
+        }
+    }
+}
+
+#define ATTN(HALF, NAME, D, GH)                                                                \
+    extern "C" __global__ void __launch_bounds__(128) attn_##NAME##_##D##_##GH(                \
+        const float* q, const u32* kc, const u32* vc, const int* tables, const int* seqs,      \
+        const int* tiles, float* out, float* ws, const AttnArgs a) {                          \
+        attn_impl<HALF, D, GH>(q, kc, vc, tables, seqs, tiles, out, ws, a);                    \
+    }
+#define ATTN_D(D) ATTN(false, f32, D, 1) ATTN(false, f32, D, 2) ATTN(true, f16, D, 1) ATTN(true, f16, D, 2)
+#define ATTN_D4(D) ATTN_D(D) ATTN(false, f32, D, 4) ATTN(true, f16, D, 4)
+
+ATTN_D4(16)
+ATTN_D4(32)
+ATTN_D4(64)
+ATTN_D4(128)
+ATTN_D(256)
+
+// Combines the splits of one (row, head): out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M).
+extern "C" __global__ void attn_reduce(const float* ws, float* out, int n_heads, int n_splits,
+                                       int D, int out_stride) {
+    const int rh = blockIdx.x, r = rh / n_heads, h = rh % n_heads;
+    const float* w = ws + (i64)rh * n_splits * (D + 2);
+    float M = NEG_INF;
+    for (int sp = 0; sp < n_splits; sp++) M = fmaxf(M, w[sp * (D + 2) + D]);
+    for (int dd = threadIdx.x; dd < D; dd += blockDim.x) {
+        float L = 0.f, O = 0.f;
+        for (int sp = 0; sp < n_splits; sp++) {
+            const float mm = w[sp * (D + 2) + D];
+            if (mm == NEG_INF) continue;
+            const float e = __expf(mm - M);
+            L += w[sp * (D + 2) + D + 1] * e;
+            O += w[sp * (D + 2) + dd] * e;
+        }
+        out[(i64)r * out_stride + h * D + dd] = O / L;
+    }
+}
+
+// Stores each new token's K and V rows ([n_kv_heads * D] at k + t*k_stride) into its slot.
+template <bool HALF>
+__device__ void kv_write_impl(const float* k, const float* v, void* kc, void* vc,
+                              const int* tables, const int* seqs, const int* row_seq,
+                              int n_kv_heads, int D, int block_size, int max_blocks, int k_stride,
+                              int v_stride) {
+    const int t = blockIdx.x, s = row_seq[t];
+    const int pos = seqs[s * 4 + 2] + t - seqs[s * 4];
+    const i64 blk = tables[(i64)s * max_blocks + pos / block_size];
+    const int slot = pos % block_size;
+    for (int e = threadIdx.x; e < n_kv_heads * D; e += blockDim.x) {
+        const int hh = e / D, dd = e % D;
+        const i64 dst = ((blk * n_kv_heads + hh) * block_size + slot) * D + dd;
+        const float kx = k[(i64)t * k_stride + e], vx = v[(i64)t * v_stride + e];
+        if (HALF) {
+            ((u16*)kc)[dst] = f2h(kx);
+            ((u16*)vc)[dst] = f2h(vx);
+        } else {
+            ((float*)kc)[dst] = kx;
+            ((float*)vc)[dst] = vx;
+        }
+    }
+}
+
+#define KV_WRITE(NAME, HALF)                                                                   \
+    extern "C" __global__ void NAME(const float* k, const float* v, void* kc, void* vc,        \
+                                    const int* tables, const int* seqs, const int* row_seq,    \
+                                    int n_kv_heads, int D, int block_size, int max_blocks,     \
+                                    int k_stride, int v_stride) {                              \
+        kv_write_impl<HALF>(k, v, kc, vc, tables, seqs, row_seq, n_kv_heads, D, block_size,    \
+                            max_blocks, k_stride, v_stride);                                   \
+    }
+KV_WRITE(kv_write_f32, false)
+KV_WRITE(kv_write_f16, true)

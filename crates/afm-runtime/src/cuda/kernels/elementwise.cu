@@ -1,0 +1,172 @@
+// Per-row and element-wise ops of a transformer layer on f32 activations, embedding lookups and
+// weight dequantization. Formulas follow afm_runtime::ops and quant:: dequantize_row; where the
+// CPU result is bit-exact (RoPE, dequantization) the products are unfused (__fmul_rn) to match.
+
+// x += res (when res is given, written back), then out = x / rms(x) * w. One warp per row.
+extern "C" __global__ void rms_norm_warp(float* x, const float* res, const float* w, float* out,
+                                         int rows, int d, float eps) {
+    const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31;
+    if (row >= rows) return;
+    float* xr = x + (i64)row * d;
+    float ss = 0.f;
+    for (int i = lane; i < d; i += 32) {
+        float v = xr[i];
+        if (res) { v += res[(i64)row * d + i]; xr[i] = v; }
+        ss += v * v;
+    }
+    ss = warp_sum(ss);
+    const float inv = 1.0f / sqrtf(ss / (float)d + eps);
+    float* o = out + (i64)row * d;
+    for (int i = lane; i < d; i += 32) o[i] = xr[i] * (inv * w[i]);
+}
+
+// The same with one block per row, for wide rows.
+extern "C" __global__ void rms_norm_block(float* x, const float* res, const float* w, float* out,
+                                          int rows, int d, float eps) {
+    __shared__ float sh[32];
+    const int row = blockIdx.x;
+    float* xr = x + (i64)row * d;
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) {
+        float v = xr[i];
+        if (res) { v += res[(i64)row * d + i]; xr[i] = v; }
+        ss += v * v;
+    }
+    ss = block_sum(ss, sh);
+    const float inv = 1.0f / sqrtf(ss / (float)d + eps);
+    float* o = out + (i64)row * d;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) o[i] = xr[i] * (inv * w[i]);
+}
+
+// Rotates pairs of the first `dims` dimensions of every head in place. `cs` is the
+// [max_pos][dims/2][cos, sin] table; `row_stride` is the distance between tokens in floats.
+extern "C" __global__ void rope(float* x, const int* pos, const float* cs, int n_tokens,
+                                int n_heads, int head_dim, int row_stride, int dims, int neox,
+                                int max_pos) {
+    const int half = dims / 2;
+    const i64 idx = blockIdx.x * (i64)blockDim.x + threadIdx.x;
+    if (idx >= (i64)n_tokens * n_heads * half) return;
+    const int i = idx % half;
+    const int hd = (idx / half) % n_heads;
+    const int t = idx / ((i64)half * n_heads);
+    const int p = pos[t];
+    if (p < 0 || p >= max_pos) return;
+    const float c = cs[((i64)p * half + i) * 2], s = cs[((i64)p * half + i) * 2 + 1];
+    float* h = x + (i64)t * row_stride + (i64)hd * head_dim;
+    const int a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
+    const float x0 = h[a], x1 = h[b];
+    h[a] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
+    h[b] = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
+}
+
+__device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x)); }
+
+__device__ __forceinline__ float gelu_tanh_f(float x) {
+    const float C = 0.7978846f;  // sqrt(2/pi)
+    return 0.5f * x * (1.0f + tanhf(C * (x + 0.044715f * x * x * x)));
+}
+
+// out[r][c] = act(gate[r*stride + c]) * up[r*stride + c]; act 0 = SiLU, 1 = GELU (tanh).
+extern "C" __global__ void gated_act(const float* gate, const float* up, float* out, int n,
+                                     int ff, int stride, int act) {
+    const i64 idx = blockIdx.x * (i64)blockDim.x + threadIdx.x;
+    if (idx >= (i64)n * ff) return;
+    const i64 r = idx / ff, c = idx % ff;
+    const float g = gate[r * stride + c], u = up[r * stride + c];
+    out[idx] = (act == 0 ? silu_f(g) : gelu_tanh_f(g)) * u;
+}
+
+extern "C" __global__ void add_f32(float* x, const float* y, i64 n) {
+    const i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x;
+    if (i < n) x[i] += y[i];
+}
+
+extern "C" __global__ void softcap_f32(float* x, i64 n, float cap) {
+    const i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x;
+    if (i < n) x[i] = cap * tanhf(x[i] / cap);
+}
+
+extern "C" __global__ void f32_to_bf16(const float* x, u16* y, i64 n) {
+    const i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x;
+    if (i < n) y[i] = f2bf(x[i]);
+}
+
+extern "C" __global__ void f32_to_f16(const float* x, u16* y, i64 n) {
+    const i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x;
+    if (i < n) y[i] = f2h(x[i]);
+}
+
+// Element e of one row in each storage type, bit-exact with the CPU decoders.
+__device__ __forceinline__ float dq_f32(const u8* r, int e) { return ((const float*)r)[e]; }
+__device__ __forceinline__ float dq_f16(const u8* r, int e) { return h2f(((const u16*)r)[e]); }
+__device__ __forceinline__ float dq_bf16(const u8* r, int e) { return bf2f(((const u16*)r)[e]); }
+
+__device__ __forceinline__ float dq_q8_0(const u8* r, int e) {
+    const u8* b = r + (e / 32) * 34;
+    return __fmul_rn((float)(signed char)b[2 + e % 32], h2f(ld16(b)));
+}
+
+__device__ __forceinline__ float dq_q4_k(const u8* r, int e) {
+    const u8* b = r + (e / 256) * 144;
+    const int k = e % 256, j = k / 32;
+    const float d = h2f(ld16(b)), dmin = h2f(ld16(b + 2));
+    const u8* s = b + 4;
+    int sc, m;
+    if (j < 4) {
+        sc = s[j] & 63;
+        m = s[j + 4] & 63;
+    } else {
+        sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
+        m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+    const int q = (b[16 + 32 * (k / 64) + k % 32] >> (4 * ((k / 32) % 2))) & 0xF;
+    return __fsub_rn(__fmul_rn(__fmul_rn(d, (float)sc), (float)q), __fmul_rn(dmin, (float)m));
+}
+
+__device__ __forceinline__ float dq_q6_k(const u8* r, int e) {
+    const u8* b = r + (e / 256) * 210;
+    const int k = e % 256, h = k / 128, g = (k % 128) / 32, l = k % 32;
+    const int low = (b[64 * h + 32 * (g % 2) + l] >> (4 * (g / 2))) & 0xF;
+    const int high = (b[128 + 32 * h + l] >> (2 * g)) & 3;
+    const int q = (low | (high << 4)) - 32;
+    const float d = h2f(ld16(b + 208));
+    return __fmul_rn(__fmul_rn(d, (float)(signed char)b[192 + k / 16]), (float)q);
+}
+
+// Embedding rows: out[t] = table[ids[t]] as f32; ids outside the vocabulary give zeros (the
+// host validates ids, this only keeps a bad one from reading out of bounds).
+#define EMBED(NAME, DQ)                                                                        \
+    extern "C" __global__ void NAME(const u8* table, const int* ids, float* out, int n,        \
+                                    int dim, i64 row_bytes, int vocab) {                       \
+        const int t = blockIdx.x;                                                              \
+        if (t >= n) return;                                                                    \
+        const int id = ids[t];                                                                 \
+        float* o = out + (i64)t * dim;                                                         \
+        if (id < 0 || id >= vocab) {                                                           \
+            for (int e = threadIdx.x; e < dim; e += blockDim.x) o[e] = 0.f;                    \
+            return;                                                                            \
+        }                                                                                      \
+        const u8* r = table + (i64)id * row_bytes;                                             \
+        for (int e = threadIdx.x; e < dim; e += blockDim.x) o[e] = DQ(r, e);                   \
+    }
+
+EMBED(embed_f32, dq_f32)
+EMBED(embed_f16, dq_f16)
+EMBED(embed_bf16, dq_bf16)
+EMBED(embed_q8_0, dq_q8_0)
+EMBED(embed_q4_k, dq_q4_k)
+EMBED(embed_q6_k, dq_q6_k)
+
+// A whole quantized matrix to f16, for prefill through cuBLAS.
+#define DEQUANT_F16(NAME, DQ)                                                                  \
+    extern "C" __global__ void NAME(const u8* w, u16* out, int rows, int cols, i64 row_bytes) { \
+        const i64 idx = blockIdx.x * (i64)blockDim.x + threadIdx.x;                            \
+        if (idx >= (i64)rows * cols) return;                                                   \
+        const i64 r = idx / cols;                                                              \
+        out[idx] = f2h(DQ(w + r * row_bytes, (int)(idx % cols)));                              \
+    }
+
+DEQUANT_F16(dequant_f16_q8_0, dq_q8_0)
+DEQUANT_F16(dequant_f16_q4_k, dq_q4_k)
+DEQUANT_F16(dequant_f16_q6_k, dq_q6_k)

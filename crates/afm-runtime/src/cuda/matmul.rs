@@ -1,0 +1,260 @@
+//! Weights on the device and `out[n, rows] = x[n, cols] · Wᵀ` against them.
+//!
+//! Paths, chosen by type and batch size `n`:
+//! ```text
+//! F32                         any n     cuBLAS SGEMM (f32 throughout)
+//! BF16/F16    n ≤ 32          GEMV kernels, 8 activation rows per launch, f32 activations
+//!             n > 32          x → bf16/f16, cuBLAS GEMM with f32 accumulation and output
+//! Q8_0/Q4_K/Q6_K  n ≤ 32      x → int16 blocks, GEMV kernels on the GGML blocks (dp2a)
+//!             n > 32          W → f16 scratch (≤ 32M weights at a time), x → f16, cuBLAS GEMM
+//! ```
+//! Weights stay in their storage type in device memory; the f16 scratch is transient.
+
+use cudarc::cublas::result::gemm_ex;
+use cudarc::cublas::sys::{
+    cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType_t,
+};
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig};
+
+use super::context::scratch;
+use super::ops::grid_1d;
+use super::{check_len, launch, CudaContext, CudaError, Result};
+use crate::{DType, WeightMatrix};
+
+/// Most activation rows one GEMV launch handles (each weight block is reused across them).
+pub const GEMV_MAX_BATCH: usize = 8;
+/// Batches up to this size take the GEMV kernels (several launches); larger ones cuBLAS.
+const GEMV_MAX_ROWS: usize = 32;
+/// Weights dequantized to f16 per cuBLAS call, bounding the scratch (64 MiB).
+const DEQUANT_CHUNK: usize = 32 << 20;
+
+/// A weight matrix copied to the device in its storage type (rows × cols, row-major).
+pub struct DeviceWeight {
+    dtype: DType,
+    rows: usize,
+    cols: usize,
+    bytes: CudaSlice<u8>,
+}
+
+impl DeviceWeight {
+    pub fn upload(ctx: &CudaContext, w: &WeightMatrix) -> Result<Self> {
+        Ok(Self {
+            dtype: w.dtype(),
+            rows: w.rows(),
+            cols: w.cols(),
+            bytes: ctx.upload(w.bytes().as_slice())?,
+        })
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+    pub fn bytes(&self) -> &CudaSlice<u8> {
+        &self.bytes
+    }
+    pub fn row_bytes(&self) -> usize {
+        self.dtype.row_bytes(self.cols).expect("checked by WeightMatrix::new")
+    }
+}
+
+/// Which kernels `matmul_with` uses (tests and benchmarks compare them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MatmulPath {
+    /// By batch size, as the table in this module's header.
+    Auto,
+    /// The GEMV kernels at any batch size (quantized and 16-bit types).
+    Gemv,
+    /// cuBLAS at any batch size.
+    Gemm,
+}
+
+impl CudaContext {
+    /// `out[i, r] = Σ_c x[i, c] · W[r, c]` for `n` rows of x (`[n, cols]`; out `[n, rows]`).
+    pub fn matmul(
+        &mut self,
+        w: &DeviceWeight,
+        x: &impl DevicePtr<f32>,
+        n: usize,
+        out: &mut impl DevicePtrMut<f32>,
+    ) -> Result<()> {
+        self.matmul_with(MatmulPath::Auto, w, x, n, out)
+    }
+
+    pub fn matmul_with(
+        &mut self,
+        path: MatmulPath,
+        w: &DeviceWeight,
+        x: &impl DevicePtr<f32>,
+        n: usize,
+        out: &mut impl DevicePtrMut<f32>,
+    ) -> Result<()> {
+        check_len("matmul input", x.len(), n * w.cols)?;
+        check_len("matmul output", out.len(), n * w.rows)?;
+        if n == 0 || w.rows == 0 {
+            return Ok(());
+        }
+        let quant = matches!(w.dtype, DType::Q8_0 | DType::Q4K | DType::Q6K);
+        let half = matches!(w.dtype, DType::BF16 | DType::F16);
+        if !(quant || half || w.dtype == DType::F32) {
+            return Err(CudaError::Unsupported {
+                what: "matmul weight type",
+                value: w.dtype.name().into(),
+                supported: "F32, F16, BF16, Q8_0, Q4_K, Q6_K",
+            });
+        }
+        let gemv_ok = quant || (half && w.cols.is_multiple_of(8));
+        let use_gemv = match path {
+            MatmulPath::Auto => gemv_ok && n <= GEMV_MAX_ROWS,
+            MatmulPath::Gemv => gemv_ok,
+            MatmulPath::Gemm => false,
+        };
+        let (xp, op) = (self.ptr(x), self.ptr_mut(out));
+        if use_gemv {
+            self.gemv(w, xp, n, op)
+        } else {
+            self.gemm(w, xp, n, op)
+        }
+    }
+
+    fn gemv(&mut self, w: &DeviceWeight, xp: u64, n: usize, op: u64) -> Result<()> {
+        let (rows, cols) = (w.rows, w.cols);
+        let wp = self.ptr(&w.bytes);
+        let (ri, ci) = (rows as i32, cols as i32);
+        let cfg = LaunchConfig {
+            grid_dim: (rows as u32, 1, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let tname = match w.dtype {
+            DType::Q4K => "q4_k",
+            DType::Q6K => "q6_k",
+            DType::Q8_0 => "q8_0",
+            DType::BF16 => "bf16",
+            _ => "f16",
+        };
+        if matches!(w.dtype, DType::BF16 | DType::F16) {
+            for c0 in (0..n).step_by(GEMV_MAX_BATCH) {
+                let nb = (n - c0).min(GEMV_MAX_BATCH);
+                let x0 = xp + (c0 * cols * 4) as u64;
+                let o0 = op + (c0 * rows * 4) as u64;
+                let f = self.kernel(&format!("gemv_{tname}_{nb}"))?;
+                launch!(self, f, cfg; wp, x0, o0, ri, ci)?;
+            }
+            return Ok(());
+        }
+        // Activations to int16 blocks of 32, then the GEMV on the GGML blocks.
+        let nblocks = n * cols / 32;
+        let stream = self.stream().clone();
+        let xq = scratch(&stream, &mut self.ws.xq, n * cols)?;
+        let xd = scratch(&stream, &mut self.ws.xd, nblocks)?;
+        let xs = scratch(&stream, &mut self.ws.xs, nblocks)?;
+        let nbi = nblocks as i64;
+        let f = self.kernel("quantize_x_i16")?;
+        launch!(self, f, grid_1d(nblocks * 32, 256); xp, xq, xd, xs, nbi)?;
+        for c0 in (0..n).step_by(GEMV_MAX_BATCH) {
+            let nb = (n - c0).min(GEMV_MAX_BATCH);
+            let q0 = xq + (c0 * cols * 2) as u64;
+            let d0 = xd + (c0 * cols / 32 * 4) as u64;
+            let s0 = xs + (c0 * cols / 32 * 4) as u64;
+            let o0 = op + (c0 * rows * 4) as u64;
+            let f = self.kernel(&format!("gemv_{tname}_{nb}"))?;
+            launch!(self, f, cfg; wp, q0, d0, s0, o0, ri, ci)?;
+        }
+        Ok(())
+    }
+
+    fn gemm(&mut self, w: &DeviceWeight, xp: u64, n: usize, op: u64) -> Result<()> {
+        let (rows, cols) = (w.rows, w.cols);
+        let wp = self.ptr(&w.bytes);
+        let stream = self.stream().clone();
+        match w.dtype {
+            DType::F32 => self.blas_gemm(cudaDataType_t::CUDA_R_32F, wp, xp, op, rows, n, cols, rows),
+            DType::BF16 | DType::F16 => {
+                let (ty, conv) = if w.dtype == DType::BF16 {
+                    (cudaDataType_t::CUDA_R_16BF, "f32_to_bf16")
+                } else {
+                    (cudaDataType_t::CUDA_R_16F, "f32_to_f16")
+                };
+                let hx = scratch(&stream, &mut self.ws.half_x, n * cols)?;
+                let len = (n * cols) as i64;
+                let f = self.kernel(conv)?;
+                launch!(self, f, grid_1d(n * cols, 256); xp, hx, len)?;
+                self.blas_gemm(ty, wp, hx, op, rows, n, cols, rows)
+            }
+            _ => {
+                let name = match w.dtype {
+                    DType::Q8_0 => "dequant_f16_q8_0",
+                    DType::Q4K => "dequant_f16_q4_k",
+                    _ => "dequant_f16_q6_k",
+                };
+                let hx = scratch(&stream, &mut self.ws.half_x, n * cols)?;
+                let len = (n * cols) as i64;
+                let f = self.kernel("f32_to_f16")?;
+                launch!(self, f, grid_1d(n * cols, 256); xp, hx, len)?;
+                let chunk_rows = (DEQUANT_CHUNK / cols).clamp(1, rows);
+                let hw = scratch(&stream, &mut self.ws.half_w, chunk_rows * cols)?;
+                let rb = w.row_bytes();
+                for r0 in (0..rows).step_by(chunk_rows) {
+                    let nr = (rows - r0).min(chunk_rows);
+                    let w0 = wp + (r0 * rb) as u64;
+                    let (nri, ci, rbi) = (nr as i32, cols as i32, rb as i64);
+                    let f = self.kernel(name)?;
+                    launch!(self, f, grid_1d(nr * cols, 256); w0, hw, nri, ci, rbi)?;
+                    let o0 = op + (r0 * 4) as u64;
+                    self.blas_gemm(cudaDataType_t::CUDA_R_16F, hw, hx, o0, nr, n, cols, rows)?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Column-major cuBLAS view of row-major `out[n, rows] = x[n, k] · W[rows, k]ᵀ`:
+    /// `C (m×n, ldc) = Aᵀ (A: k×m, lda = k) · B (k×n, ldb = k)`, f32 output and accumulation.
+    #[allow(clippy::too_many_arguments)]
+    fn blas_gemm(
+        &self,
+        ty: cudaDataType_t,
+        a: u64,
+        b: u64,
+        c: u64,
+        m: usize,
+        n: usize,
+        k: usize,
+        ldc: usize,
+    ) -> Result<()> {
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        let (mi, ni, ki, ldci) = (m as i32, n as i32, k as i32, ldc as i32);
+        // SAFETY: a, b and c are device buffers of at least m·k, k·n and (n−1)·ldc + m
+        // elements, checked by the callers.
+        unsafe {
+            gemm_ex(
+                *self.blas.handle(),
+                cublasOperation_t::CUBLAS_OP_T,
+                cublasOperation_t::CUBLAS_OP_N,
+                mi,
+                ni,
+                ki,
+                (&alpha) as *const f32 as *const _,
+                a as *const _,
+                ty,
+                ki,
+                b as *const _,
+                ty,
+                ki,
+                (&beta) as *const f32 as *const _,
+                c as *mut _,
+                cudaDataType_t::CUDA_R_32F,
+                ldci,
+                cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,680 @@
+#![cfg(feature = "cuda")]
+//! Every CUDA kernel against afm-runtime's CPU implementation on random data: relative error
+//! ‖gpu − cpu‖ / ‖cpu‖ within 1e-3 on f32 paths (most land near 1e-6), 2e-2 where activations
+//! are rounded to bf16, 1e-3 for quantized matmuls against the exact dequantized reference.
+//! Outputs are poisoned with NaN first, so an unwritten element fails.
+//!
+//! Needs a CUDA device (`AFM_CUDA_DEVICE`, default 0), except `kernels_compile_with_nvrtc`,
+//! which needs only libnvrtc. Run with `--test-threads=1`; the tests share one context.
+
+use std::sync::{Mutex, MutexGuard, OnceLock};
+
+use afm_runtime::attention::{paged_attention, AttnParams, AttnSeq};
+use afm_runtime::cuda::{
+    self, Activation, AttnBatch, CudaContext, CudaSlice, DeviceKvCache, DeviceWeight, MatmulPath,
+    RopeTable, SampleParams,
+};
+use afm_runtime::kv_store::{KvCache, KvDtype, LayerKvShape};
+use afm_runtime::ops::{self, Rope, RopeStyle};
+use afm_runtime::{DType, WeightBytes, WeightMatrix};
+use half::{bf16, f16};
+
+fn ctx() -> MutexGuard<'static, CudaContext> {
+    static CTX: OnceLock<Mutex<CudaContext>> = OnceLock::new();
+    CTX.get_or_init(|| {
+        let ordinal = std::env::var("AFM_CUDA_DEVICE")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
+        let c = CudaContext::new(ordinal).unwrap_or_else(|e| panic!("CUDA context: {e}"));
+        eprintln!("device: {:?}", c.info());
+        Mutex::new(c)
+    })
+    .lock()
+    .unwrap_or_else(|e| e.into_inner())
+}
+
+/// splitmix64: reproducible data without a dependency.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    /// Uniform in [0, 1).
+    fn unit(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 24) as f32
+    }
+    /// Uniform in [-a, a).
+    fn sym(&mut self, a: f32) -> f32 {
+        (2.0 * self.unit() - 1.0) * a
+    }
+    fn vec(&mut self, n: usize, a: f32) -> Vec<f32> {
+        (0..n).map(|_| self.sym(a)).collect()
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+    fn shuffle<T>(&mut self, v: &mut [T]) {
+        for i in (1..v.len()).rev() {
+            v.swap(i, self.below(i + 1));
+        }
+    }
+}
+
+fn rel_err(got: &[f32], want: &[f32]) -> f64 {
+    assert_eq!(got.len(), want.len(), "length");
+    let (mut num, mut den) = (0f64, 0f64);
+    for (&g, &w) in got.iter().zip(want) {
+        assert!(g.is_finite(), "non-finite output {g} (unwritten or overflow)");
+        num += (g as f64 - w as f64).powi(2);
+        den += (w as f64).powi(2);
+    }
+    (num / den.max(1e-30)).sqrt()
+}
+
+fn assert_close(what: &str, got: &[f32], want: &[f32], tol: f64) {
+    let e = rel_err(got, want);
+    eprintln!("{what}: rel err {e:.2e}");
+    assert!(e <= tol, "{what}: relative error {e:.3e} > {tol:.0e}");
+}
+
+fn poisoned(c: &CudaContext, n: usize) -> CudaSlice<f32> {
+    c.upload(&vec![f32::NAN; n]).unwrap()
+}
+
+#[test]
+fn kernels_compile_with_nvrtc() {
+    let ptx = cuda::compile_kernels(Some("compute_90")).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(ptx.len(), cuda::KERNEL_MODULES.len());
+}
+
+#[test]
+fn copies_round_trip() {
+    let c = ctx();
+    let x = Rng(1).vec(1000, 1.0);
+    let d = c.upload(&x).unwrap();
+    let mut e = poisoned(&c, 1000);
+    c.copy(&d, &mut e).unwrap();
+    assert_eq!(c.download(&e).unwrap(), x);
+}
+
+#[test]
+fn rms_norm_matches_cpu() {
+    let c = ctx();
+    let mut rng = Rng(2);
+    // (rows, width): wide rows take the block kernel, head-sized rows the warp kernel.
+    for (rows, d) in [(5, 4096), (40, 128), (3, 33)] {
+        let (x, w, r) = (rng.vec(rows * d, 2.0), rng.vec(d, 1.5), rng.vec(rows * d, 1.0));
+        let mut want = x.clone();
+        ops::rms_norm(&mut want, &w, 1e-6);
+        let (xd, wd) = (c.upload(&x).unwrap(), c.upload(&w).unwrap());
+        let mut out = poisoned(&c, rows * d);
+        c.rms_norm(&xd, &wd, 1e-6, &mut out).unwrap();
+        assert_close("rms_norm", &c.download(&out).unwrap(), &want, 1e-5);
+
+        // Fused residual: x += r, out = norm(x).
+        let mut sum = x.clone();
+        ops::add_assign(&mut sum, &r);
+        let mut want = sum.clone();
+        ops::rms_norm(&mut want, &w, 1e-6);
+        let (mut xd, rd) = (c.upload(&x).unwrap(), c.upload(&r).unwrap());
+        let mut out = poisoned(&c, rows * d);
+        c.add_rms_norm(&mut xd, &rd, &wd, 1e-6, &mut out).unwrap();
+        assert_close("add_rms_norm out", &c.download(&out).unwrap(), &want, 1e-5);
+        assert_close("add_rms_norm residual", &c.download(&xd).unwrap(), &sum, 1e-7);
+        c.rms_norm_in_place(&mut xd, &wd, 1e-6).unwrap();
+        assert_close("rms_norm in place", &c.download(&xd).unwrap(), &want, 1e-5);
+    }
+}
+
+#[test]
+fn rope_matches_cpu_bit_for_bit() {
+    let c = ctx();
+    let mut rng = Rng(3);
+    let (n_tok, n_heads, hd) = (9, 4, 128);
+    let stride = n_heads * hd + 64; // rows of a fused projection
+    let ropes = [
+        (Rope::new(128, 1e6, 1.0, RopeStyle::Neox), 128, RopeStyle::Neox),
+        (Rope::new(64, 1e4, 1.0, RopeStyle::Interleaved), 64, RopeStyle::Interleaved),
+        (
+            Rope::llama3(128, 5e5, 8.0, 1.0, 4.0, 8192.0, RopeStyle::Neox),
+            128,
+            RopeStyle::Neox,
+        ),
+    ];
+    for (rope, dims, style) in ropes {
+        let table = RopeTable::from_cpu(&c, &rope, dims, style, 40_000).unwrap();
+        let x = rng.vec(n_tok * stride, 1.0);
+        let pos: Vec<i32> = (0..n_tok).map(|_| rng.below(40_000) as i32).collect();
+        let mut want = x.clone();
+        for (t, &p) in pos.iter().enumerate() {
+            rope.apply(&mut want[t * stride..t * stride + n_heads * hd], hd, p as usize);
+        }
+        let (mut xd, pd) = (c.upload(&x).unwrap(), c.upload(&pos).unwrap());
+        c.rope(&table, &mut xd, &pd, n_heads, hd, stride).unwrap();
+        let got = c.download(&xd).unwrap();
+        let diff = got.iter().zip(&want).filter(|(a, b)| a != b).count();
+        assert_eq!(diff, 0, "{style:?} dims {dims}: {diff} values differ from the CPU");
+    }
+}
+
+#[test]
+fn activations_add_and_softcap_match_cpu() {
+    let c = ctx();
+    let mut rng = Rng(4);
+    let (n, ff) = (7, 1000);
+    let gu = rng.vec(n * 2 * ff, 6.0);
+    for (act, f) in [
+        (Activation::Silu, ops::silu as fn(f32) -> f32),
+        (Activation::GeluTanh, ops::gelu_tanh),
+    ] {
+        let mut want = Vec::new();
+        for r in 0..n {
+            let mut g = gu[r * 2 * ff..r * 2 * ff + ff].to_vec();
+            ops::gated_act(&mut g, &gu[r * 2 * ff + ff..(r + 1) * 2 * ff], f);
+            want.extend(g);
+        }
+        let gd = c.upload(&gu).unwrap();
+        let mut out = poisoned(&c, n * ff);
+        c.gated_act_fused(act, &gd, n, ff, &mut out).unwrap();
+        assert_close("gated_act_fused", &c.download(&out).unwrap(), &want, 1e-6);
+        // Separate gate and up buffers.
+        let (g, u): (Vec<f32>, Vec<f32>) = (0..n * ff)
+            .map(|i| (gu[(i / ff) * 2 * ff + i % ff], gu[(i / ff) * 2 * ff + ff + i % ff]))
+            .unzip();
+        let (g, u) = (c.upload(&g).unwrap(), c.upload(&u).unwrap());
+        let mut out = poisoned(&c, n * ff);
+        c.gated_act(act, &g, &u, n, ff, ff, &mut out).unwrap();
+        assert_close("gated_act", &c.download(&out).unwrap(), &want, 1e-6);
+    }
+    let (x, y) = (rng.vec(5000, 40.0), rng.vec(5000, 3.0));
+    let mut want = x.clone();
+    ops::add_assign(&mut want, &y);
+    let (mut xd, yd) = (c.upload(&x).unwrap(), c.upload(&y).unwrap());
+    c.add_assign(&mut xd, &yd).unwrap();
+    assert_close("add", &c.download(&xd).unwrap(), &want, 1e-7);
+    ops::softcap(&mut want, 30.0);
+    c.softcap(&mut xd, 30.0).unwrap();
+    assert_close("softcap", &c.download(&xd).unwrap(), &want, 1e-6);
+}
+
+/// A matrix of `dtype` with random contents: float values in ±0.1, quantized blocks with
+/// random quants and scales and small positive f16 super-scales (valid GGML encodings).
+fn random_weight(rng: &mut Rng, dtype: DType, rows: usize, cols: usize) -> WeightMatrix {
+    let n_bytes = dtype.row_bytes(cols).expect("aligned") * rows;
+    let mut b: Vec<u8> = (0..n_bytes).map(|_| rng.next() as u8).collect();
+    let scale = |rng: &mut Rng| f16::from_f32(0.002 + 0.01 * rng.unit()).to_le_bytes();
+    match dtype {
+        DType::F32 => {
+            b = (0..rows * cols).flat_map(|_| rng.sym(0.1).to_le_bytes()).collect();
+        }
+        DType::F16 => {
+            b = (0..rows * cols)
+                .flat_map(|_| f16::from_f32(rng.sym(0.1)).to_le_bytes())
+                .collect();
+        }
+        DType::BF16 => {
+            b = (0..rows * cols)
+                .flat_map(|_| bf16::from_f32(rng.sym(0.1)).to_le_bytes())
+                .collect();
+        }
+        DType::Q8_0 => b.chunks_exact_mut(34).for_each(|k| k[..2].copy_from_slice(&scale(rng))),
+        DType::Q4K => b.chunks_exact_mut(144).for_each(|k| {
+            k[..2].copy_from_slice(&scale(rng));
+            k[2..4].copy_from_slice(&scale(rng));
+        }),
+        DType::Q6K => b
+            .chunks_exact_mut(210)
+            .for_each(|k| k[208..].copy_from_slice(&scale(rng))),
+        other => panic!("no generator for {other:?}"),
+    }
+    WeightMatrix::new(dtype, rows, cols, WeightBytes::from_vec(b)).expect("valid encoding")
+}
+
+const TYPES: [DType; 6] = [
+    DType::F32,
+    DType::F16,
+    DType::BF16,
+    DType::Q8_0,
+    DType::Q4K,
+    DType::Q6K,
+];
+
+#[test]
+fn embedding_rows_equal_cpu_dequantization() {
+    let c = ctx();
+    let mut rng = Rng(5);
+    for dtype in TYPES {
+        let w = random_weight(&mut rng, dtype, 300, 512);
+        let ids: Vec<i32> = vec![0, 299, 17, 17, 123];
+        let mut want = vec![0f32; ids.len() * 512];
+        for (t, &id) in ids.iter().enumerate() {
+            w.dequantize_row(id as usize, &mut want[t * 512..(t + 1) * 512]);
+        }
+        let table = DeviceWeight::upload(&c, &w).unwrap();
+        let idd = c.upload(&ids).unwrap();
+        let mut out = poisoned(&c, ids.len() * 512);
+        c.embed(&table, &idd, &mut out).unwrap();
+        assert_eq!(c.download(&out).unwrap(), want, "{dtype:?} rows differ from the CPU");
+    }
+}
+
+#[test]
+fn matmul_matches_exact_reference() {
+    let mut c = ctx();
+    let mut rng = Rng(6);
+    // (rows, cols): one unit per thread, idle threads, several units per thread.
+    for (rows, cols) in [(72, 4096), (40, 2816), (24, 12288)] {
+        for dtype in TYPES {
+            let w = random_weight(&mut rng, dtype, rows, cols);
+            let dw = DeviceWeight::upload(&c, &w).unwrap();
+            for n in [1, 3, 8, 13, 40] {
+                let x = rng.vec(n * cols, 1.0);
+                let mut want = vec![0f32; n * rows];
+                w.matmul_reference(&x, n, &mut want);
+                let xd = c.upload(&x).unwrap();
+                for path in [MatmulPath::Auto, MatmulPath::Gemv, MatmulPath::Gemm] {
+                    // bf16 GEMM rounds activations to bf16; f16 ones round to f16.
+                    let tol = match (dtype, path) {
+                        (DType::F32, _) => 1e-5,
+                        (DType::BF16, MatmulPath::Gemm) => 2e-2,
+                        (DType::BF16, MatmulPath::Auto) if n > 32 => 2e-2,
+                        _ => 1e-3,
+                    };
+                    let mut out = poisoned(&c, n * rows);
+                    c.matmul_with(path, &dw, &xd, n, &mut out).unwrap();
+                    let what = format!("matmul {dtype:?} {rows}x{cols} n={n} {path:?}");
+                    assert_close(&what, &c.download(&out).unwrap(), &want, tol);
+                }
+            }
+        }
+    }
+}
+
+/// One attention scenario: the CPU cache and the device cache get the same K/V (history
+/// through one batch, the step's new tokens through another), then both attend.
+struct AttnCase {
+    n_heads: usize,
+    n_kv: usize,
+    d: usize,
+    dtype: KvDtype,
+    window: Option<usize>,
+    softcap: Option<f32>,
+    /// (cached positions before the step, new tokens in the step) per sequence.
+    seqs: Vec<(usize, usize)>,
+    splits: Option<usize>,
+}
+
+fn run_attention(c: &mut CudaContext, rng: &mut Rng, case: &AttnCase) -> f64 {
+    let (bs, d, nkv) = (16, case.d, case.n_kv);
+    let shape = LayerKvShape {
+        n_kv_heads: nkv,
+        head_dim: d,
+    };
+    let need: Vec<usize> = case.seqs.iter().map(|&(p, l)| (p + l).div_ceil(bs)).collect();
+    let num_blocks = need.iter().sum::<usize>() + 7;
+    let mut ids: Vec<u32> = (0..num_blocks as u32).collect();
+    rng.shuffle(&mut ids); // scattered tables
+    let mut tables = Vec::new();
+    let mut at = 0;
+    for &n in &need {
+        tables.push(ids[at..at + n].to_vec());
+        at += n;
+    }
+    let mut cpu = KvCache::new(&[shape], num_blocks, bs, case.dtype);
+    let mut dev = DeviceKvCache::new(c, &[shape], num_blocks, bs, case.dtype).unwrap();
+    let width = nkv * d;
+    let mut write = |c: &mut CudaContext, rows: Vec<(usize, usize, usize)>| {
+        // rows: (sequence, first position, count)
+        let mut seqs = Vec::new();
+        let mut row0 = 0;
+        for &(s, p0, n) in &rows {
+            seqs.push(AttnSeq {
+                row0,
+                len: n,
+                pos0: p0,
+                block_table: &tables[s],
+            });
+            row0 += n;
+        }
+        if row0 == 0 {
+            return;
+        }
+        let (k, v) = (rng.vec(row0 * width, 1.0), rng.vec(row0 * width, 1.0));
+        for sq in &seqs {
+            for i in 0..sq.len {
+                let r = (sq.row0 + i) * width;
+                let (kr, vr) = (&k[r..r + width], &v[r..r + width]);
+                cpu.layers[0].write(sq.block_table, sq.pos0 + i, kr, vr);
+            }
+        }
+        let batch = AttnBatch::new(c, &dev, &seqs, case.n_heads).unwrap();
+        let (kd, vd) = (c.upload(&k).unwrap(), c.upload(&v).unwrap());
+        c.kv_write(&mut dev, 0, &batch, &kd, width, &vd, width).unwrap();
+    };
+    let hist = case.seqs.iter().enumerate().map(|(s, &(p, _))| (s, 0, p)).collect();
+    write(c, hist);
+    let step = case.seqs.iter().enumerate().map(|(s, &(p, l))| (s, p, l)).collect();
+    write(c, step);
+
+    // The device cache holds exactly what the CPU cache holds.
+    for (s, t) in tables.iter().enumerate().take(2) {
+        let (kd, vd) = dev.layers[0].read_block(c, &dev, t[0] as usize, nkv - 1).unwrap();
+        let mut kc = vec![0f32; bs * d];
+        let mut vc = vec![0f32; bs * d];
+        cpu.layers[0].read_keys(t[0], nkv - 1, 0, &mut kc);
+        cpu.layers[0].read_values(t[0], nkv - 1, 0, &mut vc);
+        let n = (case.seqs[s].0 + case.seqs[s].1).min(bs) * d;
+        assert_eq!((&kd[..n], &vd[..n]), (&kc[..n], &vc[..n]), "stored K/V differ");
+    }
+
+    let mut seqs = Vec::new();
+    let mut row0 = 0;
+    for (s, &(p, l)) in case.seqs.iter().enumerate() {
+        seqs.push(AttnSeq {
+            row0,
+            len: l,
+            pos0: p,
+            block_table: &tables[s],
+        });
+        row0 += l;
+    }
+    let qw = case.n_heads * d;
+    let q = rng.vec(row0 * qw, 1.0);
+    let params = AttnParams {
+        n_heads: case.n_heads,
+        head_dim: d,
+        scale: 1.0 / (d as f32).sqrt(),
+        window: case.window,
+        softcap: case.softcap,
+    };
+    let mut want = vec![0f32; row0 * qw];
+    paged_attention(&q, &cpu.layers[0], &seqs, &params, &mut want);
+    let batch = AttnBatch::new(c, &dev, &seqs, case.n_heads).unwrap();
+    let qd = c.upload(&q).unwrap();
+    let mut out = poisoned(c, row0 * qw);
+    c.paged_attention(&dev, 0, &batch, &qd, qw, &params, &mut out, qw, case.splits)
+        .unwrap();
+    rel_err(&c.download(&out).unwrap(), &want)
+}
+
+fn check_attention(case: AttnCase) {
+    let mut c = ctx();
+    let mut rng = Rng(case.seqs.len() as u64 * 1000 + case.d as u64);
+    let e = run_attention(&mut c, &mut rng, &case);
+    let tol = if case.dtype == KvDtype::F32 { 1e-4 } else { 2e-3 };
+    eprintln!(
+        "attention heads {}/{} d {} {:?} window {:?} softcap {:?} seqs {:?} splits {:?}: {e:.2e}",
+        case.n_heads, case.n_kv, case.d, case.dtype, case.window, case.softcap, case.seqs,
+        case.splits
+    );
+    assert!(e <= tol, "relative error {e:.3e} > {tol:.0e}");
+}
+
+#[test]
+fn decode_attention_contexts_1_17_1000_gqa() {
+    for dtype in [KvDtype::F32, KvDtype::F16] {
+        for splits in [None, Some(1), Some(7)] {
+            check_attention(AttnCase {
+                n_heads: 8,
+                n_kv: 2,
+                d: 128,
+                dtype,
+                window: None,
+                softcap: None,
+                seqs: vec![(0, 1), (16, 1), (999, 1)],
+                splits,
+            });
+        }
+    }
+}
+
+#[test]
+fn decode_attention_windowed_softcapped_and_other_head_sizes() {
+    for (n_heads, n_kv, d) in [(8, 8, 64), (12, 4, 32), (4, 2, 256), (6, 2, 16), (16, 2, 128)] {
+        check_attention(AttnCase {
+            n_heads,
+            n_kv,
+            d,
+            dtype: KvDtype::F16,
+            window: Some(100),
+            softcap: Some(20.0),
+            seqs: vec![(0, 1), (40, 1), (700, 1), (2000, 1)],
+            splits: None,
+        });
+    }
+}
+
+#[test]
+fn decode_attention_16k_split_on_and_off() {
+    for splits in [None, Some(1)] {
+        check_attention(AttnCase {
+            n_heads: 32,
+            n_kv: 8,
+            d: 128,
+            dtype: KvDtype::F16,
+            window: None,
+            softcap: None,
+            seqs: vec![(16383, 1)],
+            splits,
+        });
+    }
+}
+
+#[test]
+fn prefill_attention_causal_windowed_mixed_batch() {
+    for (n_heads, n_kv, d, dtype, window) in [
+        (8, 2, 128, KvDtype::F32, None),
+        (8, 2, 128, KvDtype::F16, Some(24)),
+        (4, 4, 64, KvDtype::F32, Some(9)),
+        (6, 2, 256, KvDtype::F16, None),
+        (4, 1, 32, KvDtype::F32, None),
+    ] {
+        for splits in [Some(1), None, Some(3)] {
+            check_attention(AttnCase {
+                n_heads,
+                n_kv,
+                d,
+                dtype,
+                window,
+                softcap: None,
+                // a fresh prompt, a chunk continuing a cached one, a decode row
+                seqs: vec![(0, 37), (100, 20), (500, 1)],
+                splits,
+            });
+        }
+    }
+}
+
+#[test]
+fn prefill_attention_1000_tokens() {
+    check_attention(AttnCase {
+        n_heads: 16,
+        n_kv: 4,
+        d: 128,
+        dtype: KvDtype::F16,
+        window: None,
+        softcap: Some(50.0),
+        seqs: vec![(0, 1000), (3, 61)],
+        splits: None,
+    });
+}
+
+#[test]
+fn argmax_picks_the_first_maximum() {
+    let c = ctx();
+    let mut rng = Rng(7);
+    let vocab = 151_936;
+    let mut logits = rng.vec(4 * vocab, 10.0);
+    logits[vocab + 5] = 50.0;
+    logits[vocab + 90_000] = 50.0; // tie: the lower index wins
+    logits[3 * vocab..].fill(f32::NEG_INFINITY);
+    let want: Vec<i32> = logits
+        .chunks(vocab)
+        .map(|r| {
+            let mut best = 0;
+            for (i, &l) in r.iter().enumerate() {
+                if l > r[best] {
+                    best = i;
+                }
+            }
+            best as i32
+        })
+        .collect();
+    let ld = c.upload(&logits).unwrap();
+    let mut out = c.upload(&[-1i32; 4]).unwrap();
+    c.argmax(&ld, vocab, &mut out).unwrap();
+    assert_eq!(c.download(&out).unwrap(), want);
+}
+
+/// afm-engine's `Sampler::draw` (crates/afm-engine/src/sampling.rs) with the uniform draw
+/// given: the token, how close its decisions came to a boundary (relative), and the kept ids.
+fn engine_draw(logits: &[f32], p: &SampleParams) -> (i32, f32, Vec<u32>) {
+    let mut cand: Vec<(u32, f32)> =
+        logits.iter().enumerate().map(|(i, &l)| (i as u32, l)).collect();
+    let k = if p.top_k > 0 { p.top_k.min(cand.len()) } else { cand.len() };
+    cand.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    cand.truncate(k);
+    let max = cand[0].1;
+    let mut probs: Vec<f32> = cand.iter().map(|c| ((c.1 - max) / p.temperature).exp()).collect();
+    let sum: f32 = probs.iter().sum();
+    probs.iter_mut().for_each(|x| *x /= sum);
+    let mut margin = f32::INFINITY;
+    let mut keep = probs.len();
+    if p.top_p < 1.0 {
+        let mut acc = 0.0;
+        for (i, &x) in probs.iter().enumerate() {
+            let before = acc;
+            acc += x;
+            if acc >= p.top_p {
+                keep = i + 1;
+                margin = margin.min(acc - p.top_p).min(p.top_p - before);
+                break;
+            }
+        }
+    }
+    if p.min_p > 0.0 {
+        let floor = probs[0] * p.min_p;
+        let cnt = probs.iter().take_while(|&&x| x >= floor).count();
+        for &x in &probs[cnt.saturating_sub(1)..(cnt + 1).min(probs.len())] {
+            margin = margin.min((x - floor).abs() / floor.max(1e-30));
+        }
+        keep = keep.min(cnt.max(1));
+    }
+    let kept = cand[..keep].iter().map(|c| c.0).collect();
+    let total: f32 = probs[..keep].iter().sum();
+    let r = p.u * total;
+    let mut acc = 0.0;
+    for (i, &x) in probs[..keep].iter().enumerate() {
+        let before = acc;
+        acc += x;
+        if acc >= r {
+            let m = margin.min((acc - r).min(r - before) / total);
+            return (cand[i].0 as i32, m, kept);
+        }
+    }
+    (cand[keep - 1].0 as i32, margin, kept)
+}
+
+/// Whether the kernel takes its sorted path for this row (mirrors sample_rows).
+fn sorted_path(row: &[f32], p: &SampleParams) -> bool {
+    let best = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut floor = best - 30.0 * p.temperature;
+    if p.min_p > 0.0 && p.top_p >= 1.0 {
+        floor = floor.max(best + p.temperature * p.min_p.ln() - 1e-3 * p.temperature);
+    }
+    let count = |f: f32| row.iter().filter(|&&x| x >= f).count();
+    let mut n = count(floor);
+    if n > 4096 && p.top_k > 0 && p.top_k <= 4096 {
+        let mut s = row.to_vec();
+        s.sort_by(|a, b| b.total_cmp(a));
+        n = count(floor.max(s[p.top_k - 1]));
+    }
+    n <= 4096 || p.top_k == 1
+}
+
+#[test]
+fn sampling_follows_the_engine_pipeline() {
+    let mut c = ctx();
+    let mut rng = Rng(8);
+    let vocab = 32_000;
+    let settings = [
+        (0.7, 40, 1.0, 0.0),
+        (0.8, 100, 0.95, 0.02),
+        (0.03, 0, 0.9, 0.0),
+        (0.02, 0, 1.0, 0.1),
+        (1.0, 1, 1.0, 0.0),
+        (0.0, 0, 1.0, 0.0),
+        (1.0, 0, 0.9, 0.0),
+        (1.5, 0, 1.0, 0.05),
+        (1.0, 0, 1.0, 0.0),
+    ];
+    let (mut exact, mut kept_only, mut skipped) = (0, 0, 0);
+    for round in 0..20 {
+        let n = settings.len();
+        let logits: Vec<f32> = (0..n * vocab).map(|_| 3.0 * rng.sym(1.0) + rng.sym(1.0)).collect();
+        let params: Vec<SampleParams> = settings
+            .iter()
+            .map(|&(temperature, top_k, top_p, min_p)| SampleParams {
+                temperature,
+                top_k,
+                top_p,
+                min_p,
+                u: rng.unit(),
+            })
+            .collect();
+        let ld = c.upload(&logits).unwrap();
+        let mut out = c.upload(&vec![-1i32; n]).unwrap();
+        c.sample(&ld, vocab, &params, &mut out).unwrap();
+        let got = c.download(&out).unwrap();
+        for (i, p) in params.iter().enumerate() {
+            let row = &logits[i * vocab..(i + 1) * vocab];
+            if p.temperature <= 0.0 {
+                let best = row.iter().enumerate().fold(0, |b, (j, &l)| if l > row[b] { j } else { b });
+                assert_eq!(got[i], best as i32, "greedy row {i}");
+                exact += 1;
+                continue;
+            }
+            let (want, margin, kept) = engine_draw(row, p);
+            if !sorted_path(row, p) {
+                assert!(kept.contains(&(got[i] as u32)), "round {round} row {i} {p:?}: not kept");
+                kept_only += 1;
+            } else if margin < 2e-5 {
+                skipped += 1;
+            } else {
+                assert_eq!(got[i], want, "round {round} row {i} {p:?}");
+                exact += 1;
+            }
+        }
+    }
+    eprintln!("sampling: {exact} equal the engine's draw, {kept_only} in its kept set, {skipped} too close to call");
+    assert!(exact >= 100, "only {exact} draws could be compared");
+
+    // The unsorted path's distribution: stratified u over many copies of one flat row.
+    let rows = 512;
+    let row: Vec<f32> = (0..vocab).map(|_| 2.0 * rng.sym(1.0)).collect();
+    let p = SampleParams { temperature: 1.0, top_k: 0, top_p: 0.8, min_p: 0.0, u: 0.0 };
+    let params: Vec<SampleParams> =
+        (0..rows).map(|i| SampleParams { u: (i as f32 + 0.5) / rows as f32, ..p }).collect();
+    let ld = c.upload(&row.repeat(rows)).unwrap();
+    let mut out = c.upload(&vec![-1i32; rows]).unwrap();
+    c.sample(&ld, vocab, &params, &mut out).unwrap();
+    let got = c.download(&out).unwrap();
+    let (_, _, kept) = engine_draw(&row, &p);
+    let kept: std::collections::HashSet<u32> = kept.into_iter().collect();
+    assert!(got.iter().all(|&t| kept.contains(&(t as u32))), "a draw outside the kept set");
+    // Mass of the kept set's better half (by logit) against its share of the draws.
+    let total: f64 = kept.iter().map(|&t| (row[t as usize] as f64).exp()).sum();
+    let mut sorted: Vec<u32> = kept.iter().copied().collect();
+    sorted.sort_by(|&a, &b| row[b as usize].total_cmp(&row[a as usize]));
+    let top: std::collections::HashSet<u32> = sorted[..sorted.len() / 2].iter().copied().collect();
+    let want = top.iter().map(|&t| (row[t as usize] as f64).exp()).sum::<f64>() / total;
+    let share = got.iter().filter(|&&t| top.contains(&(t as u32))).count() as f64 / rows as f64;
+    eprintln!("unsorted path: better half drawn {share:.3}, mass {want:.3}");
+    assert!((share - want).abs() < 0.08, "draw share {share:.3} vs mass {want:.3}");
+}
