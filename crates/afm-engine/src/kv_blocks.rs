@@ -174,13 +174,19 @@ impl BlockManager {
     }
 
     fn ident(&self, id: BlockId) -> Ident {
-        Ident { id, generation: self.blocks[id as usize].generation }
+        Ident {
+            id,
+            generation: self.blocks[id as usize].generation,
+        }
     }
 
     /// Does published block `id` hold exactly `tokens` after the parent content `parent`?
     fn verifies(&self, id: BlockId, tokens: &[u32], parent: Option<Ident>) -> bool {
         let b = &self.blocks[id as usize];
-        b.published && b.chain.as_ref().is_some_and(|c| c.tokens == tokens && c.parent == parent)
+        b.published
+            && b.chain
+                .as_ref()
+                .is_some_and(|c| c.tokens == tokens && c.parent == parent)
     }
 
     /// The longest cached prefix of `tokens` in full blocks, leaving at least one token to
@@ -194,7 +200,9 @@ impl BlockManager {
         let (mut parent, mut parent_hash) = (None, ROOT_HASH);
         for chunk in tokens[..tokens.len().saturating_sub(1)].chunks_exact(bs) {
             let h = (self.hasher)(parent_hash, chunk);
-            let Some(&id) = self.prefix_cache.get(&h) else { break };
+            let Some(&id) = self.prefix_cache.get(&h) else {
+                break;
+            };
             if !self.verifies(id, chunk, parent) {
                 break;
             }
@@ -238,10 +246,17 @@ impl BlockManager {
 
     /// Grow `table` so it can hold `total_tokens` slots; all-or-nothing, so a failed call
     /// changes nothing. Err means: preempt someone (or wait).
-    pub fn grow(&mut self, table: &mut Vec<BlockId>, total_tokens: usize) -> Result<(), OutOfBlocks> {
+    pub fn grow(
+        &mut self,
+        table: &mut Vec<BlockId>,
+        total_tokens: usize,
+    ) -> Result<(), OutOfBlocks> {
         let needed = self.blocks_for(total_tokens).saturating_sub(table.len());
         if needed > self.num_free() {
-            return Err(OutOfBlocks { needed, available: self.num_free() });
+            return Err(OutOfBlocks {
+                needed,
+                available: self.num_free(),
+            });
         }
         for _ in 0..needed {
             let id = self.allocate().expect("num_free() counted this block");
@@ -321,7 +336,12 @@ impl BlockManager {
                 self.ident(id)
             }
         };
-        let chain = Chain { hash, parent, canonical, tokens: tokens.to_vec() };
+        let chain = Chain {
+            hash,
+            parent,
+            canonical,
+            tokens: tokens.to_vec(),
+        };
         self.blocks[id as usize].chain = Some(chain);
     }
 
@@ -393,7 +413,13 @@ mod tests {
         m.grow(&mut a, 9).unwrap();
         assert_eq!(a.len(), 3, "9 tokens need 3 blocks of 4");
         let mut b = vec![];
-        assert_eq!(m.grow(&mut b, 1), Err(OutOfBlocks { needed: 1, available: 0 }));
+        assert_eq!(
+            m.grow(&mut b, 1),
+            Err(OutOfBlocks {
+                needed: 1,
+                available: 0
+            })
+        );
         assert!(b.is_empty());
         m.release(&mut a);
         m.grow(&mut a, 5).unwrap();
@@ -413,7 +439,11 @@ mod tests {
         let (hit, cached) = m.acquire_prefix(&other);
         assert_eq!((hit.as_slice(), cached), (&a[..2], 8));
         assert_eq!(m.ref_count(a[0]), 2);
-        assert_eq!(m.ref_count(a[2]), 1, "the partial third block is never shared");
+        assert_eq!(
+            m.ref_count(a[2]),
+            1,
+            "the partial third block is never shared"
+        );
         // The whole 8-token prompt is cached, yet one block is recomputed to get logits.
         let (hit, cached) = m.acquire_prefix(&prompt[..8]);
         assert_eq!((hit.len(), cached), (1, 4));
@@ -446,7 +476,11 @@ mod tests {
         let mut m = BlockManager::new(8, 2, true);
         m.hasher = |_, _| 42; // every block collides
         let a = computed(&mut m, &[1, 2, 3]);
-        assert_eq!(m.acquire_prefix(&[9, 9, 9]), (vec![], 0), "same hash, other tokens: miss");
+        assert_eq!(
+            m.acquire_prefix(&[9, 9, 9]),
+            (vec![], 0),
+            "same hash, other tokens: miss"
+        );
         assert_eq!(m.find_prefix(&[1, 2, 3]).blocks, vec![a[0]]);
     }
 
@@ -473,8 +507,15 @@ mod tests {
         m.release(&mut a);
         m.release(&mut b);
         let s = m.stats();
-        assert_eq!((s.blocks_free, s.blocks_cached, s.blocks_used, m.num_free()), (0, 4, 0, 4));
-        assert_eq!(m.find_prefix(&[1, 2, 3, 4, 0]).tokens, 4, "idle blocks still hit");
+        assert_eq!(
+            (s.blocks_free, s.blocks_cached, s.blocks_used, m.num_free()),
+            (0, 4, 0, 4)
+        );
+        assert_eq!(
+            m.find_prefix(&[1, 2, 3, 4, 0]).tokens,
+            4,
+            "idle blocks still hit"
+        );
         // Touch a's prefix again: a becomes most recently used, b is now the oldest.
         let (mut again, _) = m.acquire_prefix(&[1, 2, 3, 4, 0]);
         m.release(&mut again);
@@ -497,7 +538,11 @@ mod tests {
         m.release(&mut a);
         let mut x = Vec::new();
         m.grow(&mut x, 4).unwrap();
-        assert_eq!(m.find_prefix(&[1, 2, 0]).tokens, 2, "two free blocks spared the cached one");
+        assert_eq!(
+            m.find_prefix(&[1, 2, 0]).tokens,
+            2,
+            "two free blocks spared the cached one"
+        );
     }
 
     #[test]
@@ -518,7 +563,11 @@ mod tests {
         m.publish_full_blocks(&b_ext, &more, 6);
         assert_eq!(m.find_prefix(&more).blocks, vec![a[0], a[1], b_ext[2]]);
         m.release(&mut b_ext);
-        assert_eq!(m.stats().blocks_free, 8 - 3 - 1, "b's private duplicates went back free");
+        assert_eq!(
+            m.stats().blocks_free,
+            8 - 3 - 1,
+            "b's private duplicates went back free"
+        );
         m.release(&mut a);
         let _ = b;
     }

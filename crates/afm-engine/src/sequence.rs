@@ -100,11 +100,18 @@ mod tests {
     #[test]
     fn counts_follow_tokens() {
         let mut s = Sequence::new(7, vec![1, 2, 3], 2, 0);
-        assert_eq!((s.len(), s.num_generated(), s.tokens_to_compute()), (3, 0, 3));
+        assert_eq!(
+            (s.len(), s.num_generated(), s.tokens_to_compute()),
+            (3, 0, 3)
+        );
         s.num_computed = 3;
         s.tokens.push(9);
         assert_eq!(s.generated(), &[9]);
-        assert_eq!(s.tokens_to_compute(), 1, "the sampled token is computed by the next decode");
+        assert_eq!(
+            s.tokens_to_compute(),
+            1,
+            "the sampled token is computed by the next decode"
+        );
         s.num_computed = 4;
         s.tokens.push(10);
         assert!(s.reached_max_tokens());

@@ -21,8 +21,15 @@ const BASES: [[u32; 12]; 3] = [
 
 #[derive(Debug, Clone)]
 enum Op {
-    Add { base: usize, shared: usize, tail: Vec<u32>, max_tokens: usize },
-    Step { seed: u64 },
+    Add {
+        base: usize,
+        shared: usize,
+        tail: Vec<u32>,
+        max_tokens: usize,
+    },
+    Step {
+        seed: u64,
+    },
     /// A stop token: finish the n-th running sequence.
     FinishRunning(usize),
     CancelWaiting(usize),
@@ -49,24 +56,37 @@ struct Setup {
 }
 
 fn setup() -> impl Strategy<Value = Setup> {
-    (3..16usize, 1..5usize, any::<bool>(), 1..5usize, 1..6usize, 1..17usize, 1..9usize).prop_map(
-        |(num_blocks, block_size, prefix_caching, max_running, max_waiting, budget, chunk)| Setup {
-            num_blocks,
-            block_size,
-            prefix_caching,
-            cfg: SchedulerConfig {
-                max_running,
-                max_waiting,
-                token_budget: budget,
-                max_prefill_chunk: chunk,
-            },
-        },
+    (
+        3..16usize,
+        1..5usize,
+        any::<bool>(),
+        1..5usize,
+        1..6usize,
+        1..17usize,
+        1..9usize,
     )
+        .prop_map(
+            |(num_blocks, block_size, prefix_caching, max_running, max_waiting, budget, chunk)| {
+                Setup {
+                    num_blocks,
+                    block_size,
+                    prefix_caching,
+                    cfg: SchedulerConfig {
+                        max_running,
+                        max_waiting,
+                        token_budget: budget,
+                        max_prefill_chunk: chunk,
+                    },
+                }
+            },
+        )
 }
 
 /// What the K/V at the last position of `prefix` depends on: the whole prefix.
 fn fingerprint(prefix: &[u32]) -> u64 {
-    prefix.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &t| (h ^ u64::from(t) ^ 0x100).wrapping_mul(0x100_0000_01b3))
+    prefix.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &t| {
+        (h ^ u64::from(t) ^ 0x100).wrapping_mul(0x100_0000_01b3)
+    })
 }
 
 struct Harness {
@@ -102,12 +122,19 @@ impl Harness {
         let capacity = self.s.blocks().num_blocks() * self.s.blocks().block_size();
         let needed = prompt.len() + max_tokens - 1;
         let waiting = self.s.num_waiting();
-        match self.s.add(Sequence::new(id, prompt.clone(), max_tokens, id)) {
+        match self
+            .s
+            .add(Sequence::new(id, prompt.clone(), max_tokens, id))
+        {
             Ok(()) => {
                 assert!(needed <= capacity && waiting < self.cfg.max_waiting);
                 self.expected.insert(id, prompt);
             }
-            Err(AddError::TooLong { tokens, capacity: c, .. }) => {
+            Err(AddError::TooLong {
+                tokens,
+                capacity: c,
+                ..
+            }) => {
                 assert_eq!((tokens, c), (needed, capacity));
                 assert!(needed > capacity);
             }
@@ -117,7 +144,12 @@ impl Harness {
     }
 
     fn ids_in(&self, state: SeqState) -> Vec<u64> {
-        let ids: BTreeSet<u64> = self.s.iter().filter(|q| q.state == state).map(|q| q.id).collect();
+        let ids: BTreeSet<u64> = self
+            .s
+            .iter()
+            .filter(|q| q.state == state)
+            .map(|q| q.id)
+            .collect();
         ids.into_iter().collect()
     }
 
@@ -126,14 +158,18 @@ impl Harness {
         if ids.is_empty() {
             return;
         }
-        let q = self.s.finish(ids[n % ids.len()]).expect("listed ids are live");
+        let q = self
+            .s
+            .finish(ids[n % ids.len()])
+            .expect("listed ids are live");
         assert_eq!((q.state, q.block_table.len()), (SeqState::Finished, 0));
         assert_eq!(self.expected.remove(&q.id).as_ref(), Some(&q.tokens));
     }
 
     /// One engine step; returns whether the plan computed anything.
     fn step(&mut self, seed: u64) -> bool {
-        let before: HashMap<u64, Vec<u32>> = self.s.iter().map(|q| (q.id, q.tokens.clone())).collect();
+        let before: HashMap<u64, Vec<u32>> =
+            self.s.iter().map(|q| (q.id, q.tokens.clone())).collect();
         let plan = self.s.schedule();
         self.check_plan(&plan, &before);
         self.run_fake_model(&plan);
@@ -143,16 +179,26 @@ impl Harness {
             .iter()
             .filter(|i| i.samples)
             .map(|i| {
-                rng = rng.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+                rng = rng
+                    .wrapping_mul(6_364_136_223_846_793_005)
+                    .wrapping_add(1_442_695_040_888_963_407);
                 (i.seq_id, (rng >> 61) as u32)
             })
             .collect();
         self.s.complete_step(&plan, &sampled);
         for &(id, t) in &sampled {
-            self.expected.get_mut(&id).expect("sampled sequences are live").push(t);
+            self.expected
+                .get_mut(&id)
+                .expect("sampled sequences are live")
+                .push(t);
         }
         // The engine ends a sequence as soon as it has max_tokens tokens.
-        let ended: Vec<u64> = self.s.iter().filter(|q| q.reached_max_tokens()).map(|q| q.id).collect();
+        let ended: Vec<u64> = self
+            .s
+            .iter()
+            .filter(|q| q.reached_max_tokens())
+            .map(|q| q.id)
+            .collect();
         for id in ended {
             let q = self.s.finish(id).expect("live");
             assert_eq!(q.num_generated(), q.max_tokens);
@@ -162,9 +208,16 @@ impl Harness {
     }
 
     fn check_plan(&self, plan: &StepPlan, before: &HashMap<u64, Vec<u32>>) {
-        assert!(plan.num_tokens() <= self.cfg.token_budget, "step over budget: {plan:?}");
+        assert!(
+            plan.num_tokens() <= self.cfg.token_budget,
+            "step over budget: {plan:?}"
+        );
         let distinct: BTreeSet<u64> = plan.items.iter().map(|i| i.seq_id).collect();
-        assert_eq!(distinct.len(), plan.items.len(), "a sequence twice in one step");
+        assert_eq!(
+            distinct.len(),
+            plan.items.len(),
+            "a sequence twice in one step"
+        );
         let bs = self.s.blocks().block_size();
         for item in &plan.items {
             let q = self.s.get(item.seq_id).expect("planned sequences are live");
@@ -175,13 +228,23 @@ impl Harness {
             assert_eq!(item.block_table, q.block_table);
             // Every block written this step belongs to this sequence alone and is unpublished.
             for b in &item.block_table[item.start / bs..(item.start + item.len).div_ceil(bs)] {
-                assert_eq!(self.s.blocks().ref_count(*b), 1, "block {b} writable by two");
-                assert!(!self.s.blocks().is_published(*b), "published block {b} rewritten");
+                assert_eq!(
+                    self.s.blocks().ref_count(*b),
+                    1,
+                    "block {b} writable by two"
+                );
+                assert!(
+                    !self.s.blocks().is_published(*b),
+                    "published block {b} rewritten"
+                );
             }
         }
         for id in &plan.preempted {
             let q = self.s.get(*id).expect("preempted sequences stay live");
-            assert_eq!((q.state, q.num_computed, q.block_table.len()), (SeqState::Waiting, 0, 0));
+            assert_eq!(
+                (q.state, q.num_computed, q.block_table.len()),
+                (SeqState::Waiting, 0, 0)
+            );
             assert_eq!(&q.tokens, &before[id], "preemption keeps every token");
         }
     }
@@ -194,7 +257,12 @@ impl Harness {
                 let slot = self.slot(&item.block_table, p);
                 let want = fingerprint(&tokens[..=p]);
                 if p < item.start {
-                    assert_eq!(self.kv[slot], Some(want), "seq {} reads wrong K/V at {p}", item.seq_id);
+                    assert_eq!(
+                        self.kv[slot],
+                        Some(want),
+                        "seq {} reads wrong K/V at {p}",
+                        item.seq_id
+                    );
                 } else {
                     self.kv[slot] = Some(want);
                 }
@@ -206,11 +274,20 @@ impl Harness {
         let blocks = self.s.blocks();
         let (n, bs) = (blocks.num_blocks(), blocks.block_size());
         let st = blocks.stats();
-        assert_eq!(st.blocks_free + st.blocks_cached + st.blocks_used, n, "leaked block: {st:?}");
+        assert_eq!(
+            st.blocks_free + st.blocks_cached + st.blocks_used,
+            n,
+            "leaked block: {st:?}"
+        );
         assert_eq!(blocks.num_free(), st.blocks_free + st.blocks_cached);
         let mut holders: HashMap<BlockId, Vec<(usize, usize)>> = HashMap::new();
         for q in self.s.iter() {
-            assert_eq!(Some(&q.tokens), self.expected.get(&q.id), "token state of {}", q.id);
+            assert_eq!(
+                Some(&q.tokens),
+                self.expected.get(&q.id),
+                "token state of {}",
+                q.id
+            );
             match q.state {
                 SeqState::Waiting => assert!(q.block_table.is_empty() && q.num_computed == 0),
                 SeqState::Running => assert!(q.block_table.len() * bs >= q.num_computed),
@@ -222,10 +299,17 @@ impl Harness {
         }
         for b in 0..n as BlockId {
             let h = holders.get(&b).map_or(&[][..], Vec::as_slice);
-            assert_eq!(blocks.ref_count(b) as usize, h.len(), "ref count of block {b}");
+            assert_eq!(
+                blocks.ref_count(b) as usize,
+                h.len(),
+                "ref count of block {b}"
+            );
             if h.len() > 1 {
                 assert!(blocks.is_published(b), "shared block {b} is not published");
-                assert!(h.iter().all(|&(i, computed)| (i + 1) * bs <= computed), "shared block {b} not full");
+                assert!(
+                    h.iter().all(|&(i, computed)| (i + 1) * bs <= computed),
+                    "shared block {b} not full"
+                );
             }
         }
         assert_eq!(st.blocks_used, holders.len());
@@ -239,7 +323,10 @@ impl Harness {
     fn drain(&mut self) {
         let mut steps = 0u64;
         while self.s.has_work() {
-            assert!(self.step(steps), "live sequences but an empty step: livelock");
+            assert!(
+                self.step(steps),
+                "live sequences but an empty step: livelock"
+            );
             self.check_invariants();
             steps += 1;
             assert!(steps < 5_000, "sequences never finished");
