@@ -36,6 +36,7 @@ pub(crate) struct Gemma {
     buf: String,
     depth: usize,
     in_str: Option<&'static str>,
+    code_fence: CodeFence,
     made: usize,
 }
 
@@ -49,6 +50,7 @@ impl Gemma {
             buf: String::new(),
             depth: 0,
             in_str: None,
+            code_fence: CodeFence::default(),
             made: 0,
         }
     }
@@ -243,11 +245,17 @@ impl Gemma {
     }
 
     /// A ```` ```tool_code ```` block: read to the closing fence, then parse its calls.
-    fn code(&mut self, input: &str, em: &mut Emitter) -> Flow {
-        let Some(end) = code_end(input) else {
-            return Flow::Need;
-        };
-        let Some(calls) = parse_code(&input[..end]) else {
+    fn code(&mut self, input: &str, eof: bool, em: &mut Emitter) -> Flow {
+        let (used, end) = self.code_fence.feed(input, eof);
+        self.buf.push_str(&input[..used]);
+        if !end {
+            return if used == 0 {
+                Flow::Need
+            } else {
+                Flow::Step(used)
+            };
+        }
+        let Some(calls) = parse_code(&self.buf) else {
             return Flow::Reject;
         };
         for (name, args) in calls {
@@ -255,7 +263,7 @@ impl Gemma {
             em.json_args(&args.to_string());
             em.end_call();
         }
-        Flow::Done(end + 3)
+        Flow::Done(used + 3)
     }
 
     fn too_long(&self, t: &str) -> Flow {
@@ -285,7 +293,7 @@ impl Body for Gemma {
             St::Nested => self.nested(input, eof, em),
             St::Bare => self.bare(input, eof, em),
             St::AfterCall => self.after_call(input),
-            St::Code => self.code(input, em),
+            St::Code => self.code(input, eof, em),
         }
     }
 
@@ -301,22 +309,31 @@ impl Body for Gemma {
     }
 }
 
-/// Where the closing ```` ``` ```` of a code block is, skipping Python string literals.
-fn code_end(s: &str) -> Option<usize> {
-    let mut quote = None;
-    let mut escape = false;
-    for (i, c) in s.char_indices() {
-        match quote {
-            Some(_) if escape => escape = false,
-            Some(_) if c == '\\' => escape = true,
-            Some(q) if c == q => quote = None,
-            Some(_) => {}
-            None if c == '"' || c == '\'' => quote = Some(c),
-            None if s[i..].starts_with("```") => return Some(i),
-            None => {}
+/// Finds a code block's closing ```` ``` ````, skipping Python string literals, across chunks.
+#[derive(Default)]
+struct CodeFence {
+    quote: Option<char>,
+    escape: bool,
+}
+
+impl CodeFence {
+    /// Bytes of code before the fence (all of `s` if none yet, less a possible partial
+    /// fence), and whether the fence was found right after them.
+    fn feed(&mut self, s: &str, eof: bool) -> (usize, bool) {
+        for (i, c) in s.char_indices() {
+            match self.quote {
+                Some(_) if self.escape => self.escape = false,
+                Some(_) if c == '\\' => self.escape = true,
+                Some(q) if c == q => self.quote = None,
+                Some(_) => {}
+                None if c == '"' || c == '\'' => self.quote = Some(c),
+                None if s[i..].starts_with("```") => return (i, true),
+                None if !eof && c == '`' && "```".starts_with(&s[i..]) => return (i, false),
+                None => {}
+            }
         }
+        (s.len(), false)
     }
-    None
 }
 
 /// The calls in a code block: `name(k=v, ..)` lines (module prefixes and `print(..)`

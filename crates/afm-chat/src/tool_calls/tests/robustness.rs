@@ -2,7 +2,9 @@
 //! the parser never panics, chunking never changes the result, and the event stream stays
 //! well formed (checked inside `run`).
 
-use super::{cuts, run, split_at_cuts, weather_tools};
+use serde_json::json;
+
+use super::{cuts, expect, run, split_at_cuts, weather_tools};
 use crate::tool_calls::ToolCallFormat as F;
 
 const SAMPLES: &[(F, &str)] = &[
@@ -69,5 +71,36 @@ fn any_output_in_any_format() {
                 agree(format, fix, sample);
             }
         }
+    }
+}
+
+/// Each format's call cut off inside a string argument: text without repair; with repair,
+/// a call with the string closed.
+#[test]
+fn unterminated_call_in_every_format() {
+    let cases: &[(F, &str)] = &[
+        (F::Hermes, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Par"),
+        (F::Llama3Json, "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Par"),
+        (F::Mistral, "[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Par"),
+        (F::Mistral, "[TOOL_CALLS] [{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Par"),
+        (F::QwenXml, "<tool_call>\n<function=get_weather>\n<parameter=city>\nPar"),
+        (F::Gemma, "<|tool_call>call:get_weather{city:<|\"|>Par"),
+        (F::Glm4, "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Par"),
+        (F::KimiK2, "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{\"city\": \"Par"),
+        (F::MinimaxM2, "<minimax:tool_call>\n<invoke name=\"get_weather\">\n<parameter name=\"city\">Par"),
+        (F::DeepSeekV3, "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": \"Par"),
+        (F::DeepSeekV4Dsml, "<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"get_weather\">\n<｜DSML｜parameter name=\"city\" string=\"true\">Par"),
+    ];
+    for (format, input) in cases {
+        // Llama's bare `{` is a call only at the start of the output.
+        let before = if *format == F::Llama3Json {
+            ""
+        } else {
+            "Checking.\n"
+        };
+        let text = format!("{before}{input}");
+        expect(*format, &weather_tools(), false, &text, &text, &[]);
+        let call = ("get_weather", json!({"city": "Par"}));
+        expect(*format, &weather_tools(), true, &text, before, &[call]);
     }
 }
