@@ -115,14 +115,35 @@ fn as_quantized(dtype: DType, x: &[f32], cols: usize) -> Vec<f32> {
         .collect()
 }
 
-/// `Σ_c |W[r,c]·x[i,c]|` for each output: the scale float rounding errors are measured on.
+/// `Σ_c |W[r,c]·x[i,c]|` for each output.
 fn abs_products(m: &WeightMatrix, x: &[f32], n: usize) -> Vec<f32> {
+    products_of(m, x, n, false)
+}
+
+/// The scale float rounding is measured against: `Σ_c (|W[r,c]| + max|W| in c's block)·|x[i,c]|`.
+/// Kernels add a block's offset or minimum separately from its values, so terms that large
+/// can cancel even where the weights themselves are small.
+fn rounding_scale(m: &WeightMatrix, x: &[f32], n: usize) -> Vec<f32> {
+    products_of(m, x, n, true)
+}
+
+fn products_of(m: &WeightMatrix, x: &[f32], n: usize, with_block_max: bool) -> Vec<f32> {
     let abs_x: Vec<f32> = x.iter().map(|v| v.abs()).collect();
+    let block = m.dtype().block_elems();
     let abs_m: Vec<f32> = (0..m.rows())
         .flat_map(|r| {
             let mut w = vec![0f32; m.cols()];
             m.dequantize_row(r, &mut w);
-            w.into_iter().map(f32::abs)
+            w.chunks(block)
+                .flat_map(|b| {
+                    let max = if with_block_max {
+                        b.iter().fold(0f32, |a, v| a.max(v.abs()))
+                    } else {
+                        0.0
+                    };
+                    b.iter().map(move |v| v.abs() + max).collect::<Vec<_>>()
+                })
+                .collect::<Vec<_>>()
         })
         .collect();
     WeightMatrix::from_f32(m.rows(), m.cols(), &abs_m).reference(&abs_x, n)
@@ -161,7 +182,7 @@ fn kernels_match_reference_on_their_quantized_activations() {
                 let x = random_x(&mut rng, n, cols, true);
                 let xq = as_quantized(dtype, &x, cols);
                 let want = m.reference(&xq, n);
-                let scale = abs_products(&m, &xq, n);
+                let scale = rounding_scale(&m, &xq, n);
                 for isa in Isa::available() {
                     let got = m.fast(isa, &x, n);
                     for k in 0..got.len() {
@@ -194,7 +215,7 @@ fn fast_path_matches_naive_float_path() {
             let x = random_x(&mut rng, n, cols, outliers);
             let want = m.reference(&x, n);
             let got = m.fast(Isa::best(), &x, n);
-            let scale = abs_products(&m, &x, n);
+            let scale = rounding_scale(&m, &x, n);
             let xq = as_quantized(dtype, &x, cols);
             let step: Vec<f32> = x.iter().zip(&xq).map(|(a, b)| (a - b).abs()).collect();
             let bound = abs_products(&m, &step, n);

@@ -16,6 +16,8 @@ trait Block {
     const BYTES: usize;
     /// Multiplies the accumulated `scales()[1]·s_x` lane (see `avx2_legacy::AffineBlock`).
     const OFFSET: f32;
+    /// Whether the block stores `m` after `d` (else `m = OFFSET·d`).
+    const HAS_MIN: bool;
     unsafe fn values(p: *const u8) -> __m256i;
     unsafe fn scales(p: *const u8) -> __m128;
 }
@@ -52,6 +54,7 @@ macro_rules! block {
         impl Block for $t {
             const BYTES: usize = $bytes;
             const OFFSET: f32 = $offset;
+            const HAS_MIN: bool = $offset == 1.0;
             #[inline]
             #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
             unsafe fn values($p: *const u8) -> __m256i {
@@ -101,28 +104,112 @@ unsafe fn step<B: Block, const NB: usize>(
     }
 }
 
-/// One weight row against `NB` activation rows, blocks alternating between two
-/// accumulator sets.
+/// `d` and `m` of the eight blocks from `p` on, in block order (`m = d` when not stored).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn scales8<B: Block>(p: *const u8) -> (__m256, __m256) {
+    if B::HAS_MIN {
+        let u = |b: usize| (p.add(b * B::BYTES) as *const i32).read_unaligned();
+        let v = _mm256_setr_epi32(u(0), u(1), u(2), u(3), u(4), u(5), u(6), u(7));
+        let lo = _mm256_cvtph_ps(_mm256_castsi256_si128(v));
+        let hi = _mm256_cvtph_ps(_mm256_extracti128_si256(v, 1));
+        deinterleave(lo, hi)
+    } else {
+        let h = |b: usize| (p.add(b * B::BYTES) as *const i16).read_unaligned();
+        let d = _mm256_cvtph_ps(_mm_setr_epi16(
+            h(0),
+            h(1),
+            h(2),
+            h(3),
+            h(4),
+            h(5),
+            h(6),
+            h(7),
+        ));
+        (d, d)
+    }
+}
+
+/// `[a0 b0 a1 b1 a2 b2 a3 b3]`, `[a4 b4 … a7 b7]` → `[a0..a7]`, `[b0..b7]`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn deinterleave(lo: __m256, hi: __m256) -> (__m256, __m256) {
+    // The in-lane shuffle leaves 64-bit pairs in order 0,2,1,3; the permute restores 0,1,2,3.
+    let a = _mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(lo, hi, 0x88)), 0xD8);
+    let b = _mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(lo, hi, 0xDD)), 0xD8);
+    (_mm256_castpd_ps(a), _mm256_castpd_ps(b))
+}
+
+/// Lane b = the sum of the eight lanes of `v[b]`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn reduce8(v: &[__m256i; 8]) -> __m256i {
+    let a0 = _mm256_hadd_epi32(v[0], v[1]);
+    let a1 = _mm256_hadd_epi32(v[2], v[3]);
+    let a2 = _mm256_hadd_epi32(v[4], v[5]);
+    let a3 = _mm256_hadd_epi32(v[6], v[7]);
+    // Each 128-bit half now holds one half-sum per block, blocks 0..3 and 4..7.
+    let b0 = _mm256_hadd_epi32(a0, a1);
+    let b1 = _mm256_hadd_epi32(a2, a3);
+    _mm256_add_epi32(
+        _mm256_permute2x128_si256(b0, b1, 0x20),
+        _mm256_permute2x128_si256(b0, b1, 0x31),
+    )
+}
+
+/// Weight blocks `k0..k0+8` against `NB` rows, the float work done once per eight blocks:
+/// `acc += d_w·d_x·Σq·q_x` and `corr += m·s_x`, one lane per block.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn group8<B: Block, const NB: usize>(
+    w: &[u8],
+    k0: usize,
+    xs: &[Q8Row; NB],
+    acc: &mut [__m256; NB],
+    corr: &mut [__m256; NB],
+) {
+    let p = w.as_ptr().add(k0 * B::BYTES);
+    let (dw, mw) = scales8::<B>(p);
+    let mut q = [_mm256_setzero_si256(); 8];
+    for (b, qb) in q.iter_mut().enumerate() {
+        *qb = B::values(p.add(b * B::BYTES));
+    }
+    for j in 0..NB {
+        let mut v = [_mm256_setzero_si256(); 8];
+        for b in 0..8 {
+            v[b] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), q[b], act_q(&xs[j], k0 + b));
+        }
+        let ds = xs[j].ds.as_ptr().add(k0) as *const f32;
+        let (dx, sx) = deinterleave(_mm256_loadu_ps(ds), _mm256_loadu_ps(ds.add(8)));
+        let dots = _mm256_cvtepi32_ps(reduce8(&v));
+        acc[j] = _mm256_fmadd_ps(_mm256_mul_ps(dw, dx), dots, acc[j]);
+        corr[j] = _mm256_fmadd_ps(mw, sx, corr[j]);
+    }
+}
+
+/// One weight row against `NB` activation rows: groups of eight blocks, then the remaining
+/// blocks one at a time.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn tile<B: Block, const NB: usize>(w: &[u8], xs: &[Q8Row; NB]) -> [f32; NB] {
-    let mut acc = [[_mm256_setzero_ps(); NB]; 2];
-    let mut corr = [[_mm_setzero_ps(); NB]; 2];
     let blocks = w.len() / B::BYTES;
+    let mut acc8 = [_mm256_setzero_ps(); NB];
+    let mut corr8 = [_mm256_setzero_ps(); NB];
     let mut k = 0;
-    while k + 1 < blocks {
-        step::<B, NB>(w, k, xs, &mut acc[0], &mut corr[0]);
-        step::<B, NB>(w, k + 1, xs, &mut acc[1], &mut corr[1]);
-        k += 2;
+    while k + 8 <= blocks {
+        group8::<B, NB>(w, k, xs, &mut acc8, &mut corr8);
+        k += 8;
     }
-    if k < blocks {
-        step::<B, NB>(w, k, xs, &mut acc[0], &mut corr[0]);
+    let mut acc = [_mm256_setzero_ps(); NB];
+    let mut corr = [_mm_setzero_ps(); NB];
+    while k < blocks {
+        step::<B, NB>(w, k, xs, &mut acc, &mut corr);
+        k += 1;
     }
     let mut out = [0f32; NB];
     for j in 0..NB {
-        let c = _mm_add_ps(corr[0][j], corr[1][j]);
-        let offset = _mm_cvtss_f32(_mm_movehdup_ps(c));
-        out[j] = hsum(_mm256_add_ps(acc[0][j], acc[1][j])) + B::OFFSET * offset;
+        let offset = _mm_cvtss_f32(_mm_movehdup_ps(corr[j])) + hsum(corr8[j]);
+        out[j] = hsum(_mm256_add_ps(acc[j], acc8[j])) + B::OFFSET * offset;
     }
     out
 }
