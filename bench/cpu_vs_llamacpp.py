@@ -43,6 +43,7 @@ def afm_run(binary, path, threads, n_new):
 
 
 def llamacpp_run(path, threads, n_new):
+    """Timed from the stream: prefill = time to the first token, decode = the tokens after it."""
     from llama_cpp import Llama
 
     llm = Llama(path, n_ctx=2048, n_threads=threads, n_threads_batch=threads, verbose=False)
@@ -50,19 +51,23 @@ def llamacpp_run(path, threads, n_new):
     llm.create_chat_completion(messages=msgs, max_tokens=4, temperature=0)  # warm-up
     llm.reset()
     t0 = time.perf_counter()
-    r = llm.create_chat_completion(messages=msgs, max_tokens=n_new, temperature=0, repeat_penalty=1.0)
-    wall = time.perf_counter() - t0
-    ctx = llm._ctx.ctx
-    import llama_cpp
-
-    perf = llama_cpp.llama_perf_context(ctx)
-    u = r["usage"]
+    t_first, n = None, 0
+    stream = llm.create_chat_completion(
+        messages=msgs, max_tokens=n_new, temperature=0, repeat_penalty=1.0, stream=True
+    )
+    for chunk in stream:
+        delta = chunk["choices"][0]["delta"]
+        if delta.get("content"):
+            n += 1
+            if t_first is None:
+                t_first = time.perf_counter()
+    t_end = time.perf_counter()
+    prompt_tokens = llm.n_tokens - n
     return {
-        "prompt_tokens": u["prompt_tokens"],
-        "prefill_tps": perf.n_p_eval / (perf.t_p_eval_ms / 1e3) if perf.t_p_eval_ms else float("nan"),
-        "completion_tokens": u["completion_tokens"],
-        "decode_tps": perf.n_eval / (perf.t_eval_ms / 1e3) if perf.t_eval_ms else float("nan"),
-        "wall_s": wall,
+        "prompt_tokens": prompt_tokens,
+        "prefill_tps": prompt_tokens / (t_first - t0),
+        "completion_tokens": n,
+        "decode_tps": max(n - 1, 1) / (t_end - t_first),
     }
 
 

@@ -199,7 +199,9 @@ impl Engine {
             max_running: cfg.concurrent.max(1),
             max_waiting: usize::MAX,
             token_budget: cfg.prefill_step_size.max(1),
-            max_prefill_chunk: cfg.prefill_step_size.max(1),
+            // Half the budget per prefill chunk, so a request arriving behind a long prefill is
+            // admitted in the same step instead of waiting for the whole prompt.
+            max_prefill_chunk: (cfg.prefill_step_size / 2).max(1),
         };
         let (tx, rx) = mpsc::channel();
         let waiting = Arc::new(AtomicUsize::new(0));
