@@ -90,7 +90,7 @@ impl Q4Store {
                 let q = ((v - lo_r) * id).round().clamp(0.0, 15.0) as u8;
                 let e = base + i;
                 let byte = &mut self.q[e / 2];
-                *byte = if e % 2 == 0 {
+                *byte = if e.is_multiple_of(2) {
                     (*byte & 0xf0) | q
                 } else {
                     (*byte & 0x0f) | (q << 4)
@@ -108,7 +108,7 @@ impl Q4Store {
             let m = self.min[base / self.group].to_f32();
             for (i, y) in o.iter_mut().enumerate() {
                 let e = base + i;
-                let q = if e % 2 == 0 {
+                let q = if e.is_multiple_of(2) {
                     self.q[e / 2] & 0x0f
                 } else {
                     self.q[e / 2] >> 4
