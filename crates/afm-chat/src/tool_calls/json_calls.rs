@@ -217,6 +217,11 @@ impl JsonCalls {
                 Flow::Step(ws + 1)
             }
             Some('}') => self.close_object(ws + 1, em),
+            // A missing comma between members.
+            Some('"' | '\'') => {
+                self.st = St::Key;
+                Flow::Step(ws)
+            }
             // Missing closing brace: with the call's parts all read, close it anyway.
             Some(_) if em.call_open() => {
                 self.obj.nest = 0;

@@ -7,6 +7,7 @@
 mod api;
 mod gemma;
 mod json_formats;
+mod reference;
 mod repair;
 mod robustness;
 mod token_formats;

@@ -169,3 +169,17 @@ fn debug_mode_reports_without_changing_output() {
     p.finish();
     assert_eq!(p.calls()[0].arguments, r#"{"days":1}"#);
 }
+
+#[test]
+fn missing_comma_between_members() {
+    let input =
+        "<tool_call>{\"name\": \"get_weather\"\n\"arguments\": {\"city\": \"Paris\"}}</tool_call>";
+    expect(
+        H,
+        &weather_tools(),
+        false,
+        input,
+        "",
+        &[("get_weather", json!({"city": "Paris"}))],
+    );
+}
