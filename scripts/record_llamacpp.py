@@ -15,7 +15,8 @@ tests/fixtures/llamacpp/<model>.json with:
   template, so it gets 2 prompts with hand-written <start_of_turn> markup instead). Each records
   the exact prompt string, the prompt ids fed, and up to 32 greedily generated ids (top_k 1,
   temperature 0, repeat_penalty 1.0; generation stops early at an end-of-generation token) with
-  their text.
+  their text, the top-1/top-2 logit margin and runner-up id at each step, and (--hf-greedy,
+  needs `accelerate`) transformers' float32 greedy ids from the same GGUF for comparison.
 
 With --hf-tokenizer (on by default) it also writes tests/fixtures/tokenizer/smollm2/: the HF
 tokenizer transformers builds from the SmolLM2 GGUF (tokenizer.json, tokenizer_config.json) and
@@ -143,11 +144,19 @@ def render_chat(llm, messages: list[dict]) -> str:
 
 
 def greedy(llm, prompt_ids: list[int]) -> dict:
+    """Greedy continuation through llama-cpp-python's sampler, plus the top-2 margin per step.
+
+    The margins come from a second pass that feeds the same tokens one at a time and reads the
+    logits llama.cpp hands the sampler; a step with a small margin is a near-tie that another
+    correct implementation (different rounding, e.g. f32 activations) may legitimately flip.
+    """
     import llama_cpp
+    import numpy as np
 
     vocab = llm._model.vocab
     out: list[int] = []
     stopped = False
+    out_eog = None
     llm.reset()
     for tok in llm.generate(prompt_ids, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0):
         tok = int(tok)
@@ -158,17 +167,65 @@ def greedy(llm, prompt_ids: list[int]) -> dict:
         out.append(tok)
         if len(out) == MAX_NEW_TOKENS:
             break
+
+    margins, runner_up = [], []
+    llm.reset()
+    llm.eval(prompt_ids)
+    chosen = out + ([out_eog] if stopped else [])
+    for i, tok in enumerate(chosen):
+        ptr = llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1)  # the row the sampler reads
+        row = np.ctypeslib.as_array(ptr, shape=(llm.n_vocab(),)).astype(np.float32)
+        order = np.argsort(-row, kind="stable")[:2]
+        if int(order[0]) != tok:
+            raise RuntimeError(f"second pass disagrees at step {i}: argmax {int(order[0])}, generated {tok}")
+        margins.append(round(float(row[order[0]] - row[order[1]]), 4))
+        runner_up.append(int(order[1]))
+        if i + 1 < len(chosen):
+            llm.eval([tok])
     rec = {
         "generated_ids": out,
         "text": decode(llm.detokenize(out, prev_tokens=prompt_ids)),
         "stopped_at_eog": stopped,
+        "top2_margins": margins,
+        "runner_up_ids": runner_up,
     }
     if stopped:
         rec["eog_id"] = out_eog
     return rec
 
 
-def record_model(key: str, path: Path) -> dict:
+def hf_greedy(path: Path, runs: list[dict]) -> dict:
+    """Cross-check: transformers' float32 greedy tokens from the same GGUF (dequantized weights).
+
+    Needs `accelerate` (transformers insists on it for GGUF loading). Adds hf_generated_ids and
+    hf_agree_prefix (how many leading tokens equal llama.cpp's) to each run.
+    """
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(N_THREADS)
+    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+    model.eval()
+    for run in runs:
+        ids = torch.tensor([run["prompt_ids"]], dtype=torch.long)
+        n_new = len(run["generated_ids"]) + (1 if run["stopped_at_eog"] else 0)
+        with torch.no_grad():
+            gen = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n_new,
+                                 do_sample=False, eos_token_id=None, pad_token_id=0)
+        hf = gen[0, ids.shape[1]:].tolist()
+        want = run["generated_ids"] + ([run["eog_id"]] if run["stopped_at_eog"] else [])
+        agree = next((i for i, (a, b) in enumerate(zip(hf, want)) if a != b), min(len(hf), len(want)))
+        run["hf_generated_ids"] = hf
+        run["hf_agree_prefix"] = agree
+    del model
+    return {"transformers_version": transformers.__version__, "torch_version": torch.__version__,
+            "dtype": "float32", "note": "hf_generated_ids: transformers greedy on the dequantized GGUF, "
+            "same prompt ids, no EOS stop; hf_agree_prefix counts leading tokens equal to llama.cpp's "
+            "(the EOG token included when llama.cpp stopped)"}
+
+
+def record_model(key: str, path: Path, with_hf: bool) -> dict:
     import llama_cpp
     from llama_cpp import Llama
 
@@ -220,6 +277,8 @@ def record_model(key: str, path: Path) -> dict:
         "greedy": runs,
     }
     del llm
+    if with_hf:
+        rec["hf_cross_check"] = hf_greedy(path, runs)
     return rec
 
 
@@ -273,6 +332,8 @@ def main() -> int:
     ap.add_argument("--hf-tokenizer", action=argparse.BooleanOptionalAction, default=True,
                     help="also write tests/fixtures/tokenizer/smollm2 (needs smollm2 in --models)")
     ap.add_argument("--tokenizer-out", type=Path, default=TOKENIZER_OUT)
+    ap.add_argument("--hf-greedy", action=argparse.BooleanOptionalAction, default=True,
+                    help="also record transformers' greedy ids from the same GGUF (needs accelerate)")
     args = ap.parse_args()
 
     args.out.mkdir(parents=True, exist_ok=True)
@@ -281,10 +342,12 @@ def main() -> int:
         if not path.is_file():
             print(f"{key}: {path} missing; run scripts/fetch_models.sh {key}", file=sys.stderr)
             return 1
-        rec = record_model(key, path)
+        rec = record_model(key, path, args.hf_greedy)
         dst = args.out / f"{key}.json"
         dst.write_text(json.dumps(rec, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
-        gens = "; ".join(f"{g['kind']}: {len(g['generated_ids'])} tok" for g in rec["greedy"])
+        gens = "; ".join(f"{g['kind']}: {len(g['generated_ids'])} tok, min margin {min(g['top2_margins']):.3f}"
+                         + (f", HF agrees {g['hf_agree_prefix']}" if "hf_agree_prefix" in g else "")
+                         for g in rec["greedy"])
         print(f"{key}: {dst.relative_to(REPO_ROOT)} ({dst.stat().st_size} bytes) {gens}")
         if key == "smollm2" and args.hf_tokenizer:
             hf = record_hf_tokenizer(rec, path, args.tokenizer_out)
