@@ -136,7 +136,7 @@ def test_cli_errors_are_one_line_exit_1(tmp_path):
     bad = tmp_path / "broken.gguf"
     bad.write_bytes(b"GGUF" + b"\0" * 10)
     for args in (["-m", str(tmp_path / "missing.gguf"), "-s", "hi"], ["-m", str(bad), "-s", "hi"],
-                 ["-m", "x", "--kv-bits", "8"], ["-m", "x", "--top-p", "3"]):
+                 ["-m", "x", "--mtp"], ["-m", "x", "--top-p", "3"]):
         out = subprocess.run([str(binary), "mlx", *args], capture_output=True, text=True, timeout=60)
         assert out.returncode == 1, (args, out.stderr)
         assert len(out.stderr.strip().splitlines()) == 1, out.stderr

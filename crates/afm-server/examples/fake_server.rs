@@ -13,14 +13,20 @@ use axum::Json;
 use serde_json::json;
 
 fn flag_value(args: &[String], name: &str) -> Option<String> {
-    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1).cloned())
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1).cloned())
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> std::io::Result<()> {
     let args: Vec<String> = std::env::args().collect();
-    let port: u16 = flag_value(&args, "--port").and_then(|p| p.parse().ok()).unwrap_or(0);
-    let max_body = flag_value(&args, "--max-body").and_then(|p| p.parse().ok()).unwrap_or(1 << 20);
+    let port: u16 = flag_value(&args, "--port")
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(0);
+    let max_body = flag_value(&args, "--max-body")
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(1 << 20);
     let fake = FakeGenerator::new();
     let model = ServedModel {
         info: ModelInfo {

@@ -4,6 +4,7 @@
 
 use afm_api::{RequestDefaults, SamplingFields, StopField};
 use anyhow::{bail, Context, Result};
+use clap::builder::TypedValueParser;
 use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
 use serde_json::{Map, Value};
 
@@ -82,9 +83,10 @@ pub struct ServeArgs {
     /// Open the built-in WebUI.
     #[arg(short = 'w', long)]
     pub webui: bool,
-    /// Quantized KV cache.
-    #[arg(long, value_parser = ["4", "8"])]
-    pub kv_bits: Option<String>,
+    /// Quantized KV cache: 8 or 4 bits per value.
+    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(["4", "8"])
+        .map(|s| s.parse::<u8>().unwrap_or(8)))]
+    pub kv_bits: Option<u8>,
     #[arg(long, default_value_t = 1024)]
     pub prefill_step_size: usize,
     /// Prepare kernels at start-up.
@@ -184,7 +186,6 @@ impl ServeArgs {
                 "--guided-json (grammar-constrained output)",
             ),
             (self.webui, "-w (the WebUI)"),
-            (self.kv_bits.is_some(), "--kv-bits (quantized KV cache)"),
             (spec.mtp, "--mtp (MTP speculative decoding)"),
             (
                 spec.eagle3.is_some(),
@@ -348,7 +349,7 @@ mod tests {
     #[test]
     fn unavailable_features_are_refused_not_ignored() {
         for flag in [
-            &["--kv-bits", "8"][..],
+            &["--eagle3", "d"][..],
             &["--mtp"],
             &["-w"],
             &["--guided-json", "{}"],

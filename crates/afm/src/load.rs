@@ -36,6 +36,7 @@ pub fn load(args: &ServeArgs) -> Result<ServedModel> {
         max_waiting: args.max_waiting,
         prefill_step_size: args.prefill_step_size,
         prefix_caching: args.prefix_caching(),
+        kv_bits: args.kv_bits,
         debug: std::env::var("AFM_DEBUG").is_ok_and(|v| v == "1"),
         ..EngineConfig::default()
     };
