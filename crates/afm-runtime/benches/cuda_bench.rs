@@ -54,19 +54,33 @@ fn time_ms(c: &mut CudaContext, reps: usize, mut f: impl FnMut(&mut CudaContext,
 
 fn random_weight(rng: &mut Rng, dtype: DType, rows: usize, cols: usize) -> R<WeightMatrix> {
     let n = dtype.row_bytes(cols).ok_or("unaligned")? * rows;
-    let mut b: Vec<u8> = (0..n).map(|_| rng.next() as u8).collect();
+    let mut b: Vec<u8> = (0..n.div_ceil(8))
+        .flat_map(|_| rng.next().to_le_bytes())
+        .collect();
+    b.truncate(n);
     let scale = f16::from_f32(0.004).to_le_bytes();
     match dtype {
-        DType::BF16 => b.chunks_exact_mut(2).for_each(|x| x[1] = 0x3c | (x[1] & 0x80)),
-        DType::Q8_0 => b.chunks_exact_mut(34).for_each(|k| k[..2].copy_from_slice(&scale)),
+        DType::BF16 => b
+            .chunks_exact_mut(2)
+            .for_each(|x| x[1] = 0x3c | (x[1] & 0x80)),
+        DType::Q8_0 => b
+            .chunks_exact_mut(34)
+            .for_each(|k| k[..2].copy_from_slice(&scale)),
         DType::Q4K => b.chunks_exact_mut(144).for_each(|k| {
             k[..2].copy_from_slice(&scale);
             k[2..4].copy_from_slice(&scale);
         }),
-        DType::Q6K => b.chunks_exact_mut(210).for_each(|k| k[208..].copy_from_slice(&scale)),
+        DType::Q6K => b
+            .chunks_exact_mut(210)
+            .for_each(|k| k[208..].copy_from_slice(&scale)),
         _ => {}
     }
-    Ok(WeightMatrix::new(dtype, rows, cols, WeightBytes::from_vec(b))?)
+    Ok(WeightMatrix::new(
+        dtype,
+        rows,
+        cols,
+        WeightBytes::from_vec(b),
+    )?)
 }
 
 fn copy_ceiling(c: &mut CudaContext) -> R<f64> {
@@ -79,7 +93,8 @@ fn copy_ceiling(c: &mut CudaContext) -> R<f64> {
 
 fn gemv(c: &mut CudaContext, copy_gbs: f64, out: &mut Vec<String>) -> R<()> {
     let mut rng = Rng(1);
-    let shapes = [(4096, 4096), (12288, 4096), (4096, 12288)];
+    // Qwen3-8B projections, and its 151936-row output matrix (batch 1 only).
+    let shapes = [(4096, 4096), (12288, 4096), (4096, 12288), (151_936, 4096)];
     for dtype in [DType::Q4K, DType::Q6K, DType::Q8_0, DType::BF16] {
         for (rows, cols) in shapes {
             let w = random_weight(&mut rng, dtype, rows, cols)?;
@@ -88,23 +103,29 @@ fn gemv(c: &mut CudaContext, copy_gbs: f64, out: &mut Vec<String>) -> R<()> {
             let ws: Vec<DeviceWeight> = (0..copies)
                 .map(|_| DeviceWeight::upload(c, &w))
                 .collect::<Result<_, _>>()?;
-            for n in [1usize, 8] {
+            let batches: &[usize] = if rows > 100_000 { &[1] } else { &[1, 8] };
+            for &n in batches {
                 let x: Vec<f32> = (0..n * cols).map(|_| rng.sym()).collect();
                 let xd = c.upload(&x)?;
                 let mut y: CudaSlice<f32> = c.alloc(n * rows)?;
-                let paths: &[MatmulPath] = if dtype == DType::BF16 && n == 1 {
+                let paths: &[MatmulPath] = if dtype == DType::BF16 && n == 1 && rows < 100_000 {
                     &[MatmulPath::Gemv, MatmulPath::Gemm]
                 } else {
                     &[MatmulPath::Gemv]
                 };
                 for &path in paths {
                     let ms = time_ms(c, 20, |c, i| {
-                        c.matmul_with(path, &ws[i % copies], &xd, n, &mut y).expect("matmul")
+                        c.matmul_with(path, &ws[i % copies], &xd, n, &mut y)
+                            .expect("matmul")
                     })?;
                     let gbs = bytes as f64 / ms / 1e6;
-                    let name = if path == MatmulPath::Gemm { "cuBLAS" } else { "gemv" };
+                    let name = if path == MatmulPath::Gemm {
+                        "cuBLAS"
+                    } else {
+                        "gemv"
+                    };
                     out.push(format!(
-                        "| {:5} | {rows:5}x{cols:<5} | {n} | {name:6} | {:7.2} us | {gbs:7.0} GB/s | {:5.1}% |",
+                        "| {:5} | {rows:6}x{cols:<5} | {n} | {name:6} | {:7.2} us | {gbs:7.0} GB/s | {:5.1}% |",
                         dtype.name(),
                         ms * 1e3,
                         100.0 * gbs / copy_gbs
@@ -113,6 +134,27 @@ fn gemv(c: &mut CudaContext, copy_gbs: f64, out: &mut Vec<String>) -> R<()> {
                 }
             }
         }
+    }
+    Ok(())
+}
+
+/// Prefill-sized products (n = 512) through dequantize/convert + cuBLAS, in TFLOP/s.
+fn prefill_matmul(c: &mut CudaContext, out: &mut Vec<String>) -> R<()> {
+    let mut rng = Rng(5);
+    let (rows, cols, n) = (4096, 12288, 512);
+    for dtype in [DType::Q4K, DType::Q8_0, DType::BF16] {
+        let w = DeviceWeight::upload(c, &random_weight(&mut rng, dtype, rows, cols)?)?;
+        let x: Vec<f32> = (0..n * cols).map(|_| rng.sym()).collect();
+        let xd = c.upload(&x)?;
+        let mut y: CudaSlice<f32> = c.alloc(n * rows)?;
+        let ms = time_ms(c, 10, |c, _| c.matmul(&w, &xd, n, &mut y).expect("matmul"))?;
+        out.push(format!(
+            "| {:5} | {rows}x{cols} | n={n} | {:8.1} us | {:6.1} TFLOP/s |",
+            dtype.name(),
+            ms * 1e3,
+            2.0 * (rows * cols * n) as f64 / ms / 1e9
+        ));
+        println!("{}", out.last().expect("pushed"));
     }
     Ok(())
 }
@@ -130,10 +172,13 @@ fn decode_attention(c: &mut CudaContext, copy_gbs: f64, out: &mut Vec<String>) -
         let num_blocks = blocks_per_seq * batch;
         let layer_bytes = batch * ctx_len * nkv * d * 2 * 2;
         let layers = ROTATE_BYTES.div_ceil(layer_bytes).clamp(2, 128);
-        let mut cache =
-            DeviceKvCache::new(c, &vec![shape; layers], num_blocks, bs, KvDtype::F16)?;
+        let mut cache = DeviceKvCache::new(c, &vec![shape; layers], num_blocks, bs, KvDtype::F16)?;
         let tables: Vec<Vec<u32>> = (0..batch)
-            .map(|s| (0..blocks_per_seq).map(|b| (b * batch + s) as u32).collect())
+            .map(|s| {
+                (0..blocks_per_seq)
+                    .map(|b| (b * batch + s) as u32)
+                    .collect()
+            })
             .collect();
         // Fill every layer with random K/V through one prefill-shaped batch.
         let fill: Vec<AttnSeq> = (0..batch)
@@ -172,8 +217,18 @@ fn decode_attention(c: &mut CudaContext, copy_gbs: f64, out: &mut Vec<String>) -
         };
         for (name, splits) in [("split-K auto", None), ("split-K off", Some(1))] {
             let ms = time_ms(c, 20, |c, i| {
-                c.paged_attention(&cache, i % layers, &sb, &qd, nh * d, &p, &mut o, nh * d, splits)
-                    .expect("attention")
+                c.paged_attention(
+                    &cache,
+                    i % layers,
+                    &sb,
+                    &qd,
+                    nh * d,
+                    &p,
+                    &mut o,
+                    nh * d,
+                    splits,
+                )
+                .expect("attention")
             })?;
             let gbs = layer_bytes as f64 / ms / 1e6;
             out.push(format!(
@@ -248,8 +303,12 @@ fn sampling(c: &mut CudaContext, out: &mut Vec<String>) -> R<()> {
             u: 0.5,
         };
         let params = vec![p; rows];
-        let greedy = time_ms(c, 20, |c, _| c.argmax(&ld, vocab, &mut ids).expect("argmax"))?;
-        let sample = time_ms(c, 20, |c, _| c.sample(&ld, vocab, &params, &mut ids).expect("sample"))?;
+        let greedy = time_ms(c, 20, |c, _| {
+            c.argmax(&ld, vocab, &mut ids).expect("argmax")
+        })?;
+        let sample = time_ms(c, 20, |c, _| {
+            c.sample(&ld, vocab, &params, &mut ids).expect("sample")
+        })?;
         out.push(format!(
             "| sampling {rows:2} x {vocab} | argmax {:7.1} us | top-k/p/min-p {:7.1} us |",
             greedy * 1e3,
@@ -261,13 +320,19 @@ fn sampling(c: &mut CudaContext, out: &mut Vec<String>) -> R<()> {
 }
 
 fn main() -> R<()> {
-    let ordinal = std::env::var("AFM_CUDA_DEVICE").ok().and_then(|s| s.parse().ok()).unwrap_or(0);
+    let ordinal = std::env::var("AFM_CUDA_DEVICE")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
     let mut c = CudaContext::new(ordinal)?;
     println!("{:?}", c.info());
     let copy_gbs = copy_ceiling(&mut c)?;
-    let mut table = vec![format!("copy ceiling: {copy_gbs:.0} GB/s (bytes read + written)")];
+    let mut table = vec![format!(
+        "copy ceiling: {copy_gbs:.0} GB/s (bytes read + written)"
+    )];
     println!("{}", table[0]);
     gemv(&mut c, copy_gbs, &mut table)?;
+    prefill_matmul(&mut c, &mut table)?;
     decode_attention(&mut c, copy_gbs, &mut table)?;
     prefill_attention(&mut c, &mut table)?;
     sampling(&mut c, &mut table)?;

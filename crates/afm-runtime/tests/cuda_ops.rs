@@ -70,7 +70,10 @@ fn rel_err(got: &[f32], want: &[f32]) -> f64 {
     assert_eq!(got.len(), want.len(), "length");
     let (mut num, mut den) = (0f64, 0f64);
     for (&g, &w) in got.iter().zip(want) {
-        assert!(g.is_finite(), "non-finite output {g} (unwritten or overflow)");
+        assert!(
+            g.is_finite(),
+            "non-finite output {g} (unwritten or overflow)"
+        );
         num += (g as f64 - w as f64).powi(2);
         den += (w as f64).powi(2);
     }
@@ -109,7 +112,11 @@ fn rms_norm_matches_cpu() {
     let mut rng = Rng(2);
     // (rows, width): wide rows take the block kernel, head-sized rows the warp kernel.
     for (rows, d) in [(5, 4096), (40, 128), (3, 33)] {
-        let (x, w, r) = (rng.vec(rows * d, 2.0), rng.vec(d, 1.5), rng.vec(rows * d, 1.0));
+        let (x, w, r) = (
+            rng.vec(rows * d, 2.0),
+            rng.vec(d, 1.5),
+            rng.vec(rows * d, 1.0),
+        );
         let mut want = x.clone();
         ops::rms_norm(&mut want, &w, 1e-6);
         let (xd, wd) = (c.upload(&x).unwrap(), c.upload(&w).unwrap());
@@ -126,7 +133,12 @@ fn rms_norm_matches_cpu() {
         let mut out = poisoned(&c, rows * d);
         c.add_rms_norm(&mut xd, &rd, &wd, 1e-6, &mut out).unwrap();
         assert_close("add_rms_norm out", &c.download(&out).unwrap(), &want, 1e-5);
-        assert_close("add_rms_norm residual", &c.download(&xd).unwrap(), &sum, 1e-7);
+        assert_close(
+            "add_rms_norm residual",
+            &c.download(&xd).unwrap(),
+            &sum,
+            1e-7,
+        );
         c.rms_norm_in_place(&mut xd, &wd, 1e-6).unwrap();
         assert_close("rms_norm in place", &c.download(&xd).unwrap(), &want, 1e-5);
     }
@@ -139,8 +151,16 @@ fn rope_matches_cpu_bit_for_bit() {
     let (n_tok, n_heads, hd) = (9, 4, 128);
     let stride = n_heads * hd + 64; // rows of a fused projection
     let ropes = [
-        (Rope::new(128, 1e6, 1.0, RopeStyle::Neox), 128, RopeStyle::Neox),
-        (Rope::new(64, 1e4, 1.0, RopeStyle::Interleaved), 64, RopeStyle::Interleaved),
+        (
+            Rope::new(128, 1e6, 1.0, RopeStyle::Neox),
+            128,
+            RopeStyle::Neox,
+        ),
+        (
+            Rope::new(64, 1e4, 1.0, RopeStyle::Interleaved),
+            64,
+            RopeStyle::Interleaved,
+        ),
         (
             Rope::llama3(128, 5e5, 8.0, 1.0, 4.0, 8192.0, RopeStyle::Neox),
             128,
@@ -153,13 +173,20 @@ fn rope_matches_cpu_bit_for_bit() {
         let pos: Vec<i32> = (0..n_tok).map(|_| rng.below(40_000) as i32).collect();
         let mut want = x.clone();
         for (t, &p) in pos.iter().enumerate() {
-            rope.apply(&mut want[t * stride..t * stride + n_heads * hd], hd, p as usize);
+            rope.apply(
+                &mut want[t * stride..t * stride + n_heads * hd],
+                hd,
+                p as usize,
+            );
         }
         let (mut xd, pd) = (c.upload(&x).unwrap(), c.upload(&pos).unwrap());
         c.rope(&table, &mut xd, &pd, n_heads, hd, stride).unwrap();
         let got = c.download(&xd).unwrap();
         let diff = got.iter().zip(&want).filter(|(a, b)| a != b).count();
-        assert_eq!(diff, 0, "{style:?} dims {dims}: {diff} values differ from the CPU");
+        assert_eq!(
+            diff, 0,
+            "{style:?} dims {dims}: {diff} values differ from the CPU"
+        );
     }
 }
 
@@ -185,7 +212,12 @@ fn activations_add_and_softcap_match_cpu() {
         assert_close("gated_act_fused", &c.download(&out).unwrap(), &want, 1e-6);
         // Separate gate and up buffers.
         let (g, u): (Vec<f32>, Vec<f32>) = (0..n * ff)
-            .map(|i| (gu[(i / ff) * 2 * ff + i % ff], gu[(i / ff) * 2 * ff + ff + i % ff]))
+            .map(|i| {
+                (
+                    gu[(i / ff) * 2 * ff + i % ff],
+                    gu[(i / ff) * 2 * ff + ff + i % ff],
+                )
+            })
             .unzip();
         let (g, u) = (c.upload(&g).unwrap(), c.upload(&u).unwrap());
         let mut out = poisoned(&c, n * ff);
@@ -211,7 +243,9 @@ fn random_weight(rng: &mut Rng, dtype: DType, rows: usize, cols: usize) -> Weigh
     let scale = |rng: &mut Rng| f16::from_f32(0.002 + 0.01 * rng.unit()).to_le_bytes();
     match dtype {
         DType::F32 => {
-            b = (0..rows * cols).flat_map(|_| rng.sym(0.1).to_le_bytes()).collect();
+            b = (0..rows * cols)
+                .flat_map(|_| rng.sym(0.1).to_le_bytes())
+                .collect();
         }
         DType::F16 => {
             b = (0..rows * cols)
@@ -223,7 +257,9 @@ fn random_weight(rng: &mut Rng, dtype: DType, rows: usize, cols: usize) -> Weigh
                 .flat_map(|_| bf16::from_f32(rng.sym(0.1)).to_le_bytes())
                 .collect();
         }
-        DType::Q8_0 => b.chunks_exact_mut(34).for_each(|k| k[..2].copy_from_slice(&scale(rng))),
+        DType::Q8_0 => b
+            .chunks_exact_mut(34)
+            .for_each(|k| k[..2].copy_from_slice(&scale(rng))),
         DType::Q4K => b.chunks_exact_mut(144).for_each(|k| {
             k[..2].copy_from_slice(&scale(rng));
             k[2..4].copy_from_slice(&scale(rng));
@@ -260,7 +296,11 @@ fn embedding_rows_equal_cpu_dequantization() {
         let idd = c.upload(&ids).unwrap();
         let mut out = poisoned(&c, ids.len() * 512);
         c.embed(&table, &idd, &mut out).unwrap();
-        assert_eq!(c.download(&out).unwrap(), want, "{dtype:?} rows differ from the CPU");
+        assert_eq!(
+            c.download(&out).unwrap(),
+            want,
+            "{dtype:?} rows differ from the CPU"
+        );
     }
 }
 
@@ -268,8 +308,9 @@ fn embedding_rows_equal_cpu_dequantization() {
 fn matmul_matches_exact_reference() {
     let mut c = ctx();
     let mut rng = Rng(6);
-    // (rows, cols): one unit per thread, idle threads, several units per thread.
-    for (rows, cols) in [(72, 4096), (40, 2816), (24, 12288)] {
+    // (rows, cols): one unit per thread, idle threads, several units per thread; row counts
+    // that leave a partial block of 4 rows.
+    for (rows, cols) in [(70, 4096), (41, 2816), (23, 12288)] {
         for dtype in TYPES {
             let w = random_weight(&mut rng, dtype, rows, cols);
             let dw = DeviceWeight::upload(&c, &w).unwrap();
@@ -316,7 +357,11 @@ fn run_attention(c: &mut CudaContext, rng: &mut Rng, case: &AttnCase) -> f64 {
         n_kv_heads: nkv,
         head_dim: d,
     };
-    let need: Vec<usize> = case.seqs.iter().map(|&(p, l)| (p + l).div_ceil(bs)).collect();
+    let need: Vec<usize> = case
+        .seqs
+        .iter()
+        .map(|&(p, l)| (p + l).div_ceil(bs))
+        .collect();
     let num_blocks = need.iter().sum::<usize>() + 7;
     let mut ids: Vec<u32> = (0..num_blocks as u32).collect();
     rng.shuffle(&mut ids); // scattered tables
@@ -355,22 +400,39 @@ fn run_attention(c: &mut CudaContext, rng: &mut Rng, case: &AttnCase) -> f64 {
         }
         let batch = AttnBatch::new(c, &dev, &seqs, case.n_heads).unwrap();
         let (kd, vd) = (c.upload(&k).unwrap(), c.upload(&v).unwrap());
-        c.kv_write(&mut dev, 0, &batch, &kd, width, &vd, width).unwrap();
+        c.kv_write(&mut dev, 0, &batch, &kd, width, &vd, width)
+            .unwrap();
     };
-    let hist = case.seqs.iter().enumerate().map(|(s, &(p, _))| (s, 0, p)).collect();
+    let hist = case
+        .seqs
+        .iter()
+        .enumerate()
+        .map(|(s, &(p, _))| (s, 0, p))
+        .collect();
     write(c, hist);
-    let step = case.seqs.iter().enumerate().map(|(s, &(p, l))| (s, p, l)).collect();
+    let step = case
+        .seqs
+        .iter()
+        .enumerate()
+        .map(|(s, &(p, l))| (s, p, l))
+        .collect();
     write(c, step);
 
     // The device cache holds exactly what the CPU cache holds.
     for (s, t) in tables.iter().enumerate().take(2) {
-        let (kd, vd) = dev.layers[0].read_block(c, &dev, t[0] as usize, nkv - 1).unwrap();
+        let (kd, vd) = dev.layers[0]
+            .read_block(c, &dev, t[0] as usize, nkv - 1)
+            .unwrap();
         let mut kc = vec![0f32; bs * d];
         let mut vc = vec![0f32; bs * d];
         cpu.layers[0].read_keys(t[0], nkv - 1, 0, &mut kc);
         cpu.layers[0].read_values(t[0], nkv - 1, 0, &mut vc);
         let n = (case.seqs[s].0 + case.seqs[s].1).min(bs) * d;
-        assert_eq!((&kd[..n], &vd[..n]), (&kc[..n], &vc[..n]), "stored K/V differ");
+        assert_eq!(
+            (&kd[..n], &vd[..n]),
+            (&kc[..n], &vc[..n]),
+            "stored K/V differ"
+        );
     }
 
     let mut seqs = Vec::new();
@@ -407,10 +469,20 @@ fn check_attention(case: AttnCase) {
     let mut c = ctx();
     let mut rng = Rng(case.seqs.len() as u64 * 1000 + case.d as u64);
     let e = run_attention(&mut c, &mut rng, &case);
-    let tol = if case.dtype == KvDtype::F32 { 1e-4 } else { 2e-3 };
+    let tol = if case.dtype == KvDtype::F32 {
+        1e-4
+    } else {
+        2e-3
+    };
     eprintln!(
         "attention heads {}/{} d {} {:?} window {:?} softcap {:?} seqs {:?} splits {:?}: {e:.2e}",
-        case.n_heads, case.n_kv, case.d, case.dtype, case.window, case.softcap, case.seqs,
+        case.n_heads,
+        case.n_kv,
+        case.d,
+        case.dtype,
+        case.window,
+        case.softcap,
+        case.seqs,
         case.splits
     );
     assert!(e <= tol, "relative error {e:.3e} > {tol:.0e}");
@@ -436,7 +508,13 @@ fn decode_attention_contexts_1_17_1000_gqa() {
 
 #[test]
 fn decode_attention_windowed_softcapped_and_other_head_sizes() {
-    for (n_heads, n_kv, d) in [(8, 8, 64), (12, 4, 32), (4, 2, 256), (6, 2, 16), (16, 2, 128)] {
+    for (n_heads, n_kv, d) in [
+        (8, 8, 64),
+        (12, 4, 32),
+        (4, 2, 256),
+        (6, 2, 16),
+        (16, 2, 128),
+    ] {
         check_attention(AttnCase {
             n_heads,
             n_kv,
@@ -535,13 +613,23 @@ fn argmax_picks_the_first_maximum() {
 /// afm-engine's `Sampler::draw` (crates/afm-engine/src/sampling.rs) with the uniform draw
 /// given: the token, how close its decisions came to a boundary (relative), and the kept ids.
 fn engine_draw(logits: &[f32], p: &SampleParams) -> (i32, f32, Vec<u32>) {
-    let mut cand: Vec<(u32, f32)> =
-        logits.iter().enumerate().map(|(i, &l)| (i as u32, l)).collect();
-    let k = if p.top_k > 0 { p.top_k.min(cand.len()) } else { cand.len() };
+    let mut cand: Vec<(u32, f32)> = logits
+        .iter()
+        .enumerate()
+        .map(|(i, &l)| (i as u32, l))
+        .collect();
+    let k = if p.top_k > 0 {
+        p.top_k.min(cand.len())
+    } else {
+        cand.len()
+    };
     cand.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
     cand.truncate(k);
     let max = cand[0].1;
-    let mut probs: Vec<f32> = cand.iter().map(|c| ((c.1 - max) / p.temperature).exp()).collect();
+    let mut probs: Vec<f32> = cand
+        .iter()
+        .map(|c| ((c.1 - max) / p.temperature).exp())
+        .collect();
     let sum: f32 = probs.iter().sum();
     probs.iter_mut().for_each(|x| *x /= sum);
     let mut margin = f32::INFINITY;
@@ -617,7 +705,9 @@ fn sampling_follows_the_engine_pipeline() {
     let (mut exact, mut kept_only, mut skipped) = (0, 0, 0);
     for round in 0..20 {
         let n = settings.len();
-        let logits: Vec<f32> = (0..n * vocab).map(|_| 3.0 * rng.sym(1.0) + rng.sym(1.0)).collect();
+        let logits: Vec<f32> = (0..n * vocab)
+            .map(|_| 3.0 * rng.sym(1.0) + rng.sym(1.0))
+            .collect();
         let params: Vec<SampleParams> = settings
             .iter()
             .map(|&(temperature, top_k, top_p, min_p)| SampleParams {
@@ -635,14 +725,20 @@ fn sampling_follows_the_engine_pipeline() {
         for (i, p) in params.iter().enumerate() {
             let row = &logits[i * vocab..(i + 1) * vocab];
             if p.temperature <= 0.0 {
-                let best = row.iter().enumerate().fold(0, |b, (j, &l)| if l > row[b] { j } else { b });
+                let best = row
+                    .iter()
+                    .enumerate()
+                    .fold(0, |b, (j, &l)| if l > row[b] { j } else { b });
                 assert_eq!(got[i], best as i32, "greedy row {i}");
                 exact += 1;
                 continue;
             }
             let (want, margin, kept) = engine_draw(row, p);
             if !sorted_path(row, p) {
-                assert!(kept.contains(&(got[i] as u32)), "round {round} row {i} {p:?}: not kept");
+                assert!(
+                    kept.contains(&(got[i] as u32)),
+                    "round {round} row {i} {p:?}: not kept"
+                );
                 kept_only += 1;
             } else if margin < 2e-5 {
                 skipped += 1;
@@ -658,23 +754,43 @@ fn sampling_follows_the_engine_pipeline() {
     // The unsorted path's distribution: stratified u over many copies of one flat row.
     let rows = 512;
     let row: Vec<f32> = (0..vocab).map(|_| 2.0 * rng.sym(1.0)).collect();
-    let p = SampleParams { temperature: 1.0, top_k: 0, top_p: 0.8, min_p: 0.0, u: 0.0 };
-    let params: Vec<SampleParams> =
-        (0..rows).map(|i| SampleParams { u: (i as f32 + 0.5) / rows as f32, ..p }).collect();
+    let p = SampleParams {
+        temperature: 1.0,
+        top_k: 0,
+        top_p: 0.8,
+        min_p: 0.0,
+        u: 0.0,
+    };
+    let params: Vec<SampleParams> = (0..rows)
+        .map(|i| SampleParams {
+            u: (i as f32 + 0.5) / rows as f32,
+            ..p
+        })
+        .collect();
     let ld = c.upload(&row.repeat(rows)).unwrap();
     let mut out = c.upload(&vec![-1i32; rows]).unwrap();
     c.sample(&ld, vocab, &params, &mut out).unwrap();
     let got = c.download(&out).unwrap();
     let (_, _, kept) = engine_draw(&row, &p);
     let kept: std::collections::HashSet<u32> = kept.into_iter().collect();
-    assert!(got.iter().all(|&t| kept.contains(&(t as u32))), "a draw outside the kept set");
+    assert!(
+        got.iter().all(|&t| kept.contains(&(t as u32))),
+        "a draw outside the kept set"
+    );
     // Mass of the kept set's better half (by logit) against its share of the draws.
     let total: f64 = kept.iter().map(|&t| (row[t as usize] as f64).exp()).sum();
     let mut sorted: Vec<u32> = kept.iter().copied().collect();
     sorted.sort_by(|&a, &b| row[b as usize].total_cmp(&row[a as usize]));
     let top: std::collections::HashSet<u32> = sorted[..sorted.len() / 2].iter().copied().collect();
-    let want = top.iter().map(|&t| (row[t as usize] as f64).exp()).sum::<f64>() / total;
+    let want = top
+        .iter()
+        .map(|&t| (row[t as usize] as f64).exp())
+        .sum::<f64>()
+        / total;
     let share = got.iter().filter(|&&t| top.contains(&(t as u32))).count() as f64 / rows as f64;
     eprintln!("unsorted path: better half drawn {share:.3}, mass {want:.3}");
-    assert!((share - want).abs() < 0.08, "draw share {share:.3} vs mass {want:.3}");
+    assert!(
+        (share - want).abs() < 0.08,
+        "draw share {share:.3} vs mass {want:.3}"
+    );
 }

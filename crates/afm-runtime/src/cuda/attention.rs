@@ -127,6 +127,14 @@ impl DeviceLayerKv {
     }
 }
 
+/// Split-K aims for this many attention blocks per multiprocessor: enough independent key
+/// streams in flight to cover memory latency (each block walks its keys serially).
+const SPLIT_TARGET_BLOCKS_PER_SM: usize = 6;
+/// Fewest keys per split, so the merge stays a small cost.
+const SPLIT_MIN_KEYS: usize = 64;
+/// `MAX_SPLITS` in attention.cu.
+const MAX_SPLITS: usize = 128;
+
 /// One step's sequences, packed for the device (see the module header).
 pub struct AttnBatch {
     meta: CudaSlice<i32>,
@@ -165,11 +173,15 @@ impl AttnBatch {
         seqs: &[AttnSeq],
         n_heads: usize,
     ) -> Result<Self> {
-        let shape = cache.layers.first().map(|l| l.shape).ok_or(CudaError::Shape {
-            what: "KV cache layers",
-            got: 0,
-            want: 1,
-        })?;
+        let shape = cache
+            .layers
+            .first()
+            .map(|l| l.shape)
+            .ok_or(CudaError::Shape {
+                what: "KV cache layers",
+                got: 0,
+                want: 1,
+            })?;
         if shape.n_kv_heads == 0 || !n_heads.is_multiple_of(shape.n_kv_heads) {
             return Err(CudaError::Shape {
                 what: "query heads (a multiple of the KV heads)",
@@ -191,10 +203,17 @@ impl AttnBatch {
         let (mut info, mut row_seq, mut tiles) = (Vec::new(), Vec::new(), Vec::new());
         let mut max_context = 0;
         for (i, s) in seqs.iter().enumerate() {
-            check("sequence row0 (rows follow each other)", s.row0, row_seq.len())?;
+            check(
+                "sequence row0 (rows follow each other)",
+                s.row0,
+                row_seq.len(),
+            )?;
             let need = (s.pos0 + s.len).div_ceil(bs);
             check_len("block table length", s.block_table.len(), need)?;
-            for (slot, &b) in tables[i * max_blocks..].iter_mut().zip(&s.block_table[..need]) {
+            for (slot, &b) in tables[i * max_blocks..]
+                .iter_mut()
+                .zip(&s.block_table[..need])
+            {
                 if b as usize >= cache.num_blocks {
                     return Err(CudaError::Shape {
                         what: "block id (below the number of blocks)",
@@ -250,7 +269,12 @@ impl AttnBatch {
     fn ptrs(&self, ctx: &CudaContext) -> (u64, u64, u64, u64) {
         let base = ctx.ptr(&self.meta);
         let at = |o: usize| base + 4 * o as u64;
-        (base, at(self.off_seqs), at(self.off_rows), at(self.off_tiles))
+        (
+            base,
+            at(self.off_seqs),
+            at(self.off_rows),
+            at(self.off_tiles),
+        )
     }
 }
 
@@ -306,8 +330,16 @@ impl CudaContext {
         }
         check_len("kv_write k_stride", k_stride, width)?;
         check_len("kv_write v_stride", v_stride, width)?;
-        check_len("kv_write keys", k.len(), (batch.n_rows - 1) * k_stride + width)?;
-        check_len("kv_write values", v.len(), (batch.n_rows - 1) * v_stride + width)?;
+        check_len(
+            "kv_write keys",
+            k.len(),
+            (batch.n_rows - 1) * k_stride + width,
+        )?;
+        check_len(
+            "kv_write values",
+            v.len(),
+            (batch.n_rows - 1) * v_stride + width,
+        )?;
         let (kp, vp, kc, vc) = (self.ptr(k), self.ptr(v), kv.k.ptr(self), kv.v.ptr(self));
         let (tab, seqs, rows, _) = batch.ptrs(self);
         let (nkv, d, bs, mb) = (
@@ -369,20 +401,30 @@ impl CudaContext {
         }
         check_len("attention q_stride", q_stride, p.n_heads * d)?;
         check_len("attention out_stride", out_stride, p.n_heads * d)?;
-        check_len("attention queries", q.len(), (batch.n_rows - 1) * q_stride + p.n_heads * d)?;
-        check_len("attention output", out.len(), (batch.n_rows - 1) * out_stride + p.n_heads * d)?;
+        check_len(
+            "attention queries",
+            q.len(),
+            (batch.n_rows - 1) * q_stride + p.n_heads * d,
+        )?;
+        check_len(
+            "attention output",
+            out.len(),
+            (batch.n_rows - 1) * out_stride + p.n_heads * d,
+        )?;
 
         let hchunks = group / gh;
         let blocks = nkv * hchunks * batch.tiles;
-        let keys = p.window.map_or(batch.max_context, |w| w.min(batch.max_context));
-        let n_splits = splits.unwrap_or_else(|| {
-            if keys < 512 {
-                1
-            } else {
-                (2 * self.info().sm_count).div_ceil(blocks).clamp(1, (keys / 256).min(64))
-            }
-        });
-        let n_splits = n_splits.clamp(1, 64);
+        let keys = p
+            .window
+            .map_or(batch.max_context, |w| w.min(batch.max_context));
+        let n_splits = splits
+            .unwrap_or_else(|| {
+                let target = SPLIT_TARGET_BLOCKS_PER_SM * self.info().sm_count;
+                target
+                    .div_ceil(blocks)
+                    .clamp(1, (keys / SPLIT_MIN_KEYS).max(1))
+            })
+            .clamp(1, MAX_SPLITS);
         let args = AttnArgs {
             n_heads: p.n_heads as i32,
             n_kv_heads: nkv as i32,
@@ -406,18 +448,19 @@ impl CudaContext {
         } else {
             0
         };
-        let (qp, op, kc, vc) = (self.ptr(q), self.ptr_mut(out), kv.k.ptr(self), kv.v.ptr(self));
+        let (qp, op, kc, vc) = (
+            self.ptr(q),
+            self.ptr_mut(out),
+            kv.k.ptr(self),
+            kv.v.ptr(self),
+        );
         let (tab, seqs, _, tiles) = batch.ptrs(self);
         let t = match kv.k {
             KvBuf::F32(_) => "f32",
             KvBuf::F16(_) => "f16",
         };
         let cfg = LaunchConfig {
-            grid_dim: (
-                (nkv * hchunks) as u32,
-                batch.tiles as u32,
-                n_splits as u32,
-            ),
+            grid_dim: ((nkv * hchunks) as u32, batch.tiles as u32, n_splits as u32),
             block_dim: (128, 1, 1),
             shared_mem_bytes: 0,
         };
@@ -432,7 +475,7 @@ impl CudaContext {
             );
             let cfg = LaunchConfig {
                 grid_dim: ((batch.n_rows * p.n_heads) as u32, 1, 1),
-                block_dim: (d.min(128) as u32, 1, 1),
+                block_dim: (128, 1, 1),
                 shared_mem_bytes: 0,
             };
             let f = self.kernel("attn_reduce")?;

@@ -47,13 +47,15 @@ fn kernel_names(module: &str) -> Vec<String> {
             for t in ["f32", "f16", "bf16", "q8_0", "q4_k", "q6_k"] {
                 v.push(format!("embed_{t}"));
             }
-            for t in ["q8_0", "q4_k", "q6_k"] {
-                v.push(format!("dequant_f16_{t}"));
-            }
             v
         }
         "gemv" => {
-            let mut v = fixed(&["quantize_x_i16"]);
+            let mut v = fixed(&[
+                "quantize_x_i16",
+                "dequant_f16_q8_0",
+                "dequant_f16_q4_k",
+                "dequant_f16_q6_k",
+            ]);
             for t in ["q4_k", "q6_k", "q8_0", "bf16", "f16"] {
                 for n in 1..=super::GEMV_MAX_BATCH {
                     v.push(format!("gemv_{t}_{n}"));
@@ -139,7 +141,7 @@ pub(super) fn scratch<T: DeviceRepr>(
 ) -> Result<u64> {
     if slot.as_ref().is_none_or(|b| b.len() < n) {
         *slot = None; // free first, so peak memory stays one buffer
-        // SAFETY: scratch contents are always written by a kernel before they are read.
+                      // SAFETY: scratch contents are always written by a kernel before they are read.
         *slot = Some(unsafe { stream.alloc::<T>(n.max(1)) }?);
     }
     let buf = slot.as_mut().expect("set just above");
@@ -215,11 +217,13 @@ impl CudaContext {
     }
 
     pub(super) fn kernel(&self, name: &str) -> Result<&CudaFunction> {
-        self.kernels.get(name).ok_or_else(|| CudaError::Unsupported {
-            what: "kernel",
-            value: name.to_string(),
-            supported: "the kernels listed in cuda::context::kernel_names",
-        })
+        self.kernels
+            .get(name)
+            .ok_or_else(|| CudaError::Unsupported {
+                what: "kernel",
+                value: name.to_string(),
+                supported: "the kernels listed in cuda::context::kernel_names",
+            })
     }
 
     /// Uninitialized device memory for `n` elements.

@@ -23,6 +23,8 @@ use crate::{DType, WeightMatrix};
 
 /// Most activation rows one GEMV launch handles (each weight block is reused across them).
 pub const GEMV_MAX_BATCH: usize = 8;
+/// Weight rows per GEMV block (`GEMV_ROWS` in gemv.cu).
+const GEMV_ROWS: usize = 4;
 /// Batches up to this size take the GEMV kernels (several launches); larger ones cuBLAS.
 const GEMV_MAX_ROWS: usize = 32;
 /// Weights dequantized to f16 per cuBLAS call, bounding the scratch (64 MiB).
@@ -59,7 +61,9 @@ impl DeviceWeight {
         &self.bytes
     }
     pub fn row_bytes(&self) -> usize {
-        self.dtype.row_bytes(self.cols).expect("checked by WeightMatrix::new")
+        self.dtype
+            .row_bytes(self.cols)
+            .expect("checked by WeightMatrix::new")
     }
 }
 
@@ -108,13 +112,14 @@ impl CudaContext {
                 supported: "F32, F16, BF16, Q8_0, Q4_K, Q6_K",
             });
         }
-        let gemv_ok = quant || (half && w.cols.is_multiple_of(8));
+        let (xp, op) = (self.ptr(x), self.ptr_mut(out));
+        // The 16-bit GEMV reads activations as float4.
+        let gemv_ok = quant || (half && w.cols.is_multiple_of(8) && xp.is_multiple_of(16));
         let use_gemv = match path {
             MatmulPath::Auto => gemv_ok && n <= GEMV_MAX_ROWS,
             MatmulPath::Gemv => gemv_ok,
             MatmulPath::Gemm => false,
         };
-        let (xp, op) = (self.ptr(x), self.ptr_mut(out));
         if use_gemv {
             self.gemv(w, xp, n, op)
         } else {
@@ -127,7 +132,7 @@ impl CudaContext {
         let wp = self.ptr(&w.bytes);
         let (ri, ci) = (rows as i32, cols as i32);
         let cfg = LaunchConfig {
-            grid_dim: (rows as u32, 1, 1),
+            grid_dim: (rows.div_ceil(GEMV_ROWS) as u32, 1, 1),
             block_dim: (128, 1, 1),
             shared_mem_bytes: 0,
         };
@@ -174,7 +179,9 @@ impl CudaContext {
         let wp = self.ptr(&w.bytes);
         let stream = self.stream().clone();
         match w.dtype {
-            DType::F32 => self.blas_gemm(cudaDataType_t::CUDA_R_32F, wp, xp, op, rows, n, cols, rows),
+            DType::F32 => {
+                self.blas_gemm(cudaDataType_t::CUDA_R_32F, wp, xp, op, rows, n, cols, rows)
+            }
             DType::BF16 | DType::F16 => {
                 let (ty, conv) = if w.dtype == DType::BF16 {
                     (cudaDataType_t::CUDA_R_16BF, "f32_to_bf16")
@@ -204,8 +211,9 @@ impl CudaContext {
                     let nr = (rows - r0).min(chunk_rows);
                     let w0 = wp + (r0 * rb) as u64;
                     let (nri, ci, rbi) = (nr as i32, cols as i32, rb as i64);
+                    // One thread per 32 weights (a GEMV work unit).
                     let f = self.kernel(name)?;
-                    launch!(self, f, grid_1d(nr * cols, 256); w0, hw, nri, ci, rbi)?;
+                    launch!(self, f, grid_1d(nr * cols / 32, 256); w0, hw, nri, ci, rbi)?;
                     let o0 = op + (r0 * 4) as u64;
                     self.blas_gemm(cudaDataType_t::CUDA_R_16F, hw, hx, o0, nr, n, cols, rows)?;
                 }

@@ -182,7 +182,11 @@ impl CudaContext {
         }
         check_len("rope row_stride", row_stride, n_heads * head_dim)?;
         if n_tokens > 0 {
-            check_len("rope input", x.len(), (n_tokens - 1) * row_stride + n_heads * head_dim)?;
+            check_len(
+                "rope input",
+                x.len(),
+                (n_tokens - 1) * row_stride + n_heads * head_dim,
+            )?;
         }
         let (xp, pp, cp) = (self.ptr_mut(x), self.ptr(positions), self.ptr(&table.cs));
         let neox = (table.style == RopeStyle::Neox) as i32;
@@ -261,7 +265,11 @@ impl CudaContext {
     }
 
     /// `x += y`.
-    pub fn add_assign(&self, x: &mut impl DevicePtrMut<f32>, y: &impl DevicePtr<f32>) -> Result<()> {
+    pub fn add_assign(
+        &self,
+        x: &mut impl DevicePtrMut<f32>,
+        y: &impl DevicePtr<f32>,
+    ) -> Result<()> {
         check("add_assign operand length", y.len(), x.len())?;
         let (n, xp, yp) = (x.len() as i64, self.ptr_mut(x), self.ptr(y));
         let f = self.kernel("add_f32")?;

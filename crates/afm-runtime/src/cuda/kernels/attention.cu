@@ -188,21 +188,30 @@ ATTN_D4(128)
 ATTN_D(256)
 
 // Combines the splits of one (row, head): out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M).
-extern "C" __global__ void attn_reduce(const float* ws, float* out, int n_heads, int n_splits,
-                                       int D, int out_stride) {
+// 128 threads: the split weights are computed once into shared memory, then each thread sums
+// one dimension over the splits (independent loads, not a serial chain per split).
+#define MAX_SPLITS 128
+extern "C" __global__ void __launch_bounds__(128)
+    attn_reduce(const float* ws, float* out, int n_heads, int n_splits, int D, int out_stride) {
+    __shared__ float sw[MAX_SPLITS];
+    __shared__ float sh[32];
     const int rh = blockIdx.x, r = rh / n_heads, h = rh % n_heads;
     const float* w = ws + (i64)rh * n_splits * (D + 2);
-    float M = NEG_INF;
-    for (int sp = 0; sp < n_splits; sp++) M = fmaxf(M, w[sp * (D + 2) + D]);
+    float m = NEG_INF;
+    for (int sp = threadIdx.x; sp < n_splits; sp += blockDim.x) m = fmaxf(m, w[sp * (D + 2) + D]);
+    const float M = block_max(m, sh);
+    float l = 0.f;
+    for (int sp = threadIdx.x; sp < n_splits; sp += blockDim.x) {
+        const float mm = w[sp * (D + 2) + D];
+        const float e = mm == NEG_INF ? 0.f : __expf(mm - M);
+        sw[sp] = e;
+        l += w[sp * (D + 2) + D + 1] * e;
+    }
+    const float L = block_sum(l, sh);  // its barriers also publish sw
     for (int dd = threadIdx.x; dd < D; dd += blockDim.x) {
-        float L = 0.f, O = 0.f;
-        for (int sp = 0; sp < n_splits; sp++) {
-            const float mm = w[sp * (D + 2) + D];
-            if (mm == NEG_INF) continue;
-            const float e = __expf(mm - M);
-            L += w[sp * (D + 2) + D + 1] * e;
-            O += w[sp * (D + 2) + dd] * e;
-        }
+        float O = 0.f;
+#pragma unroll 4
+        for (int sp = 0; sp < n_splits; sp++) O += w[sp * (D + 2) + dd] * sw[sp];
         out[(i64)r * out_stride + h * D + dd] = O / L;
     }
 }

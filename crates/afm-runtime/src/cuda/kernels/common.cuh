@@ -73,6 +73,17 @@ __device__ float block_sum(float v, float* sh) {
     return warp_sum(v);
 }
 
+// Maximum over the whole block; every thread gets it. `sh` holds 32.
+__device__ float block_max(float v, float* sh) {
+    v = warp_max(v);
+    const int w = threadIdx.x >> 5, l = threadIdx.x & 31, nw = blockDim.x >> 5;
+    __syncthreads();
+    if (l == 0) sh[w] = v;
+    __syncthreads();
+    v = l < nw ? sh[l] : NEG_INF;
+    return warp_max(v);
+}
+
 __device__ int block_sum_int(int v, int* sh) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);

@@ -1,5 +1,5 @@
-// Per-row and element-wise ops of a transformer layer on f32 activations, embedding lookups and
-// weight dequantization. Formulas follow afm_runtime::ops and quant:: dequantize_row; where the
+// Per-row and element-wise ops of a transformer layer on f32 activations and embedding
+// lookups. Formulas follow afm_runtime::ops and quant:: dequantize_row; where the
 // CPU result is bit-exact (RoPE, dequantization) the products are unfused (__fmul_rn) to match.
 
 // x += res (when res is given, written back), then out = x / rms(x) * w. One warp per row.
@@ -157,16 +157,3 @@ EMBED(embed_bf16, dq_bf16)
 EMBED(embed_q8_0, dq_q8_0)
 EMBED(embed_q4_k, dq_q4_k)
 EMBED(embed_q6_k, dq_q6_k)
-
-// A whole quantized matrix to f16, for prefill through cuBLAS.
-#define DEQUANT_F16(NAME, DQ)                                                                  \
-    extern "C" __global__ void NAME(const u8* w, u16* out, int rows, int cols, i64 row_bytes) { \
-        const i64 idx = blockIdx.x * (i64)blockDim.x + threadIdx.x;                            \
-        if (idx >= (i64)rows * cols) return;                                                   \
-        const i64 r = idx / cols;                                                              \
-        out[idx] = f2h(DQ(w + r * row_bytes, (int)(idx % cols)));                              \
-    }
-
-DEQUANT_F16(dequant_f16_q8_0, dq_q8_0)
-DEQUANT_F16(dequant_f16_q4_k, dq_q4_k)
-DEQUANT_F16(dequant_f16_q6_k, dq_q6_k)

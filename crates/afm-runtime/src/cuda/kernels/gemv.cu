@@ -1,6 +1,7 @@
 // Matrix-vector products for decode and small batches: out[b][row] = x[b] . W[row] for N <= 8
-// activation rows, one block of 128 threads per weight row, every weight byte read once and
-// used for all N rows.
+// activation rows. A block of 128 threads owns GEMV_ROWS weight rows; each thread decodes its
+// unit of all of them into registers, then every activation load serves all GEMV_ROWS rows, so
+// each weight byte is read once and activations are re-read cols/GEMV_ROWS times, not cols.
 //
 // Quantized weights are read in their GGML blocks. Activations are first quantized to int16 in
 // blocks of 32 (scale xd, exact f32 sum xs), so a weight block's dot is integer dp2a work:
@@ -15,6 +16,7 @@
 //   bf16/f16 (U = cols/8 per row): 8 weights (one 16-byte load)
 
 #define GEMV_THREADS 128
+#define GEMV_ROWS 4  // weight rows per block: each activation load serves all of them
 
 // Quantizes x (rows of `cols`, a multiple of 32) in blocks of 32: one warp per block.
 extern "C" __global__ void quantize_x_i16(const float* x, short* xq, float* xd, float* xs,
@@ -33,21 +35,27 @@ extern "C" __global__ void quantize_x_i16(const float* x, short* xq, float* xd, 
     }
 }
 
+// Sums each (row, batch) accumulator over the block and writes out[b][row0 + r].
 template <int N>
-__device__ __forceinline__ void gemv_finish(float (&acc)[N], float* out, int rows, int row) {
-    __shared__ float sh[N][GEMV_THREADS / 32];
+__device__ __forceinline__ void gemv_finish(float (&acc)[GEMV_ROWS][N], float* out, int rows,
+                                            int row0) {
+    __shared__ float sh[GEMV_ROWS * N][GEMV_THREADS / 32];
     const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
 #pragma unroll
-    for (int b = 0; b < N; b++) {
-        const float v = warp_sum(acc[b]);
-        if (l == 0) sh[b][w] = v;
+    for (int r = 0; r < GEMV_ROWS; r++) {
+#pragma unroll
+        for (int b = 0; b < N; b++) {
+            const float v = warp_sum(acc[r][b]);
+            if (l == 0) sh[r * N + b][w] = v;
+        }
     }
     __syncthreads();
-    if (threadIdx.x < N) {
+    if (threadIdx.x < GEMV_ROWS * N) {
+        const int r = threadIdx.x / N, b = threadIdx.x % N;
         float s = 0.f;
 #pragma unroll
         for (int i = 0; i < GEMV_THREADS / 32; i++) s += sh[threadIdx.x][i];
-        out[(i64)threadIdx.x * rows + row] = s;
+        if (row0 + r < rows) out[(i64)b * rows + row0 + r] = s;
     }
 }
 
@@ -59,151 +67,191 @@ __device__ __forceinline__ int dot8(int4 x, u32 wa, u32 wb) {
     return dp2a_hi(x.w, (int)wb, s);
 }
 
+#define GEMV_ZERO(acc)                                                                         \
+    float acc[GEMV_ROWS][N];                                                                   \
+    _Pragma("unroll") for (int r = 0; r < GEMV_ROWS; r++)                                      \
+        _Pragma("unroll") for (int b = 0; b < N; b++) acc[r][b] = 0.f;
+
+// Scales of Q4_K sub-blocks 2p and 2p+1 (GGML's get_scale_min_k4) times d and dmin.
+__device__ __forceinline__ void q4k_scales(const u8* base, int p, float& d0, float& d1,
+                                           float& m0, float& m1) {
+    const u32 dm = *(const u32*)base;
+    const u32 s0 = *(const u32*)(base + 4), s1 = *(const u32*)(base + 8);
+    const u32 s2 = *(const u32*)(base + 12);
+    int sc0, mn0, sc1, mn1;
+    if (p < 2) {
+        const u32 a = (s0 >> (16 * p)) & 0x3f3f, b = (s1 >> (16 * p)) & 0x3f3f;
+        sc0 = a & 0xff; sc1 = a >> 8; mn0 = b & 0xff; mn1 = b >> 8;
+    } else {
+        const int k = 16 * (p - 2);
+        const u32 c = (s2 >> k) & 0xffff, a = (s0 >> k) & 0xffff, b = (s1 >> k) & 0xffff;
+        sc0 = (c & 0xf) | (((a >> 6) & 3) << 4);
+        sc1 = ((c >> 8) & 0xf) | (((a >> 14) & 3) << 4);
+        mn0 = ((c >> 4) & 0xf) | (((b >> 6) & 3) << 4);
+        mn1 = ((c >> 12) & 0xf) | (((b >> 14) & 3) << 4);
+    }
+    const float d = h2f(dm & 0xffff), dmin = h2f(dm >> 16);
+    d0 = __fmul_rn(d, (float)sc0); d1 = __fmul_rn(d, (float)sc1);
+    m0 = __fmul_rn(dmin, (float)mn0); m1 = __fmul_rn(dmin, (float)mn1);
+}
+
 template <int N>
 __device__ void gemv_q4_k(const u8* W, const short* xq, const float* xd, const float* xs,
                           float* out, int rows, int cols) {
-    const int row = blockIdx.x, nb = cols / 256, xbr = cols / 32;
-    const u8* wr = W + (i64)row * nb * 144;
-    float acc[N];
-#pragma unroll
-    for (int b = 0; b < N; b++) acc[b] = 0.f;
-#pragma unroll 2
+    const int row0 = blockIdx.x * GEMV_ROWS, nb = cols / 256, xbr = cols / 32;
+    const i64 rbytes = (i64)nb * 144;
+    GEMV_ZERO(acc)
     for (int u = threadIdx.x; u < nb * 8; u += GEMV_THREADS) {
         const int blk = u >> 3, p = (u >> 1) & 3, h = u & 1;
-        const u8* base = wr + blk * 144;
-        const uint4 q = *(const uint4*)(base + 16 + 32 * p + 16 * h);
-        const u32 dm = *(const u32*)base;
-        const float d = h2f(dm & 0xffff), dmin = h2f(dm >> 16);
-        const u8* s = base + 4;
-        const int j0 = 2 * p, j1 = j0 + 1;
-        int sc0, m0, sc1, m1;
-        if (p < 2) {
-            sc0 = s[j0] & 63; m0 = s[j0 + 4] & 63;
-            sc1 = s[j1] & 63; m1 = s[j1 + 4] & 63;
-        } else {
-            sc0 = (s[j0 + 4] & 0xF) | ((s[j0 - 4] >> 6) << 4);
-            m0 = (s[j0 + 4] >> 4) | ((s[j0] >> 6) << 4);
-            sc1 = (s[j1 + 4] & 0xF) | ((s[j1 - 4] >> 6) << 4);
-            m1 = (s[j1 + 4] >> 4) | ((s[j1] >> 6) << 4);
+        const int j0 = 2 * p;
+        u32 lo[GEMV_ROWS][4], hi[GEMV_ROWS][4];
+        float d0[GEMV_ROWS], d1[GEMV_ROWS], m0[GEMV_ROWS], m1[GEMV_ROWS];
+#pragma unroll
+        for (int r = 0; r < GEMV_ROWS; r++) {
+            const int row = min(row0 + r, rows - 1);  // a tail block repeats the last row
+            const u8* base = W + row * rbytes + blk * 144;
+            const uint4 q = *(const uint4*)(base + 16 + 32 * p + 16 * h);
+            q4k_scales(base, p, d0[r], d1[r], m0[r], m1[r]);
+            const u32 w4[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                lo[r][i] = w4[i] & 0x0F0F0F0F;
+                hi[r][i] = (w4[i] >> 4) & 0x0F0F0F0F;
+            }
         }
-        const u32 lo0 = q.x & 0x0F0F0F0F, lo1 = q.y & 0x0F0F0F0F;
-        const u32 lo2 = q.z & 0x0F0F0F0F, lo3 = q.w & 0x0F0F0F0F;
-        const u32 hi0 = (q.x >> 4) & 0x0F0F0F0F, hi1 = (q.y >> 4) & 0x0F0F0F0F;
-        const u32 hi2 = (q.z >> 4) & 0x0F0F0F0F, hi3 = (q.w >> 4) & 0x0F0F0F0F;
         const int c0 = blk * 256 + 32 * j0 + 16 * h;
-        const float d0 = d * (float)sc0, d1 = d * (float)sc1;
-        const float mm0 = dmin * (float)m0, mm1 = dmin * (float)m1;
 #pragma unroll
         for (int b = 0; b < N; b++) {
             const int4* xa = (const int4*)(xq + (i64)b * cols + c0);
-            const int4* xb = (const int4*)(xq + (i64)b * cols + c0 + 32);
-            const int s0 = dot8(xa[0], lo0, lo1) + dot8(xa[1], lo2, lo3);
-            const int s1 = dot8(xb[0], hi0, hi1) + dot8(xb[1], hi2, hi3);
+            const int4 a0 = xa[0], a1 = xa[1], e0 = xa[4], e1 = xa[5];  // c0 + 32 = xa + 4
             const int jb = b * xbr + blk * 8 + j0;
-            float a = xd[jb] * d0 * (float)s0 + xd[jb + 1] * d1 * (float)s1;
+            const float xd0 = xd[jb], xd1 = xd[jb + 1];
             // The min term needs the whole sub-block's sum: the h = 0 half adds it.
-            if (h == 0) a -= mm0 * xs[jb] + mm1 * xs[jb + 1];
-            acc[b] += a;
+            const float xs0 = h == 0 ? xs[jb] : 0.f, xs1 = h == 0 ? xs[jb + 1] : 0.f;
+#pragma unroll
+            for (int r = 0; r < GEMV_ROWS; r++) {
+                const int i0 = dot8(a0, lo[r][0], lo[r][1]) + dot8(a1, lo[r][2], lo[r][3]);
+                const int i1 = dot8(e0, hi[r][0], hi[r][1]) + dot8(e1, hi[r][2], hi[r][3]);
+                acc[r][b] += xd0 * d0[r] * (float)i0 + xd1 * d1[r] * (float)i1 -
+                             (m0[r] * xs0 + m1[r] * xs1);
+            }
         }
     }
-    gemv_finish<N>(acc, out, rows, row);
+    gemv_finish<N>(acc, out, rows, row0);
 }
 
 template <int N>
 __device__ void gemv_q6_k(const u8* W, const short* xq, const float* xd, const float* xs,
                           float* out, int rows, int cols) {
-    const int row = blockIdx.x, nb = cols / 256, xbr = cols / 32;
-    const u8* wr = W + (i64)row * nb * 210;
-    float acc[N];
-#pragma unroll
-    for (int b = 0; b < N; b++) acc[b] = 0.f;
-#pragma unroll 2
+    const int row0 = blockIdx.x * GEMV_ROWS, nb = cols / 256, xbr = cols / 32;
+    const i64 rbytes = (i64)nb * 210;
+    GEMV_ZERO(acc)
     for (int u = threadIdx.x; u < nb * 8; u += GEMV_THREADS) {
         const int blk = u >> 3, hh = (u >> 2) & 1, lr = u & 3;
-        const u8* base = wr + blk * 210;
-        const u8* ql = base + 64 * hh + 8 * lr;
-        const u8* qh = base + 128 + 32 * hh + 8 * lr;
-        const u32 q0a = ld32_a2(ql), q0b = ld32_a2(ql + 4);
-        const u32 q1a = ld32_a2(ql + 32), q1b = ld32_a2(ql + 36);
-        const u32 ha = ld32_a2(qh), hb = ld32_a2(qh + 4);
-        const float d = h2f(ld16(base + 208));
-        const signed char* sc = (const signed char*)(base + 192 + 8 * hh + lr / 2);
+        u32 v[GEMV_ROWS][8];
+        float dg[GEMV_ROWS][4];
 #pragma unroll
-        for (int g = 0; g < 4; g++) {
-            const int shift = 4 * (g >> 1);
-            const u32 wa = (g & 1) ? q1a : q0a, wb = (g & 1) ? q1b : q0b;
-            u32 va = ((wa >> shift) & 0x0F0F0F0F) | (((ha >> (2 * g)) & 0x03030303) << 4);
-            u32 vb = ((wb >> shift) & 0x0F0F0F0F) | (((hb >> (2 * g)) & 0x03030303) << 4);
-            // Per byte v - 32 without borrows between bytes (v <= 63).
-            va = ((va | 0x80808080) - 0x20202020) ^ 0x80808080;
-            vb = ((vb | 0x80808080) - 0x20202020) ^ 0x80808080;
-            const int col = blk * 256 + 128 * hh + 32 * g + 8 * lr;
-            const float dg = d * (float)sc[2 * g];
+        for (int r = 0; r < GEMV_ROWS; r++) {
+            const int row = min(row0 + r, rows - 1);
+            const u8* base = W + row * rbytes + blk * 210;
+            const u8* ql = base + 64 * hh + 8 * lr;
+            const u8* qh = base + 128 + 32 * hh + 8 * lr;
+            const u32 q0a = ld32_a2(ql), q0b = ld32_a2(ql + 4);
+            const u32 q1a = ld32_a2(ql + 32), q1b = ld32_a2(ql + 36);
+            const u32 ha = ld32_a2(qh), hb = ld32_a2(qh + 4);
+            const float d = h2f(ld16(base + 208));
+            const signed char* scp = (const signed char*)(base + 192 + 8 * hh + lr / 2);
 #pragma unroll
-            for (int b = 0; b < N; b++) {
+            for (int g = 0; g < 4; g++) {
+                const int shift = 4 * (g >> 1);
+                const u32 wa = (g & 1) ? q1a : q0a, wb = (g & 1) ? q1b : q0b;
+                u32 va = ((wa >> shift) & 0x0F0F0F0F) | (((ha >> (2 * g)) & 0x03030303) << 4);
+                u32 vb = ((wb >> shift) & 0x0F0F0F0F) | (((hb >> (2 * g)) & 0x03030303) << 4);
+                // Per byte v - 32 without borrows between bytes (v <= 63).
+                v[r][2 * g] = ((va | 0x80808080) - 0x20202020) ^ 0x80808080;
+                v[r][2 * g + 1] = ((vb | 0x80808080) - 0x20202020) ^ 0x80808080;
+                dg[r][g] = d * (float)scp[2 * g];
+            }
+        }
+#pragma unroll
+        for (int b = 0; b < N; b++) {
+#pragma unroll
+            for (int g = 0; g < 4; g++) {
+                const int col = blk * 256 + 128 * hh + 32 * g + 8 * lr;
                 const int4 xv = *(const int4*)(xq + (i64)b * cols + col);
-                acc[b] += xd[b * xbr + blk * 8 + 4 * hh + g] * dg * (float)dot8(xv, va, vb);
+                const float x_d = xd[b * xbr + blk * 8 + 4 * hh + g];
+#pragma unroll
+                for (int r = 0; r < GEMV_ROWS; r++)
+                    acc[r][b] += x_d * dg[r][g] * (float)dot8(xv, v[r][2 * g], v[r][2 * g + 1]);
             }
         }
     }
-    gemv_finish<N>(acc, out, rows, row);
+    gemv_finish<N>(acc, out, rows, row0);
 }
 
 template <int N>
 __device__ void gemv_q8_0(const u8* W, const short* xq, const float* xd, const float* xs,
                           float* out, int rows, int cols) {
-    const int row = blockIdx.x, nb = cols / 32, xbr = cols / 32;
-    const u8* wr = W + (i64)row * nb * 34;
-    float acc[N];
-#pragma unroll
-    for (int b = 0; b < N; b++) acc[b] = 0.f;
-#pragma unroll 4
+    const int row0 = blockIdx.x * GEMV_ROWS, nb = cols / 32, xbr = cols / 32;
+    const i64 rbytes = (i64)nb * 34;
+    GEMV_ZERO(acc)
+#pragma unroll 2
     for (int u = threadIdx.x; u < nb * 4; u += GEMV_THREADS) {
         const int blk = u >> 2, k = u & 3;
-        const u8* base = wr + blk * 34;
-        const float d = h2f(ld16(base));
-        const u32 wa = ld32_a2(base + 2 + 8 * k), wb = ld32_a2(base + 6 + 8 * k);
+        u32 wa[GEMV_ROWS], wb[GEMV_ROWS];
+        float d[GEMV_ROWS];
+#pragma unroll
+        for (int r = 0; r < GEMV_ROWS; r++) {
+            const u8* base = W + min(row0 + r, rows - 1) * rbytes + blk * 34;
+            d[r] = h2f(ld16(base));
+            wa[r] = ld32_a2(base + 2 + 8 * k);
+            wb[r] = ld32_a2(base + 6 + 8 * k);
+        }
         const int col = blk * 32 + 8 * k;
 #pragma unroll
         for (int b = 0; b < N; b++) {
             const int4 xv = *(const int4*)(xq + (i64)b * cols + col);
-            acc[b] += xd[b * xbr + blk] * d * (float)dot8(xv, wa, wb);
+            const float x_d = xd[b * xbr + blk];
+#pragma unroll
+            for (int r = 0; r < GEMV_ROWS; r++)
+                acc[r][b] += x_d * d[r] * (float)dot8(xv, wa[r], wb[r]);
         }
     }
-    gemv_finish<N>(acc, out, rows, row);
+    gemv_finish<N>(acc, out, rows, row0);
 }
 
 template <int N, bool BF16>
 __device__ void gemv_half(const u16* W, const float* x, float* out, int rows, int cols) {
-    const int row = blockIdx.x;
-    const uint4* wr = (const uint4*)(W + (i64)row * cols);
-    float acc[N];
-#pragma unroll
-    for (int b = 0; b < N; b++) acc[b] = 0.f;
-#pragma unroll 2
+    const int row0 = blockIdx.x * GEMV_ROWS;
+    GEMV_ZERO(acc)
     for (int u = threadIdx.x; u < cols / 8; u += GEMV_THREADS) {
-        const uint4 q = wr[u];
-        const u32 ws[4] = {q.x, q.y, q.z, q.w};
-        float w[8];
+        float w[GEMV_ROWS][8];
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
-            if (BF16) {
-                w[2 * i] = __uint_as_float(ws[i] << 16);
-                w[2 * i + 1] = __uint_as_float(ws[i] & 0xffff0000u);
-            } else {
-                w[2 * i] = h2f((u16)(ws[i] & 0xffff));
-                w[2 * i + 1] = h2f((u16)(ws[i] >> 16));
+        for (int r = 0; r < GEMV_ROWS; r++) {
+            const uint4 q = ((const uint4*)(W + (i64)min(row0 + r, rows - 1) * cols))[u];
+            const u32 ws[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                if (BF16) {
+                    w[r][2 * i] = __uint_as_float(ws[i] << 16);
+                    w[r][2 * i + 1] = __uint_as_float(ws[i] & 0xffff0000u);
+                } else {
+                    w[r][2 * i] = h2f((u16)(ws[i] & 0xffff));
+                    w[r][2 * i + 1] = h2f((u16)(ws[i] >> 16));
+                }
             }
         }
 #pragma unroll
         for (int b = 0; b < N; b++) {
             const float4* xv = (const float4*)(x + (i64)b * cols + 8 * u);
             const float4 a = xv[0], c = xv[1];
-            acc[b] += w[0] * a.x + w[1] * a.y + w[2] * a.z + w[3] * a.w + w[4] * c.x +
-                      w[5] * c.y + w[6] * c.z + w[7] * c.w;
+#pragma unroll
+            for (int r = 0; r < GEMV_ROWS; r++)
+                acc[r][b] += w[r][0] * a.x + w[r][1] * a.y + w[r][2] * a.z + w[r][3] * a.w +
+                             w[r][4] * c.x + w[r][5] * c.y + w[r][6] * c.z + w[r][7] * c.w;
         }
     }
-    gemv_finish<N>(acc, out, rows, row);
+    gemv_finish<N>(acc, out, rows, row0);
 }
 
 #define GEMV_Q(T, N)                                                                           \
@@ -228,3 +276,93 @@ GEMV_ALL(5)
 GEMV_ALL(6)
 GEMV_ALL(7)
 GEMV_ALL(8)
+
+// Whole quantized matrices to f16 (prefill goes through cuBLAS): one thread per GEMV work unit,
+// 16-byte stores. Values are the CPU dequantization's, rounded once to f16.
+__device__ __forceinline__ u32 pack2(float a, float b) {
+    return (u32)f2h(a) | ((u32)f2h(b) << 16);
+}
+
+extern "C" __global__ void dequant_f16_q4_k(const u8* w, u16* out, int rows, int cols,
+                                            i64 row_bytes) {
+    const int units = cols / 256 * 8;
+    const i64 idx = blockIdx.x * (i64)blockDim.x + threadIdx.x;
+    if (idx >= (i64)rows * units) return;
+    const i64 r = idx / units;
+    const int u = idx % units, blk = u >> 3, p = (u >> 1) & 3, h = u & 1;
+    const u8* base = w + r * row_bytes + blk * 144;
+    float d0, d1, m0, m1;
+    q4k_scales(base, p, d0, d1, m0, m1);
+    const uint4 q = *(const uint4*)(base + 16 + 32 * p + 16 * h);
+    const u32 qw[4] = {q.x, q.y, q.z, q.w};
+    u32 lo[8], hi[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        const u32 b0 = (qw[i / 2] >> (16 * (i & 1))) & 0xff, b1 = (qw[i / 2] >> (16 * (i & 1) + 8)) & 0xff;
+        lo[i] = pack2(__fsub_rn(__fmul_rn(d0, (float)(b0 & 15)), m0),
+                      __fsub_rn(__fmul_rn(d0, (float)(b1 & 15)), m0));
+        hi[i] = pack2(__fsub_rn(__fmul_rn(d1, (float)(b0 >> 4)), m1),
+                      __fsub_rn(__fmul_rn(d1, (float)(b1 >> 4)), m1));
+    }
+    uint4* o = (uint4*)(out + r * cols + blk * 256 + 64 * p + 16 * h);
+    o[0] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+    o[1] = make_uint4(lo[4], lo[5], lo[6], lo[7]);
+    o[4] = make_uint4(hi[0], hi[1], hi[2], hi[3]);  // 32 values further on
+    o[5] = make_uint4(hi[4], hi[5], hi[6], hi[7]);
+}
+
+extern "C" __global__ void dequant_f16_q6_k(const u8* w, u16* out, int rows, int cols,
+                                            i64 row_bytes) {
+    const int units = cols / 256 * 8;
+    const i64 idx = blockIdx.x * (i64)blockDim.x + threadIdx.x;
+    if (idx >= (i64)rows * units) return;
+    const i64 r = idx / units;
+    const int u = idx % units, blk = u >> 3, hh = (u >> 2) & 1, lr = u & 3;
+    const u8* base = w + r * row_bytes + blk * 210;
+    const u8* ql = base + 64 * hh + 8 * lr;
+    const u8* qh = base + 128 + 32 * hh + 8 * lr;
+    const signed char* sc = (const signed char*)(base + 192 + 8 * hh + lr / 2);
+    const float d = h2f(ld16(base + 208));
+#pragma unroll
+    for (int g = 0; g < 4; g++) {
+        const float dg = __fmul_rn(d, (float)sc[2 * g]);
+        u32 v[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            float f[2];
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int l = 2 * i + e;
+                const int low = (ql[32 * (g & 1) + l] >> (4 * (g >> 1))) & 0xF;
+                const int high = (qh[l] >> (2 * g)) & 3;
+                f[e] = __fmul_rn(dg, (float)((low | (high << 4)) - 32));
+            }
+            v[i] = pack2(f[0], f[1]);
+        }
+        *(uint4*)(out + r * cols + blk * 256 + 128 * hh + 32 * g + 8 * lr) =
+            make_uint4(v[0], v[1], v[2], v[3]);
+    }
+}
+
+extern "C" __global__ void dequant_f16_q8_0(const u8* w, u16* out, int rows, int cols,
+                                            i64 row_bytes) {
+    const int nb = cols / 32;
+    const i64 idx = blockIdx.x * (i64)blockDim.x + threadIdx.x;
+    if (idx >= (i64)rows * nb) return;
+    const i64 r = idx / nb;
+    const int blk = idx % nb;
+    const u8* base = w + r * row_bytes + blk * 34;
+    const float d = h2f(ld16(base));
+    uint4* o = (uint4*)(out + r * cols + blk * 32);
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        u32 v[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int e = 8 * k + 2 * i;
+            v[i] = pack2(__fmul_rn((float)(signed char)base[2 + e], d),
+                         __fmul_rn((float)(signed char)base[3 + e], d));
+        }
+        o[k] = make_uint4(v[0], v[1], v[2], v[3]);
+    }
+}

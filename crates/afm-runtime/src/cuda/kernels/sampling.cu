@@ -10,7 +10,25 @@
 // order. Bias and penalties are applied to the logits beforehand.
 
 #define SAMPLE_THREADS 1024
+
+// Calls f(value, index) for every logit of a row, each thread in increasing index order;
+// 16-byte loads when the row allows (a pass is latency-bound in one block otherwise).
+template <typename F>
+__device__ __forceinline__ void for_each_logit(const float* x, int vocab, F f) {
+    if ((vocab & 3) == 0 && ((u64)x & 15) == 0) {
+        const float4* x4 = (const float4*)x;
+#pragma unroll 4
+        for (int k = threadIdx.x; k < vocab / 4; k += blockDim.x) {
+            const float4 v = x4[k];
+            f(v.x, 4 * k); f(v.y, 4 * k + 1); f(v.z, 4 * k + 2); f(v.w, 4 * k + 3);
+        }
+    } else {
+#pragma unroll 4
+        for (int k = threadIdx.x; k < vocab; k += blockDim.x) f(x[k], k);
+    }
+}
 #define SAMPLE_CAP 4096
+#define SAMPLE_BINS 2048
 
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
     argmax_rows(const float* logits, int* out, int vocab) {
@@ -19,9 +37,9 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
     const float* x = logits + (i64)blockIdx.x * vocab;
     float v = NEG_INF;
     int i = 0x7fffffff;
-    for (int k = threadIdx.x; k < vocab; k += blockDim.x) {
-        if (x[k] > v || i == 0x7fffffff) { v = x[k]; i = k; }
-    }
+    for_each_logit(x, vocab, [&](float y, int k) {
+        if (y > v || i == 0x7fffffff) { v = y; i = k; }
+    });
     block_argmax(v, i, shv, shi);
     if (threadIdx.x == 0) out[blockIdx.x] = i;
 }
@@ -40,8 +58,35 @@ __device__ __forceinline__ u64 sort_key(float v, int id) {
 
 __device__ int count_at_least(const float* x, int vocab, float t, int* shi) {
     int c = 0;
-    for (int k = threadIdx.x; k < vocab; k += blockDim.x) c += x[k] >= t;
+    for_each_logit(x, vocab, [&](float y, int) { c += y >= t; });
     return block_sum_int(c, shi);
+}
+
+__device__ float block_scan_excl(float v, float* sh, float& total);
+
+// A floor at or below the k-th largest value with few values above it, from one histogram
+// pass over SAMPLE_BINS equal bins of [floor_v, best]: the lower edge of the bin where the
+// count from the top reaches k (a little lower still, against rounding).
+__device__ float topk_floor(const float* x, int vocab, float best, float floor_v, int k,
+                            int* hist, float* shv, int* shi) {
+    const float w = (best - floor_v) / SAMPLE_BINS;
+    if (!(w > 0.f)) return floor_v;
+    for (int i = threadIdx.x; i < SAMPLE_BINS; i += blockDim.x) hist[i] = 0;
+    __syncthreads();
+    for_each_logit(x, vocab, [&](float v, int) {
+        if (v >= floor_v) atomicAdd(&hist[min(SAMPLE_BINS - 1, (int)((best - v) / w))], 1);
+    });
+    __syncthreads();
+    // Bins per thread: SAMPLE_BINS / blockDim.x = 2.
+    const int b0 = 2 * threadIdx.x;
+    const int c0 = hist[b0], c1 = hist[b0 + 1];
+    float total;
+    const int before = (int)block_scan_excl((float)(c0 + c1), shv, total);
+    int bin = 0x7fffffff;
+    if (before < k && before + c0 + c1 >= k) bin = before + c0 >= k ? b0 : b0 + 1;
+    bin = block_min_int(bin, shi);
+    if (bin == 0x7fffffff) return floor_v;
+    return fmaxf(floor_v, best - (bin + 1) * w * 1.0001f - 1e-6f * fabsf(best));
 }
 
 // The k-th largest value (k >= 1) by bisection over the ordered bit patterns.
@@ -50,7 +95,7 @@ __device__ float kth_value(const float* x, int vocab, int k, int* shi) {
     while (lo < hi) {
         const u32 mid = lo + (u32)(((u64)hi - lo + 1) >> 1);
         int c = 0;
-        for (int i = threadIdx.x; i < vocab; i += blockDim.x) c += ord_key(x[i]) >= mid;
+        for_each_logit(x, vocab, [&](float y, int) { c += ord_key(y) >= mid; });
         if (block_sum_int(c, shi) >= k) lo = mid; else hi = mid - 1;
     }
     return key_value(lo);
@@ -90,12 +135,12 @@ __device__ int sample_sorted(const float* x, int vocab, float floor_v, float tem
     const int tid = threadIdx.x;
     if (tid == 0) *n_cand = 0;
     __syncthreads();
-    for (int k = tid; k < vocab; k += blockDim.x) {
-        if (x[k] >= floor_v) {
+    for_each_logit(x, vocab, [&](float y, int k) {
+        if (y >= floor_v) {
             const int slot = atomicAdd(n_cand, 1);
-            if (slot < SAMPLE_CAP) keys[slot] = sort_key(x[k], k);
+            if (slot < SAMPLE_CAP) keys[slot] = sort_key(y, k);
         }
-    }
+    });
     __syncthreads();
     const int n = min(*n_cand, SAMPLE_CAP);
     int n2 = 2;
@@ -176,16 +221,18 @@ __device__ int sample_unsorted(const float* x, int vocab, float l0, int best_id,
     float t_keep = t_k;
     if (top_p < 1.f) {
         float s = 0.f;
-        for (int i = threadIdx.x; i < vocab; i += blockDim.x)
-            if (x[i] >= t_k) s += expf((x[i] - l0) * inv_t);
+        for_each_logit(x, vocab, [&](float y, int) {
+            if (y >= t_k) s += expf((y - l0) * inv_t);
+        });
         const float target = top_p * block_sum(s, shv);
         u32 lo = ord_key(t_k), hi = ord_key(l0);  // largest t with mass(x >= t) >= target
         while (lo < hi) {
             const u32 mid = lo + (u32)(((u64)hi - lo + 1) >> 1);
             const float tv = key_value(mid);
             float m = 0.f;
-            for (int i = threadIdx.x; i < vocab; i += blockDim.x)
-                if (x[i] >= tv) m += expf((x[i] - l0) * inv_t);
+            for_each_logit(x, vocab, [&](float y, int) {
+                if (y >= tv) m += expf((y - l0) * inv_t);
+            });
             if (block_sum(m, shv) >= target) lo = mid; else hi = mid - 1;
         }
         t_keep = fmaxf(t_keep, key_value(lo));
@@ -221,6 +268,7 @@ __device__ int sample_unsorted(const float* x, int vocab, float l0, int best_id,
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
     sample_rows(const float* logits, const float* params, int* out, int vocab) {
     __shared__ u64 keys[SAMPLE_CAP];  // sort keys, then (cumulative mass bits << 32 | id)
+    __shared__ int hist[SAMPLE_BINS];
     __shared__ float shv[32];
     __shared__ int shi[32];
     __shared__ int n_cand;
@@ -231,9 +279,9 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
 
     float best = NEG_INF;
     int bi = 0x7fffffff;
-    for (int k = threadIdx.x; k < vocab; k += blockDim.x) {
-        if (x[k] > best || bi == 0x7fffffff) { best = x[k]; bi = k; }
-    }
+    for_each_logit(x, vocab, [&](float y, int k) {
+        if (y > best || bi == 0x7fffffff) { best = y; bi = k; }
+    });
     block_argmax(best, bi, shv, shi);
     if (temp <= 0.f || best == NEG_INF || top_k == 1) {
         if (threadIdx.x == 0) out[blockIdx.x] = bi;
@@ -245,8 +293,15 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
     if (min_p > 0.f && top_p >= 1.f) floor_v = fmaxf(floor_v, best + temp * logf(min_p) - 1e-3f * temp);
     int n = count_at_least(x, vocab, floor_v, shi);
     if (n > SAMPLE_CAP && top_k > 0 && top_k <= SAMPLE_CAP) {
-        floor_v = fmaxf(floor_v, kth_value(x, vocab, top_k, shi));
-        n = count_at_least(x, vocab, floor_v, shi);
+        const float f = topk_floor(x, vocab, best, floor_v, top_k, hist, shv, shi);
+        const int m = count_at_least(x, vocab, f, shi);
+        if (m <= SAMPLE_CAP) {
+            floor_v = f;
+            n = m;
+        } else {  // a crowded bin: the exact k-th value by bisection
+            floor_v = fmaxf(floor_v, kth_value(x, vocab, top_k, shi));
+            n = count_at_least(x, vocab, floor_v, shi);
+        }
     }
     int pick;
     if (n <= SAMPLE_CAP) {
