@@ -33,6 +33,7 @@ it only reads what it wrote. Run from anywhere:
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -327,7 +328,7 @@ def ensure_llama_cpp_src(arg: str | None, cache_dir: Path) -> Path:
     """Return vendor/llama.cpp of the llama-cpp-python sdist, downloading the sdist if needed.
 
     `pip download --no-binary :all:` would build cmake from source just to read the package
-    metadata, so the sdist is fetched by URL from PyPI's JSON API for this one package.
+    metadata, so the sdist is fetched by URL from PyPI's simple index for this one package.
     """
     if arg:
         p = Path(arg)
@@ -340,18 +341,19 @@ def ensure_llama_cpp_src(arg: str | None, cache_dir: Path) -> Path:
     if (conv / "convert_hf_to_gguf.py").is_file():
         return conv
     cache_dir.mkdir(parents=True, exist_ok=True)
-    meta_url = f"https://pypi.org/pypi/llama-cpp-python/{LLAMA_CPP_PY_VERSION}/json"
-    with urllib.request.urlopen(meta_url, timeout=60) as r:
-        meta = json.load(r)
-    sdist = next(u for u in meta["urls"] if u["packagetype"] == "sdist")
-    tgz = cache_dir / sdist["filename"]
+    # The PEP 691 JSON form of PyPI's simple index (the index pip itself uses).
+    name = f"llama_cpp_python-{LLAMA_CPP_PY_VERSION}.tar.gz"
+    req = urllib.request.Request("https://pypi.org/simple/llama-cpp-python/",
+                                 headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        index = json.load(r)
+    sdist = next(f for f in index["files"] if f["filename"] == name)
+    tgz = cache_dir / name
     print(f"downloading {sdist['url']}", file=sys.stderr)
     urllib.request.urlretrieve(sdist["url"], tgz)
-    import hashlib
-
     digest = hashlib.sha256(tgz.read_bytes()).hexdigest()
-    if digest != sdist["digests"]["sha256"]:
-        raise RuntimeError(f"{tgz}: sha256 {digest}, PyPI says {sdist['digests']['sha256']}")
+    if digest != sdist["hashes"]["sha256"]:
+        raise RuntimeError(f"{tgz}: sha256 {digest}, PyPI says {sdist['hashes']['sha256']}")
     with tarfile.open(tgz) as tf:
         tf.extractall(cache_dir, filter="data")
     return conv
