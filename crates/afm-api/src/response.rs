@@ -112,7 +112,9 @@ impl Usage {
     }
 
     pub fn timings(&self) -> Timings {
-        let prompt_n = self.prompt_tokens - self.prompt_tokens_details.cached_tokens;
+        let prompt_n = self
+            .prompt_tokens
+            .saturating_sub(self.prompt_tokens_details.cached_tokens);
         Timings {
             prompt_n,
             prompt_ms: self.prompt_time * 1e3,

@@ -14,6 +14,7 @@
 //! | `[slow]`  | like `[long]`, 20 ms per token (cancellation tests)                      |
 //! | `[error]` | one token, then an engine error                                          |
 //! | `[busy]`  | refused: queue full                                                      |
+//! | `[prefill]` | like `[long]`, after a 1 s "prefill" (cancellation during prefill)     |
 //!
 //! With temperature > 0 the answer ends with ` #N`, N drawn from the seed, so seeded requests
 //! repeat and unseeded ones differ.
@@ -200,11 +201,14 @@ impl FakeGenerator {
 fn script(req: &GenerateRequest) -> (Vec<u32>, bool, Duration, bool) {
     let prompt = FakeText.decode(&req.prompt_tokens);
     let ms = |n| Duration::from_millis(n);
+    let ends = !["[long]", "[slow]", "[prefill]"]
+        .iter()
+        .any(|m| prompt.contains(m));
     let mut answer = if prompt.ends_with("<think>") {
         "Plan.</think>Done.".to_string()
     } else if prompt.contains("[think]") {
         "<think>Let me think.</think>The answer is 42.".to_string()
-    } else if prompt.contains("[long]") || prompt.contains("[slow]") {
+    } else if !ends {
         "word ".repeat(req.max_tokens.div_ceil(5) + 1)
     } else {
         let last = prompt
@@ -226,7 +230,6 @@ fn script(req: &GenerateRequest) -> (Vec<u32>, bool, Duration, bool) {
     } else {
         ms(0)
     };
-    let ends = !(prompt.contains("[long]") || prompt.contains("[slow]"));
     (
         FakeText.encode(&answer, false),
         ends,
@@ -267,6 +270,9 @@ async fn run_fake(
     tx: mpsc::UnboundedSender<GenerateEvent>,
 ) {
     let (answer, ends, delay, error) = script(&req);
+    if FakeText.decode(&req.prompt_tokens).contains("[prefill]") {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
     let mut sent = 0;
     let reason = loop {
         if fake.outcome(id) == FakeOutcome::Cancelled {

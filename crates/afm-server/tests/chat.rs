@@ -368,3 +368,40 @@ async fn strict_schema_without_grammar_says_downgraded() {
     assert_eq!(resp.status(), 200);
     assert_eq!(resp.headers()["x-grammar-constraints"], "downgraded");
 }
+
+#[tokio::test]
+async fn disconnect_during_prefill_cancels_before_the_first_token() {
+    let s = start().await;
+    let resp = s
+        .client
+        .post(format!("{}/v1/chat/completions", s.base))
+        .json(&json!({"messages": user("[prefill]"), "stream": true}))
+        .send()
+        .await
+        .unwrap();
+    let mut body = resp.bytes_stream();
+    let _role_chunk = body.next().await.unwrap().unwrap();
+    drop(body);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    // The fake "prefill" lasts 1 s: the cancel must have arrived while it was still running.
+    let outcome = *s.fake.outcomes().values().next().unwrap();
+    assert_eq!(outcome, FakeOutcome::Cancelled);
+}
+
+#[tokio::test]
+async fn abandoned_non_streamed_request_is_cancelled() {
+    let s = start().await;
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_millis(150))
+        .build()
+        .unwrap();
+    let sent = client
+        .post(format!("{}/v1/chat/completions", s.base))
+        .json(&json!({"messages": user("[prefill]")}))
+        .send()
+        .await;
+    assert!(sent.is_err(), "the client gave up");
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let outcome = *s.fake.outcomes().values().next().unwrap();
+    assert_eq!(outcome, FakeOutcome::Cancelled);
+}
