@@ -26,8 +26,9 @@ mod vnni_legacy;
 
 use crate::DType;
 
-pub use activations::{Q8Rows, Q8kRows, Q8K_BLOCK, Q8_BLOCK};
-pub use kernel::{Isa, RowKernel, MAX_TILE};
+pub(crate) use activations::{Q8Rows, Q8kRows};
+pub use kernel::Isa;
+pub(crate) use kernel::{RowKernel, MAX_TILE};
 
 /// Decode one row stored as `dtype` into f32, bit-exact with GGML's reference dequantization.
 ///
