@@ -21,7 +21,8 @@ pub fn group_size(head_dim: usize) -> usize {
 pub struct Q8Store {
     group: usize,
     q: Vec<i8>,
-    scale: Vec<f16>,
+    /// f16 bits (zero-allocated, see `kv_store`).
+    scale: Vec<u16>,
 }
 
 impl Q8Store {
@@ -29,7 +30,7 @@ impl Q8Store {
         Self {
             group,
             q: vec![0; n],
-            scale: vec![f16::ZERO; n / group],
+            scale: vec![0; n / group],
         }
     }
 
@@ -43,14 +44,14 @@ impl Q8Store {
             for (o, v) in self.q[base..base + self.group].iter_mut().zip(g) {
                 *o = (v * id).round().clamp(-127.0, 127.0) as i8;
             }
-            self.scale[base / self.group] = f16::from_f32(d);
+            self.scale[base / self.group] = f16::from_f32(d).to_bits();
         }
     }
 
     pub fn read(&self, at: usize, out: &mut [f32]) {
         for (gi, o) in out.chunks_exact_mut(self.group).enumerate() {
             let base = at + gi * self.group;
-            let d = self.scale[base / self.group].to_f32();
+            let d = f16::from_bits(self.scale[base / self.group]).to_f32();
             for (y, &q) in o.iter_mut().zip(&self.q[base..base + self.group]) {
                 *y = q as f32 * d;
             }
@@ -62,8 +63,8 @@ impl Q8Store {
 pub struct Q4Store {
     group: usize,
     q: Vec<u8>,
-    scale: Vec<f16>,
-    min: Vec<f16>,
+    scale: Vec<u16>,
+    min: Vec<u16>,
 }
 
 impl Q4Store {
@@ -71,8 +72,8 @@ impl Q4Store {
         Self {
             group,
             q: vec![0; n.div_ceil(2)],
-            scale: vec![f16::ZERO; n / group],
-            min: vec![f16::ZERO; n / group],
+            scale: vec![0; n / group],
+            min: vec![0; n / group],
         }
     }
 
@@ -96,16 +97,16 @@ impl Q4Store {
                     (*byte & 0x0f) | (q << 4)
                 };
             }
-            self.scale[base / self.group] = d16;
-            self.min[base / self.group] = lo16;
+            self.scale[base / self.group] = d16.to_bits();
+            self.min[base / self.group] = lo16.to_bits();
         }
     }
 
     pub fn read(&self, at: usize, out: &mut [f32]) {
         for (gi, o) in out.chunks_exact_mut(self.group).enumerate() {
             let base = at + gi * self.group;
-            let d = self.scale[base / self.group].to_f32();
-            let m = self.min[base / self.group].to_f32();
+            let d = f16::from_bits(self.scale[base / self.group]).to_f32();
+            let m = f16::from_bits(self.min[base / self.group]).to_f32();
             for (i, y) in o.iter_mut().enumerate() {
                 let e = base + i;
                 let q = if e.is_multiple_of(2) {

@@ -12,7 +12,7 @@
 //! The engine owns this storage and its block accounting; models only read and write through it.
 
 use half::f16;
-use half::slice::HalfFloatSliceExt;
+use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
 
 use crate::kv_quant::{group_size, Q4Store, Q8Store};
 
@@ -49,7 +49,9 @@ impl KvDtype {
 
 enum Store {
     F32(Vec<f32>),
-    F16(Vec<f16>),
+    /// f16 bits: a `Vec<u16>` of zeros is allocated zeroed by the OS, so untouched blocks
+    /// cost no resident memory and start-up does not write the whole pool.
+    F16(Vec<u16>),
     Q8(Q8Store),
     Q4(Q4Store),
 }
@@ -58,7 +60,7 @@ impl Store {
     fn new(dtype: KvDtype, n: usize, head_dim: usize) -> Self {
         match dtype {
             KvDtype::F32 => Store::F32(vec![0.0; n]),
-            KvDtype::F16 => Store::F16(vec![f16::ZERO; n]),
+            KvDtype::F16 => Store::F16(vec![0u16; n]),
             KvDtype::Q8 => Store::Q8(Q8Store::new(n, group_size(head_dim))),
             KvDtype::Q4 => Store::Q4(Q4Store::new(n, group_size(head_dim))),
         }
@@ -67,7 +69,9 @@ impl Store {
     fn write(&mut self, at: usize, x: &[f32]) {
         match self {
             Store::F32(s) => s[at..at + x.len()].copy_from_slice(x),
-            Store::F16(s) => s[at..at + x.len()].convert_from_f32_slice(x),
+            Store::F16(s) => s[at..at + x.len()]
+                .reinterpret_cast_mut::<f16>()
+                .convert_from_f32_slice(x),
             Store::Q8(s) => s.write(at, x),
             Store::Q4(s) => s.write(at, x),
         }
@@ -76,7 +80,9 @@ impl Store {
     fn read(&self, at: usize, out: &mut [f32]) {
         match self {
             Store::F32(s) => out.copy_from_slice(&s[at..at + out.len()]),
-            Store::F16(s) => s[at..at + out.len()].convert_to_f32_slice(out),
+            Store::F16(s) => s[at..at + out.len()]
+                .reinterpret_cast::<f16>()
+                .convert_to_f32_slice(out),
             Store::Q8(s) => s.read(at, out),
             Store::Q4(s) => s.read(at, out),
         }
