@@ -71,6 +71,19 @@ fn random_matrix(rng: &mut Rng, dtype: DType, rows: usize, cols: usize) -> Weigh
     WeightMatrix::new(dtype, rows, cols, WeightBytes::from_vec(b)).expect("valid matrix")
 }
 
+/// The pool of `threads` workers, built once and kept: a pool dropped mid-run would take
+/// its threads' CPU time out of `cpu_ns` while another measurement is under way.
+fn pool(threads: usize) -> &'static rayon::ThreadPool {
+    static POOLS: std::sync::OnceLock<[rayon::ThreadPool; 2]> = std::sync::OnceLock::new();
+    let build = |n| {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(n)
+            .build()
+            .expect("pool")
+    };
+    &POOLS.get_or_init(|| [build(1), build(2)])[threads - 1]
+}
+
 /// CPU time of every thread of this process so far, in ns (`/proc/self/task/*/schedstat`),
 /// so a run on a shared machine can be told apart from a slow kernel.
 fn cpu_ns() -> u64 {
@@ -183,10 +196,7 @@ fn main() {
                     .collect();
                 let mut out = vec![0f32; n * rows];
                 for threads in [1usize, 2] {
-                    let pool = rayon::ThreadPoolBuilder::new()
-                        .num_threads(threads)
-                        .build()
-                        .expect("pool");
+                    let pool = pool(threads);
                     let hot = pool.install(|| time_per_call(budget, || m.matmul(&x, n, &mut out)));
                     let row = |residency, (secs, cpu_secs)| Row {
                         dtype,
@@ -299,10 +309,7 @@ fn model_decode(budget: Duration) {
             .collect();
         let mut out = vec![0f32; 151936];
         for threads in [1usize, 2] {
-            let pool = rayon::ThreadPoolBuilder::new()
-                .num_threads(threads)
-                .build()
-                .expect("pool");
+            let pool = pool(threads);
             let (secs, cpu) = pool.install(|| {
                 time_per_call(budget * 3, || {
                     for m in &mats {
@@ -332,10 +339,7 @@ fn dispatch_overhead(budget: Duration) {
     let x = vec![0.25f32; 576];
     let mut out = vec![0f32; 192];
     for threads in [1, 2] {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .build()
-            .expect("pool");
+        let pool = pool(threads);
         let (outside, oc) = time_per_call(budget, || pool.install(|| m.matmul(&x, 1, &mut out)));
         let (inside, ic) = pool.install(|| time_per_call(budget, || m.matmul(&x, 1, &mut out)));
         println!(
@@ -371,10 +375,7 @@ fn print_row(r: &Row) {
 fn stream_baseline(budget: Duration) {
     let data: Vec<u64> = (0..(256usize << 20) / 8).map(|i| i as u64).collect();
     for threads in [1usize, 2] {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .build()
-            .expect("pool");
+        let pool = pool(threads);
         let (secs, _) = pool.install(|| {
             time_per_call(budget, || {
                 use rayon::prelude::*;
