@@ -6,8 +6,8 @@ use std::io::Read;
 
 use afm_bench::{Report, Workload};
 use afm_engine::{Engine, EngineConfig};
-use afm_models::source::{resolve_model, ModelLocation};
 use afm_models::load_model;
+use afm_models::source::{resolve_model, ModelLocation};
 use anyhow::{anyhow, Context, Result};
 use clap::Args;
 use serde_json::json;
@@ -63,7 +63,10 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         ..EngineConfig::default()
     };
     let engine = Engine::spawn(model, cfg).map_err(|e| anyhow!("starting the engine: {e}"))?;
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
     let mut reports: Vec<Report> = Vec::new();
     for (i, &c) in args.concurrency.iter().enumerate() {
         let w = Workload {
@@ -75,10 +78,18 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             rate: args.rate,
             seed: args.seed + i as u64,
         };
-        eprintln!("concurrency {c}: {} requests of {}+{} tokens", w.requests, w.prompt_len, w.gen_len);
+        eprintln!(
+            "concurrency {c}: {} requests of {}+{} tokens",
+            w.requests, w.prompt_len, w.gen_len
+        );
         reports.push(runtime.block_on(afm_bench::run(&engine, vocab, &w, true)));
     }
-    println!("model {name} (sha256 {sha}), greedy, engine events (no HTTP), prefix caching {}, kv {}", on_off(!args.disable_prefix_caching), args.kv_bits.map_or("checkpoint precision".into(), |b| format!("{b}-bit")));
+    println!(
+        "model {name} (sha256 {sha}), greedy, engine events (no HTTP), prefix caching {}, kv {}",
+        on_off(!args.disable_prefix_caching),
+        args.kv_bits
+            .map_or("checkpoint precision".into(), |b| format!("{b}-bit"))
+    );
     print!("{}", afm_bench::table(&reports));
     if let Some(path) = &args.json {
         let out = json!({
@@ -92,7 +103,8 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             "threads": afm_runtime::threads::num_threads(),
             "results": reports,
         });
-        std::fs::write(path, serde_json::to_string_pretty(&out)?).with_context(|| format!("writing {path}"))?;
+        std::fs::write(path, serde_json::to_string_pretty(&out)?)
+            .with_context(|| format!("writing {path}"))?;
     }
     Ok(())
 }
@@ -112,7 +124,10 @@ fn weight_hash(loc: &ModelLocation) -> Result<String> {
         ModelLocation::HfDir(d) => {
             let mut v: Vec<_> = std::fs::read_dir(d)?
                 .filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|p| p.extension().is_some_and(|x| x == "safetensors" || x == "json"))
+                .filter(|p| {
+                    p.extension()
+                        .is_some_and(|x| x == "safetensors" || x == "json")
+                })
                 .collect();
             v.sort();
             v
@@ -121,7 +136,8 @@ fn weight_hash(loc: &ModelLocation) -> Result<String> {
     let mut h = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
     for f in files {
-        let mut file = std::fs::File::open(&f).with_context(|| format!("reading {}", f.display()))?;
+        let mut file =
+            std::fs::File::open(&f).with_context(|| format!("reading {}", f.display()))?;
         loop {
             let n = file.read(&mut buf)?;
             if n == 0 {

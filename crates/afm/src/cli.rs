@@ -28,6 +28,8 @@ pub enum Command {
     /// Serve a model over the OpenAI API, or answer one prompt with -s.
     #[command(visible_alias = "mlx")]
     Serve(Box<ServeArgs>),
+    /// Measure prefill, TTFT, decode and latency percentiles for a declared workload.
+    Bench(Box<crate::bench::BenchArgs>),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -298,8 +300,10 @@ mod tests {
 
     fn parse(args: &[&str]) -> Result<ServeArgs> {
         let cli = Cli::try_parse_from(args)?;
-        let Command::Serve(a) = cli.command;
-        Ok(*a)
+        match cli.command {
+            Command::Serve(a) => Ok(*a),
+            Command::Bench(_) => anyhow::bail!("expected serve"),
+        }
     }
 
     #[test]

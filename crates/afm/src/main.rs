@@ -1,6 +1,7 @@
 //! The `afm` binary: parses the command line, loads the model, then serves the OpenAI API or
 //! answers one `-s` prompt. Every failure is one line on stderr and exit code 1.
 
+mod bench;
 mod cli;
 mod load;
 mod single;
@@ -46,7 +47,10 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> Result<()> {
-    let Command::Serve(args) = cli.command;
+    let args = match cli.command {
+        Command::Serve(args) => args,
+        Command::Bench(args) => return bench::run(&args),
+    };
     args.refuse_unavailable()?;
     let config = ServerConfig {
         defaults: args.request_defaults()?,
