@@ -11,6 +11,7 @@ pub mod chat;
 pub mod completions;
 pub mod engine_impl;
 pub mod generation;
+pub mod metrics;
 pub mod reasoning;
 pub mod registry;
 pub mod routes;
@@ -19,6 +20,7 @@ pub mod stop_strings;
 pub mod testing;
 pub mod text_model;
 pub mod usage;
+pub mod webui;
 
 use std::sync::Arc;
 
