@@ -14,6 +14,7 @@
 //! default set, or `models` for only the whole-model decode sweep.
 
 use afm_runtime::quant::Isa;
+use afm_runtime::threads::with_hot_workers as hot_workers;
 use afm_runtime::{DType, WeightBytes, WeightMatrix};
 use std::time::{Duration, Instant};
 
@@ -197,7 +198,9 @@ fn main() {
                 let mut out = vec![0f32; n * rows];
                 for threads in [1usize, 2] {
                     let pool = pool(threads);
-                    let hot = pool.install(|| time_per_call(budget, || m.matmul(&x, n, &mut out)));
+                    let hot = pool.install(|| {
+                        hot_workers(|| time_per_call(budget, || m.matmul(&x, n, &mut out)))
+                    });
                     let row = |residency, (secs, cpu_secs)| Row {
                         dtype,
                         rows,
@@ -213,9 +216,11 @@ fn main() {
                     if n == 1 {
                         let mut next = 0;
                         let dram = pool.install(|| {
-                            time_per_call(budget, || {
-                                cold[next % copies].matmul(&x, n, &mut out);
-                                next += 1;
+                            hot_workers(|| {
+                                time_per_call(budget, || {
+                                    cold[next % copies].matmul(&x, n, &mut out);
+                                    next += 1;
+                                })
                             })
                         });
                         print_row(&row("dram", dram));
@@ -311,10 +316,12 @@ fn model_decode(budget: Duration) {
         for threads in [1usize, 2] {
             let pool = pool(threads);
             let (secs, cpu) = pool.install(|| {
-                time_per_call(budget * 3, || {
-                    for m in &mats {
-                        m.matmul(&x[..m.cols()], 1, &mut out[..m.rows()]);
-                    }
+                hot_workers(|| {
+                    time_per_call(budget * 3, || {
+                        for m in &mats {
+                            m.matmul(&x[..m.cols()], 1, &mut out[..m.rows()]);
+                        }
+                    })
                 })
             });
             println!(
@@ -341,7 +348,8 @@ fn dispatch_overhead(budget: Duration) {
     for threads in [1, 2] {
         let pool = pool(threads);
         let (outside, oc) = time_per_call(budget, || pool.install(|| m.matmul(&x, 1, &mut out)));
-        let (inside, ic) = pool.install(|| time_per_call(budget, || m.matmul(&x, 1, &mut out)));
+        let (inside, ic) =
+            pool.install(|| hot_workers(|| time_per_call(budget, || m.matmul(&x, 1, &mut out))));
         println!(
             "Q4_1 192×576 n=1, {threads} thread(s): {:.1} µs per call handed to the pool \
              ({:.1} µs CPU), {:.1} µs from inside it ({:.1} µs CPU)",
