@@ -19,7 +19,10 @@ const CHUNK: usize = 64;
 
 fn all_logits(m: &LoadedModel, tokens: &[u32], dtype: KvDtype) -> Vec<Vec<f64>> {
     let table: Vec<u32> = (0..tokens.len().div_ceil(BLOCK) as u32).collect();
-    let mut kv = KvCache::new(&m.model.kv_shapes(), table.len(), BLOCK, dtype);
+    let mut kv = m
+        .device
+        .kv_pool(&m.model.kv_shapes(), table.len(), BLOCK, dtype)
+        .expect("KV pool");
     let vocab = m.model.vocab_size();
     let mut rows = Vec::with_capacity(tokens.len());
     for start in (0..tokens.len()).step_by(CHUNK) {
@@ -32,13 +35,16 @@ fn all_logits(m: &LoadedModel, tokens: &[u32], dtype: KvDtype) -> Vec<Vec<f64>> 
                 logits: true,
             })
             .collect();
-        let logits = m.model.forward(
-            &ForwardBatch {
-                tokens: &tokens[start..end],
-                seqs: &spans,
-            },
-            &mut kv,
-        );
+        let logits = m
+            .model
+            .forward(
+                &ForwardBatch {
+                    tokens: &tokens[start..end],
+                    seqs: &spans,
+                },
+                &mut kv,
+            )
+            .expect("forward");
         rows.extend(logits.chunks_exact(vocab).map(log_softmax));
     }
     rows

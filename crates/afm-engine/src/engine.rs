@@ -9,6 +9,7 @@ use std::sync::{mpsc, Arc};
 use std::time::Instant;
 
 use afm_models::{ForwardBatch, LoadedModel, SeqChunk};
+use afm_runtime::compute::{ComputeError, Device, KvPool};
 use afm_runtime::kv_store::{KvCache, KvDtype};
 use tokio::sync::mpsc as tmpsc;
 
@@ -29,7 +30,8 @@ pub struct EngineConfig {
     pub max_waiting: usize,
     /// Tokens computed per step at most (`--prefill-step-size`).
     pub prefill_step_size: usize,
-    /// Bytes for the KV pool; `None` = a share of available memory.
+    /// Bytes for the KV pool; `None` = a share of available memory (of the model's device:
+    /// host RAM, or GPU memory left after the weights).
     pub kv_budget_bytes: Option<usize>,
     pub block_size: usize,
     pub prefix_caching: bool,
@@ -145,7 +147,7 @@ struct Active {
 
 pub struct Engine {
     model: LoadedModel,
-    kv: KvCache,
+    kv: KvPool,
     scheduler: Scheduler,
     active: HashMap<RequestId, Active>,
     rx: mpsc::Receiver<Command>,
@@ -176,7 +178,11 @@ impl Engine {
             }
         };
         let per_block = KvCache::bytes_per_block(&shapes, cfg.block_size, kv_dtype);
-        let budget = cfg.kv_budget_bytes.unwrap_or_else(default_kv_budget);
+        let budget = match cfg.kv_budget_bytes {
+            Some(b) => b,
+            None => default_kv_budget(&model.device)
+                .map_err(|e| EngineError::Config(format!("reading device memory: {e}")))?,
+        };
         let num_blocks = budget / per_block.max(1);
         let per_seq = max_context.div_ceil(cfg.block_size);
         if num_blocks < per_seq {
@@ -187,13 +193,17 @@ impl Engine {
             )));
         }
         eprintln!(
-            "[KVCache] {num_blocks} blocks × {} tokens, {kv_dtype:?} ({:.1} MiB, {} KiB/block), context {max_context}, prefix caching {}",
+            "[KVCache] {num_blocks} blocks × {} tokens, {kv_dtype:?} ({:.1} MiB, {} KiB/block) on {}, context {max_context}, prefix caching {}",
             cfg.block_size,
             (num_blocks * per_block) as f64 / (1 << 20) as f64,
             per_block / 1024,
+            model.device.describe(),
             if cfg.prefix_caching { "on" } else { "off" }
         );
-        let kv = KvCache::new(&shapes, num_blocks, cfg.block_size, kv_dtype);
+        let kv = model
+            .device
+            .kv_pool(&shapes, num_blocks, cfg.block_size, kv_dtype)
+            .map_err(|e| EngineError::Config(format!("creating the KV cache: {e}")))?;
         let blocks = BlockManager::new(num_blocks, cfg.block_size, cfg.prefix_caching);
         let sched_cfg = SchedulerConfig {
             max_running: cfg.concurrent.max(1),
@@ -315,7 +325,10 @@ impl Engine {
             return;
         }
         self.note_admissions(&plan);
-        let mut logits = self.forward(&plan);
+        let mut logits = match self.forward(&plan) {
+            Ok(l) => l,
+            Err(e) => return self.fail_step(&plan, &e),
+        };
         let vocab = self.model.model.vocab_size();
         let mut sampled = Vec::new();
         for (row, item) in plan.items.iter().filter(|i| i.samples).enumerate() {
@@ -366,7 +379,22 @@ impl Engine {
         }
     }
 
-    fn forward(&mut self, plan: &StepPlan) -> Vec<f32> {
+    /// A forward that failed (a device error, or a step the cache cannot hold) ends the
+    /// step's requests with the error; nothing of the step was published to the prefix cache.
+    fn fail_step(&mut self, plan: &StepPlan, e: &ComputeError) {
+        let message = format!("forward pass failed: {e}");
+        eprintln!("[Engine] {message}");
+        for item in &plan.items {
+            self.scheduler.finish(item.seq_id);
+            if let Some(a) = self.active.remove(&item.seq_id) {
+                let _ = a.tx.send(GenerateEvent::Error {
+                    message: message.clone(),
+                });
+            }
+        }
+    }
+
+    fn forward(&mut self, plan: &StepPlan) -> Result<Vec<f32>, ComputeError> {
         let mut tokens = Vec::new();
         let mut chunks = Vec::with_capacity(plan.items.len());
         for item in &plan.items {
@@ -446,8 +474,17 @@ impl Engine {
     }
 }
 
-/// A quarter of available memory, at most 4 GiB. Pages are touched only when used.
-fn default_kv_budget() -> usize {
+/// On a GPU: 90% of the memory free after the weights, less 1 GiB for activations and
+/// kernel scratch. On the CPU: a quarter of available memory, at most 4 GiB (pages are touched
+/// only when used).
+fn default_kv_budget(device: &Device) -> Result<usize, ComputeError> {
+    if let Some((free, _total)) = device.memory()? {
+        return Ok(free.saturating_sub(1 << 30) / 10 * 9);
+    }
+    Ok(host_kv_budget())
+}
+
+fn host_kv_budget() -> usize {
     let avail = std::fs::read_to_string("/proc/meminfo")
         .ok()
         .and_then(|m| {

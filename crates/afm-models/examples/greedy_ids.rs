@@ -3,7 +3,6 @@
 
 use afm_models::source::resolve_model;
 use afm_models::{load_model, ForwardBatch, SeqChunk};
-use afm_runtime::kv_store::KvCache;
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -12,7 +11,10 @@ fn main() {
     let mut tokens: Vec<u32> = args[3].split(',').map(|t| t.parse().expect("id")).collect();
     let total = tokens.len() + n;
     let table: Vec<u32> = (0..total.div_ceil(16) as u32).collect();
-    let mut kv = KvCache::new(&m.model.kv_shapes(), table.len(), 16, m.kv_dtype);
+    let mut kv = m
+        .device
+        .kv_pool(&m.model.kv_shapes(), table.len(), 16, m.kv_dtype)
+        .expect("KV pool");
     let t0 = std::time::Instant::now();
     let mut pos = 0;
     let mut out = Vec::new();
@@ -24,13 +26,16 @@ fn main() {
             block_table: &table,
             logits: true,
         }];
-        let logits = m.model.forward(
-            &ForwardBatch {
-                tokens: chunk,
-                seqs: &seq,
-            },
-            &mut kv,
-        );
+        let logits = m
+            .model
+            .forward(
+                &ForwardBatch {
+                    tokens: chunk,
+                    seqs: &seq,
+                },
+                &mut kv,
+            )
+            .expect("forward");
         pos = tokens.len();
         let next =
             (0..logits.len()).fold(0, |b, i| if logits[i] > logits[b] { i } else { b }) as u32;

@@ -6,14 +6,16 @@ use std::io::Write;
 
 use afm_models::source::resolve_model;
 use afm_models::{load_model, ForwardBatch, SeqChunk};
-use afm_runtime::kv_store::KvCache;
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let m = load_model(&resolve_model(&args[1]).expect("resolve")).expect("load");
     let tokens: Vec<u32> = args[2].split(',').map(|t| t.parse().expect("id")).collect();
     let table: Vec<u32> = (0..tokens.len().div_ceil(16) as u32).collect();
-    let mut kv = KvCache::new(&m.model.kv_shapes(), table.len(), 16, m.kv_dtype);
+    let mut kv = m
+        .device
+        .kv_pool(&m.model.kv_shapes(), table.len(), 16, m.kv_dtype)
+        .expect("KV pool");
     let mut f = std::fs::File::create(&args[3]).expect("create");
     for pos in 0..tokens.len() {
         let seq = [SeqChunk {
@@ -22,13 +24,16 @@ fn main() {
             block_table: &table,
             logits: true,
         }];
-        let logits = m.model.forward(
-            &ForwardBatch {
-                tokens: &tokens[pos..pos + 1],
-                seqs: &seq,
-            },
-            &mut kv,
-        );
+        let logits = m
+            .model
+            .forward(
+                &ForwardBatch {
+                    tokens: &tokens[pos..pos + 1],
+                    seqs: &seq,
+                },
+                &mut kv,
+            )
+            .expect("forward");
         for v in logits {
             f.write_all(&v.to_le_bytes()).expect("write");
         }

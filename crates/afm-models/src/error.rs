@@ -21,6 +21,11 @@ pub enum ModelError {
         name: String,
         source: afm_runtime::RuntimeError,
     },
+    #[error("tensor '{name}' cannot be placed on the device: {source}")]
+    Device {
+        name: String,
+        source: afm_runtime::compute::ComputeError,
+    },
     #[error("{path}: {reason}")]
     File { path: String, reason: String },
 }

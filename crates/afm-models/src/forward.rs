@@ -9,7 +9,9 @@
 //! logits: one row per sequence with `logits: true`, for its last new token
 //! ```
 
-use afm_runtime::kv_store::{KvCache, LayerKvShape};
+use afm_runtime::attention::AttnSeq;
+use afm_runtime::compute::{ComputeError, KvPool};
+use afm_runtime::kv_store::LayerKvShape;
 
 #[derive(Debug, Clone, Copy)]
 pub struct SeqChunk<'a> {
@@ -37,6 +39,24 @@ impl ForwardBatch<'_> {
             .collect()
     }
 
+    /// Each sequence's rows, first position and block table, for attention.
+    pub fn attn_seqs(&self) -> Vec<AttnSeq<'_>> {
+        let mut row0 = 0;
+        self.seqs
+            .iter()
+            .map(|s| {
+                let a = AttnSeq {
+                    row0,
+                    len: s.len,
+                    pos0: s.pos0,
+                    block_table: s.block_table,
+                };
+                row0 += s.len;
+                a
+            })
+            .collect()
+    }
+
     /// Row indices (into `tokens`) whose logits are wanted.
     pub fn logit_rows(&self) -> Vec<usize> {
         let mut row = 0;
@@ -51,10 +71,13 @@ impl ForwardBatch<'_> {
     }
 }
 
-/// A causal language model: weights only; the KV cache is the engine's and comes in as an input.
+/// A causal language model: weights only, on one device (the loader's); the KV cache is the
+/// engine's, made on that device, and comes in as an input.
 pub trait CausalLm: Send + Sync {
-    /// Writes the new tokens' K/V into `kv` and returns `[logit rows][vocab]` logits.
-    fn forward(&self, batch: &ForwardBatch, kv: &mut KvCache) -> Vec<f32>;
+    /// Writes the new tokens' K/V into `kv` and returns `[logit rows][vocab]` logits, in host
+    /// memory. Fails only on a device error or a batch that does not fit `kv` (block ids,
+    /// table lengths, positions beyond the model's context on a GPU).
+    fn forward(&self, batch: &ForwardBatch, kv: &mut KvPool) -> Result<Vec<f32>, ComputeError>;
     /// Cache shape of each layer.
     fn kv_shapes(&self) -> Vec<LayerKvShape>;
     fn vocab_size(&self) -> usize;

@@ -18,4 +18,4 @@ pub mod weights;
 pub use config::TransformerConfig;
 pub use error::ModelError;
 pub use forward::{CausalLm, ForwardBatch, SeqChunk};
-pub use loader::{load_model, LoadedModel};
+pub use loader::{load_model, load_model_on, LoadedModel};

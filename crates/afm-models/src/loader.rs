@@ -1,8 +1,10 @@
-//! From a resolved `-m` location to a ready model: config, architecture row, weights bound.
+//! From a resolved `-m` location to a ready model: config, architecture row, weights bound and
+//! placed on the chosen [`Device`] (the CPU by default).
 
 use std::path::Path;
 
 use crate::arch::{supported_names, Architecture, ARCHITECTURES};
+use afm_runtime::compute::Device;
 use afm_runtime::kv_store::KvDtype;
 use afm_runtime::DType;
 
@@ -25,6 +27,8 @@ pub struct LoadedModel {
     /// Precision of the KV cache: f32 for f32 checkpoints (exact against transformers), f16
     /// otherwise (llama.cpp's choice: half the memory, same greedy output).
     pub kv_dtype: KvDtype,
+    /// Where the weights live; the engine makes the KV cache here too.
+    pub device: Device,
 }
 
 impl LoadedModel {
@@ -47,10 +51,17 @@ fn unsupported(name: &str) -> ModelError {
     ModelError::UnsupportedArch(name.to_string(), supported_names())
 }
 
+/// Loads onto the CPU.
 pub fn load_model(loc: &ModelLocation) -> Result<LoadedModel, ModelError> {
+    load_model_on(loc, &Device::Cpu)
+}
+
+/// Loads with weights on `device`, in their storage types; a type the device cannot compute
+/// with fails with the tensor's name and type.
+pub fn load_model_on(loc: &ModelLocation, device: &Device) -> Result<LoadedModel, ModelError> {
     match loc {
-        ModelLocation::Gguf(path) => load_gguf(path, loc),
-        ModelLocation::HfDir(dir) => load_hf(dir, loc),
+        ModelLocation::Gguf(path) => load_gguf(path, loc, device),
+        ModelLocation::HfDir(dir) => load_hf(dir, loc, device),
     }
 }
 
@@ -66,7 +77,7 @@ fn display_name(p: &Path) -> String {
     )
 }
 
-fn load_gguf(path: &Path, loc: &ModelLocation) -> Result<LoadedModel, ModelError> {
+fn load_gguf(path: &Path, loc: &ModelLocation, dev: &Device) -> Result<LoadedModel, ModelError> {
     let g = GgufFile::open(path)?;
     let name = g.architecture().unwrap_or("<none>").to_string();
     let arch = ARCHITECTURES
@@ -77,7 +88,7 @@ fn load_gguf(path: &Path, loc: &ModelLocation) -> Result<LoadedModel, ModelError
     (arch.adjust_gguf)(&mut config, &g);
     let source = WeightSource::Gguf(g);
     let ck = Checkpoint::new(&source, "");
-    let model = (arch.load)(&ck, &config)?;
+    let model = (arch.load)(&ck, &config, dev)?;
     let kv_dtype = kv_dtype_for(&ck)?;
     Ok(LoadedModel {
         name: display_name(path),
@@ -87,10 +98,11 @@ fn load_gguf(path: &Path, loc: &ModelLocation) -> Result<LoadedModel, ModelError
         location: loc.clone(),
         source,
         kv_dtype,
+        device: dev.clone(),
     })
 }
 
-fn load_hf(dir: &Path, loc: &ModelLocation) -> Result<LoadedModel, ModelError> {
+fn load_hf(dir: &Path, loc: &ModelLocation, dev: &Device) -> Result<LoadedModel, ModelError> {
     let cfg_path = dir.join("config.json");
     let text = std::fs::read_to_string(&cfg_path).map_err(|e| ModelError::File {
         path: cfg_path.display().to_string(),
@@ -117,7 +129,7 @@ fn load_hf(dir: &Path, loc: &ModelLocation) -> Result<LoadedModel, ModelError> {
     let config = TransformerConfig::from_hf(&text_cfg)?;
     let source = WeightSource::Safetensors(SafetensorsSet::open_dir(dir)?);
     let ck = Checkpoint::new(&source, prefix);
-    let model = (arch.load)(&ck, &config)?;
+    let model = (arch.load)(&ck, &config, dev)?;
     let kv_dtype = kv_dtype_for(&ck)?;
     Ok(LoadedModel {
         name: display_name(dir),
@@ -127,6 +139,7 @@ fn load_hf(dir: &Path, loc: &ModelLocation) -> Result<LoadedModel, ModelError> {
         location: loc.clone(),
         source,
         kv_dtype,
+        device: dev.clone(),
     })
 }
 

@@ -1,14 +1,32 @@
 //! Every architecture against transformers: tiny random-weight checkpoints made by
 //! `scripts/gen_tiny_fixtures.py`, with the logits transformers computed for a fixed sequence.
 //! afm must match them by one prefill, by token-by-token decode and by mixed chunks.
+//!
+//! `AFM_TEST_DEVICE=cuda` (or `cuda:N`; default `cpu`) runs the same checks on a GPU, in a
+//! build with `--features cuda`.
 
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 use afm_models::source::ModelLocation;
-use afm_models::{load_model, ForwardBatch, LoadedModel, SeqChunk};
-use afm_runtime::kv_store::KvCache;
+use afm_models::{load_model_on, ForwardBatch, LoadedModel, SeqChunk};
+use afm_runtime::compute::{Device, DeviceChoice};
 
 const BLOCK: usize = 4;
+
+/// The device under test, opened once for all tests.
+fn device() -> &'static Device {
+    static DEVICE: OnceLock<Device> = OnceLock::new();
+    DEVICE.get_or_init(|| {
+        let name = std::env::var("AFM_TEST_DEVICE").unwrap_or_else(|_| "cpu".into());
+        let choice: DeviceChoice = name.parse().unwrap_or_else(|e| panic!("{e}"));
+        Device::open(choice).unwrap_or_else(|e| panic!("AFM_TEST_DEVICE={name}: {e}"))
+    })
+}
+
+fn load(loc: ModelLocation) -> Result<LoadedModel, afm_models::ModelError> {
+    load_model_on(&loc, device())
+}
 
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny")
@@ -53,7 +71,10 @@ fn rel_err(a: &[f32], b: &[f32]) -> f32 {
 /// for the last token of each chunk.
 fn run_chunks(m: &LoadedModel, tokens: &[u32], chunks: &[usize]) -> Vec<(usize, Vec<f32>)> {
     let blocks = tokens.len().div_ceil(BLOCK);
-    let mut kv = KvCache::new(&m.model.kv_shapes(), blocks + 2, BLOCK, m.kv_dtype);
+    let mut kv = m
+        .device
+        .kv_pool(&m.model.kv_shapes(), blocks + 2, BLOCK, m.kv_dtype)
+        .expect("KV pool");
     // Scattered, reversed block ids: attention must follow the table, not assume contiguity.
     let table: Vec<u32> = (0..blocks as u32).rev().map(|b| b + 2).collect();
     let mut out = Vec::new();
@@ -69,7 +90,7 @@ fn run_chunks(m: &LoadedModel, tokens: &[u32], chunks: &[usize]) -> Vec<(usize, 
             tokens: &tokens[pos..pos + len],
             seqs: &seq,
         };
-        let logits = m.model.forward(&batch, &mut kv);
+        let logits = m.model.forward(&batch, &mut kv).expect("forward");
         pos += len;
         out.push((pos - 1, logits));
     }
@@ -104,16 +125,14 @@ fn check_arch(arch: &str) {
         );
     }
     let r = reference(&dir);
-    let m =
-        load_model(&ModelLocation::HfDir(dir.clone())).unwrap_or_else(|e| panic!("{arch}: {e}"));
+    let m = load(ModelLocation::HfDir(dir.clone())).unwrap_or_else(|e| panic!("{arch}: {e}"));
     check_model(&m, &r, &format!("{arch} safetensors"));
     for gguf in ["model-f32.gguf", "model-q8_0.gguf"] {
         let path = dir.join(gguf);
         if !path.exists() {
             continue;
         }
-        let m =
-            load_model(&ModelLocation::Gguf(path)).unwrap_or_else(|e| panic!("{arch} {gguf}: {e}"));
+        let m = load(ModelLocation::Gguf(path)).unwrap_or_else(|e| panic!("{arch} {gguf}: {e}"));
         if gguf.contains("f32") {
             check_model(&m, &r, &format!("{arch} {gguf}"));
         } else {

@@ -12,6 +12,7 @@ pub mod quant;
 pub mod threads;
 
 pub mod attention;
+pub mod compute;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod kv_quant;

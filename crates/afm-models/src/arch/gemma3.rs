@@ -4,16 +4,15 @@
 //! llama.cpp's GGUF stores `1 + w`, so the offset is folded in at load.
 
 use afm_runtime::attention::AttnParams;
-use afm_runtime::kv_store::{KvCache, LayerKv, LayerKvShape};
-use afm_runtime::ops::{self, Rope, RopeStyle};
+use afm_runtime::compute::{Activation, ComputeError, Device, KvPool, Rotary, Step, Tensor};
+use afm_runtime::kv_store::LayerKvShape;
+use afm_runtime::ops::{Rope, RopeStyle};
 
 use super::llama::rope_for;
 use crate::checkpoint::{Checkpoint, NormNaming};
 use crate::config::TransformerConfig;
 use crate::forward::{CausalLm, ForwardBatch};
-use crate::layers::{
-    apply_rope, cached_attention, gather_rows, Embedding, GatedMlp, Linear, RmsNorm,
-};
+use crate::layers::{matrix, rotary, Embedding, GatedMlp, Linear, RmsNorm};
 use crate::weights::GgufFile;
 use crate::ModelError;
 
@@ -36,12 +35,13 @@ struct Block {
 
 pub struct Gemma3 {
     cfg: TransformerConfig,
+    dev: Device,
     embed: Embedding,
     layers: Vec<Block>,
     norm: RmsNorm,
     lm_head: Linear,
-    rope_global: Rope,
-    rope_local: Rope,
+    rope_global: Rotary,
+    rope_local: Rotary,
 }
 
 /// What llama.cpp hard-codes for Gemma 3 rather than storing in the GGUF.
@@ -52,14 +52,18 @@ pub fn adjust_gguf_config(cfg: &mut TransformerConfig, _g: &GgufFile) {
 }
 
 impl Gemma3 {
-    pub fn load(ck: &Checkpoint, cfg: &TransformerConfig) -> Result<Self, ModelError> {
+    pub fn load(
+        ck: &Checkpoint,
+        cfg: &TransformerConfig,
+        dev: &Device,
+    ) -> Result<Self, ModelError> {
         let (h, hd) = (cfg.hidden_size, cfg.head_dim);
         let eps = cfg.rms_eps;
         let offset = if ck.is_gguf() { 0.0 } else { 1.0 };
-        let norm = |name: &str, len: usize| RmsNorm::load(ck, name, N, len, eps, offset);
-        let table = ck.matrix("embed_tokens.weight", N, cfg.vocab_size, h)?;
+        let norm = |name: &str, len: usize| RmsNorm::load(ck, dev, name, N, len, eps, offset);
+        let table = matrix(ck, dev, "embed_tokens.weight", N, cfg.vocab_size, h)?;
         let lm_head = if ck.has("lm_head.weight", N) {
-            Linear::load(ck, "lm_head", N, cfg.vocab_size, h, false)?
+            Linear::load(ck, dev, "lm_head", N, cfg.vocab_size, h, false)?
         } else {
             Linear {
                 w: table.clone(),
@@ -70,7 +74,7 @@ impl Gemma3 {
         for i in 0..cfg.num_layers {
             let p = format!("layers.{i}");
             let lin = |m: &str, out: usize, inp: usize| {
-                Linear::load(ck, &format!("{p}.self_attn.{m}"), N, out, inp, false)
+                Linear::load(ck, dev, &format!("{p}.self_attn.{m}"), N, out, inp, false)
             };
             layers.push(Block {
                 input_norm: norm(&format!("{p}.input_layernorm"), h)?,
@@ -84,16 +88,19 @@ impl Gemma3 {
                 pre_ffn_norm: norm(&format!("{p}.pre_feedforward_layernorm"), h)?,
                 mlp: GatedMlp::load(
                     ck,
+                    dev,
                     &format!("{p}.mlp"),
                     N,
                     h,
                     cfg.intermediate_size,
-                    ops::gelu_tanh,
+                    Activation::GeluTanh,
                 )?,
                 post_ffn_norm: norm(&format!("{p}.post_feedforward_layernorm"), h)?,
                 sliding: cfg.layer_sliding[i],
             });
         }
+        let global = rope_for(cfg, cfg.rope_theta, RopeStyle::Neox);
+        let local = Rope::new(hd, cfg.rope_local_theta, 1.0, RopeStyle::Neox);
         Ok(Self {
             embed: Embedding {
                 table,
@@ -102,8 +109,9 @@ impl Gemma3 {
             layers,
             norm: norm("norm", h)?,
             lm_head,
-            rope_global: rope_for(cfg, cfg.rope_theta, RopeStyle::Neox),
-            rope_local: Rope::new(hd, cfg.rope_local_theta, 1.0, RopeStyle::Neox),
+            rope_global: rotary(dev, global, hd, RopeStyle::Neox, cfg.max_position)?,
+            rope_local: rotary(dev, local, hd, RopeStyle::Neox, cfg.max_position)?,
+            dev: dev.clone(),
             cfg: cfg.clone(),
         })
     }
@@ -111,24 +119,24 @@ impl Gemma3 {
     fn attention(
         &self,
         b: &Block,
-        x: &[f32],
-        kv: &mut LayerKv,
-        batch: &ForwardBatch,
-        pos: &[usize],
-    ) -> Vec<f32> {
-        let (n, hd) = (pos.len(), self.cfg.head_dim);
-        let mut q = b.q.forward(x, n);
-        let mut k = b.k.forward(x, n);
-        let v = b.v.forward(x, n);
-        b.q_norm.forward_inplace(&mut q);
-        b.k_norm.forward_inplace(&mut k);
+        x: &Tensor,
+        kv: &mut KvPool,
+        layer: usize,
+        step: &Step,
+    ) -> Result<Tensor, ComputeError> {
+        let (dev, hd) = (&self.dev, self.cfg.head_dim);
+        let mut q = b.q.forward(dev, x)?;
+        let mut k = b.k.forward(dev, x)?;
+        let v = b.v.forward(dev, x)?;
+        b.q_norm.forward_inplace(dev, &mut q)?;
+        b.k_norm.forward_inplace(dev, &mut k)?;
         let rope = if b.sliding {
             &self.rope_local
         } else {
             &self.rope_global
         };
-        apply_rope(rope, &mut q, hd, pos);
-        apply_rope(rope, &mut k, hd, pos);
+        dev.rope(rope, &mut q, hd, step)?;
+        dev.rope(rope, &mut k, hd, step)?;
         let params = AttnParams {
             n_heads: self.cfg.num_heads,
             head_dim: hd,
@@ -140,36 +148,34 @@ impl Gemma3 {
             },
             softcap: self.cfg.attn_logit_softcap,
         };
-        let o = cached_attention(&q, &k, &v, kv, batch, &params);
-        b.o.forward(&o, n)
+        let o = dev.attention(kv, layer, step, &q, &k, &v, &params)?;
+        b.o.forward(dev, &o)
     }
 }
 
 impl CausalLm for Gemma3 {
-    fn forward(&self, batch: &ForwardBatch, kv: &mut KvCache) -> Vec<f32> {
-        let pos = batch.positions();
-        let n = pos.len();
-        let mut x = self.embed.forward(batch.tokens);
-        for (b, cache) in self.layers.iter().zip(kv.layers.iter_mut()) {
-            let h = b.input_norm.forward(&x);
-            let mut a = self.attention(b, &h, cache, batch, &pos);
-            b.post_attn_norm.forward_inplace(&mut a);
-            ops::add_assign(&mut x, &a);
-            let h = b.pre_ffn_norm.forward(&x);
-            let mut m = b.mlp.forward(&h, n);
-            b.post_ffn_norm.forward_inplace(&mut m);
-            ops::add_assign(&mut x, &m);
+    fn forward(&self, batch: &ForwardBatch, kv: &mut KvPool) -> Result<Vec<f32>, ComputeError> {
+        let dev = &self.dev;
+        let step = dev.step(&batch.attn_seqs(), kv, self.cfg.num_heads)?;
+        let mut x = self.embed.forward(dev, batch.tokens)?;
+        for (i, b) in self.layers.iter().enumerate() {
+            let h = b.input_norm.forward(dev, &x)?;
+            let mut a = self.attention(b, &h, kv, i, &step)?;
+            b.post_attn_norm.forward_inplace(dev, &mut a)?;
+            dev.add_assign(&mut x, &a)?;
+            let h = b.pre_ffn_norm.forward(dev, &x)?;
+            let mut m = b.mlp.forward(dev, &h)?;
+            b.post_ffn_norm.forward_inplace(dev, &mut m)?;
+            dev.add_assign(&mut x, &m)?;
         }
-        let rows = batch.logit_rows();
-        let mut last = gather_rows(&x, self.cfg.hidden_size, &rows);
-        self.norm.forward_inplace(&mut last);
-        let mut logits = self.lm_head.forward(&last, rows.len());
+        let mut last = dev.gather_rows(&x, &batch.logit_rows())?;
+        self.norm.forward_inplace(dev, &mut last)?;
+        let mut logits = self.lm_head.forward(dev, &last)?;
         if let Some(cap) = self.cfg.final_logit_softcap {
-            ops::softcap(&mut logits, cap);
+            dev.softcap(&mut logits, cap)?;
         }
-        logits
+        dev.to_host(logits)
     }
-
     fn kv_shapes(&self) -> Vec<LayerKvShape> {
         vec![
             LayerKvShape {

@@ -3,15 +3,14 @@
 //! model with one option each, so they build it through [`LlamaOptions`].
 
 use afm_runtime::attention::AttnParams;
-use afm_runtime::kv_store::{KvCache, LayerKvShape};
-use afm_runtime::ops::{self, Rope, RopeStyle};
+use afm_runtime::compute::{Activation, ComputeError, Device, KvPool, Rotary, Step, Tensor};
+use afm_runtime::kv_store::LayerKvShape;
+use afm_runtime::ops::{Rope, RopeStyle};
 
 use crate::checkpoint::{Checkpoint, NormNaming};
 use crate::config::{RopeScaling, TransformerConfig};
 use crate::forward::{CausalLm, ForwardBatch};
-use crate::layers::{
-    apply_rope, cached_attention, gather_rows, Embedding, GatedMlp, Linear, RmsNorm,
-};
+use crate::layers::{matrix, rotary, Embedding, GatedMlp, Linear, RmsNorm};
 use crate::ModelError;
 
 const N: NormNaming = NormNaming::Llama;
@@ -42,11 +41,12 @@ struct Block {
 
 pub struct Llama {
     cfg: TransformerConfig,
+    dev: Device,
     embed: Embedding,
     layers: Vec<Block>,
     norm: RmsNorm,
     lm_head: Linear,
-    rope: Rope,
+    rope: Rotary,
 }
 
 /// The rotary table of a config; llama.cpp's llama conversion permutes Q/K rows so that the
@@ -76,102 +76,63 @@ impl Llama {
     pub fn load(
         ck: &Checkpoint,
         cfg: &TransformerConfig,
+        dev: &Device,
         opts: LlamaOptions,
         style: RopeStyle,
     ) -> Result<Self, ModelError> {
         let (h, hd) = (cfg.hidden_size, cfg.head_dim);
-        let table = ck.matrix("embed_tokens.weight", N, cfg.vocab_size, h)?;
+        let table = matrix(ck, dev, "embed_tokens.weight", N, cfg.vocab_size, h)?;
         let lm_head = if ck.has("lm_head.weight", N) {
-            Linear::load(ck, "lm_head", N, cfg.vocab_size, h, false)?
+            Linear::load(ck, dev, "lm_head", N, cfg.vocab_size, h, false)?
         } else {
             Linear {
                 w: table.clone(),
                 b: None,
             }
         };
+        let norm = |name: &str, len: usize| RmsNorm::load(ck, dev, name, N, len, cfg.rms_eps, 0.0);
         let mut layers = Vec::with_capacity(cfg.num_layers);
         for i in 0..cfg.num_layers {
             let p = format!("layers.{i}");
-            let head_norm =
-                |n: &str| RmsNorm::load(ck, &format!("{p}.self_attn.{n}"), N, hd, cfg.rms_eps, 0.0);
+            let lin = |m: &str, out: usize, inp: usize, bias: bool| {
+                Linear::load(ck, dev, &format!("{p}.self_attn.{m}"), N, out, inp, bias)
+            };
+            let head_norm = |m: &str| -> Result<Option<RmsNorm>, ModelError> {
+                opts.qk_norm
+                    .then(|| norm(&format!("{p}.self_attn.{m}"), hd))
+                    .transpose()
+            };
             let attn = Attention {
-                q: Linear::load(
-                    ck,
-                    &format!("{p}.self_attn.q_proj"),
-                    N,
-                    cfg.num_heads * hd,
-                    h,
-                    opts.qkv_bias,
-                )?,
-                k: Linear::load(
-                    ck,
-                    &format!("{p}.self_attn.k_proj"),
-                    N,
-                    cfg.num_kv_heads * hd,
-                    h,
-                    opts.qkv_bias,
-                )?,
-                v: Linear::load(
-                    ck,
-                    &format!("{p}.self_attn.v_proj"),
-                    N,
-                    cfg.num_kv_heads * hd,
-                    h,
-                    opts.qkv_bias,
-                )?,
-                o: Linear::load(
-                    ck,
-                    &format!("{p}.self_attn.o_proj"),
-                    N,
-                    h,
-                    cfg.num_heads * hd,
-                    false,
-                )?,
-                q_norm: if opts.qk_norm {
-                    Some(head_norm("q_norm")?)
-                } else {
-                    None
-                },
-                k_norm: if opts.qk_norm {
-                    Some(head_norm("k_norm")?)
-                } else {
-                    None
-                },
+                q: lin("q_proj", cfg.num_heads * hd, h, opts.qkv_bias)?,
+                k: lin("k_proj", cfg.num_kv_heads * hd, h, opts.qkv_bias)?,
+                v: lin("v_proj", cfg.num_kv_heads * hd, h, opts.qkv_bias)?,
+                o: lin("o_proj", h, cfg.num_heads * hd, false)?,
+                q_norm: head_norm("q_norm")?,
+                k_norm: head_norm("k_norm")?,
             };
             layers.push(Block {
-                input_norm: RmsNorm::load(
-                    ck,
-                    &format!("{p}.input_layernorm"),
-                    N,
-                    h,
-                    cfg.rms_eps,
-                    0.0,
-                )?,
+                input_norm: norm(&format!("{p}.input_layernorm"), h)?,
                 attn,
-                post_attn_norm: RmsNorm::load(
-                    ck,
-                    &format!("{p}.post_attention_layernorm"),
-                    N,
-                    h,
-                    cfg.rms_eps,
-                    0.0,
-                )?,
+                post_attn_norm: norm(&format!("{p}.post_attention_layernorm"), h)?,
                 mlp: GatedMlp::load(
                     ck,
+                    dev,
                     &format!("{p}.mlp"),
                     N,
                     h,
                     cfg.intermediate_size,
-                    ops::silu,
+                    Activation::Silu,
                 )?,
             });
         }
+        let rope = rope_for(cfg, cfg.rope_theta, style);
         Ok(Self {
             embed: Embedding { table, scale: 1.0 },
             layers,
-            norm: RmsNorm::load(ck, "norm", N, h, cfg.rms_eps, 0.0)?,
+            norm: norm("norm", h)?,
             lm_head,
-            rope: rope_for(cfg, cfg.rope_theta, style),
+            rope: rotary(dev, rope, hd, style, cfg.max_position)?,
+            dev: dev.clone(),
             cfg: cfg.clone(),
         })
     }
@@ -179,21 +140,21 @@ impl Llama {
     fn attention(
         &self,
         a: &Attention,
-        x: &[f32],
-        kv: &mut afm_runtime::kv_store::LayerKv,
-        batch: &ForwardBatch,
-        pos: &[usize],
-    ) -> Vec<f32> {
-        let (n, hd) = (pos.len(), self.cfg.head_dim);
-        let mut q = a.q.forward(x, n);
-        let mut k = a.k.forward(x, n);
-        let v = a.v.forward(x, n);
+        x: &Tensor,
+        kv: &mut KvPool,
+        layer: usize,
+        step: &Step,
+    ) -> Result<Tensor, ComputeError> {
+        let (dev, hd) = (&self.dev, self.cfg.head_dim);
+        let mut q = a.q.forward(dev, x)?;
+        let mut k = a.k.forward(dev, x)?;
+        let v = a.v.forward(dev, x)?;
         if let (Some(qn), Some(kn)) = (&a.q_norm, &a.k_norm) {
-            qn.forward_inplace(&mut q);
-            kn.forward_inplace(&mut k);
+            qn.forward_inplace(dev, &mut q)?;
+            kn.forward_inplace(dev, &mut k)?;
         }
-        apply_rope(&self.rope, &mut q, hd, pos);
-        apply_rope(&self.rope, &mut k, hd, pos);
+        dev.rope(&self.rope, &mut q, hd, step)?;
+        dev.rope(&self.rope, &mut k, hd, step)?;
         let params = AttnParams {
             n_heads: self.cfg.num_heads,
             head_dim: hd,
@@ -201,28 +162,27 @@ impl Llama {
             window: None,
             softcap: None,
         };
-        let o = cached_attention(&q, &k, &v, kv, batch, &params);
-        a.o.forward(&o, n)
+        let o = dev.attention(kv, layer, step, &q, &k, &v, &params)?;
+        a.o.forward(dev, &o)
     }
 }
 
 impl CausalLm for Llama {
-    fn forward(&self, batch: &ForwardBatch, kv: &mut KvCache) -> Vec<f32> {
-        let pos = batch.positions();
-        let n = pos.len();
-        let mut x = self.embed.forward(batch.tokens);
-        for (layer, cache) in self.layers.iter().zip(kv.layers.iter_mut()) {
-            let h = layer.input_norm.forward(&x);
-            let a = self.attention(&layer.attn, &h, cache, batch, &pos);
-            ops::add_assign(&mut x, &a);
-            let h = layer.post_attn_norm.forward(&x);
-            let m = layer.mlp.forward(&h, n);
-            ops::add_assign(&mut x, &m);
+    fn forward(&self, batch: &ForwardBatch, kv: &mut KvPool) -> Result<Vec<f32>, ComputeError> {
+        let dev = &self.dev;
+        let step = dev.step(&batch.attn_seqs(), kv, self.cfg.num_heads)?;
+        let mut x = self.embed.forward(dev, batch.tokens)?;
+        for (i, layer) in self.layers.iter().enumerate() {
+            let h = layer.input_norm.forward(dev, &x)?;
+            let a = self.attention(&layer.attn, &h, kv, i, &step)?;
+            dev.add_assign(&mut x, &a)?;
+            let h = layer.post_attn_norm.forward(dev, &x)?;
+            let m = layer.mlp.forward(dev, &h)?;
+            dev.add_assign(&mut x, &m)?;
         }
-        let rows = batch.logit_rows();
-        let mut last = gather_rows(&x, self.cfg.hidden_size, &rows);
-        self.norm.forward_inplace(&mut last);
-        self.lm_head.forward(&last, rows.len())
+        let mut last = dev.gather_rows(&x, &batch.logit_rows())?;
+        self.norm.forward_inplace(dev, &mut last)?;
+        dev.to_host(self.lm_head.forward(dev, &last)?)
     }
 
     fn kv_shapes(&self) -> Vec<LayerKvShape> {

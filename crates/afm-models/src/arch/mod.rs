@@ -5,6 +5,7 @@ pub mod llama;
 pub mod qwen2;
 pub mod qwen3;
 
+use afm_runtime::compute::Device;
 use afm_runtime::ops::RopeStyle;
 
 use crate::checkpoint::Checkpoint;
@@ -13,7 +14,8 @@ use crate::forward::CausalLm;
 use crate::weights::GgufFile;
 use crate::ModelError;
 
-type LoadFn = fn(&Checkpoint, &TransformerConfig) -> Result<Box<dyn CausalLm>, ModelError>;
+/// Binds a checkpoint's weights into the architecture's model, placed on the device.
+type LoadFn = fn(&Checkpoint, &TransformerConfig, &Device) -> Result<Box<dyn CausalLm>, ModelError>;
 
 pub struct Architecture {
     /// HF `model_type` values.
@@ -32,7 +34,7 @@ pub const ARCHITECTURES: &[Architecture] = &[
         hf_types: &["llama"],
         gguf_arch: "llama",
         adjust_gguf: no_adjust,
-        load: |ck, cfg| {
+        load: |ck, cfg, dev| {
             // llama.cpp permutes llama's Q/K rows so GGML can rotate interleaved pairs.
             let style = if ck.is_gguf() {
                 RopeStyle::Interleaved
@@ -42,6 +44,7 @@ pub const ARCHITECTURES: &[Architecture] = &[
             Ok(Box::new(llama::Llama::load(
                 ck,
                 cfg,
+                dev,
                 Default::default(),
                 style,
             )?))
@@ -51,19 +54,19 @@ pub const ARCHITECTURES: &[Architecture] = &[
         hf_types: &["qwen2"],
         gguf_arch: "qwen2",
         adjust_gguf: no_adjust,
-        load: |ck, cfg| Ok(Box::new(qwen2::load(ck, cfg)?)),
+        load: |ck, cfg, dev| Ok(Box::new(qwen2::load(ck, cfg, dev)?)),
     },
     Architecture {
         hf_types: &["qwen3"],
         gguf_arch: "qwen3",
         adjust_gguf: no_adjust,
-        load: |ck, cfg| Ok(Box::new(qwen3::load(ck, cfg)?)),
+        load: |ck, cfg, dev| Ok(Box::new(qwen3::load(ck, cfg, dev)?)),
     },
     Architecture {
         hf_types: &["gemma3", "gemma3_text"],
         gguf_arch: "gemma3",
         adjust_gguf: gemma3::adjust_gguf_config,
-        load: |ck, cfg| Ok(Box::new(gemma3::Gemma3::load(ck, cfg)?)),
+        load: |ck, cfg, dev| Ok(Box::new(gemma3::Gemma3::load(ck, cfg, dev)?)),
     },
 ];
 

@@ -1,0 +1,431 @@
+//! The CUDA arm of device dispatch: each op of `compute` on `crate::cuda`'s kernels, plus three
+//! small kernels that module lacks (scale, bias add, row gather), compiled here at open.
+//!
+//! `CudaContext` keeps scratch buffers that its matmul, attention and sampling grow, so its
+//! methods take `&mut self`; the context sits behind a `Mutex` that each op holds for its
+//! launches only (uncontended: one engine thread drives a device). Outputs are fresh
+//! stream-ordered allocations (cuMemAllocAsync's pool), freed in order when dropped.
+
+use std::sync::{Mutex, MutexGuard};
+
+use cudarc::driver::{CudaFunction, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr};
+use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
+
+use super::{
+    check, wrong, Activation, ComputeError, Data, KvData, KvPool, Result, Step, StepData, Tensor,
+    Vector, VectorData, Weight, WeightData,
+};
+use crate::attention::{AttnParams, AttnSeq};
+use crate::cuda::{self, launch, AttnBatch, CudaContext, CudaSlice, DeviceKvCache, DeviceWeight};
+use crate::cuda::{CudaError, RopeTable};
+use crate::kv_store::{KvDtype, LayerKvShape};
+use crate::ops::{Rope, RopeStyle};
+use crate::{DType, WeightMatrix};
+
+/// Weight types the CUDA matmul and embedding kernels read.
+pub(super) const WEIGHT_TYPES: [DType; 6] = [
+    DType::F32,
+    DType::F16,
+    DType::BF16,
+    DType::Q8_0,
+    DType::Q4K,
+    DType::Q6K,
+];
+pub(super) const WEIGHT_TYPE_NAMES: &str = "F32, F16, BF16, Q8_0, Q4_K, Q6_K";
+
+const EXTRA_KERNELS: &str = r#"
+extern "C" __global__ void scale_f32(float* x, long long n, float s) {
+    const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (i < n) x[i] *= s;
+}
+extern "C" __global__ void add_bias_rows(float* x, const float* b, long long n, int cols) {
+    const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (i < n) x[i] += b[i % cols];
+}
+// One block per output row.
+extern "C" __global__ void gather_rows_f32(const float* x, const int* rows, float* out, int cols) {
+    const float* src = x + (long long)rows[blockIdx.x] * cols;
+    float* dst = out + (long long)blockIdx.x * cols;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) dst[c] = src[c];
+}
+"#;
+
+struct Extra {
+    scale: CudaFunction,
+    add_bias: CudaFunction,
+    gather: CudaFunction,
+}
+
+pub struct CudaDevice {
+    ctx: Mutex<CudaContext>,
+    extra: Extra,
+    ordinal: usize,
+    name: String,
+}
+
+fn grid(n: usize, threads: u32) -> cudarc::driver::LaunchConfig {
+    cudarc::driver::LaunchConfig {
+        grid_dim: ((n as u64).div_ceil(threads as u64).max(1) as u32, 1, 1),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// The device buffer of a tensor, as a view of exactly its `rows × cols` values.
+fn view<'a>(t: &'a Tensor, op: &'static str) -> Result<CudaView<'a, f32>> {
+    match &t.data {
+        Data::Cuda(b) => Ok(b.slice(0..t.rows * t.cols)),
+        Data::Host(_) => Err(wrong(op, "cpu", "cuda")),
+    }
+}
+
+fn view_mut<'a>(t: &'a mut Tensor, op: &'static str) -> Result<CudaViewMut<'a, f32>> {
+    let n = t.rows * t.cols;
+    match &mut t.data {
+        Data::Cuda(b) => Ok(b.slice_mut(0..n)),
+        Data::Host(_) => Err(wrong(op, "cpu", "cuda")),
+    }
+}
+
+fn vector<'a>(v: &'a Vector, op: &'static str) -> Result<CudaView<'a, f32>> {
+    match &v.data {
+        VectorData::Cuda(b) => Ok(b.slice(0..v.len)),
+        VectorData::Host(_) => Err(wrong(op, "cpu", "cuda")),
+    }
+}
+
+fn weight<'a>(w: &'a Weight, op: &'static str) -> Result<&'a DeviceWeight> {
+    match &w.data {
+        WeightData::Cuda(d) => Ok(d),
+        WeightData::Host(_) => Err(wrong(op, "cpu", "cuda")),
+    }
+}
+
+/// Device buffer for `n` values (at least one element: zero-byte allocations are refused).
+fn alloc<T: DeviceRepr>(ctx: &CudaContext, n: usize) -> Result<CudaSlice<T>> {
+    Ok(ctx.alloc::<T>(n.max(1))?)
+}
+
+fn upload<T: DeviceRepr>(ctx: &CudaContext, v: &[T]) -> Result<CudaSlice<T>> {
+    if v.is_empty() {
+        alloc(ctx, 1)
+    } else {
+        Ok(ctx.upload(v)?)
+    }
+}
+
+fn ids_i32(what: &'static str, v: impl Iterator<Item = usize>) -> Result<Vec<i32>> {
+    v.map(|x| {
+        i32::try_from(x).map_err(|_| ComputeError::Shape {
+            what,
+            got: x,
+            want: i32::MAX as usize,
+        })
+    })
+    .collect()
+}
+
+fn ptr<T>(ctx: &CudaContext, x: &impl DevicePtr<T>) -> u64 {
+    x.device_ptr(ctx.stream()).0
+}
+
+fn ptr_mut<T>(ctx: &CudaContext, x: &mut impl DevicePtrMut<T>) -> u64 {
+    x.device_ptr_mut(ctx.stream()).0
+}
+
+impl CudaDevice {
+    pub(super) fn open(ordinal: usize) -> Result<Self> {
+        let ctx = CudaContext::new(ordinal)?;
+        let opts = CompileOptions {
+            options: vec!["--std=c++17".into()],
+            name: Some("compute_extra.cu".into()),
+            ..Default::default()
+        };
+        let ptx = compile_ptx_with_opts(EXTRA_KERNELS, opts).map_err(|e| CudaError::Compile {
+            module: "compute_extra",
+            log: format!("{e:?}"),
+        })?;
+        let module = ctx
+            .stream()
+            .context()
+            .load_module(ptx)
+            .map_err(CudaError::from)?;
+        let f = |name: &str| module.load_function(name).map_err(CudaError::from);
+        let extra = Extra {
+            scale: f("scale_f32")?,
+            add_bias: f("add_bias_rows")?,
+            gather: f("gather_rows_f32")?,
+        };
+        let name = ctx.info().name.clone();
+        Ok(Self {
+            ctx: Mutex::new(ctx),
+            extra,
+            ordinal,
+            name,
+        })
+    }
+
+    /// The context; a panic while it was held leaves it usable (its stream is in order).
+    fn lock(&self) -> MutexGuard<'_, CudaContext> {
+        self.ctx.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(super) fn ordinal(&self) -> usize {
+        self.ordinal
+    }
+
+    pub(super) fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub(super) fn memory(&self) -> Result<(usize, usize)> {
+        Ok(self.lock().mem_info()?)
+    }
+
+    pub(super) fn weight(&self, w: &WeightMatrix) -> Result<DeviceWeight> {
+        Ok(DeviceWeight::upload(&self.lock(), w)?)
+    }
+
+    pub(super) fn upload(&self, v: &[f32]) -> Result<CudaSlice<f32>> {
+        upload(&self.lock(), v)
+    }
+
+    pub(super) fn rope_table(
+        &self,
+        rope: &Rope,
+        dims: usize,
+        style: RopeStyle,
+        max_pos: usize,
+    ) -> Result<RopeTable> {
+        Ok(RopeTable::from_cpu(
+            &self.lock(),
+            rope,
+            dims,
+            style,
+            max_pos,
+        )?)
+    }
+
+    pub(super) fn kv_cache(
+        &self,
+        shapes: &[LayerKvShape],
+        num_blocks: usize,
+        block_size: usize,
+        dtype: KvDtype,
+    ) -> Result<DeviceKvCache> {
+        Ok(DeviceKvCache::new(
+            &self.lock(),
+            shapes,
+            num_blocks,
+            block_size,
+            dtype,
+        )?)
+    }
+
+    pub(super) fn step(
+        &self,
+        seqs: &[AttnSeq],
+        positions: &[usize],
+        kv: &KvPool,
+        n_heads: usize,
+    ) -> Result<StepData> {
+        let KvData::Cuda(cache) = &kv.data else {
+            return Err(wrong("step", "cpu", "cuda"));
+        };
+        let ctx = self.lock();
+        let pos = ids_i32("position", positions.iter().copied())?;
+        Ok(StepData::Cuda {
+            positions: upload(&ctx, &pos)?,
+            attn: AttnBatch::new(&ctx, cache, seqs, n_heads)?,
+        })
+    }
+
+    fn scale(&self, ctx: &CudaContext, x: &mut CudaSlice<f32>, n: usize, s: f32) -> Result<()> {
+        let (xp, ni) = (ptr_mut(ctx, x), n as i64);
+        launch!(ctx, &self.extra.scale, grid(n, 256); xp, ni, s)?;
+        Ok(())
+    }
+
+    pub(super) fn embed(&self, table: &Weight, tokens: &[u32], scale: f32) -> Result<CudaSlice<f32>> {
+        let ctx = self.lock();
+        let n = tokens.len() * table.cols;
+        let mut out = alloc(&ctx, n)?;
+        if tokens.is_empty() {
+            return Ok(out);
+        }
+        let ids = ids_i32("token id", tokens.iter().map(|&t| t as usize))?;
+        let ids = upload(&ctx, &ids)?;
+        ctx.embed(weight(table, "embed")?, &ids, &mut out.slice_mut(0..n))?;
+        if scale != 1.0 {
+            self.scale(&ctx, &mut out, n, scale)?;
+        }
+        Ok(out)
+    }
+
+    pub(super) fn linear(&self, x: &Tensor, w: &Weight, bias: Option<&Vector>) -> Result<CudaSlice<f32>> {
+        let mut ctx = self.lock();
+        let (n, rows) = (x.rows, w.rows);
+        let mut out = alloc(&ctx, n * rows)?;
+        if n == 0 {
+            return Ok(out);
+        }
+        ctx.matmul(
+            weight(w, "linear")?,
+            &view(x, "linear")?,
+            n,
+            &mut out.slice_mut(0..n * rows),
+        )?;
+        if let Some(b) = bias {
+            let (op, bp) = (
+                ptr_mut(&ctx, &mut out),
+                ptr(&ctx, &vector(b, "linear bias")?),
+            );
+            let (len, cols) = ((n * rows) as i64, rows as i32);
+            launch!(ctx, &self.extra.add_bias, grid(n * rows, 256); op, bp, len, cols)?;
+        }
+        Ok(out)
+    }
+
+    pub(super) fn rms_norm(&self, x: &Tensor, w: &Vector, eps: f32) -> Result<CudaSlice<f32>> {
+        let ctx = self.lock();
+        let n = x.rows * x.cols;
+        let mut out = alloc(&ctx, n)?;
+        if n > 0 {
+            let wv = vector(w, "rms_norm")?;
+            ctx.rms_norm(&view(x, "rms_norm")?, &wv, eps, &mut out.slice_mut(0..n))?;
+        }
+        Ok(out)
+    }
+
+    pub(super) fn rms_norm_in_place(&self, x: &mut Tensor, w: &Vector, eps: f32) -> Result<()> {
+        if x.rows == 0 {
+            return Ok(());
+        }
+        let ctx = self.lock();
+        let wv = vector(w, "rms_norm")?;
+        Ok(ctx.rms_norm_in_place(&mut view_mut(x, "rms_norm")?, &wv, eps)?)
+    }
+
+    pub(super) fn add_assign(&self, x: &mut Tensor, y: &Tensor) -> Result<()> {
+        if x.rows == 0 {
+            return Ok(());
+        }
+        let ctx = self.lock();
+        let yv = view(y, "add")?;
+        Ok(ctx.add_assign(&mut view_mut(x, "add")?, &yv)?)
+    }
+
+    pub(super) fn gated_act(&self, act: Activation, gate: &mut Tensor, up: &Tensor) -> Result<()> {
+        let ctx = self.lock();
+        let (n, ff) = (gate.rows, gate.cols);
+        let mut out = alloc(&ctx, n * ff)?;
+        if n > 0 {
+            let a = match act {
+                Activation::Silu => cuda::Activation::Silu,
+                Activation::GeluTanh => cuda::Activation::GeluTanh,
+            };
+            let (g, u) = (view(gate, "gated_act")?, view(up, "gated_act")?);
+            ctx.gated_act(a, &g, &u, n, ff, ff, &mut out.slice_mut(0..n * ff))?;
+        }
+        gate.data = Data::Cuda(out);
+        Ok(())
+    }
+
+    pub(super) fn softcap(&self, x: &mut Tensor, cap: f32) -> Result<()> {
+        if x.rows == 0 {
+            return Ok(());
+        }
+        let ctx = self.lock();
+        Ok(ctx.softcap(&mut view_mut(x, "softcap")?, cap)?)
+    }
+
+    pub(super) fn rope(&self, t: &RopeTable, x: &mut Tensor, head_dim: usize, step: &Step) -> Result<()> {
+        let StepData::Cuda { positions, .. } = &step.data else {
+            return Err(wrong("rope", "cpu", "cuda"));
+        };
+        if let Some(&p) = step.positions.iter().find(|&&p| p >= t.max_pos()) {
+            return Err(ComputeError::Shape {
+                what: "position (below the rotary table's length, the model's context)",
+                got: p,
+                want: t.max_pos(),
+            });
+        }
+        if x.rows == 0 {
+            return Ok(());
+        }
+        let ctx = self.lock();
+        let (heads, stride) = (x.cols / head_dim, x.cols);
+        let pos = positions.slice(0..x.rows);
+        let mut xv = view_mut(x, "rope")?;
+        Ok(ctx.rope(t, &mut xv, &pos, heads, head_dim, stride)?)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn attention(
+        &self,
+        kv: &mut KvPool,
+        layer: usize,
+        step: &Step,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        p: &AttnParams,
+    ) -> Result<CudaSlice<f32>> {
+        let KvData::Cuda(cache) = &mut kv.data else {
+            return Err(wrong("attention", "cpu", "cuda"));
+        };
+        let StepData::Cuda { attn, .. } = &step.data else {
+            return Err(wrong("attention", "cpu", "cuda"));
+        };
+        let shape = cache.layers[layer].shape;
+        check(
+            "attention key width (the cache's)",
+            k.cols,
+            shape.n_kv_heads * shape.head_dim,
+        )?;
+        let mut ctx = self.lock();
+        let n = q.rows * q.cols;
+        let mut out = alloc(&ctx, n)?;
+        if n == 0 {
+            return Ok(out);
+        }
+        let (qv, kv_, vv) = (
+            view(q, "attention")?,
+            view(k, "attention")?,
+            view(v, "attention")?,
+        );
+        ctx.kv_write(cache, layer, attn, &kv_, k.cols, &vv, v.cols)?;
+        let mut ov = out.slice_mut(0..n);
+        ctx.paged_attention(cache, layer, attn, &qv, q.cols, p, &mut ov, q.cols, None)?;
+        Ok(out)
+    }
+
+    pub(super) fn gather_rows(&self, x: &Tensor, rows: &[usize]) -> Result<CudaSlice<f32>> {
+        let ctx = self.lock();
+        let mut out = alloc(&ctx, rows.len() * x.cols)?;
+        if rows.is_empty() || x.cols == 0 {
+            return Ok(out);
+        }
+        let idx = upload(&ctx, &ids_i32("row", rows.iter().copied())?)?;
+        let (xp, ip, op) = (
+            ptr(&ctx, &view(x, "gather_rows")?),
+            ptr(&ctx, &idx),
+            ptr_mut(&ctx, &mut out),
+        );
+        let cols = x.cols as i32;
+        let cfg = cudarc::driver::LaunchConfig {
+            grid_dim: (rows.len() as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        launch!(ctx, &self.extra.gather, cfg; xp, ip, op, cols)?;
+        Ok(out)
+    }
+
+    pub(super) fn download(&self, b: &CudaSlice<f32>, n: usize) -> Result<Vec<f32>> {
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        Ok(self.lock().download(&b.slice(0..n))?)
+    }
+}

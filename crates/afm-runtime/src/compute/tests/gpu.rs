@@ -1,0 +1,173 @@
+//! Every op of device dispatch on the GPU against the CPU arm, on random data.
+//! Runs when `AFM_TEST_DEVICE=cuda` (needs a CUDA device); otherwise it returns at once.
+
+use super::*;
+use crate::ops::Rope;
+
+fn gpu() -> Option<Device> {
+    if std::env::var("AFM_TEST_DEVICE").ok().as_deref() != Some("cuda") {
+        eprintln!("skipped: set AFM_TEST_DEVICE=cuda to run on the GPU");
+        return None;
+    }
+    Some(Device::open(DeviceChoice::Cuda(0)).expect("CUDA device 0"))
+}
+
+/// splitmix64 values in [-1, 1).
+fn rand_vec(seed: u64, n: usize) -> Vec<f32> {
+    let mut s = seed;
+    (0..n)
+        .map(|_| {
+            s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = s;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            ((z ^ (z >> 31)) >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        })
+        .collect()
+}
+
+fn close(what: &str, gpu: &[f32], cpu: &[f32], tol: f32) {
+    assert_eq!(gpu.len(), cpu.len(), "{what}: length");
+    let scale = cpu.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-6);
+    let err = gpu
+        .iter()
+        .zip(cpu)
+        .fold(0f32, |m, (a, b)| m.max((a - b).abs()))
+        / scale;
+    assert!(err <= tol, "{what}: relative error {err:.2e} > {tol:.0e}");
+}
+
+/// Runs `f` on both devices and compares the host copies of what it returns.
+fn both(g: &Device, what: &str, tol: f32, f: impl Fn(&Device) -> Tensor) {
+    let (a, b) = (f(g), f(&Device::Cpu));
+    let (a, b) = (
+        g.to_host(a).expect("download"),
+        Device::Cpu.to_host(b).expect("host"),
+    );
+    close(what, &a, &b, tol);
+}
+
+fn tensor(dev: &Device, rows: usize, cols: usize, seed: u64) -> Tensor {
+    let table = dev
+        .weight(WeightMatrix::from_f32(
+            rows,
+            cols,
+            &rand_vec(seed, rows * cols),
+        ))
+        .expect("weight");
+    let ids: Vec<u32> = (0..rows as u32).collect();
+    dev.embed(&table, &ids, 1.0).expect("embed")
+}
+
+#[test]
+fn every_op_matches_the_cpu() {
+    let Some(g) = gpu() else { return };
+    let (n, h, ff) = (5, 64, 96);
+    both(&g, "embed", 1e-6, |d| {
+        let t = d
+            .weight(WeightMatrix::from_f32(7, h, &rand_vec(1, 7 * h)))
+            .unwrap();
+        d.embed(&t, &[3, 0, 6, 3], 8.0).unwrap()
+    });
+    both(&g, "linear + bias", 1e-5, |d| {
+        let w = d
+            .weight(WeightMatrix::from_f32(ff, h, &rand_vec(2, ff * h)))
+            .unwrap();
+        let b = d.vector(rand_vec(3, ff)).unwrap();
+        d.linear(&tensor(d, n, h, 4), &w, Some(&b)).unwrap()
+    });
+    both(&g, "rms_norm rows and heads", 1e-5, |d| {
+        let x = tensor(d, n, h, 5);
+        let mut y = d
+            .rms_norm(&x, &d.vector(rand_vec(6, h)).unwrap(), 1e-6)
+            .unwrap();
+        d.rms_norm_in_place(&mut y, &d.vector(rand_vec(7, 16)).unwrap(), 1e-6)
+            .unwrap();
+        y
+    });
+    for act in [Activation::Silu, Activation::GeluTanh] {
+        both(&g, "add, gated act, softcap", 1e-5, |d| {
+            let mut x = tensor(d, n, ff, 8);
+            d.add_assign(&mut x, &tensor(d, n, ff, 9)).unwrap();
+            d.gated_act(act, &mut x, &tensor(d, n, ff, 10)).unwrap();
+            d.softcap(&mut x, 0.5).unwrap();
+            x
+        });
+    }
+    both(&g, "gather rows", 0.0, |d| {
+        d.gather_rows(&tensor(d, n, h, 11), &[4, 0, 4]).unwrap()
+    });
+    both(&g, "gather no rows", 0.0, |d| {
+        d.gather_rows(&tensor(d, n, h, 11), &[]).unwrap()
+    });
+}
+
+/// Two sequences over scattered blocks: a prefill of both, then a decode step of both.
+fn attention_steps(d: &Device, dtype: KvDtype) -> Tensor {
+    let (nh, nkv, hd, bs) = (4, 2, 16, 2);
+    let shape = LayerKvShape {
+        n_kv_heads: nkv,
+        head_dim: hd,
+    };
+    let mut kv = d.kv_pool(&[shape, shape], 8, bs, dtype).unwrap();
+    let rope = Rope::new(hd, 10_000.0, 1.0, RopeStyle::Neox);
+    let rot = d.rotary(rope, hd, RopeStyle::Neox, 64).unwrap();
+    let (ta, tb) = ([5u32, 1, 7], [2u32, 0, 6]);
+    let p = AttnParams {
+        n_heads: nh,
+        head_dim: hd,
+        scale: 0.25,
+        window: Some(3),
+        softcap: Some(20.0),
+    };
+    let mut outs = Vec::new();
+    for (i, (la, pa, lb, pb)) in [(3, 0, 4, 0), (1, 3, 1, 4)].into_iter().enumerate() {
+        let seqs = [
+            AttnSeq {
+                row0: 0,
+                len: la,
+                pos0: pa,
+                block_table: &ta,
+            },
+            AttnSeq {
+                row0: la,
+                len: lb,
+                pos0: pb,
+                block_table: &tb,
+            },
+        ];
+        let step = d.step(&seqs, &kv, nh).unwrap();
+        let rows = la + lb;
+        let mut q = tensor(d, rows, nh * hd, 20 + i as u64);
+        let mut k = tensor(d, rows, nkv * hd, 30 + i as u64);
+        let v = tensor(d, rows, nkv * hd, 40 + i as u64);
+        d.rope(&rot, &mut q, hd, &step).unwrap();
+        d.rope(&rot, &mut k, hd, &step).unwrap();
+        outs.push(d.attention(&mut kv, 1, &step, &q, &k, &v, &p).unwrap());
+    }
+    let a = d.to_host(outs.remove(0)).unwrap();
+    let b = d.to_host(outs.remove(0)).unwrap();
+    let cols = a.len() / 7;
+    Tensor::from_host(9, cols, [a, b].concat()).unwrap()
+}
+
+#[test]
+fn cached_attention_with_rope_matches_the_cpu() {
+    let Some(g) = gpu() else { return };
+    for (dtype, tol) in [(KvDtype::F32, 1e-5), (KvDtype::F16, 2e-3)] {
+        let a = g.to_host(attention_steps(&g, dtype)).unwrap();
+        let b = Device::Cpu
+            .to_host(attention_steps(&Device::Cpu, dtype))
+            .unwrap();
+        close(&format!("attention {dtype:?}"), &a, &b, tol);
+    }
+}
+
+#[test]
+fn unsupported_weight_types_are_named() {
+    let Some(g) = gpu() else { return };
+    let bytes = crate::WeightBytes::from_vec(vec![0u8; 20]);
+    let w = WeightMatrix::new(DType::Q4_1, 1, 32, bytes).unwrap();
+    let err = g.weight(w).err().expect("Q4_1 refused").to_string();
+    assert!(err.contains("Q4_1") && err.contains("Q4_K"), "{err}");
+}
