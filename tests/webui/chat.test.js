@@ -308,6 +308,26 @@ test("the server panel shows /metrics, or says it is unavailable", async ({ page
   await page.screenshot({ path: path.join(ARTIFACTS, "6-panel.png") });
 });
 
+test("a reload mid-answer keeps the partial answer as stopped; the server drops the request", async ({ page, server }) => {
+  await page.click("#new-chat");
+  await setSetting(page, "max_tokens", 4000);
+  await closeSettings(page);
+  await send(page, "Write a very long story about a dragon.");
+  await page.waitForFunction(() => {
+    const answer = [...document.querySelectorAll("article.assistant")].pop();
+    return answer.dataset.state === "streaming" && answer.querySelector(".content").textContent.length > 100;
+  }, null, { timeout: ANSWER_TIMEOUT });
+  await sleep(2500); // past one periodic save
+  await page.reload();
+  const answer = await waitForAnswer(page, ["stopped"], 10_000);
+  assert.ok((await answer.locator(".content").textContent()).length > 100, "the partial answer was lost");
+  // Closing the connection is a cancel too: the engine stops computing it.
+  if ((await metrics(server.base))?.has("afm:num_requests_running")) {
+    await waitForPanel(page, "afm:num_requests_running", "0");
+  }
+  await page.screenshot({ path: path.join(ARTIFACTS, "7-reloaded-mid-answer.png") });
+});
+
 // ---- runner
 
 async function main() {

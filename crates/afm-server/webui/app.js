@@ -215,7 +215,8 @@ async function send(text) {
   }
   if (!conv.messages.some((m) => m.role === "user")) conv.title = store.titleFrom(text);
   conv.messages.push({ role: "user", content: text });
-  const message = { role: "assistant", content: "", reasoning: "" };
+  // `pending` is saved with the partial answer: a reload mid-stream shows it as stopped.
+  const message = { role: "assistant", content: "", reasoning: "", pending: true };
   const body = requestBody(state.model, conv.messages, state.settings);
   conv.messages.push(message);
   conv.updated = Date.now();
@@ -253,6 +254,7 @@ async function send(text) {
   } finally {
     // TTFT is measured here, in the browser: request sent → first token shown.
     if (active.firstAt !== null) message.stats = { ...message.stats, ttft: (active.firstAt - active.started) / 1000 };
+    delete message.pending;
     state.active = null;
     setBusy(false);
     persist();
@@ -344,6 +346,15 @@ ui.messages.addEventListener("click", async (e) => {
   setTimeout(() => (button.textContent = "Copy"), 1500);
 });
 
+// Another tab changed the conversations: take its list, unless this tab is streaming (its
+// own save at the end wins then).
+window.addEventListener("storage", (e) => {
+  if (e.key !== "afm.conversations" || state.active) return;
+  state.conversations = store.loadConversations();
+  if (!current()) state.currentId = state.conversations[0]?.id ?? null;
+  renderAll();
+});
+
 // ---- start
 
 async function showModel() {
@@ -358,6 +369,12 @@ async function showModel() {
   }
 }
 
+for (const m of state.conversations.flatMap((c) => c.messages)) {
+  if (m.pending) {
+    delete m.pending;
+    m.stopped = true;
+  }
+}
 if (!current()) state.currentId = state.conversations[0]?.id ?? null;
 loadSettingsForm();
 renderAll();
