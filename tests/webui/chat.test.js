@@ -331,6 +331,7 @@ test("a reload mid-answer keeps the partial answer as stopped; the server drops 
 // ---- runner
 
 async function main() {
+  fs.rmSync(ARTIFACTS, { recursive: true, force: true }); // no stale screenshots from an earlier run
   fs.mkdirSync(ARTIFACTS, { recursive: true });
   assert.ok(fs.existsSync(AFM), `no afm binary at ${AFM} (cargo build --release -p afm)`);
   assert.ok(fs.existsSync(MODEL), `no model at ${MODEL} (bash scripts/fetch_models.sh smollm2)`);
