@@ -23,4 +23,8 @@ impl Generator for EngineHandle {
     fn max_context(&self) -> usize {
         EngineHandle::max_context(self)
     }
+
+    fn metrics(&self) -> Option<&afm_engine::EngineMetrics> {
+        Some(EngineHandle::metrics(self))
+    }
 }

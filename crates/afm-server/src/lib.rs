@@ -11,6 +11,7 @@ pub mod chat;
 pub mod completions;
 pub mod engine_impl;
 pub mod generation;
+pub mod metrics;
 pub mod reasoning;
 pub mod registry;
 pub mod routes;

@@ -58,6 +58,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/models", get(models))
         .route("/v1/models/{*id}", get(model_by_id))
         .route("/health", get(health))
+        .route("/metrics", get(metrics))
         .route("/v1/health", get(health))
         .route("/v1/tokenize", post(tokenize))
         .route("/tokenize", post(tokenize))
@@ -167,6 +168,11 @@ async fn models(State(state): AppRef) -> Json<ModelList> {
 async fn model_by_id(State(state): AppRef, Path(id): Path<String>) -> Result<Response, HttpError> {
     state.model.info.check(Some(&id))?;
     Ok(Json(model_card(&state)).into_response())
+}
+
+async fn metrics(State(state): AppRef) -> Response {
+    let body = crate::metrics::render(state.model.generator.metrics());
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body).into_response()
 }
 
 async fn health(State(state): AppRef) -> Response {

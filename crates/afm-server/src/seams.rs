@@ -40,6 +40,10 @@ pub trait Generator: Send + Sync + 'static {
     fn cancel(&self, id: RequestId);
     /// Longest sequence (prompt + answer) in tokens.
     fn max_context(&self) -> usize;
+    /// Live counters for `/metrics`; generators without any report none.
+    fn metrics(&self) -> Option<&afm_engine::EngineMetrics> {
+        None
+    }
 }
 
 /// Turns token ids into text as they arrive, never splitting a UTF-8 character.
