@@ -330,6 +330,31 @@ test("a reload mid-answer keeps the partial answer as stopped; the server drops 
 
 // ---- runner
 
+async function runTests(context, server) {
+  const page = context.pages()[0] ?? (await context.newPage());
+  const requests = [];
+  const pageErrors = [];
+  page.on("request", (r) => requests.push(r.url()));
+  page.on("pageerror", (e) => pageErrors.push(e.message));
+  let failed = 0;
+  for (const [i, { name, fn }] of tests.entries()) {
+    const started = Date.now();
+    try {
+      await fn({ page, server, requests });
+      console.log(`ok   ${name} (${((Date.now() - started) / 1000).toFixed(1)} s)`);
+    } catch (e) {
+      failed++;
+      console.log(`FAIL ${name}\n     ${String(e.stack ?? e).replace(/\n/g, "\n     ")}`);
+      await page.screenshot({ path: path.join(ARTIFACTS, `failed-${i + 1}.png`) }).catch(() => {});
+    }
+  }
+  if (pageErrors.length) {
+    failed++;
+    console.log(`FAIL the page threw: ${pageErrors.join(" | ")}`);
+  }
+  return failed;
+}
+
 async function main() {
   fs.rmSync(ARTIFACTS, { recursive: true, force: true }); // no stale screenshots from an earlier run
   fs.mkdirSync(ARTIFACTS, { recursive: true });
@@ -337,36 +362,19 @@ async function main() {
   assert.ok(fs.existsSync(MODEL), `no model at ${MODEL} (bash scripts/fetch_models.sh smollm2)`);
   const server = await startServer();
   const userDataDir = fs.mkdtempSync(path.join(os.tmpdir(), "afm-webui-"));
-  const context = await chromium.launchPersistentContext(userDataDir, {
-    executablePath: CHROMIUM,
-    headless: true,
-    args: CHROMIUM_FLAGS,
-    viewport: { width: 1280, height: 820 },
-  });
-  const page = context.pages()[0] ?? (await context.newPage());
-  const requests = [];
-  const pageErrors = [];
-  page.on("request", (r) => requests.push(r.url()));
-  page.on("pageerror", (e) => pageErrors.push(e.message));
-  let failed = 0;
+  let context = null;
+  let failed;
   try {
-    for (const [i, { name, fn }] of tests.entries()) {
-      const started = Date.now();
-      try {
-        await fn({ page, server, requests });
-        console.log(`ok   ${name} (${((Date.now() - started) / 1000).toFixed(1)} s)`);
-      } catch (e) {
-        failed++;
-        console.log(`FAIL ${name}\n     ${String(e.stack ?? e).replace(/\n/g, "\n     ")}`);
-        await page.screenshot({ path: path.join(ARTIFACTS, `failed-${i + 1}.png`) }).catch(() => {});
-      }
-    }
-    if (pageErrors.length) {
-      failed++;
-      console.log(`FAIL the page threw: ${pageErrors.join(" | ")}`);
-    }
+    context = await chromium.launchPersistentContext(userDataDir, {
+      executablePath: CHROMIUM,
+      headless: true,
+      args: CHROMIUM_FLAGS,
+      viewport: { width: 1280, height: 820 },
+    });
+    failed = await runTests(context, server);
   } finally {
-    await context.close();
+    // Whatever happened, leave no server or browser behind.
+    await context?.close().catch(() => {});
     await stopServer(server);
     fs.rmSync(userDataDir, { recursive: true, force: true });
   }
