@@ -163,6 +163,10 @@ pub struct Delta {
     pub content: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reasoning_content: Option<String>,
+    /// `[{index, id?, type?, function: {name?, arguments}}]`: a call's first chunk names it,
+    /// later ones carry argument fragments only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<Value>>,
 }
 
 /// `/v1/completions` response (and, with `object = "text_completion"`, its stream chunks).

@@ -128,6 +128,8 @@ pub struct ValidChatRequest {
     pub messages: Vec<Value>,
     /// Tools for the template; `None` when absent or `tool_choice` is `none`.
     pub tools: Option<Vec<Value>>,
+    /// `parallel_tool_calls` (default true); false keeps only the first call of a turn.
+    pub parallel_tool_calls: bool,
     pub template_kwargs: Map<String, Value>,
     pub generation: ValidGeneration,
     /// A `strict` schema or tool was asked for but grammar constraints are off: served best
@@ -186,6 +188,7 @@ pub fn validate_chat(
     Ok(ValidChatRequest {
         messages,
         tools,
+        parallel_tool_calls: req.parallel_tool_calls.unwrap_or(true),
         template_kwargs: template_kwargs(
             defaults,
             req.reasoning_effort.as_deref(),

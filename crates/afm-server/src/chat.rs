@@ -14,6 +14,7 @@ use futures::stream::{self, Stream, StreamExt};
 
 use crate::generation::{self, ChoiceEvent, ChoiceSpec, Generation};
 use crate::reasoning::ReasoningSplitter;
+use crate::tool_calls::{message_tool_calls, ToolSpec};
 use crate::usage::{new_id, unix_now, UsageAcc};
 use crate::AppState;
 
@@ -49,6 +50,12 @@ pub fn start_chat(state: &AppState, req: ValidChatRequest) -> Result<ChatJob, Ap
     let prompt_tokens = text.encode(&rendered, true);
     let reasoning =
         (!state.config.raw).then(|| ReasoningSplitter::prompt_opens_reasoning(&rendered));
+    let tools = ToolSpec::for_request(
+        &state.config.tool_calls,
+        text.tool_call_format(),
+        req.tools.as_deref(),
+        req.parallel_tool_calls,
+    );
     let g = &req.generation;
     let specs = (0..g.n)
         .map(|i| ChoiceSpec {
@@ -60,6 +67,7 @@ pub fn start_chat(state: &AppState, req: ValidChatRequest) -> Result<ChatJob, Ap
             stop: g.stop.clone(),
             logprobs: g.logprobs,
             reasoning,
+            tools: tools.clone(),
         })
         .collect();
     let id = new_id("chatcmpl-");
@@ -107,6 +115,7 @@ struct ChoiceAcc {
     reasoning: Option<String>,
     logprobs: Vec<afm_api::TokenLogprobEntry>,
     finish_reason: Option<&'static str>,
+    tool_calls: Vec<afm_chat::tool_calls::ToolCall>,
 }
 
 impl ChatAccumulator {
@@ -125,6 +134,7 @@ impl ChatAccumulator {
                 reasoning,
                 content,
                 logprobs,
+                ..
             } => {
                 let c = &mut self.choices[index];
                 c.content.push_str(&content);
@@ -137,8 +147,10 @@ impl ChatAccumulator {
                 index,
                 finish_reason,
                 stats,
+                tool_calls,
             } => {
                 self.choices[index].finish_reason = Some(finish_reason);
+                self.choices[index].tool_calls = tool_calls;
                 self.usage.add(&stats);
             }
             ChoiceEvent::Failed { message, .. } => return Err(ApiError::Internal(message)),
@@ -157,9 +169,12 @@ impl ChatAccumulator {
                 index,
                 message: AssistantMessage {
                     role: "assistant".into(),
-                    content: Some(c.content),
+                    // Only the calls: whitespace around them is not an answer.
+                    content: (c.tool_calls.is_empty() || !c.content.trim().is_empty())
+                        .then_some(c.content),
                     reasoning_content: c.reasoning,
-                    tool_calls: None,
+                    tool_calls: (!c.tool_calls.is_empty())
+                        .then(|| message_tool_calls(&c.tool_calls)),
                 },
                 logprobs: logprobs.then_some(ChatLogprobs {
                     content: c.logprobs,
@@ -202,6 +217,7 @@ pub fn chat_sse(job: ChatJob) -> impl Stream<Item = Result<Event, Infallible>> +
                 role: Some("assistant".into()),
                 content: Some(String::new()),
                 reasoning_content: None,
+                tool_calls: None,
             };
             shape.chunk(index, delta, None, None)
         })
@@ -278,11 +294,16 @@ impl SseState {
                 reasoning,
                 content,
                 logprobs,
+                tool_calls,
             } => {
+                let calls = (!tool_calls.is_empty())
+                    .then(|| tool_calls.iter().map(|d| d.to_json()).collect());
                 let delta = Delta {
                     role: None,
-                    content: (!content.is_empty() || reasoning.is_none()).then_some(content),
+                    content: (!content.is_empty() || (reasoning.is_none() && calls.is_none()))
+                        .then_some(content),
                     reasoning_content: reasoning,
+                    tool_calls: calls,
                 };
                 let lp = self.logprobs.then_some(ChatLogprobs { content: logprobs });
                 vec![self.shape.chunk(index, delta, lp, None)]
@@ -291,6 +312,7 @@ impl SseState {
                 index,
                 finish_reason,
                 stats,
+                ..
             } => {
                 self.usage.add(&stats);
                 vec![self

@@ -54,6 +54,7 @@ pub fn start_completion(
                 stop: g.stop.clone(),
                 logprobs: g.logprobs,
                 reasoning: None,
+                tools: None,
             });
             echoes.push(if req.echo {
                 prompt_text.clone()
@@ -121,6 +122,7 @@ pub async fn collect_completion(mut job: CompletionJob) -> Result<Completion, Ap
                 index,
                 finish_reason,
                 stats,
+                ..
             } => {
                 finish[index] = finish_reason;
                 usage.add(&stats);
@@ -239,6 +241,7 @@ impl CompletionSse {
                 index,
                 finish_reason,
                 stats,
+                ..
             } => {
                 self.usage.add(&stats);
                 vec![self.chunk(index, String::new(), None, Some(finish_reason))]

@@ -1,6 +1,6 @@
 //! The generation pipeline after tokenization, shared by chat, completions and `afm -s`:
 //! submit one engine request per choice, then turn each one's token events into text deltas
-//! (incremental detokenize → stop strings → reasoning split) and a final outcome.
+//! (incremental detokenize → stop strings → reasoning split → tool calls) and a final outcome.
 //!
 //! Everything here is owned by the returned [`Generation`] stream: dropping it (a client that
 //! disconnects, a handler future that is dropped) cancels every engine request it holds.
@@ -22,6 +22,7 @@ use crate::reasoning::{ReasoningSplitter, Split};
 use crate::registry::Registration;
 use crate::seams::{Detokenizer, Generator, TextModel};
 use crate::stop_strings::{StopMatcher, StopOutcome};
+use crate::tool_calls::{Piece, ToolCallDelta, ToolSpec, ToolStage};
 
 /// What one choice should generate.
 #[derive(Debug, Clone)]
@@ -36,6 +37,8 @@ pub struct ChoiceSpec {
     pub logprobs: Option<usize>,
     /// `None`: no reasoning split (`--raw`, completions); `Some(opened_by_template)` otherwise.
     pub reasoning: Option<bool>,
+    /// Tool calls to extract from `content`; `None`: all content is text.
+    pub tools: Option<ToolSpec>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -45,11 +48,15 @@ pub enum ChoiceEvent {
         reasoning: Option<String>,
         content: String,
         logprobs: Vec<TokenLogprobEntry>,
+        /// Tool-call pieces, which come after this delta's `content` in the output.
+        tool_calls: Vec<ToolCallDelta>,
     },
     Done {
         index: usize,
         finish_reason: &'static str,
         stats: ChoiceStats,
+        /// The completed calls (empty without tools).
+        tool_calls: Vec<afm_chat::tool_calls::ToolCall>,
     },
     Failed {
         index: usize,
@@ -149,6 +156,7 @@ struct ChoiceRun {
     detok: Box<dyn Detokenizer>,
     stops: StopMatcher,
     reasoning: Option<ReasoningSplitter>,
+    tools: Option<ToolStage>,
     outbox: VecDeque<ChoiceEvent>,
     tokens: usize,
     submitted: Instant,
@@ -161,9 +169,14 @@ struct ChoiceRun {
 impl ChoiceRun {
     fn new(spec: ChoiceSpec, sub: Submission, text: Arc<dyn TextModel>) -> Self {
         ChoiceRun {
-            detok: text.detokenizer(),
+            // Tool-call markers are special tokens in some vocabularies (`[TOOL_CALLS]`).
+            detok: match spec.tools {
+                Some(_) => text.detokenizer_with_special(),
+                None => text.detokenizer(),
+            },
             stops: StopMatcher::new(spec.stop.clone()),
             reasoning: spec.reasoning.map(ReasoningSplitter::new),
+            tools: spec.tools.as_ref().map(ToolStage::new),
             spec,
             sub,
             text,
@@ -241,6 +254,15 @@ impl ChoiceRun {
                 FinishReason::Cancelled => "cancelled",
             }
         };
+        let tool_calls = self
+            .tools
+            .as_ref()
+            .map(ToolStage::calls)
+            .unwrap_or_default();
+        let finish_reason = match finish_reason {
+            "stop" | "length" if !tool_calls.is_empty() => "tool_calls",
+            other => other,
+        };
         let stats = ChoiceStats {
             prompt_index: self.spec.prompt_index,
             prompt_tokens: self.spec.prompt_tokens.len(),
@@ -253,6 +275,7 @@ impl ChoiceRun {
             index: self.spec.index,
             finish_reason,
             stats,
+            tool_calls,
         });
     }
 
@@ -282,7 +305,8 @@ impl ChoiceRun {
         });
     }
 
-    /// Queues a delta for `text` (after the reasoning split); `last` flushes the splitter.
+    /// Queues deltas for `text` (after the reasoning split and tool-call extraction);
+    /// `last` flushes both.
     fn emit(&mut self, text: &str, logprobs: Vec<TokenLogprobEntry>, last: bool) {
         let mut split = match &mut self.reasoning {
             Some(r) => r.push(text),
@@ -299,14 +323,43 @@ impl ChoiceRun {
             }
         }
         let has_reasoning = split.opened || !split.reasoning.is_empty();
-        if !has_reasoning && split.content.is_empty() && logprobs.is_empty() {
+        let mut reasoning = has_reasoning.then_some(split.reasoning);
+        let mut logprobs = Some(logprobs);
+        let pieces = match &mut self.tools {
+            Some(t) => t.push(&split.content, last),
+            None => vec![Piece::Text(split.content)],
+        };
+        // Reasoning and logprobs ride on the first delta; pieces keep their order.
+        for piece in pieces {
+            let (content, tool_calls) = match piece {
+                Piece::Text(t) => (t, Vec::new()),
+                Piece::Calls(c) => (String::new(), c),
+            };
+            let logprobs = logprobs.take().unwrap_or_default();
+            self.push_delta(reasoning.take(), content, tool_calls, logprobs);
+        }
+        if let Some(logprobs) = logprobs {
+            self.push_delta(reasoning, String::new(), Vec::new(), logprobs);
+        }
+    }
+
+    fn push_delta(
+        &mut self,
+        reasoning: Option<String>,
+        content: String,
+        tool_calls: Vec<ToolCallDelta>,
+        logprobs: Vec<TokenLogprobEntry>,
+    ) {
+        if reasoning.is_none() && content.is_empty() && tool_calls.is_empty() && logprobs.is_empty()
+        {
             return;
         }
         self.outbox.push_back(ChoiceEvent::Delta {
             index: self.spec.index,
-            reasoning: has_reasoning.then_some(split.reasoning),
-            content: split.content,
+            reasoning,
+            content,
             logprobs,
+            tool_calls,
         });
     }
 

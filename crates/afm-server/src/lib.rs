@@ -1,7 +1,7 @@
 //! afm-server: the OpenAI-compatible HTTP server. It owns the axum routes, SSE streaming,
 //! cancellation (client disconnect and `/cancel`), body limits, and the text pipeline between
 //! the engine and the client: template → tokenize → engine → incremental detokenize → stop
-//! strings → reasoning split → response shaping with usage and timings.
+//! strings → reasoning split → tool-call extraction → response shaping with usage and timings.
 //!
 //! It does not own sampling or scheduling (afm-engine) nor tokenizers and templates
 //! (afm-chat); it reaches them through the [`seams`]. `afm -s` runs the same pipeline
@@ -19,6 +19,7 @@ pub mod seams;
 pub mod stop_strings;
 pub mod testing;
 pub mod text_model;
+pub mod tool_calls;
 pub mod usage;
 pub mod webui;
 
@@ -45,6 +46,8 @@ pub struct ServerConfig {
     pub max_body_bytes: usize,
     /// `-v`: one stderr line per request (method, path, status, milliseconds).
     pub log_requests: bool,
+    /// `--tool-call-parser`, `--fix-tool-args`, `AFM_DEBUG`.
+    pub tool_calls: tool_calls::ToolCallConfig,
 }
 
 impl Default for ServerConfig {
@@ -54,6 +57,7 @@ impl Default for ServerConfig {
             raw: false,
             max_body_bytes: 16 << 20,
             log_requests: false,
+            tool_calls: tool_calls::ToolCallConfig::default(),
         }
     }
 }

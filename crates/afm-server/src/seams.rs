@@ -69,6 +69,16 @@ pub trait TextModel: Send + Sync + 'static {
     fn encode(&self, text: &str, add_special: bool) -> Vec<u32>;
     fn decode(&self, ids: &[u32]) -> String;
     fn detokenizer(&self) -> Box<dyn Detokenizer>;
+    /// Like [`detokenizer`](Self::detokenizer), but special tokens keep their text (all but
+    /// the stop ids): tool-call markers are special tokens in some vocabularies.
+    fn detokenizer_with_special(&self) -> Box<dyn Detokenizer> {
+        self.detokenizer()
+    }
+    /// The tool-call dialect this model writes (from its `model_type` and chat template).
+    /// Hermes, the most common one, when a model cannot tell.
+    fn tool_call_format(&self) -> afm_chat::tool_calls::ToolCallFormat {
+        afm_chat::tool_calls::ToolCallFormat::Hermes
+    }
     /// The raw bytes of one token (for logprobs `bytes`).
     fn token_bytes(&self, id: u32) -> Vec<u8>;
     /// End-of-sequence / end-of-turn ids.

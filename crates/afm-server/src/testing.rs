@@ -15,6 +15,12 @@
 //! | `[error]` | one token, then an engine error                                          |
 //! | `[busy]`  | refused: queue full                                                      |
 //! | `[prefill]` | like `[long]`, after a 1 s "prefill" (cancellation during prefill)     |
+//! | `[tool]`  | one Hermes call: `get_weather` with `{"city": "Paris"}`                  |
+//! | `[tools]` | text, two Hermes calls (`get_weather`, `get_time`), text                 |
+//! | `[tool-tag]` | a Hermes `echo` call whose string argument holds `</tool_call>`       |
+//! | `[tool-xml]` | one Qwen XML call: `get_weather`, `city` = `Paris`, `days` = `3`      |
+//! | `[think-tool]` | reasoning that mentions a call, then a real `get_weather` call      |
+//! | `[tool-fix]` | a Hermes call with malformed arguments (`"days": "3",}`)             |
 //!
 //! With temperature > 0 the answer ends with ` #N`, N drawn from the seed, so seeded requests
 //! repeat and unseeded ones differ.
@@ -197,6 +203,42 @@ impl FakeGenerator {
     }
 }
 
+/// Tool-call answers, by prompt marker (longest markers first: `[tool]` is in none of them).
+const TOOL_SCRIPTS: [(&str, &str); 6] = [
+    (
+        "[tool-fix]",
+        "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \
+         \"days\": \"3\",}}\n</tool_call>",
+    ),
+    (
+        "[think-tool]",
+        "<think>I could answer <tool_call>{\"name\": \"guess\", \"arguments\": {}}</tool_call> \
+         but better ask.</think><tool_call>\n{\"name\": \"get_weather\", \"arguments\": \
+         {\"city\": \"Paris\"}}\n</tool_call>",
+    ),
+    (
+        "[tool-tag]",
+        "<tool_call>\n{\"name\": \"echo\", \"arguments\": {\"text\": \"a </tool_call> b\"}}\n\
+         </tool_call>",
+    ),
+    (
+        "[tool-xml]",
+        "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n\
+         <parameter=days>\n3\n</parameter>\n</function>\n</tool_call>",
+    ),
+    (
+        "[tools]",
+        "Checking both.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": \
+         {\"city\": \"Paris\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"get_time\", \
+         \"arguments\": {\"tz\": \"Europe/Paris\"}}\n</tool_call>\nOne moment.",
+    ),
+    (
+        "[tool]",
+        "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n\
+         </tool_call>",
+    ),
+];
+
 /// The script for one prompt: answer tokens, whether it ends with EOS, delay per token.
 fn script(req: &GenerateRequest) -> (Vec<u32>, bool, Duration, bool) {
     let prompt = FakeText.decode(&req.prompt_tokens);
@@ -204,7 +246,10 @@ fn script(req: &GenerateRequest) -> (Vec<u32>, bool, Duration, bool) {
     let ends = !["[long]", "[slow]", "[prefill]"]
         .iter()
         .any(|m| prompt.contains(m));
-    let mut answer = if prompt.ends_with("<think>") {
+    let tool = TOOL_SCRIPTS.iter().find(|(m, _)| prompt.contains(m));
+    let mut answer = if let Some((_, text)) = tool {
+        text.to_string()
+    } else if prompt.ends_with("<think>") {
         "Plan.</think>Done.".to_string()
     } else if prompt.contains("[think]") {
         "<think>Let me think.</think>The answer is 42.".to_string()

@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use afm_chat::tool_calls::ToolCallFormat;
 use afm_chat::{ChatTemplate, Tokenizer};
 use serde_json::{Map, Value};
 
@@ -12,6 +13,8 @@ pub struct ChatText {
     template: ChatTemplate,
     /// The BOS token's text, to avoid a second BOS when the template already wrote one.
     bos_text: Option<String>,
+    /// Detected once: from the template's call examples, else the `model_type`.
+    tool_format: ToolCallFormat,
 }
 
 impl ChatText {
@@ -21,11 +24,20 @@ impl ChatText {
             .filter(|_| tokenizer.adds_bos())
             .map(|id| String::from_utf8_lossy(&tokenizer.token_bytes(id)).into_owned())
             .filter(|t| !t.is_empty());
+        let tool_format = ToolCallFormat::detect("", Some(template.source()));
         ChatText {
             tokenizer: Arc::new(tokenizer),
             template,
             bos_text,
+            tool_format,
         }
+    }
+
+    /// The HF `model_type` (e.g. `qwen3_coder`), for the tool-call dialect when the template
+    /// shows no call example.
+    pub fn with_model_type(mut self, model_type: &str) -> Self {
+        self.tool_format = ToolCallFormat::detect(model_type, Some(self.template.source()));
+        self
     }
 
     pub fn tokenizer(&self) -> &Tokenizer {
@@ -64,7 +76,20 @@ impl TextModel for ChatText {
         Box::new(OwnedDecoder {
             tokenizer: self.tokenizer.clone(),
             pending: Vec::new(),
+            keep_special: false,
         })
+    }
+
+    fn detokenizer_with_special(&self) -> Box<dyn Detokenizer> {
+        Box::new(OwnedDecoder {
+            tokenizer: self.tokenizer.clone(),
+            pending: Vec::new(),
+            keep_special: true,
+        })
+    }
+
+    fn tool_call_format(&self) -> ToolCallFormat {
+        self.tool_format
     }
 
     fn token_bytes(&self, id: u32) -> Vec<u8> {
@@ -81,15 +106,21 @@ impl TextModel for ChatText {
 }
 
 /// afm-chat's `IncrementalDecoder` borrows its tokenizer; a stream needs an owned one.
-/// Same rules: control tokens give no text, incomplete UTF-8 waits for the next token.
+/// Same rules: control tokens give no text (unless `keep_special`; stop ids never do),
+/// incomplete UTF-8 waits for the next token.
 struct OwnedDecoder {
     tokenizer: Arc<Tokenizer>,
     pending: Vec<u8>,
+    keep_special: bool,
 }
 
 impl Detokenizer for OwnedDecoder {
     fn push(&mut self, id: u32) -> String {
-        if self.tokenizer.is_special(id) {
+        let hidden = match self.keep_special {
+            true => self.tokenizer.eos_ids().contains(&id),
+            false => self.tokenizer.is_special(id),
+        };
+        if hidden {
             return String::new();
         }
         self.pending.extend(self.tokenizer.token_bytes(id));

@@ -3,6 +3,7 @@
 //! are accepted by the parser and then refused with one line saying so, never ignored.
 
 use afm_api::{RequestDefaults, SamplingFields, StopField};
+use afm_chat::tool_calls::ToolCallFormat;
 use anyhow::{bail, Context, Result};
 use clap::builder::TypedValueParser;
 use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
@@ -107,8 +108,10 @@ pub struct ServeArgs {
     pub disable_prefix_caching: bool,
     #[command(flatten)]
     pub speculative: SpeculativeFlags,
-    #[arg(long, value_name = "NAME")]
-    pub tool_call_parser: Option<String>,
+    /// Tool-call dialect (hermes, llama3_json, mistral, qwen3_xml, gemma, glm4, kimi_k2,
+    /// minimax_m2, deepseek_v3, deepseek_v4, none); default: the model's own.
+    #[arg(long, value_name = "NAME", value_parser = parse_tool_call_parser)]
+    pub tool_call_parser: Option<ToolCallFormat>,
     #[arg(long)]
     pub fix_tool_args: bool,
     #[arg(long)]
@@ -178,6 +181,15 @@ pub struct SpeculativeFlags {
     pub dspark_strict: bool,
 }
 
+fn parse_tool_call_parser(name: &str) -> Result<ToolCallFormat, String> {
+    ToolCallFormat::from_name(name).ok_or_else(|| {
+        format!(
+            "'{name}' is not a tool-call parser; use hermes, llama3_json, mistral, qwen3_xml, \
+             gemma, glm4, kimi_k2, minimax_m2, deepseek_v3, deepseek_v4 or none"
+        )
+    })
+}
+
 impl ServeArgs {
     /// Refuses flags whose feature does not exist yet (each would change what the user gets).
     pub fn refuse_unavailable(&self) -> Result<()> {
@@ -196,13 +208,6 @@ impl ServeArgs {
                 spec.dspark_support.is_some() || spec.dspark_strict,
                 "--dspark-* (DSpark drafting)",
             ),
-            (
-                self.tool_call_parser
-                    .as_deref()
-                    .is_some_and(|p| p != "none"),
-                "--tool-call-parser (tool-call parsing)",
-            ),
-            (self.fix_tool_args, "--fix-tool-args (tool-call repair)"),
             (
                 self.enable_grammar_constraints,
                 "--enable-grammar-constraints (grammar)",
@@ -347,6 +352,27 @@ mod tests {
         let a = parse(&["afm", "serve", "-m", "m", "--top-p", "0"]).unwrap();
         let err = a.request_defaults().unwrap_err().to_string();
         assert!(err.contains("top-p") && err.contains("(0, 1]"), "{err}");
+    }
+
+    #[test]
+    fn tool_call_flags_are_parsed_and_checked() {
+        let a = parse(&[
+            "afm",
+            "mlx",
+            "-m",
+            "m",
+            "--tool-call-parser",
+            "qwen3_coder",
+            "--fix-tool-args",
+        ])
+        .unwrap();
+        assert_eq!(a.tool_call_parser, Some(ToolCallFormat::QwenXml));
+        assert!(a.fix_tool_args);
+        assert!(a.refuse_unavailable().is_ok());
+        let err = parse(&["afm", "mlx", "-m", "m", "--tool-call-parser", "hermes2"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("'hermes2' is not a tool-call parser"), "{err}");
     }
 
     #[test]

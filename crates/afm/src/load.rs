@@ -19,6 +19,8 @@ pub fn load(args: &ServeArgs) -> Result<ServedModel> {
     let location = resolve_model(&args.model).map_err(|e| anyhow!("{e}"))?;
     let model = load_model(&location).with_context(|| format!("loading {}", args.model))?;
     let (tokenizer, template) = text_side(&model)?;
+    // Picks the tool-call dialect when the template shows no call example.
+    let model_arch = model.arch;
     // An HF id is its own best name; a path is named by its file or directory.
     let id = if Path::new(&args.model).exists() {
         model.name.clone()
@@ -43,7 +45,7 @@ pub fn load(args: &ServeArgs) -> Result<ServedModel> {
     let handle = Engine::spawn(model, cfg).map_err(|e| anyhow!("starting the engine: {e}"))?;
     Ok(ServedModel {
         info,
-        text: Arc::new(ChatText::new(tokenizer, template)),
+        text: Arc::new(ChatText::new(tokenizer, template).with_model_type(model_arch)),
         generator: Arc::new(handle),
     })
 }

@@ -10,6 +10,7 @@ mod single;
 use std::process::ExitCode;
 use std::sync::Arc;
 
+use afm_server::tool_calls::ToolCallConfig;
 use afm_server::{AppState, ServerConfig};
 use anyhow::{Context, Result};
 use clap::Parser;
@@ -57,6 +58,11 @@ fn run(cli: Cli) -> Result<()> {
         defaults: args.request_defaults()?,
         raw: args.raw,
         log_requests: args.log_level() >= 1,
+        tool_calls: ToolCallConfig {
+            format: args.tool_call_parser,
+            fix_args: args.fix_tool_args,
+            debug: std::env::var("AFM_DEBUG").is_ok_and(|v| v == "1"),
+        },
         ..ServerConfig::default()
     };
     let served = load::load(&args)?;
