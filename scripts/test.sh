@@ -16,3 +16,6 @@ if [[ -d tests/python ]]; then
   python3 -m pip install -q --disable-pip-version-check openai pytest requests
   AFM_BIN="$PWD/target/release/afm" python3 -m pytest -q tests/python
 fi
+
+echo "== WebUI in headless Chromium (Playwright)"
+AFM_BIN="$PWD/target/release/afm" bash scripts/test_webui.sh
