@@ -416,7 +416,10 @@ impl Engine {
             tokens: &tokens,
             seqs: &chunks,
         };
-        self.model.model.forward(&batch, &mut self.kv)
+        // On a pool thread, with the other workers kept polling: a decode step is dozens of
+        // short matmuls, each shorter than waking a sleeping worker.
+        let (model, kv) = (&self.model.model, &mut self.kv);
+        afm_runtime::threads::install(|| model.forward(&batch, kv))
     }
 
     fn check_finished(&mut self, id: RequestId, tok: u32) {
