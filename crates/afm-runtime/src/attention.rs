@@ -31,72 +31,107 @@ pub struct AttnParams {
 }
 
 /// `q`: `[tokens][n_heads * head_dim]`; `out` the same shape.
+///
+/// One task per (sequence, KV head): its keys and values are read out of the paged cache once
+/// (dequantized to f32 in one contiguous run) and serve every query row and every query head
+/// of its GQA group, so a prefill chunk does not re-read the cache for each row.
 pub fn paged_attention(q: &[f32], kv: &LayerKv, seqs: &[AttnSeq], p: &AttnParams, out: &mut [f32]) {
     let d = p.head_dim;
-    let group = p.n_heads / kv.shape.n_kv_heads;
-    // Which sequence each row belongs to, so (row, head) pairs can run in parallel.
-    let mut row_seq = vec![0usize; q.len() / (p.n_heads * d)];
-    for (si, s) in seqs.iter().enumerate() {
-        row_seq[s.row0..s.row0 + s.len].fill(si);
+    let n_kv = kv.shape.n_kv_heads;
+    let group = p.n_heads / n_kv;
+    let tasks: Vec<(usize, usize)> = (0..seqs.len())
+        .flat_map(|s| (0..n_kv).map(move |h| (s, h)))
+        .collect();
+    let results: Vec<Vec<f32>> = tasks
+        .par_iter()
+        .map(|&(si, kh)| attend_group(q, kv, &seqs[si], kh, group, p))
+        .collect();
+    // Scatter: each result is `[row][head in group][head_dim]`.
+    for (&(si, kh), res) in tasks.iter().zip(&results) {
+        let s = &seqs[si];
+        for r in 0..s.len {
+            for g in 0..group {
+                let dst = ((s.row0 + r) * p.n_heads + kh * group + g) * d;
+                let src = (r * group + g) * d;
+                out[dst..dst + d].copy_from_slice(&res[src..src + d]);
+            }
+        }
     }
-    out.par_chunks_mut(d).enumerate().for_each(|(idx, o)| {
-        let (row, head) = (idx / p.n_heads, idx % p.n_heads);
-        let s = &seqs[row_seq[row]];
-        let pos = s.pos0 + (row - s.row0);
-        let qh = &q[idx * d..(idx + 1) * d];
-        attend_one(qh, kv, s.block_table, pos, head / group, p, o);
-    });
 }
 
-/// One query head against its cached keys. With an f16 cache, like llama.cpp's CPU path, the
-/// query and the attention weights are rounded to f16 where they meet the cache.
-fn attend_one(
+/// All query heads of KV head `kh` for every new row of one sequence. With an f16 cache, like
+/// llama.cpp's CPU path, queries and attention weights are rounded to f16 where they meet it.
+fn attend_group(
     q: &[f32],
     kv: &LayerKv,
-    table: &[u32],
-    pos: usize,
-    kv_head: usize,
+    s: &AttnSeq,
+    kh: usize,
+    group: usize,
     p: &AttnParams,
-    out: &mut [f32],
-) {
+) -> Vec<f32> {
     let d = p.head_dim;
     let bs = kv.block_size();
-    let first = p.window.map_or(0, |w| (pos + 1).saturating_sub(w));
-    let n = pos + 1 - first;
+    let ctx = s.pos0 + s.len;
+    let lo_of = |pos: usize| p.window.map_or(0, |w| (pos + 1).saturating_sub(w));
+    let base = lo_of(s.pos0);
+    let mut keys = vec![0f32; (ctx - base) * d];
+    let mut values = vec![0f32; (ctx - base) * d];
+    for_each_span(base, ctx - 1, bs, |b, s0, s1| {
+        let at = (b * bs + s0 - base) * d;
+        let len = (s1 - s0) * d;
+        kv.read_keys(s.block_table[b], kh, s0, &mut keys[at..at + len]);
+        kv.read_values(s.block_table[b], kh, s0, &mut values[at..at + len]);
+    });
     let half = kv.dtype() == KvDtype::F16;
     let round = |x: f32| if half { f16::from_f32(x).to_f32() } else { x };
-    let q: Vec<f32> = q.iter().map(|&x| round(x)).collect();
-    let mut scores = Vec::with_capacity(n);
-    let mut buf = vec![0f32; bs * d];
-    for_each_span(first, pos, bs, |b, s0, s1| {
-        let buf = &mut buf[..(s1 - s0) * d];
-        kv.read_keys(table[b], kv_head, s0, buf);
-        for k in buf.chunks_exact(d) {
-            let mut dot = 0.0f32;
-            for (a, c) in q.iter().zip(k) {
-                dot += a * c;
+    let mut res = vec![0f32; s.len * group * d];
+    let mut qh = vec![0f32; d];
+    let mut scores = Vec::with_capacity(ctx - base);
+    for r in 0..s.len {
+        let pos = s.pos0 + r;
+        let lo = lo_of(pos) - base;
+        let hi = pos + 1 - base;
+        for g in 0..group {
+            let at = ((s.row0 + r) * p.n_heads + kh * group + g) * d;
+            qh.iter_mut()
+                .zip(&q[at..at + d])
+                .for_each(|(o, &x)| *o = round(x));
+            scores.clear();
+            scores.extend(
+                keys[lo * d..hi * d]
+                    .chunks_exact(d)
+                    .map(|k| dot(&qh, k) * p.scale),
+            );
+            if let Some(cap) = p.softcap {
+                crate::ops::softcap(&mut scores, cap);
             }
-            scores.push(dot * p.scale);
+            crate::ops::softmax(&mut scores);
+            let o = &mut res[(r * group + g) * d..(r * group + g + 1) * d];
+            for (w, v) in scores.iter().zip(values[lo * d..hi * d].chunks_exact(d)) {
+                let w = round(*w);
+                o.iter_mut().zip(v).for_each(|(y, x)| *y += w * x);
+            }
         }
-    });
-    if let Some(cap) = p.softcap {
-        crate::ops::softcap(&mut scores, cap);
     }
-    crate::ops::softmax(&mut scores);
-    scores.iter_mut().for_each(|w| *w = round(*w));
-    out.fill(0.0);
-    let mut i = 0;
-    for_each_span(first, pos, bs, |b, s0, s1| {
-        let buf = &mut buf[..(s1 - s0) * d];
-        kv.read_values(table[b], kv_head, s0, buf);
-        for v in buf.chunks_exact(d) {
-            let w = scores[i];
-            i += 1;
-            for (o, x) in out.iter_mut().zip(v) {
-                *o += w * x;
-            }
+    res
+}
+
+/// Dot product with eight independent partial sums, so the compiler can vectorize it.
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = ca
+        .remainder()
+        .iter()
+        .zip(cb.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (x, y) in ca.zip(cb) {
+        for i in 0..8 {
+            acc[i] += x[i] * y[i];
         }
-    });
+    }
+    acc.iter().sum::<f32>() + tail
 }
 
 /// Calls `f(block_index, first_slot, end_slot)` for the blocks covering positions `first..=last`.
