@@ -50,14 +50,18 @@ def llamacpp_run(path, threads, n_new):
     msgs = [{"role": "user", "content": PROMPT}]
     llm.create_chat_completion(messages=msgs, max_tokens=4, temperature=0)  # warm-up
     llm.reset()
+    if llm.metadata.get("tokenizer.chat_template"):
+        stream = llm.create_chat_completion(
+            messages=msgs, max_tokens=n_new, temperature=0, repeat_penalty=1.0, stream=True
+        )
+        text_of = lambda c: c["choices"][0]["delta"].get("content")
+    else:  # a base model without a template (Gemma 3 270M): the prompt as plain text
+        stream = llm.create_completion(PROMPT, max_tokens=n_new, temperature=0, repeat_penalty=1.0, stream=True)
+        text_of = lambda c: c["choices"][0].get("text")
     t0 = time.perf_counter()
     t_first, n = None, 0
-    stream = llm.create_chat_completion(
-        messages=msgs, max_tokens=n_new, temperature=0, repeat_penalty=1.0, stream=True
-    )
     for chunk in stream:
-        delta = chunk["choices"][0]["delta"]
-        if delta.get("content"):
+        if text_of(chunk):
             n += 1
             if t_first is None:
                 t_first = time.perf_counter()
