@@ -59,9 +59,35 @@ pub fn load_model(loc: &ModelLocation) -> Result<LoadedModel, ModelError> {
 /// Loads with weights on `device`, in their storage types; a type the device cannot compute
 /// with fails with the tensor's name and type.
 pub fn load_model_on(loc: &ModelLocation, device: &Device) -> Result<LoadedModel, ModelError> {
-    match loc {
+    let m = match loc {
         ModelLocation::Gguf(path) => load_gguf(path, loc, device),
         ModelLocation::HfDir(dir) => load_hf(dir, loc, device),
+    }?;
+    note_converted(&m.source, device);
+    Ok(m)
+}
+
+/// One line naming the weight types the device stores in another type (F16 on a GPU without
+/// kernels for them), so memory and speed are not a surprise.
+fn note_converted(source: &WeightSource, dev: &Device) {
+    let mut counts = std::collections::BTreeMap::<&str, usize>::new();
+    for name in source.tensor_names() {
+        if let Ok(t) = source.tensor(&name) {
+            if t.shape.len() == 2 && dev.stored_type(t.dtype) != t.dtype {
+                *counts.entry(t.dtype.name()).or_default() += 1;
+            }
+        }
+    }
+    if !counts.is_empty() {
+        let list: Vec<String> = counts
+            .iter()
+            .map(|(t, n)| format!("{t} ({n} tensors)"))
+            .collect();
+        eprintln!(
+            "[Device] {} has no kernels for {}: dequantized to F16 at load",
+            dev.describe(),
+            list.join(", ")
+        );
     }
 }
 

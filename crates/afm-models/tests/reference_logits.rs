@@ -3,7 +3,7 @@
 //! afm must match them by one prefill, by token-by-token decode and by mixed chunks.
 //!
 //! `AFM_TEST_DEVICE=cuda` (or `cuda:N`; default `cpu`) runs the same checks on a GPU, in a
-//! build with `--features cuda`.
+//! build with `--features cuda` (scripts/gpu_check.sh).
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -28,8 +28,12 @@ fn load(loc: ModelLocation) -> Result<LoadedModel, afm_models::ModelError> {
     load_model_on(&loc, device())
 }
 
+/// `AFM_FIXTURES_DIR` where the test binary runs away from its source tree (a GPU machine).
 fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny")
+    match std::env::var_os("AFM_FIXTURES_DIR") {
+        Some(d) => PathBuf::from(d),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny"),
+    }
 }
 
 struct Reference {

@@ -1,6 +1,10 @@
 //! The CUDA arm of device dispatch: each op of `compute` on `crate::cuda`'s kernels, plus three
 //! small kernels that module lacks (scale, bias add, row gather), compiled here at open.
 //!
+//! Weight types without a CUDA kernel (Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q5_K: llama.cpp's
+//! Q4_K_M files of small models are mostly Q5_0) are dequantized to F16 on the host at load:
+//! 16/5.5 times their memory, a relative rounding of at most 2⁻¹², and the F16 kernels' speed.
+//!
 //! `CudaContext` keeps scratch buffers that its matmul, attention and sampling grow, so its
 //! methods take `&mut self`; the context sits behind a `Mutex` that each op holds for its
 //! launches only (uncontended: one engine thread drives a device). Outputs are fresh
@@ -22,8 +26,8 @@ use crate::kv_store::{KvDtype, LayerKvShape};
 use crate::ops::{Rope, RopeStyle};
 use crate::{DType, WeightMatrix};
 
-/// Weight types the CUDA matmul and embedding kernels read.
-pub(super) const WEIGHT_TYPES: [DType; 6] = [
+/// Weight types the CUDA matmul and embedding kernels read; others are stored as F16.
+const WEIGHT_TYPES: [DType; 6] = [
     DType::F32,
     DType::F16,
     DType::BF16,
@@ -31,7 +35,34 @@ pub(super) const WEIGHT_TYPES: [DType; 6] = [
     DType::Q4K,
     DType::Q6K,
 ];
-pub(super) const WEIGHT_TYPE_NAMES: &str = "F32, F16, BF16, Q8_0, Q4_K, Q6_K";
+
+/// The type a weight of `dtype` is kept in on the GPU.
+pub(super) fn stored_type(dtype: DType) -> DType {
+    if WEIGHT_TYPES.contains(&dtype) {
+        dtype
+    } else {
+        DType::F16
+    }
+}
+
+/// Every row dequantized and rounded to F16, in parallel over rows.
+fn dequantize_to_f16(w: &WeightMatrix) -> Result<WeightMatrix> {
+    use rayon::prelude::*;
+    let (rows, cols) = (w.rows(), w.cols());
+    let mut bytes = vec![0u8; rows * cols * 2];
+    bytes
+        .par_chunks_mut(2 * cols.max(1))
+        .enumerate()
+        .for_each(|(r, out)| {
+            let mut row = vec![0f32; cols];
+            w.dequantize_row(r, &mut row);
+            for (o, v) in out.chunks_exact_mut(2).zip(&row) {
+                o.copy_from_slice(&half::f16::from_f32(*v).to_le_bytes());
+            }
+        });
+    let bytes = crate::WeightBytes::from_vec(bytes);
+    Ok(WeightMatrix::new(DType::F16, rows, cols, bytes).map_err(CudaError::from)?)
+}
 
 const EXTRA_KERNELS: &str = r#"
 extern "C" __global__ void scale_f32(float* x, long long n, float s) {
@@ -183,6 +214,10 @@ impl CudaDevice {
     }
 
     pub(super) fn weight(&self, w: &WeightMatrix) -> Result<DeviceWeight> {
+        if stored_type(w.dtype()) != w.dtype() {
+            let h = dequantize_to_f16(w)?;
+            return Ok(DeviceWeight::upload(&self.lock(), &h)?);
+        }
         Ok(DeviceWeight::upload(&self.lock(), w)?)
     }
 
@@ -246,7 +281,12 @@ impl CudaDevice {
         Ok(())
     }
 
-    pub(super) fn embed(&self, table: &Weight, tokens: &[u32], scale: f32) -> Result<CudaSlice<f32>> {
+    pub(super) fn embed(
+        &self,
+        table: &Weight,
+        tokens: &[u32],
+        scale: f32,
+    ) -> Result<CudaSlice<f32>> {
         let ctx = self.lock();
         let n = tokens.len() * table.cols;
         let mut out = alloc(&ctx, n)?;
@@ -262,7 +302,12 @@ impl CudaDevice {
         Ok(out)
     }
 
-    pub(super) fn linear(&self, x: &Tensor, w: &Weight, bias: Option<&Vector>) -> Result<CudaSlice<f32>> {
+    pub(super) fn linear(
+        &self,
+        x: &Tensor,
+        w: &Weight,
+        bias: Option<&Vector>,
+    ) -> Result<CudaSlice<f32>> {
         let mut ctx = self.lock();
         let (n, rows) = (x.rows, w.rows);
         let mut out = alloc(&ctx, n * rows)?;
@@ -339,7 +384,13 @@ impl CudaDevice {
         Ok(ctx.softcap(&mut view_mut(x, "softcap")?, cap)?)
     }
 
-    pub(super) fn rope(&self, t: &RopeTable, x: &mut Tensor, head_dim: usize, step: &Step) -> Result<()> {
+    pub(super) fn rope(
+        &self,
+        t: &RopeTable,
+        x: &mut Tensor,
+        head_dim: usize,
+        step: &Step,
+    ) -> Result<()> {
         let StepData::Cuda { positions, .. } = &step.data else {
             return Err(wrong("rope", "cpu", "cuda"));
         };

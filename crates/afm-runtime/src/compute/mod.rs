@@ -386,37 +386,23 @@ impl Device {
         }
     }
 
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))] // read by the GPU arm
-    fn unsupported(
-        &self,
-        what: &'static str,
-        value: String,
-        supported: &'static str,
-    ) -> ComputeError {
-        ComputeError::Unsupported {
-            what,
-            value,
-            device: self.describe(),
-            supported,
+    /// The type a weight stored as `dtype` is kept in on this device: its own, or F16 where
+    /// the device has no kernel for it (see `compute::cuda`).
+    pub fn stored_type(&self, dtype: DType) -> DType {
+        match self {
+            Device::Cpu => dtype,
+            #[cfg(feature = "cuda")]
+            Device::Cuda(_) => cuda::stored_type(dtype),
         }
     }
 
-    /// Places a weight matrix on this device, in its storage type.
+    /// Places a weight matrix on this device, in [`stored_type`](Self::stored_type).
     pub fn weight(&self, w: WeightMatrix) -> Result<Weight> {
         let (dtype, rows, cols) = (w.dtype(), w.rows(), w.cols());
         let data = match self {
             Device::Cpu => WeightData::Host(w),
             #[cfg(feature = "cuda")]
-            Device::Cuda(c) => {
-                if !cuda::WEIGHT_TYPES.contains(&dtype) {
-                    return Err(self.unsupported(
-                        "weight type",
-                        dtype.name().into(),
-                        cuda::WEIGHT_TYPE_NAMES,
-                    ));
-                }
-                WeightData::Cuda(Arc::new(c.weight(&w)?))
-            }
+            Device::Cuda(c) => WeightData::Cuda(Arc::new(c.weight(&w)?)),
         };
         Ok(Weight {
             dtype,

@@ -164,10 +164,36 @@ fn cached_attention_with_rope_matches_the_cpu() {
 }
 
 #[test]
-fn unsupported_weight_types_are_named() {
+fn weights_without_a_kernel_are_stored_as_f16() {
     let Some(g) = gpu() else { return };
-    let bytes = crate::WeightBytes::from_vec(vec![0u8; 20]);
-    let w = WeightMatrix::new(DType::Q4_1, 1, 32, bytes).unwrap();
-    let err = g.weight(w).err().expect("Q4_1 refused").to_string();
-    assert!(err.contains("Q4_1") && err.contains("Q4_K"), "{err}");
+    assert_eq!(g.stored_type(DType::Q5_0), DType::F16);
+    assert_eq!(g.stored_type(DType::Q4K), DType::Q4K);
+    // Q4_1 blocks: f16 scale 0.01, f16 minimum −0.07, nibbles 0..15 cycling.
+    let (rows, cols) = (3, 64);
+    let block: Vec<u8> = [0x1e, 0x21, 0x2b, 0xac]
+        .into_iter()
+        .chain((0..16u8).map(|i| i | ((15 - i) << 4)))
+        .collect();
+    let bytes: Vec<u8> = block
+        .iter()
+        .copied()
+        .cycle()
+        .take(20 * rows * cols / 32)
+        .collect();
+    let w =
+        WeightMatrix::new(DType::Q4_1, rows, cols, crate::WeightBytes::from_vec(bytes)).unwrap();
+    let x = rand_vec(50, 2 * cols);
+    let mut want = vec![0f32; 2 * rows];
+    w.matmul_reference(&x, 2, &mut want);
+    let gw = g.weight(w).unwrap();
+    let y = g.linear(&Tensor::from_host(2, cols, x).unwrap(), &gw, None);
+    assert!(y.is_err(), "a host tensor on the GPU is refused");
+    let xt = {
+        let t = g
+            .weight(WeightMatrix::from_f32(2, cols, &rand_vec(50, 2 * cols)))
+            .unwrap();
+        g.embed(&t, &[0, 1], 1.0).unwrap()
+    };
+    let got = g.to_host(g.linear(&xt, &gw, None).unwrap()).unwrap();
+    close("Q4_1 as F16", &got, &want, 1e-3);
 }

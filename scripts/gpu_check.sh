@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# The general runtime's models on a GPU against the CPU (issue 9 item 5), and first decode speeds.
+#
+#   scripts/gpu_check.sh build   here, no GPU needed: the CUDA builds of the reference-logits test,
+#                                the compute-dispatch unit tests and examples/device_compare, plus
+#                                subsets of the real GGUFs in models/ (scripts/gguf_subset.py),
+#                                all into target/cuda/gpucheck (~40 MB: carry that folder).
+#   scripts/gpu_check.sh run     on the GPU machine, from the repo root (needs python3 with torch,
+#                                transformers and a CUDA device 0). MODELS picks the random models.
+#
+# `run` checks: every dispatch op on the GPU against the CPU; transformers' logits on the tiny
+# fixtures (relative error <= 1e-3 in f32); CPU vs GPU greedy and logits on the real-GGUF subsets and
+# on real-shape random bf16 models; then decode tok/s at batches 1, 8, 32, 64.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+D=target/cuda/gpucheck
+case "${1:-}" in
+build)
+    mkdir -p "$D"
+    export CARGO_TARGET_DIR=target/cuda
+    json=$(cargo test --release -p afm-models -p afm-runtime --features afm-runtime/cuda \
+        --no-run --message-format=json)
+    for pair in reference_logits:reference_logits afm_runtime:runtime_lib; do
+        exe=$(printf '%s\n' "$json" | python3 -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"] \
+            and m["target"]["name"] == sys.argv[1]:
+        print(m["executable"])' "${pair%%:*}")
+        cp "$exe" "$D/${pair##*:}"
+    done
+    cargo build --release -p afm-models --features cuda --example device_compare
+    cp target/cuda/release/examples/device_compare "$D/"
+    strip --strip-debug "$D"/reference_logits "$D"/runtime_lib "$D"/device_compare
+    python3 scripts/gguf_subset.py models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf "$D/qwen2.5-l1-v4k.gguf" 1 4096
+    python3 scripts/gguf_subset.py models/gemma-3-270m-q4_k_m.gguf "$D/gemma3-l2-v4k.gguf" 2 4096
+    python3 scripts/gguf_subset.py models/SmolLM2-135M-Instruct.Q4_1.gguf "$D/smollm2-l2-v4k.gguf" 2 4096
+    du -sh "$D"
+    ;;
+run)
+    export AFM_TEST_DEVICE=cuda AFM_FIXTURES_DIR="$PWD/tests/fixtures/tiny" PYTHONUNBUFFERED=1
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+    echo "== compute dispatch on the GPU vs the CPU"
+    "$D/runtime_lib" compute --test-threads=1
+    echo "== transformers reference logits on the GPU"
+    "$D/reference_logits"
+    for g in "$D"/*.gguf; do
+        echo "== $g"
+        "$D/device_compare" "$g" cuda 32 32 64 1,8
+    done
+    models=${MODELS:-qwen3-0.6b,gemma3-270m,qwen2.5-0.5b,smollm2-135m}
+    python3 scripts/gpu_random_models.py /tmp/afm-gpucheck "$models" --ceilings
+    for m in ${models//,/ }; do
+        echo "== $m"
+        "$D/device_compare" "/tmp/afm-gpucheck/$m" cuda 32 32 128 1,8,32,64
+    done
+    ;;
+*)
+    echo "usage: scripts/gpu_check.sh build|run" >&2
+    exit 2
+    ;;
+esac
