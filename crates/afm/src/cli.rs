@@ -135,6 +135,9 @@ pub struct ServeArgs {
     pub max_context: usize,
     #[arg(long)]
     pub gpu_profile: bool,
+    /// Where the model runs: cpu, cuda or cuda:N (cuda needs a build with `--features cuda`).
+    #[arg(long, default_value = "cpu")]
+    pub device: afm_runtime::compute::DeviceChoice,
 }
 
 #[derive(Args, Debug)]
@@ -377,11 +380,7 @@ mod tests {
 
     #[test]
     fn unavailable_features_are_refused_not_ignored() {
-        for flag in [
-            &["--eagle3", "d"][..],
-            &["--mtp"],
-            &["--guided-json", "{}"],
-        ] {
+        for flag in [&["--eagle3", "d"][..], &["--mtp"], &["--guided-json", "{}"]] {
             let mut args = vec!["afm", "mlx", "-m", "m"];
             args.extend_from_slice(flag);
             let err = parse(&args)

@@ -8,7 +8,8 @@ use afm_api::ModelInfo;
 use afm_chat::{ChatTemplate, Tokenizer};
 use afm_engine::{Engine, EngineConfig};
 use afm_models::source::resolve_model;
-use afm_models::{load_model, LoadedModel};
+use afm_models::{load_model_on, LoadedModel};
+use afm_runtime::compute::Device;
 use afm_server::text_model::ChatText;
 use afm_server::ServedModel;
 use anyhow::{anyhow, Context, Result};
@@ -17,7 +18,10 @@ use crate::cli::ServeArgs;
 
 pub fn load(args: &ServeArgs) -> Result<ServedModel> {
     let location = resolve_model(&args.model).map_err(|e| anyhow!("{e}"))?;
-    let model = load_model(&location).with_context(|| format!("loading {}", args.model))?;
+    let device =
+        Device::open(args.device).with_context(|| format!("opening --device {}", args.device))?;
+    let model =
+        load_model_on(&location, &device).with_context(|| format!("loading {}", args.model))?;
     let (tokenizer, template) = text_side(&model)?;
     // Picks the tool-call dialect when the template shows no call example.
     let model_arch = model.arch;
