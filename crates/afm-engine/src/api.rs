@@ -89,9 +89,17 @@ pub struct GenerationStats {
 /// or `Error`.
 #[derive(Debug, Clone, PartialEq)]
 pub enum GenerateEvent {
-    Token { id: u32, logprob: Option<TokenLogprob> },
-    Finished { reason: FinishReason, stats: GenerationStats },
-    Error { message: String },
+    Token {
+        id: u32,
+        logprob: Option<TokenLogprob>,
+    },
+    Finished {
+        reason: FinishReason,
+        stats: GenerationStats,
+    },
+    Error {
+        message: String,
+    },
 }
 
 /// Identifies a submitted request for cancellation.

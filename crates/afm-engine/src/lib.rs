@@ -8,10 +8,10 @@
 pub mod api;
 pub mod engine;
 pub mod kv_blocks;
-pub mod scheduler;
-pub mod sequence;
 pub mod metrics;
 pub mod sampling;
+pub mod scheduler;
+pub mod sequence;
 
 pub use api::*;
 pub use engine::{Engine, EngineConfig, EngineError, EngineHandle};

@@ -24,14 +24,27 @@ impl Sampler {
             Some(s) => ChaCha8Rng::seed_from_u64(s),
             None => ChaCha8Rng::from_entropy(),
         };
-        Self { params, rng, generated: HashMap::new() }
+        Self {
+            params,
+            rng,
+            generated: HashMap::new(),
+        }
     }
 
     /// Picks the next token. `context` is the sequence so far (prompt and generated tokens);
     /// `top_logprobs` asks for that many alternatives.
-    pub fn sample(&mut self, logits: &mut [f32], context: &[u32], top_logprobs: Option<usize>) -> (u32, Option<TokenLogprob>) {
+    pub fn sample(
+        &mut self,
+        logits: &mut [f32],
+        context: &[u32],
+        top_logprobs: Option<usize>,
+    ) -> (u32, Option<TokenLogprob>) {
         self.process(logits, context);
-        let token = if self.params.temperature <= 0.0 { argmax(logits) } else { self.draw(logits) };
+        let token = if self.params.temperature <= 0.0 {
+            argmax(logits)
+        } else {
+            self.draw(logits)
+        };
         *self.generated.entry(token).or_insert(0) += 1;
         let lp = top_logprobs.map(|n| logprobs(logits, token, n));
         (token, lp)
@@ -52,7 +65,11 @@ impl Sampler {
             seen.dedup();
             for t in seen {
                 if let Some(l) = logits.get_mut(t as usize) {
-                    *l = if *l > 0.0 { *l / p.repetition_penalty } else { *l * p.repetition_penalty };
+                    *l = if *l > 0.0 {
+                        *l / p.repetition_penalty
+                    } else {
+                        *l * p.repetition_penalty
+                    };
                 }
             }
         }
@@ -67,16 +84,27 @@ impl Sampler {
 
     fn draw(&mut self, logits: &[f32]) -> u32 {
         let p = &self.params;
-        let mut cand: Vec<(u32, f32)> = logits.iter().enumerate().map(|(i, &l)| (i as u32, l)).collect();
+        let mut cand: Vec<(u32, f32)> = logits
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| (i as u32, l))
+            .collect();
         // Sort descending; ties by id keep the draw deterministic for a seed.
-        let k = if p.top_k > 0 { p.top_k.min(cand.len()) } else { cand.len() };
+        let k = if p.top_k > 0 {
+            p.top_k.min(cand.len())
+        } else {
+            cand.len()
+        };
         if k < cand.len() {
             cand.select_nth_unstable_by(k - 1, |a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
             cand.truncate(k);
         }
         cand.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
         let max = cand[0].1;
-        let mut probs: Vec<f32> = cand.iter().map(|c| ((c.1 - max) / p.temperature).exp()).collect();
+        let mut probs: Vec<f32> = cand
+            .iter()
+            .map(|c| ((c.1 - max) / p.temperature).exp())
+            .collect();
         let sum: f32 = probs.iter().sum();
         probs.iter_mut().for_each(|x| *x /= sum);
         let mut keep = probs.len();
@@ -123,13 +151,18 @@ fn logprobs(logits: &[f32], token: u32, n: usize) -> TokenLogprob {
     let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
     let n = n.min(idx.len());
     if n > 0 {
-        idx.select_nth_unstable_by(n - 1, |&a, &b| logits[b as usize].total_cmp(&logits[a as usize]));
+        idx.select_nth_unstable_by(n - 1, |&a, &b| {
+            logits[b as usize].total_cmp(&logits[a as usize])
+        });
     }
     idx.truncate(n);
     idx.sort_unstable_by(|&a, &b| logits[b as usize].total_cmp(&logits[a as usize]));
     TokenLogprob {
         logprob: logits[token as usize] - lse,
-        top: idx.into_iter().map(|t| (t, logits[t as usize] - lse)).collect(),
+        top: idx
+            .into_iter()
+            .map(|t| (t, logits[t as usize] - lse))
+            .collect(),
     }
 }
 
@@ -138,7 +171,10 @@ mod tests {
     use super::*;
 
     fn params(t: f32) -> SamplingParams {
-        SamplingParams { temperature: t, ..Default::default() }
+        SamplingParams {
+            temperature: t,
+            ..Default::default()
+        }
     }
 
     #[test]
@@ -150,8 +186,13 @@ mod tests {
     #[test]
     fn same_seed_same_draws() {
         let draw = |seed| {
-            let mut s = Sampler::new(SamplingParams { seed: Some(seed), ..params(1.0) });
-            (0..20).map(|_| s.sample(&mut [1.0, 1.1, 0.9, 1.05], &[], None).0).collect::<Vec<_>>()
+            let mut s = Sampler::new(SamplingParams {
+                seed: Some(seed),
+                ..params(1.0)
+            });
+            (0..20)
+                .map(|_| s.sample(&mut [1.0, 1.1, 0.9, 1.05], &[], None).0)
+                .collect::<Vec<_>>()
         };
         assert_eq!(draw(7), draw(7));
         assert_ne!(draw(7), draw(8));
@@ -159,7 +200,11 @@ mod tests {
 
     #[test]
     fn top_k_one_is_greedy_at_any_temperature() {
-        let mut s = Sampler::new(SamplingParams { top_k: 1, seed: Some(1), ..params(5.0) });
+        let mut s = Sampler::new(SamplingParams {
+            top_k: 1,
+            seed: Some(1),
+            ..params(5.0)
+        });
         for _ in 0..20 {
             assert_eq!(s.sample(&mut [0.0, 0.5, 0.4], &[], None).0, 1);
         }
@@ -167,7 +212,11 @@ mod tests {
 
     #[test]
     fn min_p_removes_unlikely_tokens() {
-        let mut s = Sampler::new(SamplingParams { min_p: 0.5, seed: Some(3), ..params(1.0) });
+        let mut s = Sampler::new(SamplingParams {
+            min_p: 0.5,
+            seed: Some(3),
+            ..params(1.0)
+        });
         for _ in 0..50 {
             assert_ne!(s.sample(&mut [5.0, 5.0, 0.0], &[], None).0, 2);
         }
@@ -175,7 +224,10 @@ mod tests {
 
     #[test]
     fn repetition_penalty_discourages_seen_tokens() {
-        let mut s = Sampler::new(SamplingParams { repetition_penalty: 2.0, ..params(0.0) });
+        let mut s = Sampler::new(SamplingParams {
+            repetition_penalty: 2.0,
+            ..params(0.0)
+        });
         assert_eq!(s.sample(&mut [1.0, 1.5], &[1], None).0, 0);
     }
 
@@ -185,7 +237,10 @@ mod tests {
         let (_, lp) = s.sample(&mut [0.0, 1.0, 2.0], &[], Some(2));
         let lp = lp.unwrap();
         assert_eq!(lp.top.iter().map(|t| t.0).collect::<Vec<_>>(), vec![2, 1]);
-        let total: f32 = [0.0f32, 1.0, 2.0].iter().map(|l| (l - 2.0 + lp.logprob).exp()).sum();
+        let total: f32 = [0.0f32, 1.0, 2.0]
+            .iter()
+            .map(|l| (l - 2.0 + lp.logprob).exp())
+            .sum();
         assert!((total - 1.0).abs() < 1e-5);
     }
 }

@@ -10,18 +10,37 @@ use afm_engine::*;
 use afm_models::source::ModelLocation;
 
 fn model_path() -> PathBuf {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(p.exists(), "{} is missing: run scripts/fetch_models.sh smollm2", p.display());
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(
+        p.exists(),
+        "{} is missing: run scripts/fetch_models.sh smollm2",
+        p.display()
+    );
     p
 }
 
 fn engine(cfg: EngineConfig) -> EngineHandle {
     let m = afm_models::load_model(&ModelLocation::Gguf(model_path())).expect("load");
-    Engine::spawn(m, EngineConfig { max_context: 2048, kv_budget_bytes: Some(256 << 20), ..cfg }).expect("spawn")
+    Engine::spawn(
+        m,
+        EngineConfig {
+            max_context: 2048,
+            kv_budget_bytes: Some(256 << 20),
+            ..cfg
+        },
+    )
+    .expect("spawn")
 }
 
 fn request(prompt: Vec<u32>, max_tokens: usize) -> GenerateRequest {
-    GenerateRequest { prompt_tokens: prompt, sampling: SamplingParams::default(), max_tokens, stop_token_ids: vec![], top_logprobs: None }
+    GenerateRequest {
+        prompt_tokens: prompt,
+        sampling: SamplingParams::default(),
+        max_tokens,
+        stop_token_ids: vec![],
+        top_logprobs: None,
+    }
 }
 
 /// Drains a request's events: (tokens, finish reason, stats).
@@ -49,17 +68,30 @@ fn prompts() -> Vec<Vec<u32>> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn batched_greedy_equals_alone() {
-    let alone = engine(EngineConfig { concurrent: 1, ..Default::default() });
+    let alone = engine(EngineConfig {
+        concurrent: 1,
+        ..Default::default()
+    });
     let mut want = Vec::new();
     for p in prompts() {
         let (_, rx) = alone.submit(request(p, 24)).unwrap();
         want.push(collect(rx).await.0);
     }
-    let batched = engine(EngineConfig { concurrent: 4, prefill_step_size: 8, ..Default::default() });
-    let rxs: Vec<_> = prompts().into_iter().map(|p| batched.submit(request(p, 24)).unwrap().1).collect();
+    let batched = engine(EngineConfig {
+        concurrent: 4,
+        prefill_step_size: 8,
+        ..Default::default()
+    });
+    let rxs: Vec<_> = prompts()
+        .into_iter()
+        .map(|p| batched.submit(request(p, 24)).unwrap().1)
+        .collect();
     for (i, rx) in rxs.into_iter().enumerate() {
         let (got, reason, stats) = collect(rx).await;
-        assert_eq!(got, want[i], "prompt {i}: batched output differs from alone");
+        assert_eq!(
+            got, want[i],
+            "prompt {i}: batched output differs from alone"
+        );
         assert_eq!(reason, FinishReason::Length);
         assert_eq!(stats.completion_tokens, 24);
     }
@@ -79,7 +111,10 @@ async fn prefix_cache_hit_is_reported_and_output_unchanged() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_frees_every_block() {
-    let e = engine(EngineConfig { prefix_caching: false, ..Default::default() });
+    let e = engine(EngineConfig {
+        prefix_caching: false,
+        ..Default::default()
+    });
     let total = EngineMetrics::get(&e.metrics().kv_blocks_total);
     let (id, mut rx) = e.submit(request(prompts()[0].clone(), 1000)).unwrap();
     // Wait for a few tokens, then cancel mid-generation.
@@ -101,7 +136,10 @@ async fn cancel_frees_every_block() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn full_queue_is_refused_and_long_prompt_rejected() {
-    let e = engine(EngineConfig { max_waiting: 2, ..Default::default() });
+    let e = engine(EngineConfig {
+        max_waiting: 2,
+        ..Default::default()
+    });
     let mut held = Vec::new();
     let mut refused = 0;
     for _ in 0..6 {
@@ -114,7 +152,16 @@ async fn full_queue_is_refused_and_long_prompt_rejected() {
             Err(other) => panic!("unexpected {other}"),
         }
     }
-    assert!(refused >= 1, "six instant submissions with a queue of 2 must refuse some");
+    assert!(
+        refused >= 1,
+        "six instant submissions with a queue of 2 must refuse some"
+    );
     let err = e.submit(request(vec![1; 4096], 4)).unwrap_err();
-    assert_eq!(err, EngineError::PromptTooLong { prompt: 4096, limit: 2048 });
+    assert_eq!(
+        err,
+        EngineError::PromptTooLong {
+            prompt: 4096,
+            limit: 2048
+        }
+    );
 }

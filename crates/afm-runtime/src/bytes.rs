@@ -14,7 +14,11 @@ impl WeightBytes {
     /// Bytes owned by this value (converted or generated weights).
     pub fn from_vec(v: Vec<u8>) -> Self {
         let len = v.len();
-        Self { owner: Arc::new(v), offset: 0, len }
+        Self {
+            owner: Arc::new(v),
+            offset: 0,
+            len,
+        }
     }
 
     /// `len` bytes at `offset` inside `owner`; `None` when the range does not fit.
