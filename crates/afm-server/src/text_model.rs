@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use afm_chat::tool_calls::ToolCallFormat;
-use afm_chat::{ChatTemplate, Tokenizer};
+use afm_chat::{ChatTemplate, IncrementalDecoder, Tokenizer};
 use serde_json::{Map, Value};
 
 use crate::seams::{Detokenizer, TextModel};
@@ -73,18 +73,13 @@ impl TextModel for ChatText {
     }
 
     fn detokenizer(&self) -> Box<dyn Detokenizer> {
-        Box::new(OwnedDecoder {
-            tokenizer: self.tokenizer.clone(),
-            pending: Vec::new(),
-            keep_special: false,
-        })
+        Box::new(IncrementalDecoder::new(self.tokenizer.clone()))
     }
 
     fn detokenizer_with_special(&self) -> Box<dyn Detokenizer> {
-        Box::new(OwnedDecoder {
+        Box::new(SpecialsShown {
+            inner: IncrementalDecoder::new(self.tokenizer.clone()).with_special(true),
             tokenizer: self.tokenizer.clone(),
-            pending: Vec::new(),
-            keep_special: true,
         })
     }
 
@@ -105,37 +100,34 @@ impl TextModel for ChatText {
     }
 }
 
-/// afm-chat's `IncrementalDecoder` borrows its tokenizer; a stream needs an owned one.
-/// Same rules: control tokens give no text (unless `keep_special`; stop ids never do),
-/// incomplete UTF-8 waits for the next token.
-struct OwnedDecoder {
-    tokenizer: Arc<Tokenizer>,
-    pending: Vec<u8>,
-    keep_special: bool,
-}
-
-impl Detokenizer for OwnedDecoder {
+/// afm-chat's decoder, owning its tokenizer: control tokens give no text, incomplete UTF-8
+/// waits for the next token.
+impl Detokenizer for IncrementalDecoder<Arc<Tokenizer>> {
     fn push(&mut self, id: u32) -> String {
-        let hidden = match self.keep_special {
-            true => self.tokenizer.eos_ids().contains(&id),
-            false => self.tokenizer.is_special(id),
-        };
-        if hidden {
-            return String::new();
-        }
-        self.pending.extend(self.tokenizer.token_bytes(id));
-        let complete = match std::str::from_utf8(&self.pending) {
-            Ok(_) => self.pending.len(),
-            // An incomplete character at the end: keep it for the next token.
-            Err(e) if e.error_len().is_none() => e.valid_up_to(),
-            // Invalid bytes cannot become valid: flush them as U+FFFD.
-            Err(_) => self.pending.len(),
-        };
-        let done: Vec<u8> = self.pending.drain(..complete).collect();
-        String::from_utf8_lossy(&done).into_owned()
+        IncrementalDecoder::push(self, id)
     }
 
     fn finish(&mut self) -> String {
-        String::from_utf8_lossy(&std::mem::take(&mut self.pending)).into_owned()
+        IncrementalDecoder::finish(self)
+    }
+}
+
+/// Shows special tokens' text (tool-call markers are often special tokens) but never the stop
+/// ids that end the answer.
+struct SpecialsShown {
+    inner: IncrementalDecoder<Arc<Tokenizer>>,
+    tokenizer: Arc<Tokenizer>,
+}
+
+impl Detokenizer for SpecialsShown {
+    fn push(&mut self, id: u32) -> String {
+        if self.tokenizer.eos_ids().contains(&id) {
+            return String::new();
+        }
+        self.inner.push(id)
+    }
+
+    fn finish(&mut self) -> String {
+        self.inner.finish()
     }
 }
