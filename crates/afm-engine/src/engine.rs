@@ -33,6 +33,8 @@ pub struct EngineConfig {
     /// Bytes for the KV pool; `None` = a share of available memory (of the model's device:
     /// host RAM, or GPU memory left after the weights).
     pub kv_budget_bytes: Option<usize>,
+    /// Bytes for the KV pool as a share of the device's available memory (`--kv-memory 0.25`).
+    pub kv_budget_fraction: Option<f64>,
     pub block_size: usize,
     pub prefix_caching: bool,
     /// `--kv-bits 8|4`: store K/V quantized; `None` keeps the checkpoint's precision.
@@ -49,6 +51,7 @@ impl Default for EngineConfig {
             max_waiting: 64,
             prefill_step_size: 1024,
             kv_budget_bytes: None,
+            kv_budget_fraction: None,
             block_size: 16,
             prefix_caching: true,
             kv_bits: None,
@@ -178,16 +181,20 @@ impl Engine {
             }
         };
         let per_block = KvCache::bytes_per_block(&shapes, cfg.block_size, kv_dtype);
-        let budget = match cfg.kv_budget_bytes {
-            Some(b) => b,
-            None => default_kv_budget(&model.device)
-                .map_err(|e| EngineError::Config(format!("reading device memory: {e}")))?,
+        let memory_err =
+            |e: ComputeError| EngineError::Config(format!("reading device memory: {e}"));
+        let budget = match (cfg.kv_budget_bytes, cfg.kv_budget_fraction) {
+            (Some(b), _) => b,
+            (None, Some(f)) => {
+                (memory_for_kv(&model.device).map_err(memory_err)? as f64 * f) as usize
+            }
+            (None, None) => default_kv_budget(&model.device).map_err(memory_err)?,
         };
         let num_blocks = budget / per_block.max(1);
         let per_seq = max_context.div_ceil(cfg.block_size);
         if num_blocks < per_seq {
             return Err(EngineError::Config(format!(
-                "KV budget of {budget} bytes holds {} tokens; context {max_context} needs {} bytes (lower --max-context or raise the KV budget)",
+                "KV budget of {budget} bytes holds {} tokens; context {max_context} needs {} bytes (lower --max-context or raise --kv-memory)",
                 num_blocks * cfg.block_size,
                 per_seq * per_block
             )));
@@ -484,11 +491,21 @@ fn default_kv_budget(device: &Device) -> Result<usize, ComputeError> {
     if let Some((free, _total)) = device.memory()? {
         return Ok(free.saturating_sub(1 << 30) / 10 * 9);
     }
-    Ok(host_kv_budget())
+    Ok((available_memory() / 4).min(4 << 30))
 }
 
-fn host_kv_budget() -> usize {
-    let avail = std::fs::read_to_string("/proc/meminfo")
+/// Memory the KV pool may take a share of (`--kv-memory 0.25`): free device memory less 1 GiB
+/// of kernel scratch on a GPU, `MemAvailable` on the CPU.
+fn memory_for_kv(device: &Device) -> Result<usize, ComputeError> {
+    Ok(match device.memory()? {
+        Some((free, _total)) => free.saturating_sub(1 << 30),
+        None => available_memory(),
+    })
+}
+
+/// `MemAvailable` from /proc/meminfo (8 GiB where it cannot be read).
+fn available_memory() -> usize {
+    std::fs::read_to_string("/proc/meminfo")
         .ok()
         .and_then(|m| {
             m.lines()
@@ -496,6 +513,5 @@ fn host_kv_budget() -> usize {
                 .and_then(|l| l.split_whitespace().nth(1))
                 .and_then(|kb| kb.parse::<usize>().ok())
         })
-        .map_or(8 << 30, |kb| kb * 1024);
-    (avail / 4).min(4 << 30)
+        .map_or(8 << 30, |kb| kb * 1024)
 }

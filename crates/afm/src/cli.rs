@@ -133,6 +133,10 @@ pub struct ServeArgs {
     /// Context length in tokens (0: the model's).
     #[arg(long = "max-context", visible_alias = "ctx-size", default_value_t = 0)]
     pub max_context: usize,
+    /// Memory for the KV cache: bytes with an optional K/M/G suffix (`2G`), or a fraction of
+    /// available memory (`0.25`). Default: a quarter of available memory, at most 4 GiB.
+    #[arg(long = "kv-memory", value_name = "BYTES|FRACTION", value_parser = parse_kv_memory)]
+    pub kv_memory: Option<KvMemory>,
     #[arg(long)]
     pub gpu_profile: bool,
     /// Where the model runs: cpu, cuda or cuda:N (cuda needs a build with `--features cuda`).
@@ -403,5 +407,52 @@ mod tests {
         ])
         .unwrap();
         assert!(ok.refuse_unavailable().is_ok());
+    }
+}
+
+/// `--kv-memory`: an absolute size or a share of what the machine has available.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum KvMemory {
+    Bytes(usize),
+    Fraction(f64),
+}
+
+fn parse_kv_memory(v: &str) -> std::result::Result<KvMemory, String> {
+    let bad = || format!("'{v}' is neither a size (e.g. 512M, 2G) nor a fraction in (0, 1]");
+    if v.contains('.') {
+        let f: f64 = v.parse().map_err(|_| bad())?;
+        return if f > 0.0 && f <= 1.0 {
+            Ok(KvMemory::Fraction(f))
+        } else {
+            Err(bad())
+        };
+    }
+    let (digits, unit) = v.split_at(v.find(|c: char| !c.is_ascii_digit()).unwrap_or(v.len()));
+    let n: usize = digits.parse().map_err(|_| bad())?;
+    let mult: usize = match unit.to_ascii_uppercase().as_str() {
+        "" | "B" => 1,
+        "K" | "KB" | "KIB" => 1 << 10,
+        "M" | "MB" | "MIB" => 1 << 20,
+        "G" | "GB" | "GIB" => 1 << 30,
+        _ => return Err(bad()),
+    };
+    n.checked_mul(mult)
+        .filter(|b| *b > 0)
+        .map(KvMemory::Bytes)
+        .ok_or_else(bad)
+}
+
+#[cfg(test)]
+mod kv_memory_tests {
+    use super::*;
+
+    #[test]
+    fn sizes_and_fractions_parse_and_nonsense_is_refused() {
+        assert_eq!(parse_kv_memory("2G"), Ok(KvMemory::Bytes(2 << 30)));
+        assert_eq!(parse_kv_memory("512m"), Ok(KvMemory::Bytes(512 << 20)));
+        assert_eq!(parse_kv_memory("0.25"), Ok(KvMemory::Fraction(0.25)));
+        for bad in ["", "0", "1.5", "-1", "3X", "0.0", "G"] {
+            assert!(parse_kv_memory(bad).is_err(), "{bad} accepted");
+        }
     }
 }

@@ -14,7 +14,7 @@ use afm_server::text_model::ChatText;
 use afm_server::ServedModel;
 use anyhow::{anyhow, Context, Result};
 
-use crate::cli::ServeArgs;
+use crate::cli::{KvMemory, ServeArgs};
 
 pub fn load(args: &ServeArgs) -> Result<ServedModel> {
     let location = resolve_model(&args.model).map_err(|e| anyhow!("{e}"))?;
@@ -43,6 +43,14 @@ pub fn load(args: &ServeArgs) -> Result<ServedModel> {
         prefill_step_size: args.prefill_step_size,
         prefix_caching: args.prefix_caching(),
         kv_bits: args.kv_bits,
+        kv_budget_bytes: match args.kv_memory {
+            Some(KvMemory::Bytes(b)) => Some(b),
+            _ => None,
+        },
+        kv_budget_fraction: match args.kv_memory {
+            Some(KvMemory::Fraction(f)) => Some(f),
+            _ => None,
+        },
         debug: std::env::var("AFM_DEBUG").is_ok_and(|v| v == "1"),
         ..EngineConfig::default()
     };
