@@ -165,3 +165,53 @@ async fn full_queue_is_refused_and_long_prompt_rejected() {
         }
     );
 }
+
+/// Gemma 3's sliding-window layers read only the last few positions; a prefix-cache hit must
+/// still reproduce exactly what a cold run computes (tiny checkpoint, window 8, 16-token blocks).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prefix_cache_is_exact_with_sliding_window_layers() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny/gemma3");
+    let m = afm_models::load_model(&ModelLocation::HfDir(dir)).expect("load tiny gemma3");
+    let e = Engine::spawn(
+        m,
+        EngineConfig {
+            max_context: 256,
+            kv_budget_bytes: Some(16 << 20),
+            ..Default::default()
+        },
+    )
+    .expect("spawn");
+    let prompt: Vec<u32> = (0..70).map(|i| (i * 37 % 120) as u32 + 3).collect();
+    let run = |p: Vec<u32>| {
+        let (_, mut rx) = e
+            .submit(GenerateRequest {
+                top_logprobs: Some(3),
+                ..request(p, 12)
+            })
+            .unwrap();
+        async move {
+            let mut out = Vec::new();
+            loop {
+                match rx.recv().await.expect("event") {
+                    GenerateEvent::Token { id, logprob } => {
+                        out.push((id, logprob.expect("logprobs").top))
+                    }
+                    GenerateEvent::Finished { stats, .. } => return (out, stats.cached_tokens),
+                    GenerateEvent::Error { message } => panic!("{message}"),
+                }
+            }
+        }
+    };
+    let (cold, c1) = run(prompt.clone()).await;
+    let (warm, c2) = run(prompt.clone()).await;
+    assert_eq!(c1, 0);
+    assert_eq!(c2, 64, "four full 16-token blocks of the 70-token prompt");
+    // Same tokens, and the same top-3 distribution at every step, to f32 rounding.
+    for (step, ((t1, top1), (t2, top2))) in cold.iter().zip(&warm).enumerate() {
+        assert_eq!(t1, t2, "step {step}: a cache hit changed the greedy token");
+        for ((a, la), (b, lb)) in top1.iter().zip(top2) {
+            assert_eq!(a, b, "step {step}: top tokens differ");
+            assert!((la - lb).abs() < 1e-4, "step {step}: logprob {la} vs {lb}");
+        }
+    }
+}
