@@ -31,6 +31,8 @@ pub enum ApiError {
     BodyTooLarge { limit: usize },
     #[error("The server is busy: {limit} requests are already waiting; retry later")]
     QueueFull { limit: usize },
+    #[error("Invalid or missing API key: send `Authorization: Bearer <key>`")]
+    Unauthorized,
     #[error("{0}")]
     NotFound(String),
     #[error("{0}")]
@@ -78,6 +80,7 @@ impl ApiError {
             | ApiError::InvalidField { .. }
             | ApiError::Unsupported { .. }
             | ApiError::PromptTooLong { .. } => 400,
+            ApiError::Unauthorized => 401,
             ApiError::ModelNotFound { .. } | ApiError::NotFound(_) => 404,
             ApiError::MethodNotAllowed(_) => 405,
             ApiError::BodyTooLarge { .. } => 413,
@@ -107,6 +110,7 @@ impl ApiError {
             }
             ApiError::BodyTooLarge { .. } => ("invalid_request_error", Some("body_too_large")),
             ApiError::QueueFull { .. } => ("rate_limit_error", Some("queue_full")),
+            ApiError::Unauthorized => ("authentication_error", Some("invalid_api_key")),
             ApiError::NotFound(_) => ("not_found_error", None),
             ApiError::MethodNotAllowed(_) => ("invalid_request_error", Some("method_not_allowed")),
             ApiError::Unavailable(_) => ("server_error", Some("unavailable")),

@@ -7,6 +7,7 @@
 //! (afm-chat); it reaches them through the [`seams`]. `afm -s` runs the same pipeline
 //! without HTTP ([`chat::start_chat`]).
 
+pub mod access;
 pub mod chat;
 pub mod completions;
 pub mod engine_impl;
@@ -48,6 +49,11 @@ pub struct ServerConfig {
     pub log_requests: bool,
     /// `--tool-call-parser`, `--fix-tool-args`, `AFM_DEBUG`.
     pub tool_calls: tool_calls::ToolCallConfig,
+    /// `--api-key`: every route but /health and the WebUI's static files needs
+    /// `Authorization: Bearer <key>`.
+    pub api_key: Option<String>,
+    /// `--cors-origin`: browser origins allowed to call the API; none means no CORS headers.
+    pub cors_origins: Vec<String>,
 }
 
 impl Default for ServerConfig {
@@ -58,6 +64,8 @@ impl Default for ServerConfig {
             max_body_bytes: 16 << 20,
             log_requests: false,
             tool_calls: tool_calls::ToolCallConfig::default(),
+            api_key: None,
+            cors_origins: Vec::new(),
         }
     }
 }

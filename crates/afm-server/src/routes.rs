@@ -67,6 +67,14 @@ pub fn router(state: Arc<AppState>) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(limit));
+    let router = router.layer(axum::middleware::from_fn_with_state(
+        state.clone(),
+        crate::access::require_api_key,
+    ));
+    let router = match crate::access::cors(&state.config.cors_origins) {
+        Some(cors) => router.layer(cors),
+        None => router,
+    };
     let router = if state.config.log_requests {
         router.layer(axum::middleware::from_fn(log_request))
     } else {

@@ -133,6 +133,18 @@ pub struct ServeArgs {
     /// Context length in tokens (0: the model's).
     #[arg(long = "max-context", visible_alias = "ctx-size", default_value_t = 0)]
     pub max_context: usize,
+    /// Require `Authorization: Bearer <KEY>` on every route but /health (also read from
+    /// AFM_API_KEY).
+    #[arg(
+        long = "api-key",
+        env = "AFM_API_KEY",
+        value_name = "KEY",
+        hide_env_values = true
+    )]
+    pub api_key: Option<String>,
+    /// Browser origin allowed to call the API (repeatable; `*` for any). Default: none.
+    #[arg(long = "cors-origin", value_name = "ORIGIN")]
+    pub cors_origin: Vec<String>,
     /// Memory for the KV cache: bytes with an optional K/M/G suffix (`2G`), or a fraction of
     /// available memory (`0.25`). Default: a quarter of available memory, at most 4 GiB.
     #[arg(long = "kv-memory", value_name = "BYTES|FRACTION", value_parser = parse_kv_memory)]

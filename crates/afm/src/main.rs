@@ -63,6 +63,8 @@ fn run(cli: Cli) -> Result<()> {
             fix_args: args.fix_tool_args,
             debug: std::env::var("AFM_DEBUG").is_ok_and(|v| v == "1"),
         },
+        api_key: args.api_key.clone().filter(|k| !k.is_empty()),
+        cors_origins: args.cors_origin.clone(),
         ..ServerConfig::default()
     };
     let served = load::load(&args)?;
@@ -93,8 +95,21 @@ async fn serve(args: &ServeArgs, state: Arc<AppState>) -> Result<()> {
     if args.webui {
         browser::open_webui(listener.local_addr().context("reading the bound address")?);
     }
+    // SIGINT or SIGTERM: stop accepting, let in-flight answers finish (or their clients go).
     let shutdown = async {
-        let _ = tokio::signal::ctrl_c().await;
+        let term = async {
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(mut s) => {
+                    s.recv().await;
+                }
+                Err(_) => std::future::pending::<()>().await,
+            }
+        };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term => {}
+        }
+        eprintln!("afm: shutting down");
     };
     afm_server::serve(listener, state, shutdown)
         .await
