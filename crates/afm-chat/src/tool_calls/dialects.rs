@@ -2,7 +2,7 @@
 //! opener to the body that parses what follows. Adding a dialect is a row here plus its body.
 
 use super::gemma::Gemma;
-use super::json_calls::{Block, JsonCalls, Mistral, LLAMA_LIST};
+use super::json_calls::{Block, JsonCalls, Mistral, HERMES_FENCE_LIST, LLAMA_LIST};
 use super::scan::partial_suffix_len;
 use super::token_calls::{TokenCalls, DEEPSEEK, KIMI};
 use super::xml_calls::{Glm, Xml, DSML, MINIMAX, QWEN};
@@ -12,6 +12,8 @@ use super::{Body, ToolCallFormat};
 pub(crate) enum Kind {
     /// `<tool_call>` holding JSON or a Qwen `<function=`.
     ToolCallBlock,
+    /// A ```json Markdown fence holding a Hermes-style call object.
+    JsonFence,
     QwenBare,
     LlamaTag,
     /// Llama's bare `{` (only as the first thing in the output).
@@ -47,7 +49,10 @@ const fn op(text: &'static str, kind: Kind) -> Opener {
     }
 }
 
-const HERMES: &[Opener] = &[op("<tool_call>", Kind::ToolCallBlock)];
+const HERMES: &[Opener] = &[
+    op("<tool_call>", Kind::ToolCallBlock),
+    op("```json", Kind::JsonFence),
+];
 const QWEN_XML: &[Opener] = &[
     op("<tool_call>", Kind::ToolCallBlock),
     op("<function=", Kind::QwenBare),
@@ -132,6 +137,7 @@ pub(crate) fn partial_opener_len(format: ToolCallFormat, text: &str, at_start: b
 pub(crate) fn open_body(opener: &Opener) -> Box<dyn Body> {
     match opener.kind {
         Kind::ToolCallBlock => Box::new(Block::new()),
+        Kind::JsonFence => Box::new(JsonCalls::new(&HERMES_FENCE_LIST)),
         Kind::QwenBare => Box::new(Xml::in_header(&QWEN)),
         Kind::LlamaTag => Box::new(JsonCalls::new(&LLAMA_LIST)),
         Kind::LlamaBrace => Box::new(JsonCalls::in_object(&LLAMA_LIST)),

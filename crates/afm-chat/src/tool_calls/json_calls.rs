@@ -31,6 +31,15 @@ pub(crate) const HERMES_LIST: ListCfg = ListCfg {
     strict_keys: false,
 };
 
+/// A Markdown ```json fence holding a call, as small Qwen 2.5 Coder models write instead of
+/// `<tool_call>`: strict keys, so a fence holding ordinary JSON stays text.
+pub(crate) const HERMES_FENCE_LIST: ListCfg = ListCfg {
+    array: true,
+    separators: ",",
+    closers: &["```"],
+    strict_keys: true,
+};
+
 pub(crate) const LLAMA_LIST: ListCfg = ListCfg {
     array: true,
     separators: ";,",

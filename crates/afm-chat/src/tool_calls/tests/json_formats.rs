@@ -25,6 +25,25 @@ fn hermes_call_with_text_before() {
 }
 
 #[test]
+fn hermes_call_in_a_json_fence_as_small_qwen_coders_write_it() {
+    let input = "I'll look it up.\n```json\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n```";
+    expect(
+        H,
+        &[],
+        false,
+        input,
+        "I'll look it up.\n",
+        &[("get_weather", json!({"city": "Paris"}))],
+    );
+}
+
+#[test]
+fn hermes_json_fence_that_is_not_a_call_stays_text() {
+    let input = "Here is the data:\n```json\n{\"answer\": 42, \"name\": \"x\"}\n```\nDone.";
+    expect(H, &[], false, input, input, &[]);
+}
+
+#[test]
 fn hermes_parallel_calls_get_their_own_indices() {
     let input = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Tokyo\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"get_time\", \"arguments\": {}}\n</tool_call>";
     expect(
