@@ -141,21 +141,7 @@ fn main() {
         return;
     }
     let wanted: Vec<&String> = args.iter().filter(|a| *a != "quick").collect();
-    let all = [
-        DType::F32,
-        DType::F16,
-        DType::BF16,
-        DType::Q4_0,
-        DType::Q4_1,
-        DType::Q5_0,
-        DType::Q5_1,
-        DType::Q8_0,
-        DType::Q2K,
-        DType::Q3K,
-        DType::Q4K,
-        DType::Q5K,
-        DType::Q6K,
-    ];
+    let all = DType::ALL;
     // By default the types the target models use; name others on the command line.
     let default = [
         DType::Q4_1,

@@ -18,6 +18,23 @@ pub enum DType {
 }
 
 impl DType {
+    /// Every storage type: the floats, the 32-value block formats, then the K-quants.
+    pub const ALL: [DType; 13] = [
+        DType::F32,
+        DType::F16,
+        DType::BF16,
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q5_0,
+        DType::Q5_1,
+        DType::Q8_0,
+        DType::Q2K,
+        DType::Q3K,
+        DType::Q4K,
+        DType::Q5K,
+        DType::Q6K,
+    ];
+
     /// GGML's `ggml_type` id, as stored in GGUF tensor infos.
     pub fn from_ggml_id(id: u32) -> Option<DType> {
         Some(match id {

@@ -24,22 +24,6 @@ impl Rng {
     }
 }
 
-const ALL: [DType; 13] = [
-    DType::F32,
-    DType::F16,
-    DType::BF16,
-    DType::Q4_0,
-    DType::Q4_1,
-    DType::Q5_0,
-    DType::Q5_1,
-    DType::Q8_0,
-    DType::Q2K,
-    DType::Q3K,
-    DType::Q4K,
-    DType::Q5K,
-    DType::Q6K,
-];
-
 /// Byte offsets of the f16 scale fields of one block (the rest is free payload).
 fn f16_fields(dtype: DType) -> &'static [usize] {
     match dtype {
@@ -175,7 +159,7 @@ fn cols_for(dtype: DType) -> &'static [usize] {
 #[test]
 fn kernels_match_reference_on_their_quantized_activations() {
     let mut rng = Rng(7);
-    for dtype in ALL {
+    for dtype in DType::ALL {
         for &cols in cols_for(dtype) {
             for (rows, n) in [(7, 1), (13, 3), (5, 17), (64, 4)] {
                 let m = random_matrix(&mut rng, dtype, rows, cols);
@@ -208,7 +192,7 @@ fn kernels_match_reference_on_their_quantized_activations() {
 fn fast_path_matches_naive_float_path() {
     let mut rng = Rng(11);
     for outliers in [false, true] {
-        for dtype in ALL {
+        for dtype in DType::ALL {
             let cols = cols_for(dtype)[1];
             let (rows, n) = (33, 5);
             let m = random_matrix(&mut rng, dtype, rows, cols);
@@ -263,7 +247,7 @@ fn scalar_and_simd_quantize_activations_identically() {
 #[test]
 fn zero_activations_give_zero_and_empty_shapes_are_fine() {
     let mut rng = Rng(5);
-    for dtype in ALL {
+    for dtype in DType::ALL {
         let cols = cols_for(dtype)[0];
         let m = random_matrix(&mut rng, dtype, 9, cols);
         assert!(

@@ -68,7 +68,7 @@ fn dequantize_matches_gguf_py_bit_for_bit() {
         }
         seen.insert(c.dtype);
     }
-    for dtype in ALL_TYPES {
+    for dtype in DType::ALL {
         assert!(
             seen.contains(&dtype),
             "fixture has no {} rows",
@@ -76,19 +76,3 @@ fn dequantize_matches_gguf_py_bit_for_bit() {
         );
     }
 }
-
-pub(crate) const ALL_TYPES: [DType; 13] = [
-    DType::F32,
-    DType::F16,
-    DType::BF16,
-    DType::Q4_0,
-    DType::Q4_1,
-    DType::Q5_0,
-    DType::Q5_1,
-    DType::Q8_0,
-    DType::Q2K,
-    DType::Q3K,
-    DType::Q4K,
-    DType::Q5K,
-    DType::Q6K,
-];
