@@ -41,6 +41,9 @@ pub struct TransformerConfig {
     pub query_pre_attn_scalar: Option<f32>,
     pub final_logit_softcap: Option<f32>,
     pub attn_logit_softcap: Option<f32>,
+    /// The HF text config as read (`Null` for GGUF), for the keys only one architecture reads
+    /// (Gemma 4's per-layer-type geometry, MoE sizes); that architecture checks them at load.
+    pub raw: Value,
 }
 
 fn get<'a>(cfg: &'a Value, key: &str) -> Option<&'a Value> {
@@ -115,6 +118,7 @@ impl TransformerConfig {
             query_pre_attn_scalar: f32_key(cfg, "query_pre_attn_scalar"),
             final_logit_softcap: f32_key(cfg, "final_logit_softcapping"),
             attn_logit_softcap: f32_key(cfg, "attn_logit_softcapping"),
+            raw: cfg.clone(),
         };
         c.validate()
     }
@@ -165,6 +169,7 @@ impl TransformerConfig {
             query_pre_attn_scalar: None,
             final_logit_softcap: f("final_logit_softcapping"),
             attn_logit_softcap: f("attn_logit_softcapping"),
+            raw: Value::Null,
         };
         c.validate()
     }
