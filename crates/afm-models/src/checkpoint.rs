@@ -48,6 +48,24 @@ impl<'a> Checkpoint<'a> {
         Ok(self.source.tensor(&self.resolve(name, naming))?)
     }
 
+    /// The same checkpoint with names taken as stored, without the `model.` prefix (DeepSeek's
+    /// own checkpoints name `layers.0.attn.wq_a.weight`, `head.weight` at the top level).
+    pub fn unprefixed(&self) -> Checkpoint<'a> {
+        Checkpoint {
+            source: self.source,
+            prefix: String::new(),
+        }
+    }
+
+    /// An integer tensor (safetensors I64/I32) as i64 values with its shape.
+    pub fn integers(
+        &self,
+        name: &str,
+        naming: NormNaming,
+    ) -> Result<(Vec<usize>, Vec<i64>), ModelError> {
+        Ok(self.source.integers(&self.resolve(name, naming))?)
+    }
+
     /// A `[rows, cols]` matrix, shape checked.
     pub fn matrix(
         &self,

@@ -97,7 +97,9 @@ impl TransformerConfig {
                 .and_then(Value::as_u64)
                 .map_or(num_heads, |v| v as usize),
             head_dim,
-            intermediate_size: usize_key(cfg, "intermediate_size")?,
+            // MoE-only configs (qwen3_5_moe) have no dense MLP width.
+            intermediate_size: usize_key(cfg, "intermediate_size")
+                .or_else(|_| usize_key(cfg, "moe_intermediate_size"))?,
             rms_eps: f32_key(cfg, "rms_norm_eps").unwrap_or(1e-6),
             rope_theta,
             rope_scaling: rope.1,

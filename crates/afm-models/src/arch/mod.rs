@@ -1,5 +1,6 @@
 //! The architectures of the general runtime: one file each, one row each in [`ARCHITECTURES`].
 
+pub mod deepseek_v4;
 pub mod gemma3;
 pub mod llama;
 pub mod qwen2;
@@ -67,6 +68,12 @@ pub const ARCHITECTURES: &[Architecture] = &[
         gguf_arch: "gemma3",
         adjust_gguf: gemma3::adjust_gguf_config,
         load: |ck, cfg, dev| Ok(Box::new(gemma3::Gemma3::load(ck, cfg, dev)?)),
+    },
+    Architecture {
+        hf_types: &["deepseek_v4"],
+        gguf_arch: "deepseek4",
+        adjust_gguf: no_adjust,
+        load: |ck, cfg, dev| Ok(Box::new(deepseek_v4::DeepseekV4::load(ck, cfg, dev)?)),
     },
 ];
 

@@ -248,6 +248,18 @@ impl WeightSource {
         }
     }
 
+    /// An integer tensor as i64 values with its shape (safetensors I64/I32; GGUF answers
+    /// `UnsupportedDType` for now).
+    pub fn integers(&self, name: &str) -> Result<(Vec<usize>, Vec<i64>), WeightsError> {
+        match self {
+            WeightSource::Gguf(_) => Err(WeightsError::UnsupportedDType {
+                name: name.to_string(),
+                dtype: "integer table in GGUF".into(),
+            }),
+            WeightSource::Safetensors(s) => s.integers(name),
+        }
+    }
+
     /// GGUF: file order. Safetensors: sorted.
     pub fn tensor_names(&self) -> Vec<String> {
         match self {

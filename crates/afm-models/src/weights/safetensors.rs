@@ -173,6 +173,35 @@ impl SafetensorsSet {
         self.tensors.get(name).map(|e| e.dtype.as_str())
     }
 
+    /// An integer tensor (I64 or I32) as i64 values in storage order, with its shape: lookup
+    /// tables such as DeepSeek V4's hash-routing `tid2eid`.
+    pub fn integers(&self, name: &str) -> Result<(Vec<usize>, Vec<i64>), WeightsError> {
+        let entry = self
+            .tensors
+            .get(name)
+            .ok_or_else(|| WeightsError::MissingTensor {
+                name: name.to_string(),
+            })?;
+        let data = (*self.shards[entry.shard].data).as_ref();
+        // Offsets and sizes were checked at open.
+        let bytes = &data[entry.start..entry.start + entry.len];
+        let values = match entry.dtype.as_str() {
+            "I64" => bytes
+                .chunks_exact(8)
+                .map(|c| i64::from_le_bytes(c.try_into().expect("chunks of 8")))
+                .collect(),
+            "I32" => bytes
+                .chunks_exact(4)
+                .map(|c| i32::from_le_bytes(c.try_into().expect("chunks of 4")) as i64)
+                .collect(),
+            other => {
+                let (name, dtype) = (name.to_string(), other.to_string());
+                return Err(WeightsError::UnsupportedDType { name, dtype });
+            }
+        };
+        Ok((entry.shape.clone(), values))
+    }
+
     fn empty() -> Self {
         Self {
             shards: Vec::new(),

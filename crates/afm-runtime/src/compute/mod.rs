@@ -305,6 +305,13 @@ impl KvPool {
         self.layers
     }
 
+    /// The host cache's layers, for models whose cache streams no device op serves yet
+    /// (DeepSeek V4's compressor streams, read and written by the model on the CPU). A GPU
+    /// pool answers `WrongDevice`.
+    pub fn host_layers_mut(&mut self) -> Result<&mut [crate::kv_store::LayerKv]> {
+        Ok(&mut self.host_mut("host_layers_mut")?.layers)
+    }
+
     // `op` names the operation in the error a GPU build can raise.
     #[cfg_attr(not(feature = "cuda"), allow(unused_variables))]
     fn host_mut(&mut self, op: &'static str) -> Result<&mut KvCache> {

@@ -1,0 +1,937 @@
+//! `deepseek_v4` (DeepSeek V4 Flash / Pro) in the general runtime, after transformers 5.24's
+//! `modeling_deepseek_v4.py`:
+//!
+//! - shared-KV multi-query attention (one 512-wide head read as key and value) with per-head
+//!   sinks, interleaved RoPE on each head's trailing dims, the output's rope slice rotated back,
+//!   and a grouped low-rank output projection; every layer attends through a sliding window,
+//!   CSA layers add the top-k compressed rows (ratio 4) the lightning indexer picks, HCA layers
+//!   every compressed row (ratio 128): `deepseek_v4_attention.rs`;
+//! - mHC: `hc_mult` residual streams, mixed in and out of each sublayer by weights computed from
+//!   the streams (Sinkhorn-normalized for the stream-to-stream mix);
+//! - MoE with sqrt-softplus scores, bias-corrected top-k (or a token-id hash table in the first
+//!   layers), clamped SwiGLU experts and one shared expert;
+//! - the `mtp.0.*` multi-token-prediction module, loaded and exposed ([`DeepseekV4::mtp`]) for
+//!   speculative decoding; nothing runs it yet.
+//!
+//! Models hold weights only. Every stream of state lives in the engine's KV pool, one entry per
+//! token position, addressed by the sequence's block table (see `deepseek_v4_attention.rs`), so
+//! prefill, decode, chunked prefill and prefix caching need nothing beyond the usual forward.
+//!
+//! Scope: safetensors with DeepSeek's names (`layers.N.attn.wq_a.weight`, with or without
+//! `model.`), f32/f16/bf16 weights (not the released FP8/FP4 tensors), CPU only: the compressor,
+//! indexer and sink attention read the pool on the host. GGUF (`deepseek4`) is not read yet.
+
+#[path = "deepseek_v4_attention.rs"]
+mod attention;
+
+use afm_runtime::compute::{ComputeError, Device, KvPool, Tensor, Weight};
+use afm_runtime::kv_store::LayerKvShape;
+use afm_runtime::WeightMatrix;
+use serde_json::Value;
+
+use crate::checkpoint::{Checkpoint, NormNaming};
+use crate::config::TransformerConfig;
+use crate::forward::{CausalLm, ForwardBatch};
+use crate::layers::{Linear, RmsNorm};
+use crate::ModelError;
+
+use attention::{Attention, Streams};
+
+const N: NormNaming = NormNaming::Llama;
+
+type CResult<T> = Result<T, ComputeError>;
+
+/// Which long-range branch a layer adds to its sliding window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttnKind {
+    Sliding,
+    /// Compressed sparse attention: overlapping windows, lightning-indexer top-k.
+    Csa,
+    /// Heavily compressed attention: disjoint windows, every compressed row.
+    Hca,
+}
+
+/// DeepSeek V4's hyper-parameters beyond [`TransformerConfig`], read from `config.json` once.
+#[derive(Debug, Clone)]
+pub struct V4Config {
+    pub hidden: usize,
+    pub vocab: usize,
+    pub n_heads: usize,
+    pub head_dim: usize,
+    /// Trailing dims of each head that RoPE rotates.
+    pub rope_dim: usize,
+    pub q_lora_rank: usize,
+    pub o_groups: usize,
+    pub o_lora_rank: usize,
+    pub eps: f32,
+    pub window: usize,
+    pub kinds: Vec<AttnKind>,
+    pub hash_routed: Vec<bool>,
+    pub csa_ratio: usize,
+    pub hca_ratio: usize,
+    pub hc_mult: usize,
+    pub sinkhorn_iters: usize,
+    pub hc_eps: f32,
+    pub experts: usize,
+    pub top_k: usize,
+    pub moe_inter: usize,
+    pub routed_scale: f32,
+    pub swiglu_limit: f32,
+    pub index_heads: usize,
+    pub index_dim: usize,
+    pub index_topk: usize,
+    pub mtp_layers: usize,
+    /// Inverse frequencies of the sliding layers' RoPE and of the compressed branches' RoPE.
+    pub main_inv_freq: Vec<f32>,
+    pub compress_inv_freq: Vec<f32>,
+}
+
+fn cfg_err(key: &str, reason: impl Into<String>) -> ModelError {
+    ModelError::Config {
+        key: key.into(),
+        reason: reason.into(),
+    }
+}
+
+fn get<'a>(v: &'a Value, key: &str) -> Option<&'a Value> {
+    v.get(key).filter(|x| !x.is_null())
+}
+
+fn uint(v: &Value, key: &str, default: Option<usize>) -> Result<usize, ModelError> {
+    match get(v, key) {
+        Some(x) => x
+            .as_u64()
+            .map(|n| n as usize)
+            .ok_or_else(|| cfg_err(key, "not a non-negative integer")),
+        None => default.ok_or_else(|| cfg_err(key, "missing")),
+    }
+}
+
+fn float(v: &Value, key: &str, default: f32) -> f32 {
+    get(v, key)
+        .and_then(Value::as_f64)
+        .map_or(default, |x| x as f32)
+}
+
+impl V4Config {
+    /// Reads transformers 5's keys and the legacy ones its `__post_init__` folds in
+    /// (`compress_ratios`, `num_hash_layers`, `compress_rate_*`, `qk_rope_head_dim`).
+    pub fn from_hf(c: &TransformerConfig) -> Result<Self, ModelError> {
+        let raw = &c.raw;
+        let n = c.num_layers;
+        let head_dim = c.head_dim;
+        let rate = |kind: &str, legacy: &str, default: usize| match get(raw, "compress_rates") {
+            Some(rates) if get(rates, kind).is_some() => uint(rates, kind, None),
+            _ => uint(raw, legacy, Some(default)),
+        };
+        let csa_ratio = rate("compressed_sparse_attention", "compress_rate_csa", 4)?;
+        let hca_ratio = rate("heavily_compressed_attention", "compress_rate_hca", 128)?;
+        let kinds = layer_kinds(raw, n)?;
+        let hash_routed = match get(raw, "mlp_layer_types").and_then(Value::as_array) {
+            Some(t) => t.iter().map(|x| x.as_str() == Some("hash_moe")).collect(),
+            None => {
+                let h = uint(raw, "num_hash_layers", Some(3))?;
+                (0..n).map(|i| i < h).collect()
+            }
+        };
+        let rope_dim = match get(raw, "partial_rotary_factor").and_then(Value::as_f64) {
+            Some(f) => (head_dim as f64 * f) as usize,
+            None => uint(raw, "qk_rope_head_dim", Some(64))?,
+        };
+        let scoring = get(raw, "scoring_func")
+            .and_then(Value::as_str)
+            .unwrap_or("sqrtsoftplus");
+        if scoring != "sqrtsoftplus" {
+            return Err(cfg_err(
+                "scoring_func",
+                format!("{scoring} (supported: sqrtsoftplus)"),
+            ));
+        }
+        let (main, compress) = rope_tables(raw, rope_dim, c.max_position)?;
+        let cfg = Self {
+            hidden: c.hidden_size,
+            vocab: c.vocab_size,
+            n_heads: c.num_heads,
+            head_dim,
+            rope_dim,
+            q_lora_rank: uint(raw, "q_lora_rank", None)?,
+            o_groups: uint(raw, "o_groups", None)?,
+            o_lora_rank: uint(raw, "o_lora_rank", None)?,
+            eps: c.rms_eps,
+            window: uint(raw, "sliding_window", Some(128))?,
+            kinds,
+            hash_routed,
+            csa_ratio,
+            hca_ratio,
+            hc_mult: uint(raw, "hc_mult", Some(4))?,
+            sinkhorn_iters: uint(raw, "hc_sinkhorn_iters", Some(20))?,
+            hc_eps: float(raw, "hc_eps", 1e-6),
+            experts: uint(raw, "n_routed_experts", None)?,
+            top_k: uint(raw, "num_experts_per_tok", None)?,
+            moe_inter: uint(raw, "moe_intermediate_size", None)?,
+            routed_scale: float(raw, "routed_scaling_factor", 1.5),
+            swiglu_limit: float(raw, "swiglu_limit", 10.0),
+            index_heads: uint(raw, "index_n_heads", Some(64))?,
+            index_dim: uint(raw, "index_head_dim", Some(128))?,
+            index_topk: uint(raw, "index_topk", Some(512))?,
+            mtp_layers: uint(raw, "num_nextn_predict_layers", Some(0))?,
+            main_inv_freq: main,
+            compress_inv_freq: compress,
+        };
+        cfg.validate(n)
+    }
+
+    fn validate(self, n_layers: usize) -> Result<Self, ModelError> {
+        let checks: [(&str, bool); 9] = [
+            ("layer_types", self.kinds.len() == n_layers),
+            ("mlp_layer_types", self.hash_routed.len() == n_layers),
+            (
+                "partial_rotary_factor",
+                self.rope_dim.is_multiple_of(2)
+                    && self.rope_dim <= self.head_dim
+                    && self.rope_dim <= self.index_dim,
+            ),
+            (
+                "o_groups",
+                self.o_groups > 0 && self.n_heads.is_multiple_of(self.o_groups),
+            ),
+            ("hc_mult", self.hc_mult > 0),
+            ("hc_sinkhorn_iters", self.sinkhorn_iters > 0),
+            (
+                "num_experts_per_tok",
+                self.top_k > 0 && self.top_k <= self.experts,
+            ),
+            ("compress_rates", self.csa_ratio > 0 && self.hca_ratio > 0),
+            ("sliding_window", self.window > 0),
+        ];
+        for (key, ok) in checks {
+            if !ok {
+                return Err(cfg_err(key, "inconsistent with the other dimensions"));
+            }
+        }
+        Ok(self)
+    }
+
+    pub fn ratio(&self, kind: AttnKind) -> usize {
+        match kind {
+            AttnKind::Sliding => 0,
+            AttnKind::Csa => self.csa_ratio,
+            AttnKind::Hca => self.hca_ratio,
+        }
+    }
+}
+
+fn layer_kinds(raw: &Value, n: usize) -> Result<Vec<AttnKind>, ModelError> {
+    if let Some(types) = get(raw, "layer_types").and_then(Value::as_array) {
+        return types
+            .iter()
+            .map(|t| match t.as_str() {
+                Some("sliding_attention") => Ok(AttnKind::Sliding),
+                Some("compressed_sparse_attention") => Ok(AttnKind::Csa),
+                Some("heavily_compressed_attention") => Ok(AttnKind::Hca),
+                other => Err(cfg_err("layer_types", format!("unknown entry {other:?}"))),
+            })
+            .collect();
+    }
+    if let Some(ratios) = get(raw, "compress_ratios").and_then(Value::as_array) {
+        return ratios
+            .iter()
+            .map(|r| match r.as_u64() {
+                Some(0) => Ok(AttnKind::Sliding),
+                Some(4) => Ok(AttnKind::Csa),
+                Some(128) => Ok(AttnKind::Hca),
+                other => Err(cfg_err(
+                    "compress_ratios",
+                    format!("{other:?} (supported: 0, 4, 128)"),
+                )),
+            })
+            .take(n)
+            .collect();
+    }
+    // transformers' default: two HCA layers, then CSA/HCA alternating.
+    Ok((0..n)
+        .map(|i| match i {
+            0 | 1 => AttnKind::Hca,
+            _ if (i - 2) % 2 == 1 => AttnKind::Csa,
+            _ => AttnKind::Hca,
+        })
+        .collect())
+}
+
+/// Inverse frequencies of the `main` (plain, `rope_theta`) and `compress` (`compress_rope_theta`,
+/// YaRN where configured, cos/sin unscaled) RoPEs, in f32 as transformers computes them.
+fn rope_tables(
+    raw: &Value,
+    rope_dim: usize,
+    max_pos: usize,
+) -> Result<(Vec<f32>, Vec<f32>), ModelError> {
+    let params = get(raw, "rope_parameters");
+    let nested = |k: &str| params.and_then(|p| get(p, k)).filter(|v| v.is_object());
+    let main_theta = nested("main").map_or(float(raw, "rope_theta", 10_000.0), |m| {
+        float(m, "rope_theta", 10_000.0)
+    });
+    let flat = params
+        .filter(|_| nested("compress").is_none())
+        .or_else(|| get(raw, "rope_scaling"));
+    let compress = nested("compress").or(flat);
+    let compress_theta = nested("compress")
+        .map_or(float(raw, "compress_rope_theta", 160_000.0), |c| {
+            float(c, "rope_theta", 160_000.0)
+        });
+    let main = default_inv_freq(main_theta, rope_dim);
+    let kind = compress
+        .and_then(|c| get(c, "rope_type").or_else(|| get(c, "type")))
+        .and_then(Value::as_str)
+        .unwrap_or("default");
+    let comp = match (kind, compress) {
+        ("yarn", Some(c)) => yarn_inv_freq(c, compress_theta, rope_dim, max_pos)?,
+        ("default", _) => default_inv_freq(compress_theta, rope_dim),
+        (other, _) => {
+            return Err(cfg_err(
+                "rope_parameters.compress.rope_type",
+                format!("{other} (supported: default, yarn)"),
+            ))
+        }
+    };
+    Ok((main, comp))
+}
+
+fn default_inv_freq(theta: f32, dim: usize) -> Vec<f32> {
+    (0..dim / 2)
+        .map(|i| 1.0 / theta.powf((2 * i) as f32 / dim as f32))
+        .collect()
+}
+
+/// transformers' `_compute_yarn_parameters` (truncated correction range).
+fn yarn_inv_freq(
+    p: &Value,
+    theta: f32,
+    dim: usize,
+    max_pos: usize,
+) -> Result<Vec<f32>, ModelError> {
+    let orig = get(p, "original_max_position_embeddings")
+        .and_then(Value::as_f64)
+        .ok_or_else(|| {
+            cfg_err(
+                "rope_parameters.original_max_position_embeddings",
+                "missing",
+            )
+        })?;
+    let factor = get(p, "factor")
+        .and_then(Value::as_f64)
+        .unwrap_or(max_pos as f64 / orig);
+    let beta_fast = get(p, "beta_fast").and_then(Value::as_f64).unwrap_or(32.0);
+    let beta_slow = get(p, "beta_slow").and_then(Value::as_f64).unwrap_or(1.0);
+    let base = theta as f64;
+    let corr = |rot: f64| {
+        dim as f64 * (orig / (rot * 2.0 * std::f64::consts::PI)).ln() / (2.0 * base.ln())
+    };
+    let low = corr(beta_fast).floor().max(0.0);
+    let mut high = corr(beta_slow).ceil().min(dim as f64 - 1.0);
+    if low == high {
+        high += 0.001;
+    }
+    Ok((0..dim / 2)
+        .map(|i| {
+            let pos_freq = theta.powf((2 * i) as f32 / dim as f32);
+            let extrap = 1.0 / pos_freq;
+            let interp = 1.0 / (factor as f32 * pos_freq);
+            let ramp = ((i as f32 - low as f32) / (high - low) as f32).clamp(0.0, 1.0);
+            let keep = 1.0 - ramp;
+            interp * (1.0 - keep) + extrap * keep
+        })
+        .collect())
+}
+
+/// mHC weights of one sublayer: `fn` maps the normed, flattened streams to `pre`, `post` and
+/// `comb` logits.
+struct HyperConnection {
+    proj: Linear,
+    base: Vec<f32>,
+    scale: Vec<f32>,
+}
+
+/// The final collapse of the streams (`hc_head`).
+pub struct HyperHead {
+    proj: Linear,
+    base: Vec<f32>,
+    scale: f32,
+}
+
+/// `down(silu(min(gate, limit)) · clamp(up, ±limit))`.
+struct ClampedMlp {
+    gate: Linear,
+    up: Linear,
+    down: Linear,
+}
+
+struct Moe {
+    router: Linear,
+    /// `e_score_correction_bias`: added to the scores for choosing experts only.
+    bias: Option<Vec<f32>>,
+    /// Hash-routed layers: `[vocab][top_k]` expert ids.
+    tid2eid: Option<Vec<usize>>,
+    experts: Vec<ClampedMlp>,
+    shared: ClampedMlp,
+}
+
+/// One decoder block's weights.
+pub struct Block {
+    attn_norm: RmsNorm,
+    attn: Attention,
+    ffn_norm: RmsNorm,
+    moe: Moe,
+    attn_hc: HyperConnection,
+    ffn_hc: HyperConnection,
+}
+
+/// One multi-token-prediction module (`mtp.N.*`): `e_proj(enorm(embed(next token))) +
+/// h_proj(hnorm(streams))`, one sliding-window block, its own `hc_head`, then the shared
+/// `norm` and head. Weights only, for the speculative decoder to come.
+pub struct Mtp {
+    pub e_proj: Linear,
+    pub h_proj: Linear,
+    pub enorm: RmsNorm,
+    pub hnorm: RmsNorm,
+    pub norm: RmsNorm,
+    pub head: HyperHead,
+    pub block: Block,
+}
+
+pub struct DeepseekV4 {
+    cfg: V4Config,
+    dev: Device,
+    embed: Weight,
+    layers: Vec<Block>,
+    streams: Vec<Streams>,
+    shapes: Vec<LayerKvShape>,
+    hc_head: HyperHead,
+    norm: RmsNorm,
+    head: Linear,
+    mtp: Vec<Mtp>,
+}
+
+/// Name lookups over DeepSeek's own names, prefixed by `model.` (transformers' save) or not
+/// (the released checkpoints).
+pub(super) struct Names<'a, 'b> {
+    ck: &'a Checkpoint<'b>,
+    dev: &'a Device,
+    eps: f32,
+}
+
+impl Names<'_, '_> {
+    pub(super) fn has(&self, name: &str) -> bool {
+        self.ck.has(name, N)
+    }
+
+    /// A matrix stored without a `.weight` suffix (mHC's `hc_*_fn`).
+    pub(super) fn matrix(
+        &self,
+        name: &str,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Weight, ModelError> {
+        crate::layers::matrix(self.ck, self.dev, name, N, rows, cols)
+    }
+
+    pub(super) fn first(&self, names: &[&str]) -> Result<String, ModelError> {
+        names
+            .iter()
+            .find(|n| self.has(n))
+            .map(|n| n.to_string())
+            .ok_or_else(|| {
+                ModelError::Weights(crate::weights::WeightsError::MissingTensor {
+                    name: names.join(" or "),
+                })
+            })
+    }
+
+    pub(super) fn linear(&self, name: &str, out: usize, inp: usize) -> Result<Linear, ModelError> {
+        Linear::load(self.ck, self.dev, name, N, out, inp, false)
+    }
+
+    pub(super) fn norm(&self, name: &str, len: usize) -> Result<RmsNorm, ModelError> {
+        RmsNorm::load(self.ck, self.dev, name, N, len, self.eps, 0.0)
+    }
+
+    /// Any tensor of exactly `shape`, as f32 on the host.
+    pub(super) fn host(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, ModelError> {
+        let v = self.ck.view(name, N)?;
+        let numel: usize = shape.iter().product();
+        if v.numel() != numel || (v.shape.as_slice() != shape && shape.len() > 1) {
+            return Err(ModelError::Shape {
+                name: v.name,
+                want: shape.to_vec(),
+                got: v.shape,
+            });
+        }
+        Ok(v.to_f32()?)
+    }
+
+    /// Rows `r0..r0 + rows` of a `[_, cols]` matrix, as their own weight.
+    pub(super) fn row_block(
+        &self,
+        name: &str,
+        total_rows: usize,
+        cols: usize,
+        r0: usize,
+        rows: usize,
+    ) -> Result<Linear, ModelError> {
+        let all = self.host(name, &[total_rows, cols])?;
+        let w = WeightMatrix::from_f32(rows, cols, &all[r0 * cols..(r0 + rows) * cols]);
+        let w = self.dev.weight(w).map_err(|source| ModelError::Device {
+            name: name.to_string(),
+            source,
+        })?;
+        Ok(Linear { w, b: None })
+    }
+}
+
+impl DeepseekV4 {
+    pub fn load(ck: &Checkpoint, tc: &TransformerConfig, dev: &Device) -> Result<Self, ModelError> {
+        if !dev.is_cpu() {
+            return Err(ModelError::Device {
+                name: "deepseek_v4".into(),
+                source: ComputeError::Unsupported {
+                    what: "device",
+                    value: dev.describe(),
+                    device: "deepseek_v4's compressed attention".into(),
+                    supported: "cpu (the compressor and indexer read the KV pool on the host)",
+                },
+            });
+        }
+        let cfg = V4Config::from_hf(tc)?;
+        let unprefixed = ck.unprefixed();
+        let top = Names {
+            ck: &unprefixed,
+            dev,
+            eps: cfg.eps,
+        };
+        // transformers' save keeps `model.`; the released checkpoints have none.
+        let nm = Names {
+            ck: if ck.has("layers.0.attn_norm.weight", N) {
+                ck
+            } else {
+                &unprefixed
+            },
+            dev,
+            eps: cfg.eps,
+        };
+        let h = cfg.hidden;
+        let embed_name = nm.first(&["embed.weight", "embed_tokens.weight"])?;
+        let embed = nm.matrix(&embed_name, cfg.vocab, h)?;
+        let mut layers = Vec::with_capacity(cfg.kinds.len());
+        for (i, &kind) in cfg.kinds.iter().enumerate() {
+            layers.push(load_block(
+                &nm,
+                &cfg,
+                &format!("layers.{i}"),
+                kind,
+                cfg.hash_routed[i],
+            )?);
+        }
+        let (streams, shapes) = attention::plan_streams(&cfg);
+        let hc_head = load_hyper_head(&nm, &cfg, "hc_head_fn", "hc_head.hc_fn")?;
+        let head_name = top.first(&["head.weight", "lm_head.weight"])?;
+        let head = top.linear(head_name.trim_end_matches(".weight"), cfg.vocab, h)?;
+        let mut mtp = Vec::new();
+        for j in 0..cfg.mtp_layers {
+            let p = format!("mtp.{j}");
+            if !top.has(&format!("{p}.e_proj.weight")) {
+                break; // transformers' own saves drop the MTP weights
+            }
+            mtp.push(Mtp {
+                e_proj: top.linear(&format!("{p}.e_proj"), h, h)?,
+                h_proj: top.linear(&format!("{p}.h_proj"), h, h)?,
+                enorm: top.norm(&format!("{p}.enorm"), h)?,
+                hnorm: top.norm(&format!("{p}.hnorm"), h)?,
+                norm: top.norm(&format!("{p}.norm"), h)?,
+                head: load_hyper_head(&top, &cfg, &format!("{p}.hc_head_fn"), "")?,
+                block: load_block(&top, &cfg, &p, AttnKind::Sliding, false)?,
+            });
+        }
+        Ok(Self {
+            norm: nm.norm("norm", h)?,
+            embed,
+            layers,
+            streams,
+            shapes,
+            hc_head,
+            head,
+            mtp,
+            dev: dev.clone(),
+            cfg,
+        })
+    }
+
+    pub fn config(&self) -> &V4Config {
+        &self.cfg
+    }
+
+    /// The multi-token-prediction modules, in order (empty where the checkpoint has none).
+    pub fn mtp(&self) -> &[Mtp] {
+        &self.mtp
+    }
+
+    /// Pre-sublayer mHC: returns the sublayer input `Σ pre_j · stream_j` (`[rows][hidden]`)
+    /// and, per row, `post` (`[hc]`) and `comb` (`[hc][hc]`, Sinkhorn-normalized).
+    fn hc_pre(
+        &self,
+        hc: &HyperConnection,
+        streams: &[f32],
+        rows: usize,
+    ) -> CResult<(Vec<f32>, Vec<f32>, Vec<f32>)> {
+        let (n, h, c) = (self.cfg.hc_mult, self.cfg.hidden, &self.cfg);
+        let mixes = self.stream_mixes(&hc.proj, streams, rows)?;
+        let width = (2 + n) * n;
+        let mut collapsed = vec![0f32; rows * h];
+        let mut post = vec![0f32; rows * n];
+        let mut comb = vec![0f32; rows * n * n];
+        for r in 0..rows {
+            let m = &mixes[r * width..(r + 1) * width];
+            let s = &streams[r * n * h..(r + 1) * n * h];
+            let pre: Vec<f32> = (0..n)
+                .map(|j| sigmoid(m[j] * hc.scale[0] + hc.base[j]) + c.hc_eps)
+                .collect();
+            for j in 0..n {
+                post[r * n + j] = 2.0 * sigmoid(m[n + j] * hc.scale[1] + hc.base[n + j]);
+            }
+            let cm = &mut comb[r * n * n..(r + 1) * n * n];
+            for (k, v) in cm.iter_mut().enumerate() {
+                *v = m[2 * n + k] * hc.scale[2] + hc.base[2 * n + k];
+            }
+            sinkhorn(cm, n, c.sinkhorn_iters, c.hc_eps);
+            let out = &mut collapsed[r * h..(r + 1) * h];
+            for (j, p) in pre.iter().enumerate() {
+                for (o, x) in out.iter_mut().zip(&s[j * h..(j + 1) * h]) {
+                    *o += p * x;
+                }
+            }
+        }
+        Ok((collapsed, post, comb))
+    }
+
+    /// `proj(unweighted_rmsnorm(flattened streams))` for every row.
+    fn stream_mixes(&self, proj: &Linear, streams: &[f32], rows: usize) -> CResult<Vec<f32>> {
+        let width = self.cfg.hc_mult * self.cfg.hidden;
+        let mut normed = streams.to_vec();
+        for row in normed.chunks_exact_mut(width) {
+            unweighted_rms_norm(row, self.cfg.eps);
+        }
+        let x = Tensor::from_host(rows, width, normed)?;
+        self.dev.to_host(proj.forward(&self.dev, &x)?)
+    }
+
+    /// `streams_k ← post_k · out + Σ_j comb[j][k] · streams_j`.
+    fn hc_post(&self, streams: &mut [f32], out: &[f32], post: &[f32], comb: &[f32]) {
+        let (n, h) = (self.cfg.hc_mult, self.cfg.hidden);
+        for (r, s) in streams.chunks_exact_mut(n * h).enumerate() {
+            let old = s.to_vec();
+            let o = &out[r * h..(r + 1) * h];
+            let cm = &comb[r * n * n..(r + 1) * n * n];
+            for k in 0..n {
+                let dst = &mut s[k * h..(k + 1) * h];
+                for (d, v) in dst.iter_mut().zip(o) {
+                    *d = post[r * n + k] * v;
+                }
+                for j in 0..n {
+                    let w = cm[j * n + k];
+                    for (d, v) in dst.iter_mut().zip(&old[j * h..(j + 1) * h]) {
+                        *d += w * v;
+                    }
+                }
+            }
+        }
+    }
+
+    fn hyper_head(&self, hh: &HyperHead, streams: &[f32], rows: usize) -> CResult<Vec<f32>> {
+        let (n, h) = (self.cfg.hc_mult, self.cfg.hidden);
+        let mixes = self.stream_mixes(&hh.proj, streams, rows)?;
+        let mut out = vec![0f32; rows * h];
+        for r in 0..rows {
+            for j in 0..n {
+                let p = sigmoid(mixes[r * n + j] * hh.scale + hh.base[j]) + self.cfg.hc_eps;
+                let src = &streams[(r * n + j) * h..(r * n + j + 1) * h];
+                for (o, x) in out[r * h..(r + 1) * h].iter_mut().zip(src) {
+                    *o += p * x;
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn moe(&self, m: &Moe, x: Tensor, tokens: &[u32]) -> CResult<Vec<f32>> {
+        let (dev, c) = (&self.dev, &self.cfg);
+        let rows = x.rows();
+        let logits = dev.to_host(m.router.forward(dev, &x)?)?;
+        let xh = dev.to_host(x)?;
+        let mut routes: Vec<Vec<(usize, f32)>> = vec![Vec::new(); c.experts];
+        for r in 0..rows {
+            let scores: Vec<f32> = logits[r * c.experts..(r + 1) * c.experts]
+                .iter()
+                .map(|&l| softplus(l).sqrt())
+                .collect();
+            let chosen: Vec<usize> = match (&m.tid2eid, &m.bias) {
+                (Some(table), _) => {
+                    let t = tokens[r] as usize;
+                    table[t * c.top_k..(t + 1) * c.top_k].to_vec()
+                }
+                (None, bias) => {
+                    let biased: Vec<f32> = scores
+                        .iter()
+                        .enumerate()
+                        .map(|(e, s)| s + bias.as_ref().map_or(0.0, |b| b[e]))
+                        .collect();
+                    top_k(&biased, c.top_k)
+                }
+            };
+            let sum: f32 = chosen.iter().map(|&e| scores[e]).sum::<f32>() + 1e-20;
+            for &e in &chosen {
+                routes[e].push((r, scores[e] / sum * c.routed_scale));
+            }
+        }
+        let h = c.hidden;
+        let shared = Tensor::from_host(rows, h, xh.clone())?;
+        let mut out = self.clamped_mlp(&m.shared, &shared)?;
+        for (e, list) in routes.iter().enumerate() {
+            if list.is_empty() {
+                continue;
+            }
+            let xe: Vec<f32> = list
+                .iter()
+                .flat_map(|&(r, _)| xh[r * h..(r + 1) * h].iter().copied())
+                .collect();
+            let ye = self.clamped_mlp(&m.experts[e], &Tensor::from_host(list.len(), h, xe)?)?;
+            for (i, &(r, w)) in list.iter().enumerate() {
+                for (o, y) in out[r * h..(r + 1) * h]
+                    .iter_mut()
+                    .zip(&ye[i * h..(i + 1) * h])
+                {
+                    *o += w * y;
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn clamped_mlp(&self, m: &ClampedMlp, x: &Tensor) -> CResult<Vec<f32>> {
+        let dev = &self.dev;
+        let limit = self.cfg.swiglu_limit;
+        let g = dev.to_host(m.gate.forward(dev, x)?)?;
+        let u = dev.to_host(m.up.forward(dev, x)?)?;
+        let act: Vec<f32> = g
+            .iter()
+            .zip(&u)
+            .map(|(&g, &u)| {
+                let g = g.min(limit);
+                g / (1.0 + (-g).exp()) * u.clamp(-limit, limit)
+            })
+            .collect();
+        let a = Tensor::from_host(x.rows(), g.len() / x.rows().max(1), act)?;
+        dev.to_host(m.down.forward(dev, &a)?)
+    }
+
+    fn rms(&self, norm: &RmsNorm, x: Vec<f32>, rows: usize) -> CResult<Tensor> {
+        let mut t = Tensor::from_host(rows, self.cfg.hidden, x)?;
+        norm.forward_inplace(&self.dev, &mut t)?;
+        Ok(t)
+    }
+}
+
+fn load_block(
+    nm: &Names,
+    c: &V4Config,
+    p: &str,
+    kind: AttnKind,
+    hashed: bool,
+) -> Result<Block, ModelError> {
+    let h = c.hidden;
+    let hc = |which: &str| -> Result<HyperConnection, ModelError> {
+        let n = c.hc_mult;
+        let width = (2 + n) * n;
+        Ok(HyperConnection {
+            proj: Linear {
+                w: nm.matrix(&format!("{p}.hc_{which}_fn"), width, n * h)?,
+                b: None,
+            },
+            base: nm.host(&format!("{p}.hc_{which}_base"), &[width])?,
+            scale: nm.host(&format!("{p}.hc_{which}_scale"), &[3])?,
+        })
+    };
+    Ok(Block {
+        attn_norm: nm.norm(&format!("{p}.attn_norm"), h)?,
+        attn: Attention::load(nm, c, &format!("{p}.attn"), kind)?,
+        ffn_norm: nm.norm(&format!("{p}.ffn_norm"), h)?,
+        moe: load_moe(nm, c, &format!("{p}.ffn"), hashed)?,
+        attn_hc: hc("attn")?,
+        ffn_hc: hc("ffn")?,
+    })
+}
+
+fn load_moe(nm: &Names, c: &V4Config, p: &str, hashed: bool) -> Result<Moe, ModelError> {
+    let (h, i) = (c.hidden, c.moe_inter);
+    let mlp = |q: &str| -> Result<ClampedMlp, ModelError> {
+        Ok(ClampedMlp {
+            gate: nm.linear(&format!("{q}.w1"), i, h)?,
+            up: nm.linear(&format!("{q}.w3"), i, h)?,
+            down: nm.linear(&format!("{q}.w2"), h, i)?,
+        })
+    };
+    let tid2eid = if hashed {
+        let name = format!("{p}.gate.tid2eid");
+        let (shape, ids) = nm.ck.integers(&name, N)?;
+        if shape != [c.vocab, c.top_k] {
+            return Err(ModelError::Shape {
+                name,
+                want: vec![c.vocab, c.top_k],
+                got: shape,
+            });
+        }
+        if let Some(bad) = ids.iter().find(|&&e| e < 0 || e as usize >= c.experts) {
+            return Err(cfg_err(
+                &name,
+                format!("expert id {bad} (below n_routed_experts {})", c.experts),
+            ));
+        }
+        Some(ids.into_iter().map(|e| e as usize).collect())
+    } else {
+        None
+    };
+    let bias_name = format!("{p}.gate.bias");
+    Ok(Moe {
+        router: nm.linear(&format!("{p}.gate"), c.experts, h)?,
+        bias: if nm.has(&bias_name) {
+            Some(nm.host(&bias_name, &[c.experts])?)
+        } else {
+            None
+        },
+        tid2eid,
+        experts: (0..c.experts)
+            .map(|e| mlp(&format!("{p}.experts.{e}")))
+            .collect::<Result<_, _>>()?,
+        shared: mlp(&format!("{p}.shared_experts"))?,
+    })
+}
+
+fn load_hyper_head(
+    nm: &Names,
+    c: &V4Config,
+    name: &str,
+    alt: &str,
+) -> Result<HyperHead, ModelError> {
+    let n = c.hc_mult;
+    let fn_name = nm.first(&[name, alt])?;
+    // `hc_head_fn` → `hc_head_base`; transformers' save: `hc_head.hc_fn` → `hc_head.hc_base`.
+    let stem = fn_name.trim_end_matches("_fn");
+    let (base, scale) = (format!("{stem}_base"), format!("{stem}_scale"));
+    Ok(HyperHead {
+        proj: Linear {
+            w: nm.matrix(&fn_name, n, n * c.hidden)?,
+            b: None,
+        },
+        base: nm.host(&base, &[n])?,
+        scale: nm.host(&scale, &[1])?[0],
+    })
+}
+
+impl CausalLm for DeepseekV4 {
+    fn forward(&self, batch: &ForwardBatch, kv: &mut KvPool) -> Result<Vec<f32>, ComputeError> {
+        let (dev, c) = (&self.dev, &self.cfg);
+        let seqs = batch.attn_seqs();
+        // Checks block tables and ids against the pool once, for every stream.
+        let step = dev.step(&seqs, kv, c.n_heads)?;
+        let rows = step.n_rows();
+        let positions = batch.positions();
+        let (n, h) = (c.hc_mult, c.hidden);
+        let emb = dev.to_host(dev.embed(&self.embed, batch.tokens, 1.0)?)?;
+        let mut streams = vec![0f32; rows * n * h];
+        for (r, e) in emb.chunks_exact(h).enumerate() {
+            for j in 0..n {
+                streams[(r * n + j) * h..(r * n + j + 1) * h].copy_from_slice(e);
+            }
+        }
+        let pool = kv.host_layers_mut()?;
+        for (b, st) in self.layers.iter().zip(&self.streams) {
+            let (x, post, comb) = self.hc_pre(&b.attn_hc, &streams, rows)?;
+            let x = self.rms(&b.attn_norm, x, rows)?;
+            let a = b.attn.forward(dev, c, st, x, pool, &seqs, &positions)?;
+            self.hc_post(&mut streams, &a, &post, &comb);
+            let (x, post, comb) = self.hc_pre(&b.ffn_hc, &streams, rows)?;
+            let x = self.rms(&b.ffn_norm, x, rows)?;
+            let m = self.moe(&b.moe, x, batch.tokens)?;
+            self.hc_post(&mut streams, &m, &post, &comb);
+        }
+        let wanted = batch.logit_rows();
+        let last: Vec<f32> = wanted
+            .iter()
+            .flat_map(|&r| streams[r * n * h..(r + 1) * n * h].iter().copied())
+            .collect();
+        let x = self.hyper_head(&self.hc_head, &last, wanted.len())?;
+        let x = self.rms(&self.norm, x, wanted.len())?;
+        dev.to_host(self.head.forward(dev, &x)?)
+    }
+
+    /// One entry per stream, not per layer: see `deepseek_v4_attention.rs`.
+    fn kv_shapes(&self) -> Vec<LayerKvShape> {
+        self.shapes.clone()
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.cfg.vocab
+    }
+}
+
+fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+/// PyTorch's `softplus` (β 1, linear above 20).
+fn softplus(x: f32) -> f32 {
+    if x > 20.0 {
+        x
+    } else {
+        x.exp().ln_1p()
+    }
+}
+
+pub(super) fn unweighted_rms_norm(x: &mut [f32], eps: f32) {
+    let ms = x.iter().map(|v| v * v).sum::<f32>() / x.len().max(1) as f32;
+    let inv = 1.0 / (ms + eps).sqrt();
+    x.iter_mut().for_each(|v| *v *= inv);
+}
+
+/// Indices of the `k` largest values, ties to the lower index.
+pub(super) fn top_k(x: &[f32], k: usize) -> Vec<usize> {
+    let mut idx: Vec<usize> = (0..x.len()).collect();
+    idx.sort_by(|&a, &b| x[b].total_cmp(&x[a]).then(a.cmp(&b)));
+    idx.truncate(k);
+    idx
+}
+
+/// Row softmax (+eps), then column / row normalizations to a near doubly-stochastic matrix,
+/// as transformers' `DeepseekV4HyperConnection` orders them.
+fn sinkhorn(m: &mut [f32], n: usize, iters: usize, eps: f32) {
+    for row in m.chunks_exact_mut(n) {
+        let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let mut sum = 0.0;
+        for v in row.iter_mut() {
+            *v = (*v - max).exp();
+            sum += *v;
+        }
+        row.iter_mut().for_each(|v| *v = *v / sum + eps);
+    }
+    let cols = |m: &mut [f32]| {
+        for k in 0..n {
+            let s: f32 = (0..n).map(|j| m[j * n + k]).sum::<f32>() + eps;
+            (0..n).for_each(|j| m[j * n + k] /= s);
+        }
+    };
+    cols(m);
+    for _ in 1..iters {
+        for row in m.chunks_exact_mut(n) {
+            let s: f32 = row.iter().sum::<f32>() + eps;
+            row.iter_mut().for_each(|v| *v /= s);
+        }
+        cols(m);
+    }
+}

@@ -1,0 +1,229 @@
+//! DeepSeek V4 against transformers 5.24: the tiny random-weight checkpoint of
+//! `scripts/gen_tiny_deepseek_v4.py` (sliding, CSA with the lightning indexer, HCA, hash-routed
+//! and score-routed MoE, mHC, sinks) and the logits transformers computed for its 70 tokens.
+//! afm must match them by one prefill, token-by-token decode, mixed chunks that open and close
+//! compression windows mid-chunk, and two sequences sharing steps.
+
+use std::path::{Path, PathBuf};
+
+use afm_models::arch::deepseek_v4::DeepseekV4;
+use afm_models::checkpoint::Checkpoint;
+use afm_models::source::ModelLocation;
+use afm_models::weights::{SafetensorsSet, WeightSource};
+use afm_models::{load_model, ForwardBatch, LoadedModel, SeqChunk, TransformerConfig};
+use afm_runtime::compute::Device;
+
+const BLOCK: usize = 4;
+
+fn fixture() -> PathBuf {
+    match std::env::var_os("AFM_FIXTURES_DIR") {
+        Some(d) => PathBuf::from(d).join("deepseek_v4"),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny/deepseek_v4"),
+    }
+}
+
+struct Reference {
+    tokens: Vec<u32>,
+    logits: Vec<Vec<f32>>,
+}
+
+fn reference() -> Reference {
+    let text = std::fs::read_to_string(fixture().join("reference.json")).expect("reference.json");
+    let v: serde_json::Value = serde_json::from_str(&text).expect("reference json");
+    let tokens = v["tokens"]
+        .as_array()
+        .expect("tokens")
+        .iter()
+        .map(|t| t.as_u64().expect("token") as u32)
+        .collect();
+    let logits = v["logits"]
+        .as_array()
+        .expect("logits")
+        .iter()
+        .map(|row| {
+            row.as_array()
+                .expect("row")
+                .iter()
+                .map(|x| x.as_f64().expect("logit") as f32)
+                .collect()
+        })
+        .collect();
+    Reference { tokens, logits }
+}
+
+fn model() -> LoadedModel {
+    load_model(&ModelLocation::HfDir(fixture())).unwrap_or_else(|e| panic!("deepseek_v4: {e}"))
+}
+
+/// max |a − b| / max |b| over one row.
+fn rel_err(a: &[f32], b: &[f32]) -> f32 {
+    let scale = b.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-6);
+    a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / scale
+}
+
+/// One sequence through the model in chunks; (position, logits) of each chunk's last token.
+fn run_chunks(m: &LoadedModel, tokens: &[u32], chunks: &[usize]) -> Vec<(usize, Vec<f32>)> {
+    let blocks = tokens.len().div_ceil(BLOCK);
+    let mut kv = m
+        .device
+        .kv_pool(&m.model.kv_shapes(), blocks + 2, BLOCK, m.kv_dtype)
+        .expect("KV pool");
+    // Scattered, reversed block ids: every stream must follow the table.
+    let table: Vec<u32> = (0..blocks as u32).rev().map(|b| b + 2).collect();
+    let mut out = Vec::new();
+    let mut pos = 0;
+    for &len in chunks {
+        let seq = [SeqChunk {
+            len,
+            pos0: pos,
+            block_table: &table,
+            logits: true,
+        }];
+        let batch = ForwardBatch {
+            tokens: &tokens[pos..pos + len],
+            seqs: &seq,
+        };
+        let logits = m.model.forward(&batch, &mut kv).expect("forward");
+        pos += len;
+        out.push((pos - 1, logits));
+    }
+    out
+}
+
+fn worst(m: &LoadedModel, r: &Reference, chunks: &[usize]) -> (usize, f32) {
+    assert_eq!(chunks.iter().sum::<usize>(), r.tokens.len());
+    run_chunks(m, &r.tokens, chunks)
+        .into_iter()
+        .map(|(pos, l)| (pos, rel_err(&l, &r.logits[pos])))
+        .fold((0, 0.0), |a, b| if b.1 > a.1 { b } else { a })
+}
+
+fn check(name: &str, chunks: &[usize]) {
+    let (m, r) = (model(), reference());
+    let (pos, err) = worst(&m, &r, chunks);
+    eprintln!("deepseek_v4 {name}: max relative error {err:.2e} (position {pos})");
+    assert!(
+        err <= 1e-3,
+        "deepseek_v4 {name}: position {pos} relative error {err:.2e}"
+    );
+}
+
+#[test]
+fn prefill_matches_transformers() {
+    let n = reference().tokens.len();
+    // Logits of every position: one-token chunks after a full prefill would hide early rows.
+    let (m, r) = (model(), reference());
+    let mut worst = (0, 0f32);
+    for end in [1, 3, 4, 8, 9, 16, 17, 33, n] {
+        let (pos, err) = {
+            let got = run_chunks(&m, &r.tokens[..end], &[end]);
+            let (p, l) = &got[0];
+            (*p, rel_err(l, &r.logits[*p]))
+        };
+        if err > worst.1 {
+            worst = (pos, err);
+        }
+    }
+    eprintln!(
+        "deepseek_v4 prefill: max relative error {:.2e} (position {})",
+        worst.1, worst.0
+    );
+    assert!(
+        worst.1 <= 1e-3,
+        "prefill: position {} error {:.2e}",
+        worst.0,
+        worst.1
+    );
+}
+
+#[test]
+fn decode_matches_transformers() {
+    let n = reference().tokens.len();
+    check("decode", &vec![1; n]);
+}
+
+#[test]
+fn mixed_chunks_match_transformers() {
+    let n = reference().tokens.len();
+    check("chunks", &[5, 1, 7, 3, 1, n - 17]);
+    // Chunks ending inside CSA (4) and HCA (8) windows and spanning several of them.
+    check("chunks2", &[3, 6, 9, 13, 2, 11, n - 44]);
+}
+
+/// Two sequences in the same steps, one decoding while the other prefills, with interleaved
+/// block ids: each must see only its own streams.
+#[test]
+fn two_sequences_share_steps() {
+    let (m, r) = (model(), reference());
+    let n = r.tokens.len();
+    let blocks = n.div_ceil(BLOCK);
+    let mut kv = m
+        .device
+        .kv_pool(&m.model.kv_shapes(), 2 * blocks, BLOCK, m.kv_dtype)
+        .expect("KV pool");
+    let ta: Vec<u32> = (0..blocks as u32).map(|b| 2 * b).collect();
+    let tb: Vec<u32> = (0..blocks as u32).map(|b| 2 * b + 1).collect();
+    // b runs the same tokens shifted by 10 steps: a's prefix first, then both decode.
+    let (mut pa, mut pb) = (0usize, 0usize);
+    let mut worst = 0f32;
+    while pa < n || pb < n {
+        let la = if pa == 0 { 10 } else { (n - pa).min(1) };
+        let lb = if pa >= 10 {
+            (n - pb).min(if pb == 0 { 7 } else { 1 })
+        } else {
+            0
+        };
+        let mut seqs = Vec::new();
+        let mut tokens = Vec::new();
+        if la > 0 {
+            seqs.push(SeqChunk {
+                len: la,
+                pos0: pa,
+                block_table: &ta,
+                logits: true,
+            });
+            tokens.extend_from_slice(&r.tokens[pa..pa + la]);
+        }
+        if lb > 0 {
+            seqs.push(SeqChunk {
+                len: lb,
+                pos0: pb,
+                block_table: &tb,
+                logits: true,
+            });
+            tokens.extend_from_slice(&r.tokens[pb..pb + lb]);
+        }
+        let batch = ForwardBatch {
+            tokens: &tokens,
+            seqs: &seqs,
+        };
+        let logits = m.model.forward(&batch, &mut kv).expect("forward");
+        let v = m.model.vocab_size();
+        let mut row = 0;
+        if la > 0 {
+            pa += la;
+            worst = worst.max(rel_err(&logits[..v], &r.logits[pa - 1]));
+            row = 1;
+        }
+        if lb > 0 {
+            pb += lb;
+            worst = worst.max(rel_err(&logits[row * v..(row + 1) * v], &r.logits[pb - 1]));
+        }
+    }
+    eprintln!("deepseek_v4 two sequences: max relative error {worst:.2e}");
+    assert!(worst <= 1e-3, "two sequences: relative error {worst:.2e}");
+}
+
+/// The MTP module's weights are bound (nothing runs them yet).
+#[test]
+fn mtp_weights_are_loaded() {
+    let dir = fixture();
+    let text = std::fs::read_to_string(dir.join("config.json")).expect("config.json");
+    let cfg =
+        TransformerConfig::from_hf(&serde_json::from_str(&text).expect("json")).expect("config");
+    let source = WeightSource::Safetensors(SafetensorsSet::open_dir(&dir).expect("weights"));
+    let ck = Checkpoint::new(&source, "model.");
+    let m = DeepseekV4::load(&ck, &cfg, &Device::Cpu).expect("load");
+    assert_eq!(m.mtp().len(), 1);
+    assert_eq!(m.mtp()[0].e_proj.w.cols(), m.config().hidden);
+}
