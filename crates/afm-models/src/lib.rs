@@ -12,6 +12,7 @@ pub mod error;
 pub mod forward;
 pub mod layers;
 pub mod loader;
+pub mod moe;
 pub mod source;
 pub mod weights;
 

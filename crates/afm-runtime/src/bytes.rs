@@ -34,6 +34,19 @@ impl WeightBytes {
         Some(Self { owner, offset, len })
     }
 
+    /// `len` bytes at `offset` within these bytes, sharing the owner (one expert of a stacked
+    /// expert tensor); `None` when the range does not fit.
+    pub fn sub(&self, offset: usize, len: usize) -> Option<Self> {
+        if offset.checked_add(len)? > self.len {
+            return None;
+        }
+        Some(Self {
+            owner: self.owner.clone(),
+            offset: self.offset + offset,
+            len,
+        })
+    }
+
     pub fn as_slice(&self) -> &[u8] {
         &(*self.owner).as_ref()[self.offset..self.offset + self.len]
     }

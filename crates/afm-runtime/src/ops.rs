@@ -108,6 +108,22 @@ impl Rope {
         }
     }
 
+    /// Gemma 4's "proportional" RoPE: the table spans the whole head (`dims` = head_dim, with
+    /// base exponents over head_dim) but only the first `rotated` pairs turn; the remaining
+    /// pairs have frequency 0, the identity. So with rotate-half pairing, (i, i + dims/2) for
+    /// i < `rotated` rotate, unlike partial RoPE over the first dimensions.
+    pub fn proportional(
+        dims: usize,
+        base: f32,
+        factor: f32,
+        rotated: usize,
+        style: RopeStyle,
+    ) -> Self {
+        let mut r = Self::new(dims, base, factor, style);
+        r.inv_freq.iter_mut().skip(rotated).for_each(|f| *f = 0.0);
+        r
+    }
+
     /// Llama 3's frequency-dependent scaling of long wavelengths.
     pub fn llama3(
         dims: usize,

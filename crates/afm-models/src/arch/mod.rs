@@ -2,6 +2,7 @@
 
 pub mod deepseek_v4;
 pub mod gemma3;
+pub mod gemma4;
 pub mod llama;
 pub mod qwen2;
 pub mod qwen3;
@@ -68,6 +69,12 @@ pub const ARCHITECTURES: &[Architecture] = &[
         gguf_arch: "gemma3",
         adjust_gguf: gemma3::adjust_gguf_config,
         load: |ck, cfg, dev| Ok(Box::new(gemma3::Gemma3::load(ck, cfg, dev)?)),
+    },
+    Architecture {
+        hf_types: &["gemma4", "gemma4_text"],
+        gguf_arch: "gemma4",
+        adjust_gguf: no_adjust,
+        load: |ck, cfg, dev| Ok(Box::new(gemma4::Gemma4::load(ck, cfg, dev)?)),
     },
     Architecture {
         hf_types: &["deepseek_v4"],

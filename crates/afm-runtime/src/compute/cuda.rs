@@ -1,5 +1,6 @@
-//! The CUDA arm of device dispatch: each op of `compute` on `crate::cuda`'s kernels, plus three
-//! small kernels that module lacks (scale, bias add, row gather), compiled here at open.
+//! The CUDA arm of device dispatch: each op of `compute` on `crate::cuda`'s kernels, plus five
+//! small kernels that module lacks (scale, bias add, row gather, weighted row add, column
+//! slice), compiled here at open.
 //!
 //! Weight types without a CUDA kernel (Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q5_K: llama.cpp's
 //! Q4_K_M files of small models are mostly Q5_0) are dequantized to F16 on the host at load:
@@ -79,12 +80,28 @@ extern "C" __global__ void gather_rows_f32(const float* x, const int* rows, floa
     float* dst = out + (long long)blockIdx.x * cols;
     for (int c = threadIdx.x; c < cols; c += blockDim.x) dst[c] = src[c];
 }
+// One block per source row: out[rows[i]] += w[i] * src[i] (rows distinct, checked by the caller).
+extern "C" __global__ void index_add_rows_f32(float* out, const float* src, const int* rows,
+                                              const float* w, int cols) {
+    const float* s = src + (long long)blockIdx.x * cols;
+    float* d = out + (long long)rows[blockIdx.x] * cols;
+    const float wi = w[blockIdx.x];
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) d[c] += wi * s[c];
+}
+// One block per row: out[r] = x[r][start .. start + width].
+extern "C" __global__ void columns_f32(const float* x, float* out, int cols, int start, int width) {
+    const float* s = x + (long long)blockIdx.x * cols + start;
+    float* d = out + (long long)blockIdx.x * width;
+    for (int c = threadIdx.x; c < width; c += blockDim.x) d[c] = s[c];
+}
 "#;
 
 struct Extra {
     scale: CudaFunction,
     add_bias: CudaFunction,
     gather: CudaFunction,
+    index_add: CudaFunction,
+    columns: CudaFunction,
 }
 
 pub struct CudaDevice {
@@ -186,6 +203,8 @@ impl CudaDevice {
             scale: f("scale_f32")?,
             add_bias: f("add_bias_rows")?,
             gather: f("gather_rows_f32")?,
+            index_add: f("index_add_rows_f32")?,
+            columns: f("columns_f32")?,
         };
         let name = ctx.info().name.clone();
         Ok(Self {
@@ -470,6 +489,67 @@ impl CudaDevice {
             shared_mem_bytes: 0,
         };
         launch!(ctx, &self.extra.gather, cfg; xp, ip, op, cols)?;
+        Ok(out)
+    }
+
+    pub(super) fn zeros(&self, n: usize) -> Result<CudaSlice<f32>> {
+        Ok(self.lock().zeros::<f32>(n.max(1))?)
+    }
+
+    pub(super) fn scale_in_place(&self, x: &mut Tensor, s: f32) -> Result<()> {
+        let n = x.rows * x.cols;
+        if n == 0 {
+            return Ok(());
+        }
+        let ctx = self.lock();
+        let (xp, ni) = (ptr_mut(&ctx, &mut view_mut(x, "scale")?), n as i64);
+        launch!(ctx, &self.extra.scale, grid(n, 256); xp, ni, s)?;
+        Ok(())
+    }
+
+    pub(super) fn index_add_rows(
+        &self,
+        out: &mut Tensor,
+        src: &Tensor,
+        rows: &[usize],
+        weights: &[f32],
+    ) -> Result<()> {
+        if rows.is_empty() || src.cols == 0 {
+            return Ok(());
+        }
+        let ctx = self.lock();
+        let idx = upload(&ctx, &ids_i32("row", rows.iter().copied())?)?;
+        let w = upload(&ctx, weights)?;
+        let (sp, ip, wp) = (
+            ptr(&ctx, &view(src, "index_add_rows")?),
+            ptr(&ctx, &idx),
+            ptr(&ctx, &w),
+        );
+        let op = ptr_mut(&ctx, &mut view_mut(out, "index_add_rows")?);
+        let cols = src.cols as i32;
+        let cfg = cudarc::driver::LaunchConfig {
+            grid_dim: (rows.len() as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        launch!(ctx, &self.extra.index_add, cfg; op, sp, ip, wp, cols)?;
+        Ok(())
+    }
+
+    pub(super) fn columns(&self, x: &Tensor, start: usize, width: usize) -> Result<CudaSlice<f32>> {
+        let ctx = self.lock();
+        let mut out = alloc(&ctx, x.rows * width)?;
+        if x.rows == 0 || width == 0 {
+            return Ok(out);
+        }
+        let (xp, op) = (ptr(&ctx, &view(x, "columns")?), ptr_mut(&ctx, &mut out));
+        let (cols, st, wd) = (x.cols as i32, start as i32, width as i32);
+        let cfg = cudarc::driver::LaunchConfig {
+            grid_dim: (x.rows as u32, 1, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        launch!(ctx, &self.extra.columns, cfg; xp, op, cols, st, wd)?;
         Ok(out)
     }
 

@@ -635,6 +635,105 @@ impl Device {
         }
     }
 
+    /// A `rows × cols` tensor of zeros (an accumulator, e.g. for mixture-of-experts outputs).
+    pub fn zeros(&self, rows: usize, cols: usize) -> Result<Tensor> {
+        let data = match self {
+            Device::Cpu => Data::Host(vec![0.0; rows * cols]),
+            #[cfg(feature = "cuda")]
+            Device::Cuda(c) => Data::Cuda(c.zeros(rows * cols)?),
+        };
+        Ok(Tensor { rows, cols, data })
+    }
+
+    /// `x ← s · x`.
+    pub fn scale(&self, x: &mut Tensor, s: f32) -> Result<()> {
+        match self {
+            Device::Cpu => {
+                x.host_mut("scale")?.iter_mut().for_each(|v| *v *= s);
+                Ok(())
+            }
+            #[cfg(feature = "cuda")]
+            Device::Cuda(c) => c.scale_in_place(x, s),
+        }
+    }
+
+    /// `out[rows[i]] += weights[i] · src[i]` for every row `i` of `src` (PyTorch's weighted
+    /// `index_add_`): how a mixture of experts adds each expert's rows back to their tokens.
+    /// `rows` must be distinct, so the sum does not depend on the order rows are added in.
+    pub fn index_add_rows(
+        &self,
+        out: &mut Tensor,
+        src: &Tensor,
+        rows: &[usize],
+        weights: &[f32],
+    ) -> Result<()> {
+        check(
+            "index_add_rows row indices (the source's rows)",
+            rows.len(),
+            src.rows,
+        )?;
+        check(
+            "index_add_rows weights (the source's rows)",
+            weights.len(),
+            src.rows,
+        )?;
+        check(
+            "index_add_rows source width (the output's)",
+            src.cols,
+            out.cols,
+        )?;
+        let mut seen = vec![false; out.rows];
+        for &r in rows {
+            if r >= out.rows || std::mem::replace(&mut seen[r], true) {
+                return Err(ComputeError::Shape {
+                    what: "index_add_rows row (distinct, below the output's rows)",
+                    got: r,
+                    want: out.rows,
+                });
+            }
+        }
+        match self {
+            Device::Cpu => {
+                let cols = out.cols;
+                let (o, s) = (out.host_mut("index_add_rows")?, src.host("index_add_rows")?);
+                for ((&r, &w), sr) in rows.iter().zip(weights).zip(s.chunks_exact(cols.max(1))) {
+                    for (a, b) in o[r * cols..(r + 1) * cols].iter_mut().zip(sr) {
+                        *a += w * b;
+                    }
+                }
+                Ok(())
+            }
+            #[cfg(feature = "cuda")]
+            Device::Cuda(c) => c.index_add_rows(out, src, rows, weights),
+        }
+    }
+
+    /// Columns `start..start + width` of every row of `x`: `[x.rows][width]`.
+    pub fn columns(&self, x: &Tensor, start: usize, width: usize) -> Result<Tensor> {
+        if start + width > x.cols {
+            return Err(ComputeError::Shape {
+                what: "column range end (at most the tensor's columns)",
+                got: start + width,
+                want: x.cols,
+            });
+        }
+        let data = match self {
+            Device::Cpu => Data::Host(
+                x.host("columns")?
+                    .chunks_exact(x.cols.max(1))
+                    .flat_map(|r| r[start..start + width].iter().copied())
+                    .collect(),
+            ),
+            #[cfg(feature = "cuda")]
+            Device::Cuda(c) => Data::Cuda(c.columns(x, start, width)?),
+        };
+        Ok(Tensor {
+            rows: x.rows,
+            cols: width,
+            data,
+        })
+    }
+
     /// Rotates each `head_dim`-wide head of every row of `x` at that row's position.
     pub fn rope(&self, r: &Rotary, x: &mut Tensor, head_dim: usize, step: &Step) -> Result<()> {
         check("rope rows (the step's tokens)", x.rows, step.n_rows())?;
