@@ -10,6 +10,8 @@ parameter overwritten with seeded values so no norm or scale is an identity), fo
   (`global_head_dim`, `num_global_key_value_heads` instead of transformers' `per_layer_config`).
   Global layers: head_dim 32 vs 16, 1 KV head vs 2, `attention_k_eq_v` (no v_proj),
   proportional RoPE over a quarter of the pairs.
+* tests/fixtures/tiny/gemma4_ple  `gemma4_text` with per-layer input embeddings
+  (`hidden_size_per_layer_input` 8), as Gemma 4's small variants have.
 * tests/fixtures/tiny/gemma4_moe  `gemma4_text` with the parallel dense MLP + MoE block (4
   experts, top-2, router scale and per-expert scale), `attention_k_eq_v` off so the global
   layers' own v_proj path is covered too, `per_layer_config` as transformers writes it.
@@ -95,6 +97,19 @@ VARIANTS = {
             top_k_experts=2,
             moe_intermediate_size=16,
             layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+        ),
+        wrapper=False,
+    ),
+    # The small variants' per-layer input embeddings (E2B/E4B style, without their KV sharing).
+    "gemma4_ple": dict(
+        text=dict(
+            TEXT_COMMON,
+            num_hidden_layers=3,
+            intermediate_size=48,
+            num_global_key_value_heads=1,
+            attention_k_eq_v=True,
+            hidden_size_per_layer_input=8,
+            layer_types=["sliding_attention", "sliding_attention", "full_attention"],
         ),
         wrapper=False,
     ),

@@ -200,3 +200,9 @@ fn gemma4_matches_transformers() {
 fn gemma4_moe_matches_transformers() {
     check_arch("gemma4_moe");
 }
+
+/// Gemma 4 with per-layer input embeddings (the small variants' second embedding table).
+#[test]
+fn gemma4_per_layer_inputs_match_transformers() {
+    check_arch("gemma4_ple");
+}
