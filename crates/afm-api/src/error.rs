@@ -39,6 +39,12 @@ pub enum ApiError {
     MethodNotAllowed(String),
     #[error("The engine is not running: {0}")]
     Unavailable(String),
+    /// A client too slow to send its request (`--header-timeout`, `--body-timeout`).
+    #[error("{0}")]
+    Timeout(String),
+    /// More open connections than `--max-connections`.
+    #[error("The server has {limit} open connections, its limit; retry later")]
+    Overloaded { limit: usize },
     #[error("Internal error: {0}")]
     Internal(String),
 }
@@ -83,10 +89,11 @@ impl ApiError {
             ApiError::Unauthorized => 401,
             ApiError::ModelNotFound { .. } | ApiError::NotFound(_) => 404,
             ApiError::MethodNotAllowed(_) => 405,
+            ApiError::Timeout(_) => 408,
             ApiError::BodyTooLarge { .. } => 413,
             ApiError::QueueFull { .. } => 429,
             ApiError::Internal(_) => 500,
-            ApiError::Unavailable(_) => 503,
+            ApiError::Unavailable(_) | ApiError::Overloaded { .. } => 503,
         }
     }
 
@@ -95,6 +102,7 @@ impl ApiError {
         match self {
             ApiError::QueueFull { .. } => Some(1),
             ApiError::Unavailable(_) => Some(5),
+            ApiError::Overloaded { .. } => Some(1),
             _ => None,
         }
     }
@@ -114,6 +122,8 @@ impl ApiError {
             ApiError::NotFound(_) => ("not_found_error", None),
             ApiError::MethodNotAllowed(_) => ("invalid_request_error", Some("method_not_allowed")),
             ApiError::Unavailable(_) => ("server_error", Some("unavailable")),
+            ApiError::Timeout(_) => ("invalid_request_error", Some("timeout")),
+            ApiError::Overloaded { .. } => ("server_error", Some("too_many_connections")),
             ApiError::Internal(_) => ("server_error", None),
         }
     }

@@ -12,6 +12,7 @@ pub mod chat;
 pub mod completions;
 pub mod engine_impl;
 pub mod generation;
+pub mod limits;
 pub mod metrics;
 pub mod reasoning;
 pub mod registry;
@@ -54,6 +55,8 @@ pub struct ServerConfig {
     pub api_key: Option<String>,
     /// `--cors-origin`: browser origins allowed to call the API; none means no CORS headers.
     pub cors_origins: Vec<String>,
+    /// Connections, slow clients, request deadline, message count, shutdown grace.
+    pub limits: limits::Limits,
 }
 
 impl Default for ServerConfig {
@@ -66,6 +69,7 @@ impl Default for ServerConfig {
             tool_calls: tool_calls::ToolCallConfig::default(),
             api_key: None,
             cors_origins: Vec::new(),
+            limits: limits::Limits::default(),
         }
     }
 }
@@ -89,13 +93,11 @@ impl AppState {
     }
 }
 
-/// Serves until `shutdown` resolves.
+/// Serves until `shutdown` resolves, within [`limits::Limits`]; see [`limits::serve`].
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: Arc<AppState>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(shutdown)
-        .await
+    limits::serve(listener, state, shutdown).await
 }

@@ -66,7 +66,12 @@ pub fn router(state: Arc<AppState>) -> Router {
         .merge(crate::webui::routes())
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(DefaultBodyLimit::max(limit));
+        .layer(DefaultBodyLimit::max(limit))
+        // Inside the key check, so an unauthenticated client cannot make us buffer a body.
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            crate::limits::read_body_in_time,
+        ));
     let router = router.layer(axum::middleware::from_fn_with_state(
         state.clone(),
         crate::access::require_api_key,
@@ -114,9 +119,13 @@ fn body_bytes(state: &AppState, body: Body) -> Result<Bytes, ApiError> {
 async fn chat_completions(State(state): AppRef, body: Body) -> Result<Response, HttpError> {
     let bytes = body_bytes(&state, body)?;
     let req = ChatCompletionRequest::parse(&bytes)?;
+    crate::limits::check_messages(req.messages.len(), &state.config.limits)?;
     let valid = validate_chat(req, &state.config.defaults, &state.model.info)?;
     let stream = valid.generation.stream;
-    let job = start_chat(&state, valid)?;
+    let mut job = start_chat(&state, valid)?;
+    job.generation = job
+        .generation
+        .with_deadline(state.config.limits.request_timeout);
     let downgraded = job.grammar_downgraded;
     let mut resp = if stream {
         Sse::new(chat_sse(job)).into_response()
@@ -137,7 +146,10 @@ async fn completions(State(state): AppRef, body: Body) -> Result<Response, HttpE
     let req = CompletionRequest::parse(&bytes)?;
     let valid = validate_completion(req, &state.config.defaults, &state.model.info)?;
     let stream = valid.generation.stream;
-    let job = start_completion(&state, valid)?;
+    let mut job = start_completion(&state, valid)?;
+    job.generation = job
+        .generation
+        .with_deadline(state.config.limits.request_timeout);
     Ok(if stream {
         Sse::new(completion_sse(job)).into_response()
     } else {
@@ -195,6 +207,7 @@ fn tokenize_body(state: &AppState, body: Body) -> Result<(TokenizeRequest, Vec<u
     let text = &state.model.text;
     let tokens = match (&req.prompt, &req.messages) {
         (_, Some(messages)) => {
+            crate::limits::check_messages(messages.len(), &state.config.limits)?;
             let messages = normalize_messages(messages)?;
             let kwargs = req.chat_template_kwargs.clone().unwrap_or_default();
             let rendered = text
