@@ -7,16 +7,18 @@
 //! window       1 × head_dim          K = V = rope(kv_norm(kv_proj(x_p)), p)
 //! comp_raw     2 × head_dim (CSA)    K = compressor kv_proj(x_p) [Ca | Cb], V = gate_proj(x_p)
 //!              1 × head_dim (HCA)
-//! comp         1 × head_dim          compressed row w at p = w·ratio, written when its window
-//!                                    (positions w·ratio .. (w+1)·ratio) closes
+//! comp         1 × head_dim          compressed row w at p = (w+1)·ratio − 1, the position that
+//!                                    closes its window (positions w·ratio ..= p)
 //! idx_raw      2 × index_dim (CSA)   the indexer's own kv / gate projections
-//! idx_comp     1 × index_dim         the indexer's compressed row w at p = w·ratio
+//! idx_comp     1 × index_dim         the indexer's compressed row w, at the same position
 //!
 //! CSA row w pools Ca of window w−1 and Cb of window w (width 2·ratio, stride ratio); HCA row w
 //! pools window w. Query t sees window positions t−W+1 ..= t and compressed rows w < (t+1)/ratio
 //! (CSA: only the indexer's top-k of those).
 //! ```
-//! Because every stream is a function of the token prefix, prefix-cached blocks carry them too.
+//! Every row at position p depends on tokens 0..=p only (a compressed row sits at its window's
+//! last position, not its first), so a block shared through the prefix cache holds the same
+//! rows for every sequence that shares it.
 //! Compressed streams use one position in `ratio`; the raw streams are kept whole, though only
 //! the last two windows' are read again (a place to save memory later).
 
@@ -146,7 +148,7 @@ impl Compressor {
         for s in seqs {
             for w in s.pos0 / self.ratio..(s.pos0 + s.len) / self.ratio {
                 let row = self.pool_window(c, &pool[raw], s.block_table, w);
-                pool[out].write(s.block_table, w * self.ratio, &row, &row);
+                pool[out].write(s.block_table, (w + 1) * self.ratio - 1, &row, &row);
             }
         }
         Ok(())
@@ -458,7 +460,7 @@ fn read(layer: &LayerKv, table: &[u32], pos: usize, head: usize, keys: bool, out
     }
 }
 
-/// Head-0 keys of entries `range`, entry `e` stored at position `e · stride`.
+/// Head-0 keys of entries `range`, entry `e` stored at position `(e + 1) · stride − 1`.
 fn read_rows(
     layer: &LayerKv,
     table: &[u32],
@@ -471,7 +473,7 @@ fn read_rows(
         read(
             layer,
             table,
-            e * stride,
+            (e + 1) * stride - 1,
             0,
             true,
             &mut out[k * d..(k + 1) * d],

@@ -1,0 +1,310 @@
+//! DeepSeek V4's hyper-parameters beyond [`TransformerConfig`]: the attention schedule, the
+//! compression ratios, mHC, MoE and indexer sizes and the two RoPE tables, read once from
+//! `config.json` (transformers 5 keys and the legacy ones its config folds in).
+
+use serde_json::Value;
+
+use crate::config::TransformerConfig;
+use crate::ModelError;
+
+/// Which long-range branch a layer adds to its sliding window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttnKind {
+    Sliding,
+    /// Compressed sparse attention: overlapping windows, lightning-indexer top-k.
+    Csa,
+    /// Heavily compressed attention: disjoint windows, every compressed row.
+    Hca,
+}
+
+/// DeepSeek V4's hyper-parameters beyond [`TransformerConfig`], read from `config.json` once.
+#[derive(Debug, Clone)]
+pub struct V4Config {
+    pub hidden: usize,
+    pub vocab: usize,
+    pub n_heads: usize,
+    pub head_dim: usize,
+    /// Trailing dims of each head that RoPE rotates.
+    pub rope_dim: usize,
+    pub q_lora_rank: usize,
+    pub o_groups: usize,
+    pub o_lora_rank: usize,
+    pub eps: f32,
+    pub window: usize,
+    pub kinds: Vec<AttnKind>,
+    pub hash_routed: Vec<bool>,
+    pub csa_ratio: usize,
+    pub hca_ratio: usize,
+    pub hc_mult: usize,
+    pub sinkhorn_iters: usize,
+    pub hc_eps: f32,
+    pub experts: usize,
+    pub top_k: usize,
+    pub moe_inter: usize,
+    pub routed_scale: f32,
+    pub swiglu_limit: f32,
+    pub index_heads: usize,
+    pub index_dim: usize,
+    pub index_topk: usize,
+    pub mtp_layers: usize,
+    /// Inverse frequencies of the sliding layers' RoPE and of the compressed branches' RoPE.
+    pub main_inv_freq: Vec<f32>,
+    pub compress_inv_freq: Vec<f32>,
+}
+
+pub(super) fn cfg_err(key: &str, reason: impl Into<String>) -> ModelError {
+    ModelError::Config {
+        key: key.into(),
+        reason: reason.into(),
+    }
+}
+
+fn get<'a>(v: &'a Value, key: &str) -> Option<&'a Value> {
+    v.get(key).filter(|x| !x.is_null())
+}
+
+fn uint(v: &Value, key: &str, default: Option<usize>) -> Result<usize, ModelError> {
+    match get(v, key) {
+        Some(x) => x
+            .as_u64()
+            .map(|n| n as usize)
+            .ok_or_else(|| cfg_err(key, "not a non-negative integer")),
+        None => default.ok_or_else(|| cfg_err(key, "missing")),
+    }
+}
+
+fn float(v: &Value, key: &str, default: f32) -> f32 {
+    get(v, key)
+        .and_then(Value::as_f64)
+        .map_or(default, |x| x as f32)
+}
+
+impl V4Config {
+    /// Reads transformers 5's keys and the legacy ones its `__post_init__` folds in
+    /// (`compress_ratios`, `num_hash_layers`, `compress_rate_*`, `qk_rope_head_dim`).
+    pub fn from_hf(c: &TransformerConfig) -> Result<Self, ModelError> {
+        let raw = &c.raw;
+        let n = c.num_layers;
+        let head_dim = c.head_dim;
+        let rate = |kind: &str, legacy: &str, default: usize| match get(raw, "compress_rates") {
+            Some(rates) if get(rates, kind).is_some() => uint(rates, kind, None),
+            _ => uint(raw, legacy, Some(default)),
+        };
+        let csa_ratio = rate("compressed_sparse_attention", "compress_rate_csa", 4)?;
+        let hca_ratio = rate("heavily_compressed_attention", "compress_rate_hca", 128)?;
+        let kinds = layer_kinds(raw, n)?;
+        let hash_routed = match get(raw, "mlp_layer_types").and_then(Value::as_array) {
+            Some(t) => t.iter().map(|x| x.as_str() == Some("hash_moe")).collect(),
+            None => {
+                let h = uint(raw, "num_hash_layers", Some(3))?;
+                (0..n).map(|i| i < h).collect()
+            }
+        };
+        let rope_dim = match get(raw, "partial_rotary_factor").and_then(Value::as_f64) {
+            Some(f) => (head_dim as f64 * f) as usize,
+            None => uint(raw, "qk_rope_head_dim", Some(64))?,
+        };
+        let scoring = get(raw, "scoring_func")
+            .and_then(Value::as_str)
+            .unwrap_or("sqrtsoftplus");
+        if scoring != "sqrtsoftplus" {
+            return Err(cfg_err(
+                "scoring_func",
+                format!("{scoring} (supported: sqrtsoftplus)"),
+            ));
+        }
+        let (main, compress) = rope_tables(raw, rope_dim, c.max_position)?;
+        let cfg = Self {
+            hidden: c.hidden_size,
+            vocab: c.vocab_size,
+            n_heads: c.num_heads,
+            head_dim,
+            rope_dim,
+            q_lora_rank: uint(raw, "q_lora_rank", None)?,
+            o_groups: uint(raw, "o_groups", None)?,
+            o_lora_rank: uint(raw, "o_lora_rank", None)?,
+            eps: c.rms_eps,
+            window: uint(raw, "sliding_window", Some(128))?,
+            kinds,
+            hash_routed,
+            csa_ratio,
+            hca_ratio,
+            hc_mult: uint(raw, "hc_mult", Some(4))?,
+            sinkhorn_iters: uint(raw, "hc_sinkhorn_iters", Some(20))?,
+            hc_eps: float(raw, "hc_eps", 1e-6),
+            experts: uint(raw, "n_routed_experts", None)?,
+            top_k: uint(raw, "num_experts_per_tok", None)?,
+            moe_inter: uint(raw, "moe_intermediate_size", None)?,
+            routed_scale: float(raw, "routed_scaling_factor", 1.5),
+            swiglu_limit: float(raw, "swiglu_limit", 10.0),
+            index_heads: uint(raw, "index_n_heads", Some(64))?,
+            index_dim: uint(raw, "index_head_dim", Some(128))?,
+            index_topk: uint(raw, "index_topk", Some(512))?,
+            mtp_layers: uint(raw, "num_nextn_predict_layers", Some(0))?,
+            main_inv_freq: main,
+            compress_inv_freq: compress,
+        };
+        cfg.validate(n)
+    }
+
+    fn validate(self, n_layers: usize) -> Result<Self, ModelError> {
+        let checks: [(&str, bool); 9] = [
+            ("layer_types", self.kinds.len() == n_layers),
+            ("mlp_layer_types", self.hash_routed.len() == n_layers),
+            (
+                "partial_rotary_factor",
+                self.rope_dim.is_multiple_of(2)
+                    && self.rope_dim <= self.head_dim
+                    && self.rope_dim <= self.index_dim,
+            ),
+            (
+                "o_groups",
+                self.o_groups > 0 && self.n_heads.is_multiple_of(self.o_groups),
+            ),
+            ("hc_mult", self.hc_mult > 0),
+            ("hc_sinkhorn_iters", self.sinkhorn_iters > 0),
+            (
+                "num_experts_per_tok",
+                self.top_k > 0 && self.top_k <= self.experts,
+            ),
+            ("compress_rates", self.csa_ratio > 0 && self.hca_ratio > 0),
+            ("sliding_window", self.window > 0),
+        ];
+        for (key, ok) in checks {
+            if !ok {
+                return Err(cfg_err(key, "inconsistent with the other dimensions"));
+            }
+        }
+        Ok(self)
+    }
+
+    pub fn ratio(&self, kind: AttnKind) -> usize {
+        match kind {
+            AttnKind::Sliding => 0,
+            AttnKind::Csa => self.csa_ratio,
+            AttnKind::Hca => self.hca_ratio,
+        }
+    }
+}
+
+fn layer_kinds(raw: &Value, n: usize) -> Result<Vec<AttnKind>, ModelError> {
+    if let Some(types) = get(raw, "layer_types").and_then(Value::as_array) {
+        return types
+            .iter()
+            .map(|t| match t.as_str() {
+                Some("sliding_attention") => Ok(AttnKind::Sliding),
+                Some("compressed_sparse_attention") => Ok(AttnKind::Csa),
+                Some("heavily_compressed_attention") => Ok(AttnKind::Hca),
+                other => Err(cfg_err("layer_types", format!("unknown entry {other:?}"))),
+            })
+            .collect();
+    }
+    if let Some(ratios) = get(raw, "compress_ratios").and_then(Value::as_array) {
+        return ratios
+            .iter()
+            .map(|r| match r.as_u64() {
+                Some(0) => Ok(AttnKind::Sliding),
+                Some(4) => Ok(AttnKind::Csa),
+                Some(128) => Ok(AttnKind::Hca),
+                other => Err(cfg_err(
+                    "compress_ratios",
+                    format!("{other:?} (supported: 0, 4, 128)"),
+                )),
+            })
+            .take(n)
+            .collect();
+    }
+    // transformers' default: two HCA layers, then CSA/HCA alternating.
+    Ok((0..n)
+        .map(|i| match i {
+            0 | 1 => AttnKind::Hca,
+            _ if (i - 2) % 2 == 1 => AttnKind::Csa,
+            _ => AttnKind::Hca,
+        })
+        .collect())
+}
+
+/// Inverse frequencies of the `main` (plain, `rope_theta`) and `compress` (`compress_rope_theta`,
+/// YaRN where configured, cos/sin unscaled) RoPEs, in f32 as transformers computes them.
+fn rope_tables(
+    raw: &Value,
+    rope_dim: usize,
+    max_pos: usize,
+) -> Result<(Vec<f32>, Vec<f32>), ModelError> {
+    let params = get(raw, "rope_parameters");
+    let nested = |k: &str| params.and_then(|p| get(p, k)).filter(|v| v.is_object());
+    let main_theta = nested("main").map_or(float(raw, "rope_theta", 10_000.0), |m| {
+        float(m, "rope_theta", 10_000.0)
+    });
+    let flat = params
+        .filter(|_| nested("compress").is_none())
+        .or_else(|| get(raw, "rope_scaling"));
+    let compress = nested("compress").or(flat);
+    let compress_theta = nested("compress")
+        .map_or(float(raw, "compress_rope_theta", 160_000.0), |c| {
+            float(c, "rope_theta", 160_000.0)
+        });
+    let main = default_inv_freq(main_theta, rope_dim);
+    let kind = compress
+        .and_then(|c| get(c, "rope_type").or_else(|| get(c, "type")))
+        .and_then(Value::as_str)
+        .unwrap_or("default");
+    let comp = match (kind, compress) {
+        ("yarn", Some(c)) => yarn_inv_freq(c, compress_theta, rope_dim, max_pos)?,
+        ("default", _) => default_inv_freq(compress_theta, rope_dim),
+        (other, _) => {
+            return Err(cfg_err(
+                "rope_parameters.compress.rope_type",
+                format!("{other} (supported: default, yarn)"),
+            ))
+        }
+    };
+    Ok((main, comp))
+}
+
+fn default_inv_freq(theta: f32, dim: usize) -> Vec<f32> {
+    (0..dim / 2)
+        .map(|i| 1.0 / theta.powf((2 * i) as f32 / dim as f32))
+        .collect()
+}
+
+/// transformers' `_compute_yarn_parameters` (truncated correction range).
+fn yarn_inv_freq(
+    p: &Value,
+    theta: f32,
+    dim: usize,
+    max_pos: usize,
+) -> Result<Vec<f32>, ModelError> {
+    let orig = get(p, "original_max_position_embeddings")
+        .and_then(Value::as_f64)
+        .ok_or_else(|| {
+            cfg_err(
+                "rope_parameters.original_max_position_embeddings",
+                "missing",
+            )
+        })?;
+    let factor = get(p, "factor")
+        .and_then(Value::as_f64)
+        .unwrap_or(max_pos as f64 / orig);
+    let beta_fast = get(p, "beta_fast").and_then(Value::as_f64).unwrap_or(32.0);
+    let beta_slow = get(p, "beta_slow").and_then(Value::as_f64).unwrap_or(1.0);
+    let base = theta as f64;
+    let corr = |rot: f64| {
+        dim as f64 * (orig / (rot * 2.0 * std::f64::consts::PI)).ln() / (2.0 * base.ln())
+    };
+    let low = corr(beta_fast).floor().max(0.0);
+    let mut high = corr(beta_slow).ceil().min(dim as f64 - 1.0);
+    if low == high {
+        high += 0.001;
+    }
+    Ok((0..dim / 2)
+        .map(|i| {
+            let pos_freq = theta.powf((2 * i) as f32 / dim as f32);
+            let extrap = 1.0 / pos_freq;
+            let interp = 1.0 / (factor as f32 * pos_freq);
+            let ramp = ((i as f32 - low as f32) / (high - low) as f32).clamp(0.0, 1.0);
+            let keep = 1.0 - ramp;
+            interp * (1.0 - keep) + extrap * keep
+        })
+        .collect())
+}
