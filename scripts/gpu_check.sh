@@ -10,14 +10,17 @@
 #
 # `run` checks: every dispatch op on the GPU against the CPU; transformers' logits on the tiny
 # fixtures (relative error <= 1e-3 in f32); CPU vs GPU greedy and logits on the real-GGUF subsets and
-# on real-shape random bf16 models; then decode tok/s at batches 1, 8, 32, 64.
+# on real-shape random bf16 models; the engine's GPU decode path (CUDA graphs + device sampling)
+# against its host path on the same requests (graph_check, from `bench/gpu_bench.sh build`).
+# Speed: bench/gpu_bench.sh. GPUCHECK_DIR and CARGO_TARGET_DIR override the folders.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-D=target/cuda/gpucheck
+D=${GPUCHECK_DIR:-target/cuda/gpucheck}
+G=${GPU_BIN_DIR:-target/cuda/gpubench}
 case "${1:-}" in
 build)
     mkdir -p "$D"
-    export CARGO_TARGET_DIR=target/cuda
+    export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target/cuda}
     json=$(cargo test --release -p afm-models -p afm-runtime --features afm-runtime/cuda \
         --no-run --message-format=json)
     for pair in reference_logits:reference_logits afm_runtime:runtime_lib; do
@@ -31,11 +34,12 @@ for line in sys.stdin:
         cp "$exe" "$D/${pair##*:}"
     done
     cargo build --release -p afm-models --features cuda --example device_compare
-    cp target/cuda/release/examples/device_compare "$D/"
+    cp "$CARGO_TARGET_DIR/release/examples/device_compare" "$D/"
     strip --strip-debug "$D"/reference_logits "$D"/runtime_lib "$D"/device_compare
-    python3 scripts/gguf_subset.py models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf "$D/qwen2.5-l1-v4k.gguf" 1 4096
-    python3 scripts/gguf_subset.py models/gemma-3-270m-q4_k_m.gguf "$D/gemma3-l2-v4k.gguf" 2 4096
-    python3 scripts/gguf_subset.py models/SmolLM2-135M-Instruct.Q4_1.gguf "$D/smollm2-l2-v4k.gguf" 2 4096
+    M=${MODELS_DIR:-models}
+    [ -f "$D/qwen2.5-l1-v4k.gguf" ] || python3 scripts/gguf_subset.py "$M/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf" "$D/qwen2.5-l1-v4k.gguf" 1 4096
+    [ -f "$D/gemma3-l2-v4k.gguf" ] || python3 scripts/gguf_subset.py "$M/gemma-3-270m-q4_k_m.gguf" "$D/gemma3-l2-v4k.gguf" 2 4096
+    [ -f "$D/smollm2-l2-v4k.gguf" ] || python3 scripts/gguf_subset.py "$M/SmolLM2-135M-Instruct.Q4_1.gguf" "$D/smollm2-l2-v4k.gguf" 2 4096
     du -sh "$D"
     ;;
 run)
@@ -47,13 +51,17 @@ run)
     "$D/reference_logits"
     for g in "$D"/*.gguf; do
         echo "== $g"
-        "$D/device_compare" "$g" cuda 32 32 64 1,8
+        "$D/device_compare" "$g" cuda 32 32 16 1
+        echo "== $g: GPU decode path (graphs + device sampling) vs host path"
+        "$G/graph_check" "$g" cuda
     done
-    models=${MODELS:-qwen3-0.6b,gemma3-270m,qwen2.5-0.5b,smollm2-135m}
-    python3 scripts/gpu_random_models.py /tmp/afm-gpucheck "$models" --ceilings
+    models=${MODELS:-qwen3-0.6b}
+    python3 scripts/gpu_random_models.py /tmp/afm-gpucheck "$models"
     for m in ${models//,/ }; do
         echo "== $m"
-        "$D/device_compare" "/tmp/afm-gpucheck/$m" cuda 32 32 128 1,8,32,64
+        "$D/device_compare" "/tmp/afm-gpucheck/$m" cuda 32 32 16 1
+        echo "== $m: GPU decode path (graphs + device sampling) vs host path"
+        "$G/graph_check" "/tmp/afm-gpucheck/$m" cuda
     done
     ;;
 *)

@@ -20,6 +20,8 @@ use crate::sampling::Sampler;
 use crate::scheduler::{Scheduler, SchedulerConfig, StepPlan};
 use crate::sequence::Sequence;
 
+mod device_step;
+
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
     /// Longest sequence (prompt + generated); 0 = the model's own limit.
@@ -41,6 +43,10 @@ pub struct EngineConfig {
     pub kv_bits: Option<u8>,
     /// `AFM_DEBUG=1`: tagged diagnostic lines on stderr.
     pub debug: bool,
+    /// On a GPU: decode steps as CUDA graphs with sampling on the device.
+    pub device_decode: bool,
+    /// `--prewarm y`: capture the decode graphs at start-up instead of on first use.
+    pub prewarm: bool,
 }
 
 impl Default for EngineConfig {
@@ -56,6 +62,8 @@ impl Default for EngineConfig {
             prefix_caching: true,
             kv_bits: None,
             debug: false,
+            device_decode: true,
+            prewarm: true,
         }
     }
 }
@@ -158,6 +166,8 @@ pub struct Engine {
     metrics: Arc<EngineMetrics>,
     max_context: usize,
     debug: bool,
+    /// Decode steps run through `device_step` (a GPU with graphs enabled).
+    device_decode: bool,
 }
 
 impl Engine {
@@ -207,10 +217,11 @@ impl Engine {
             model.device.describe(),
             if cfg.prefix_caching { "on" } else { "off" }
         );
-        let kv = model
+        let mut kv = model
             .device
             .kv_pool(&shapes, num_blocks, cfg.block_size, kv_dtype)
             .map_err(|e| EngineError::Config(format!("creating the KV cache: {e}")))?;
+        let device_decode = device_step::prepare(&model, &mut kv, &cfg, max_context);
         let blocks = BlockManager::new(num_blocks, cfg.block_size, cfg.prefix_caching);
         let sched_cfg = SchedulerConfig {
             max_running: cfg.concurrent.max(1),
@@ -239,6 +250,7 @@ impl Engine {
             metrics: metrics.clone(),
             max_context,
             debug: cfg.debug,
+            device_decode,
         };
         std::thread::Builder::new()
             .name("afm-engine".into())
@@ -332,6 +344,9 @@ impl Engine {
             return;
         }
         self.note_admissions(&plan);
+        if self.step_on_device(&plan) {
+            return;
+        }
         let mut logits = match self.forward(&plan) {
             Ok(l) => l,
             Err(e) => return self.fail_step(&plan, &e),

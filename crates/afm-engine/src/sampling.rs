@@ -6,6 +6,8 @@ use std::collections::HashMap;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+use afm_runtime::compute::DeviceSample;
+
 use crate::api::{SamplingParams, TokenLogprob};
 
 /// How far back the repetition penalty looks, as llama.cpp's `penalty_last_n` default.
@@ -48,6 +50,56 @@ impl Sampler {
         *self.generated.entry(token).or_insert(0) += 1;
         let lp = top_logprobs.map(|n| logprobs(logits, token, n));
         (token, lp)
+    }
+
+    /// This draw as device sampling takes it (bias and penalties as per-token adjustments,
+    /// the uniform draw from this sampler's RNG, so a seed reproduces the host's choice), or
+    /// `None` when the draw needs the host (log-probabilities). Call [`accept`](Self::accept)
+    /// with the token the device chose.
+    pub fn device_sample(
+        &mut self,
+        context: &[u32],
+        top_logprobs: Option<usize>,
+    ) -> Option<DeviceSample> {
+        if top_logprobs.is_some() {
+            return None;
+        }
+        let p = &self.params;
+        let mut adj: HashMap<u32, (f32, f32, f32)> = HashMap::new();
+        for &(t, b) in &p.logit_bias {
+            adj.entry(t).or_insert((0.0, 1.0, 0.0)).0 += b;
+        }
+        if p.repetition_penalty != 1.0 {
+            let start = context.len().saturating_sub(REPETITION_WINDOW);
+            for &t in &context[start..] {
+                adj.entry(t).or_insert((0.0, 1.0, 0.0)).1 = p.repetition_penalty;
+            }
+        }
+        if p.presence_penalty != 0.0 || p.frequency_penalty != 0.0 {
+            for (&t, &c) in &self.generated {
+                adj.entry(t).or_insert((0.0, 1.0, 0.0)).2 +=
+                    p.presence_penalty + p.frequency_penalty * c as f32;
+            }
+        }
+        // The host draws one uniform per sampled (non-greedy) token: the same stream here.
+        let u = if p.temperature > 0.0 {
+            self.rng.gen::<f32>()
+        } else {
+            0.0
+        };
+        Some(DeviceSample {
+            temperature: p.temperature,
+            top_k: p.top_k,
+            top_p: p.top_p,
+            min_p: p.min_p,
+            u,
+            adjust: adj.into_iter().map(|(t, (b, r, s))| (t, b, r, s)).collect(),
+        })
+    }
+
+    /// Records a token chosen on the device (for the presence and frequency penalties).
+    pub fn accept(&mut self, token: u32) {
+        *self.generated.entry(token).or_insert(0) += 1;
     }
 
     /// Bias and penalties, in place.

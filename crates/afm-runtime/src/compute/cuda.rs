@@ -21,7 +21,9 @@ use super::{
     Vector, VectorData, Weight, WeightData,
 };
 use crate::attention::{AttnParams, AttnSeq};
-use crate::cuda::{self, launch, AttnBatch, CudaContext, CudaSlice, DeviceKvCache, DeviceWeight};
+use crate::cuda::{
+    self, launch, AttnBatch, Buf, CudaContext, CudaSlice, DeviceKvCache, DeviceWeight,
+};
 use crate::cuda::{CudaError, RopeTable};
 use crate::kv_store::{KvDtype, LayerKvShape};
 use crate::ops::{Rope, RopeStyle};
@@ -109,7 +111,13 @@ pub struct CudaDevice {
     extra: Extra,
     ordinal: usize,
     name: String,
+    /// Set while a decode forward runs against the graphs' static buffers (warm-up or
+    /// capture): the ops then read inputs from, and write logits to, those buffers.
+    io: Mutex<Option<graphs::StaticIo>>,
+    graphs: Mutex<Option<graphs::Graphs>>,
 }
+
+mod graphs;
 
 fn grid(n: usize, threads: u32) -> cudarc::driver::LaunchConfig {
     cudarc::driver::LaunchConfig {
@@ -173,6 +181,14 @@ fn ids_i32(what: &'static str, v: impl Iterator<Item = usize>) -> Result<Vec<i32
     .collect()
 }
 
+fn check_len_c(what: &'static str, got: usize, want: usize) -> Result<()> {
+    if got >= want {
+        Ok(())
+    } else {
+        Err(ComputeError::Shape { what, got, want })
+    }
+}
+
 fn ptr<T>(ctx: &CudaContext, x: &impl DevicePtr<T>) -> u64 {
     x.device_ptr(ctx.stream()).0
 }
@@ -212,12 +228,19 @@ impl CudaDevice {
             extra,
             ordinal,
             name,
+            io: Mutex::new(None),
+            graphs: Mutex::new(None),
         })
     }
 
     /// The context; a panic while it was held leaves it usable (its stream is in order).
     fn lock(&self) -> MutexGuard<'_, CudaContext> {
         self.ctx.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The static buffers, while a graph's decode forward runs.
+    fn static_io(&self) -> Option<graphs::StaticIo> {
+        *self.io.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     pub(super) fn ordinal(&self) -> usize {
@@ -287,9 +310,26 @@ impl CudaDevice {
             return Err(wrong("step", "cpu", "cuda"));
         };
         let ctx = self.lock();
+        if let Some(io) = self.static_io() {
+            check("graph batch sequences (its bucket)", seqs.len(), io.bucket)?;
+            // SAFETY: the static buffers live in `self.graphs` for as long as the device.
+            return Ok(unsafe {
+                StepData::Cuda {
+                    positions: Buf::borrowed(&ctx, io.positions, io.bucket),
+                    attn: AttnBatch::fixed_decode(
+                        &ctx,
+                        cache,
+                        io.meta,
+                        io.bucket,
+                        io.max_blocks,
+                        n_heads,
+                    )?,
+                }
+            });
+        }
         let pos = ids_i32("position", positions.iter().copied())?;
         Ok(StepData::Cuda {
-            positions: upload(&ctx, &pos)?,
+            positions: Buf::Owned(upload(&ctx, &pos)?),
             attn: AttnBatch::new(&ctx, cache, seqs, n_heads)?,
         })
     }
@@ -312,9 +352,18 @@ impl CudaDevice {
         if tokens.is_empty() {
             return Ok(out);
         }
-        let ids = ids_i32("token id", tokens.iter().map(|&t| t as usize))?;
-        let ids = upload(&ctx, &ids)?;
-        ctx.embed(weight(table, "embed")?, &ids, &mut out.slice_mut(0..n))?;
+        let ids = match self.static_io() {
+            Some(io) => {
+                check("graph batch tokens (its bucket)", tokens.len(), io.bucket)?;
+                // SAFETY: the static buffers live in `self.graphs` for as long as the device.
+                unsafe { Buf::borrowed(&ctx, io.tokens, io.bucket) }
+            }
+            None => Buf::Owned(upload(
+                &ctx,
+                &ids_i32("token id", tokens.iter().map(|&t| t as usize))?,
+            )?),
+        };
+        ctx.embed(weight(table, "embed")?, &*ids, &mut out.slice_mut(0..n))?;
         if scale != 1.0 {
             self.scale(&ctx, &mut out, n, scale)?;
         }
@@ -476,6 +525,14 @@ impl CudaDevice {
         if rows.is_empty() || x.cols == 0 {
             return Ok(out);
         }
+        if rows.iter().enumerate().all(|(i, &r)| i == r) {
+            // Every row of a decode step (and under graph capture, where uploads cannot be).
+            ctx.copy(
+                &view(x, "gather_rows")?.slice(0..rows.len() * x.cols),
+                &mut out,
+            )?;
+            return Ok(out);
+        }
         let idx = upload(&ctx, &ids_i32("row", rows.iter().copied())?)?;
         let (xp, ip, op) = (
             ptr(&ctx, &view(x, "gather_rows")?),
@@ -557,6 +614,15 @@ impl CudaDevice {
         if n == 0 {
             return Ok(Vec::new());
         }
-        Ok(self.lock().download(&b.slice(0..n))?)
+        let ctx = self.lock();
+        if let Some(io) = self.static_io() {
+            // Under a graph the logits stay on the device, in the static output buffer.
+            check_len_c("graph logits", io.logits_len, n)?;
+            // SAFETY: the static buffers live in `self.graphs` for as long as the device.
+            let mut dst = unsafe { Buf::<f32>::borrowed(&ctx, io.logits, n) };
+            ctx.copy(&b.slice(0..n), &mut *dst)?;
+            return Ok(Vec::new());
+        }
+        Ok(ctx.download(&b.slice(0..n))?)
     }
 }

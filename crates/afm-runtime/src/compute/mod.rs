@@ -191,6 +191,34 @@ enum KvData {
     Cuda(DeviceKvCache),
 }
 
+/// A decode step's logits left on the device (CUDA graphs' static output) until the next
+/// decode step: `rows` rows of `vocab`, in the step's sequence order.
+#[derive(Debug, Clone, Copy)]
+pub struct DeviceLogits {
+    pub rows: usize,
+    pub vocab: usize,
+}
+
+/// How one row of a device decode step is sampled (afm-engine's `Sampler` fills it in).
+/// `temperature <= 0` is greedy; `top_k = 0`, `top_p = 1`, `min_p = 0` switch filters off.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DeviceSample {
+    pub temperature: f32,
+    pub top_k: usize,
+    pub top_p: f32,
+    pub min_p: f32,
+    /// The request's uniform draw in [0, 1) for this token.
+    pub u: f32,
+    /// `(token, bias, repetition, subtract)`: `l ← rep(l + bias) − subtract`, where `rep`
+    /// divides a positive logit and multiplies a negative one (1 = off). Each token once.
+    pub adjust: Vec<(u32, f32, f32, f32)>,
+}
+
+/// A model's forward as a decode graph calls it: tokens, sequences (one row each) and the KV
+/// pool, returning what `CausalLm::forward` returns (ignored under a graph).
+pub type DecodeForward<'f> =
+    dyn for<'a> FnMut(&[u32], &[AttnSeq<'a>], &mut KvPool) -> Result<Vec<f32>> + 'f;
+
 /// One forward's token layout, packed once and read by every layer: each sequence's rows,
 /// first position and block table (see [`AttnSeq`]), and every row's position.
 pub struct Step<'a> {
@@ -200,11 +228,12 @@ pub struct Step<'a> {
     data: StepData,
 }
 
+#[allow(clippy::large_enum_variant)] // one per forward, never moved in a loop
 enum StepData {
     Host,
     #[cfg(feature = "cuda")]
     Cuda {
-        positions: CudaSlice<i32>,
+        positions: crate::cuda::Buf<i32>,
         attn: AttnBatch,
     },
 }
@@ -341,7 +370,6 @@ impl Step<'_> {
     }
 }
 
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))] // read by the GPU arm
 fn wrong(op: &'static str, got: &'static str, want: &'static str) -> ComputeError {
     ComputeError::WrongDevice { op, got, want }
 }
@@ -840,6 +868,111 @@ impl Device {
                 Device::Cuda(c) => c.download(b, x.rows * x.cols),
                 Device::Cpu => Err(wrong("to_host", "cuda", "cpu")),
             },
+        }
+    }
+
+    /// Whether decode steps can run as CUDA graphs here (a GPU device).
+    pub fn supports_graphs(&self) -> bool {
+        !self.is_cpu()
+    }
+
+    /// Prepares decode graphs for up to `max_batch` sequences of up to `max_context` tokens,
+    /// `vocab` logits per row, KV blocks of `block_size`. A no-op on the CPU.
+    pub fn enable_graphs(
+        &self,
+        max_batch: usize,
+        max_context: usize,
+        vocab: usize,
+        block_size: usize,
+    ) -> Result<()> {
+        let _ = (max_batch, max_context, vocab, block_size);
+        match self {
+            Device::Cpu => Ok(()),
+            #[cfg(feature = "cuda")]
+            Device::Cuda(c) => c.enable_graphs(max_batch, max_context, vocab, block_size),
+        }
+    }
+
+    /// Captures every decode graph now (`--prewarm y`): returns how many and the
+    /// milliseconds it took. `forward` is the model's forward; `kv` is only written with
+    /// padding (no rows), so the pool's contents are unchanged.
+    pub fn prewarm_graphs(
+        &self,
+        kv: &mut KvPool,
+        forward: &mut DecodeForward,
+    ) -> Result<(usize, f64)> {
+        let _ = (&kv, &forward);
+        match self {
+            Device::Cpu => Ok((0, 0.0)),
+            #[cfg(feature = "cuda")]
+            Device::Cuda(c) => c.prewarm_graphs(kv, forward),
+        }
+    }
+
+    /// Runs a decode step (`seqs`: one new token each, rows in order) through a CUDA graph,
+    /// capturing it on first use, and leaves the logits on the device. `None`: no graph
+    /// serves this step (CPU, graphs off, too many sequences); run `forward` eagerly instead.
+    pub fn graph_decode(
+        &self,
+        tokens: &[u32],
+        seqs: &[AttnSeq],
+        kv: &mut KvPool,
+        forward: &mut DecodeForward,
+    ) -> Result<Option<DeviceLogits>> {
+        let _ = (tokens, seqs, &kv, &forward);
+        match self {
+            Device::Cpu => Ok(None),
+            #[cfg(feature = "cuda")]
+            Device::Cuda(c) => c.graph_decode(tokens, seqs, kv, forward),
+        }
+    }
+
+    /// Samples one token per row of `l` on the device; only the ids cross to the host.
+    pub fn sample_device(&self, l: &DeviceLogits, rows: &[DeviceSample]) -> Result<Vec<u32>> {
+        let _ = (l, rows);
+        match self {
+            Device::Cpu => Err(wrong("sample_device", "cpu", "cuda")),
+            #[cfg(feature = "cuda")]
+            Device::Cuda(c) => {
+                let params: Vec<crate::cuda::SampleParams> = rows
+                    .iter()
+                    .map(|r| crate::cuda::SampleParams {
+                        temperature: r.temperature,
+                        top_k: r.top_k,
+                        top_p: r.top_p,
+                        min_p: r.min_p,
+                        u: r.u,
+                    })
+                    .collect();
+                let adjust: Vec<crate::cuda::LogitAdjust> = rows
+                    .iter()
+                    .enumerate()
+                    .flat_map(|(row, r)| {
+                        r.adjust
+                            .iter()
+                            .map(move |&(token, bias, repetition, subtract)| {
+                                crate::cuda::LogitAdjust {
+                                    row,
+                                    token,
+                                    bias,
+                                    repetition,
+                                    subtract,
+                                }
+                            })
+                    })
+                    .collect();
+                c.sample(l, &params, &adjust)
+            }
+        }
+    }
+
+    /// Row `row` of device logits in host memory (requests sampled on the host).
+    pub fn device_logits_row(&self, l: &DeviceLogits, row: usize) -> Result<Vec<f32>> {
+        let _ = (l, row);
+        match self {
+            Device::Cpu => Err(wrong("device_logits_row", "cpu", "cuda")),
+            #[cfg(feature = "cuda")]
+            Device::Cuda(c) => c.logits_row(l, row),
         }
     }
 

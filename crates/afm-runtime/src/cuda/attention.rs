@@ -15,7 +15,7 @@ use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig};
 use half::f16;
 
 use super::context::scratch;
-use super::{check_len, launch, CudaContext, CudaError, Result};
+use super::{check_len, launch, Buf, CudaContext, CudaError, Result};
 use crate::attention::{AttnParams, AttnSeq};
 use crate::kv_store::{KvDtype, LayerKvShape};
 
@@ -137,7 +137,9 @@ const MAX_SPLITS: usize = 128;
 
 /// One step's sequences, packed for the device (see the module header).
 pub struct AttnBatch {
-    meta: CudaSlice<i32>,
+    meta: Buf<i32>,
+    /// Key-range splits fixed when the batch was packed (CUDA graphs bake the grid in).
+    forced_splits: Option<usize>,
     n_seqs: usize,
     n_rows: usize,
     max_blocks: usize,
@@ -244,7 +246,8 @@ impl AttnBatch {
         meta.extend(row_seq);
         meta.extend(tiles);
         Ok(Self {
-            meta: ctx.upload(&meta)?,
+            meta: Buf::Owned(ctx.upload(&meta)?),
+            forced_splits: None,
             n_seqs: seqs.len(),
             n_rows,
             max_blocks,
@@ -266,8 +269,117 @@ impl AttnBatch {
         self.n_seqs
     }
 
+    /// `i32`s a fixed decode batch of `bucket` sequences and `max_blocks` table entries each
+    /// takes (see [`pack_fixed_decode`](Self::pack_fixed_decode)).
+    pub fn fixed_decode_len(bucket: usize, max_blocks: usize) -> usize {
+        bucket * max_blocks + 7 * bucket
+    }
+
+    /// The metadata of a decode step (one query per sequence) in the fixed layout CUDA graphs
+    /// replay: `bucket` sequences, each table `max_blocks` long; sequences past `seqs.len()`
+    /// are padding (length 0: no KV write, no attention).
+    pub fn pack_fixed_decode(
+        seqs: &[AttnSeq],
+        bucket: usize,
+        max_blocks: usize,
+        block_size: usize,
+        num_blocks: usize,
+    ) -> Result<Vec<i32>> {
+        check_len("graph bucket (sequences it holds)", bucket, seqs.len())?;
+        let mut meta = vec![0i32; Self::fixed_decode_len(bucket, max_blocks)];
+        let (tables, rest) = meta.split_at_mut(bucket * max_blocks);
+        let (info, rest) = rest.split_at_mut(4 * bucket);
+        let (row_seq, tiles) = rest.split_at_mut(bucket);
+        for i in 0..bucket {
+            row_seq[i] = i as i32;
+            tiles[2 * i] = i as i32;
+            info[4 * i] = i as i32;
+        }
+        for (i, s) in seqs.iter().enumerate() {
+            check("decode sequence length", s.len, 1)?;
+            let need = (s.pos0 + 1).div_ceil(block_size);
+            if need > max_blocks {
+                return Err(CudaError::Shape {
+                    what: "blocks of a graph-decoded sequence (its context class)",
+                    got: need,
+                    want: max_blocks,
+                });
+            }
+            check_len("block table length", s.block_table.len(), need)?;
+            for (slot, &b) in tables[i * max_blocks..]
+                .iter_mut()
+                .zip(&s.block_table[..need])
+            {
+                if b as usize >= num_blocks {
+                    return Err(CudaError::Shape {
+                        what: "block id (below the number of blocks)",
+                        got: b as usize,
+                        want: num_blocks,
+                    });
+                }
+                *slot = b as i32;
+            }
+            info[4 * i + 1] = 1;
+            info[4 * i + 2] = s.pos0 as i32;
+        }
+        Ok(meta)
+    }
+
+    /// A decode batch over metadata at device address `meta` (filled by
+    /// [`pack_fixed_decode`](Self::pack_fixed_decode) before each replay), with the split
+    /// count fixed for contexts up to `max_context`.
+    ///
+    /// # Safety
+    /// `meta` must hold [`fixed_decode_len`](Self::fixed_decode_len) `i32`s that outlive the
+    /// batch.
+    pub unsafe fn fixed_decode(
+        ctx: &CudaContext,
+        cache: &DeviceKvCache,
+        meta: u64,
+        bucket: usize,
+        max_blocks: usize,
+        n_heads: usize,
+    ) -> Result<Self> {
+        let shape = cache
+            .layers
+            .first()
+            .map(|l| l.shape)
+            .ok_or(CudaError::Shape {
+                what: "KV cache layers",
+                got: 0,
+                want: 1,
+            })?;
+        if shape.n_kv_heads == 0 || !n_heads.is_multiple_of(shape.n_kv_heads) {
+            return Err(CudaError::Shape {
+                what: "query heads (a multiple of the KV heads)",
+                got: n_heads,
+                want: shape.n_kv_heads,
+            });
+        }
+        let group = n_heads / shape.n_kv_heads;
+        let gh = heads_per_block(group, shape.head_dim);
+        let max_context = max_blocks * cache.block_size;
+        let blocks = shape.n_kv_heads * (group / gh) * bucket;
+        let splits = split_count(ctx.info().sm_count, blocks, max_context);
+        let off_seqs = bucket * max_blocks;
+        Ok(Self {
+            meta: Buf::borrowed(ctx, meta, Self::fixed_decode_len(bucket, max_blocks)),
+            forced_splits: Some(splits),
+            n_seqs: bucket,
+            n_rows: bucket,
+            max_blocks,
+            tiles: bucket,
+            qb: 1,
+            gh,
+            max_context,
+            off_seqs,
+            off_rows: off_seqs + 4 * bucket,
+            off_tiles: off_seqs + 5 * bucket,
+        })
+    }
+
     fn ptrs(&self, ctx: &CudaContext) -> (u64, u64, u64, u64) {
-        let base = ctx.ptr(&self.meta);
+        let base = ctx.ptr(&*self.meta);
         let at = |o: usize| base + 4 * o as u64;
         (
             base,
@@ -280,6 +392,16 @@ impl AttnBatch {
 
 fn check(what: &'static str, got: usize, want: usize) -> Result<()> {
     super::check(what, got, want)
+}
+
+/// Key-range splits for `blocks` attention blocks over contexts of `keys` positions: enough
+/// blocks in flight to fill the device, at least [`SPLIT_MIN_KEYS`] keys per split.
+fn split_count(sm_count: usize, blocks: usize, keys: usize) -> usize {
+    let target = SPLIT_TARGET_BLOCKS_PER_SM * sm_count;
+    target
+        .div_ceil(blocks.max(1))
+        .clamp(1, (keys / SPLIT_MIN_KEYS).max(1))
+        .min(MAX_SPLITS)
 }
 
 /// Mirror of `AttnArgs` in attention.cu.
@@ -418,12 +540,8 @@ impl CudaContext {
             .window
             .map_or(batch.max_context, |w| w.min(batch.max_context));
         let n_splits = splits
-            .unwrap_or_else(|| {
-                let target = SPLIT_TARGET_BLOCKS_PER_SM * self.info().sm_count;
-                target
-                    .div_ceil(blocks)
-                    .clamp(1, (keys / SPLIT_MIN_KEYS).max(1))
-            })
+            .or(batch.forced_splits)
+            .unwrap_or_else(|| split_count(self.info().sm_count, blocks, keys))
             .clamp(1, MAX_SPLITS);
         let args = AttnArgs {
             n_heads: p.n_heads as i32,

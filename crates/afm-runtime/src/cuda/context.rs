@@ -77,7 +77,7 @@ fn kernel_names(module: &str) -> Vec<String> {
             }
             v
         }
-        "sampling" => fixed(&["argmax_rows", "sample_rows"]),
+        "sampling" => fixed(&["argmax_rows", "sample_rows", "adjust_logits"]),
         _ => Vec::new(),
     }
 }
@@ -120,9 +120,10 @@ pub struct DeviceInfo {
     pub compile_ms: f64,
 }
 
-/// Scratch buffers reused across launches.
+/// Scratch buffers reused across launches. CUDA graphs keep their own set (see
+/// [`CudaContext::swap_workspace`]), so eager steps growing theirs never move a graph's.
 #[derive(Default)]
-pub(super) struct Workspace {
+pub struct Workspace {
     pub xq: Option<CudaSlice<i16>>,
     pub xd: Option<CudaSlice<f32>>,
     pub xs: Option<CudaSlice<f32>>,
@@ -155,7 +156,12 @@ pub struct CudaContext {
     kernels: HashMap<String, CudaFunction>,
     info: DeviceInfo,
     pub(super) ws: Workspace,
+    /// cuBLAS's workspace, set explicitly so that calls under graph capture allocate nothing.
+    _blas_ws: CudaSlice<u8>,
 }
+
+/// cuBLAS workspace: what cuBLAS recommends for Hopper.
+const BLAS_WORKSPACE_BYTES: usize = 32 << 20;
 
 impl CudaContext {
     /// Opens device `ordinal`, creates its stream and cuBLAS handle, and compiles all kernels.
@@ -174,6 +180,17 @@ impl CudaContext {
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream()?;
         let blas = CudaBlas::new(stream.clone())?;
+        let mut blas_ws = stream.alloc_zeros::<u8>(BLAS_WORKSPACE_BYTES)?;
+        let wp = blas_ws.device_ptr_mut(&stream).0;
+        // SAFETY: the buffer lives as long as the handle (both are fields of the context).
+        unsafe {
+            cudarc::cublas::sys::cublasSetWorkspace_v2(
+                *blas.handle(),
+                wp as *mut _,
+                BLAS_WORKSPACE_BYTES,
+            )
+        }
+        .result()?;
         let cc = ctx.compute_capability()?;
         let mut kernels = HashMap::new();
         for (module, ptx) in compile_kernels(arch_for(cc))? {
@@ -200,7 +217,31 @@ impl CudaContext {
             kernels,
             info,
             ws: Workspace::default(),
+            _blas_ws: blas_ws,
         })
+    }
+
+    /// Exchanges the scratch buffers in use with `other`.
+    pub fn swap_workspace(&mut self, other: &mut Workspace) {
+        std::mem::swap(&mut self.ws, other);
+    }
+
+    /// Addresses and sizes of the scratch buffers: a change means one was reallocated.
+    pub fn workspace_fingerprint(&self) -> Vec<(u64, usize)> {
+        let w = &self.ws;
+        fn at<T>(s: &Option<CudaSlice<T>>, st: &Arc<CudaStream>) -> (u64, usize) {
+            s.as_ref().map_or((0, 0), |b| (b.device_ptr(st).0, b.len()))
+        }
+        let st = &self.stream;
+        vec![
+            at(&w.xq, st),
+            at(&w.xd, st),
+            at(&w.xs, st),
+            at(&w.half_w, st),
+            at(&w.half_x, st),
+            at(&w.attn, st),
+            at(&w.sample, st),
+        ]
     }
 
     pub fn info(&self) -> &DeviceInfo {

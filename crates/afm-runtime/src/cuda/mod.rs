@@ -23,11 +23,57 @@ mod ops;
 mod sampling;
 
 pub use attention::{AttnBatch, DeviceKvCache, DeviceLayerKv, KvBuf};
-pub use context::{compile_kernels, CudaContext, DeviceInfo, GpuTimer, KERNEL_MODULES};
+pub use context::{compile_kernels, CudaContext, DeviceInfo, GpuTimer, Workspace, KERNEL_MODULES};
 pub use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, DevicePtr, DevicePtrMut};
 pub use matmul::{DeviceWeight, MatmulPath, GEMV_MAX_BATCH};
 pub use ops::{Activation, RopeTable};
-pub use sampling::SampleParams;
+pub use sampling::{LogitAdjust, SampleParams};
+
+/// A device buffer that is either owned or borrowed from a longer-lived owner (the static
+/// input buffers of CUDA graphs): borrowed ones are never freed when dropped.
+pub enum Buf<T> {
+    Owned(CudaSlice<T>),
+    Borrowed(Option<CudaSlice<T>>),
+}
+
+impl<T> Buf<T> {
+    /// A view of `len` elements at device address `ptr`, owned elsewhere.
+    ///
+    /// # Safety
+    /// `ptr` must point to at least `len` elements that outlive the returned value.
+    pub(crate) unsafe fn borrowed(ctx: &CudaContext, ptr: u64, len: usize) -> Self {
+        Buf::Borrowed(Some(ctx.stream().upgrade_device_ptr(ptr, len)))
+    }
+}
+
+impl<T> std::ops::Deref for Buf<T> {
+    type Target = CudaSlice<T>;
+    fn deref(&self) -> &CudaSlice<T> {
+        match self {
+            Buf::Owned(s) => s,
+            Buf::Borrowed(s) => s.as_ref().expect("taken only in drop"),
+        }
+    }
+}
+
+impl<T> std::ops::DerefMut for Buf<T> {
+    fn deref_mut(&mut self) -> &mut CudaSlice<T> {
+        match self {
+            Buf::Owned(s) => s,
+            Buf::Borrowed(s) => s.as_mut().expect("taken only in drop"),
+        }
+    }
+}
+
+impl<T> Drop for Buf<T> {
+    fn drop(&mut self) {
+        if let Buf::Borrowed(s) = self {
+            if let Some(s) = s.take() {
+                s.leak(); // the owner frees it
+            }
+        }
+    }
+}
 
 /// Errors of the CUDA backend. Messages name the field, the value and the limit.
 #[derive(Debug, thiserror::Error)]

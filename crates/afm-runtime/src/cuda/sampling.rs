@@ -19,6 +19,17 @@ pub struct SampleParams {
     pub u: f32,
 }
 
+/// A change to one logit of one row before sampling: `l ← rep(l + bias) − subtract`, where
+/// `rep` divides positive logits and multiplies negative ones (1 = off).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LogitAdjust {
+    pub row: usize,
+    pub token: u32,
+    pub bias: f32,
+    pub repetition: f32,
+    pub subtract: f32,
+}
+
 fn rows_cfg(n: usize) -> LaunchConfig {
     LaunchConfig {
         grid_dim: (n as u32, 1, 1),
@@ -43,6 +54,47 @@ impl CudaContext {
         let (lp, op, v) = (self.ptr(logits), self.ptr_mut(out), vocab as i32);
         let f = self.kernel("argmax_rows")?;
         launch!(self, f, rows_cfg(n); lp, op, v)
+    }
+
+    /// Applies bias and penalties to rows of `logits` in place (each `(row, token)` once).
+    pub fn adjust_logits(
+        &mut self,
+        logits: &mut impl DevicePtrMut<f32>,
+        vocab: usize,
+        adjust: &[LogitAdjust],
+    ) -> Result<()> {
+        if adjust.is_empty() {
+            return Ok(());
+        }
+        let rows = logits.len().checked_div(vocab).unwrap_or(0);
+        if let Some(a) = adjust.iter().find(|a| a.row >= rows) {
+            return Err(super::CudaError::Shape {
+                what: "adjusted logits row",
+                got: a.row,
+                want: rows,
+            });
+        }
+        let host: Vec<i32> = adjust
+            .iter()
+            .flat_map(|a| {
+                [
+                    a.row as i32,
+                    a.token as i32,
+                    a.bias.to_bits() as i32,
+                    a.repetition.to_bits() as i32,
+                    a.subtract.to_bits() as i32,
+                ]
+            })
+            .collect();
+        let entries = self.upload(&host)?;
+        let (lp, ep, n, v) = (
+            self.ptr_mut(logits),
+            self.ptr(&entries),
+            adjust.len() as i32,
+            vocab as i32,
+        );
+        let f = self.kernel("adjust_logits")?;
+        launch!(self, f, super::ops::grid_1d(adjust.len(), 128); lp, ep, n, v)
     }
 
     /// Draws one token per row of `logits` (`params.len()` rows of `vocab`).

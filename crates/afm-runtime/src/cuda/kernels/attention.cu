@@ -223,6 +223,7 @@ __device__ void kv_write_impl(const float* k, const float* v, void* kc, void* vc
                               int n_kv_heads, int D, int block_size, int max_blocks, int k_stride,
                               int v_stride) {
     const int t = blockIdx.x, s = row_seq[t];
+    if (seqs[s * 4 + 1] == 0) return;  // padding of a CUDA-graph batch
     const int pos = seqs[s * 4 + 2] + t - seqs[s * 4];
     const i64 blk = tables[(i64)s * max_blocks + pos / block_size];
     const int slot = pos % block_size;

@@ -312,3 +312,19 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
     }
     if (threadIdx.x == 0) out[blockIdx.x] = pick;
 }
+
+// Logit bias and repetition/presence/frequency penalties, as afm-engine's Sampler::process:
+// one thread per (row, token) entry {row, token, bias, repetition, subtract} (floats as bits);
+// each token appears once per row. l <- rep(l + bias) - subtract.
+extern "C" __global__ void adjust_logits(float* logits, const int* e, int n, int vocab) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const int* p = e + 5 * i;
+    const int row = p[0], tok = p[1];
+    if (tok < 0 || tok >= vocab) return;
+    const float bias = __int_as_float(p[2]), rep = __int_as_float(p[3]), sub = __int_as_float(p[4]);
+    float* l = logits + (i64)row * vocab + tok;
+    float v = *l + bias;
+    if (rep != 1.f) v = v > 0.f ? v / rep : v * rep;
+    *l = v - sub;
+}

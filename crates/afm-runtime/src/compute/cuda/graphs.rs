@@ -1,0 +1,373 @@
+//! CUDA graphs for decode steps: one graph per (batch bucket, context class), captured from the
+//! model's own forward and replayed with new inputs.
+//!
+//! ```text
+//! host per step:  tokens[B] positions[B] meta(tables[B][max_blocks] seqs[B][4] ...)
+//!                      │ copied into the static buffers (B = bucket ≥ sequences; padding
+//!                      ▼ rows have length 0: no KV write, no attention)
+//! graph (B, class):    embed → layers → norm → lm_head → logits[B][vocab] (static buffer)
+//! ```
+//! While a static forward runs (warm-up or capture), `CudaDevice`'s ops read the static buffers
+//! instead of uploading, and `to_host` copies the logits into the static output instead of
+//! downloading. Everything else a forward allocates is allocated and freed inside the graph
+//! (stream-ordered allocation nodes). Scratch buffers are the graphs' own (`ws`), grown by the
+//! uncaptured warm-up before capture; if one moves, every graph is dropped and recaptured.
+//!
+//! Context classes fix the attention's key-range split count and table width per graph:
+//! contexts up to 1k, 4k, 16k and the engine's limit.
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::CudaGraph;
+
+use super::{CudaDevice, Result};
+use crate::attention::AttnSeq;
+use crate::compute::{ComputeError, DecodeForward, DeviceLogits, KvData, KvPool};
+use crate::cuda::{AttnBatch, CudaError, CudaSlice, Workspace};
+
+/// Batch sizes graphs are captured for; a step runs in the smallest that holds it.
+pub const BUCKETS: [usize; 7] = [1, 2, 4, 8, 16, 32, 64];
+/// Context caps of the classes below the engine's limit.
+const CLASS_CAPS: [usize; 3] = [1024, 4096, 16384];
+
+/// Addresses of the static buffers for one bucket and class, read by the ops.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct StaticIo {
+    pub bucket: usize,
+    pub max_blocks: usize,
+    pub tokens: u64,
+    pub positions: u64,
+    pub meta: u64,
+    pub logits: u64,
+    pub logits_len: usize,
+}
+
+/// A captured graph. cudarc leaves `CudaGraph` `!Send` because graph objects must not be used
+/// from two threads at once; these live behind `CudaDevice::graphs`' mutex, which serializes
+/// every use.
+struct Graph(CudaGraph);
+
+// SAFETY: see above: only used with the `graphs` mutex held.
+unsafe impl Send for Graph {}
+
+pub(crate) struct Graphs {
+    max_batch: usize,
+    /// The largest bucket captured: the smallest that holds `max_batch`.
+    top: usize,
+    vocab: usize,
+    caps: Vec<usize>,
+    tokens: CudaSlice<i32>,
+    positions: CudaSlice<i32>,
+    meta: CudaSlice<i32>,
+    logits: CudaSlice<f32>,
+    ws: Workspace,
+    fingerprint: Vec<(u64, usize)>,
+    table: HashMap<(usize, usize), Graph>,
+    /// Set when a capture failed: decode steps then run eagerly.
+    failed: bool,
+}
+
+fn gerr(e: cudarc::driver::DriverError) -> ComputeError {
+    ComputeError::Cuda(CudaError::Driver(e))
+}
+
+impl Graphs {
+    fn buckets(&self) -> impl Iterator<Item = usize> + '_ {
+        BUCKETS.iter().copied().filter(|&b| b <= self.top)
+    }
+
+    fn io(
+        &self,
+        ctx: &crate::cuda::CudaContext,
+        bucket: usize,
+        class: usize,
+        bs: usize,
+    ) -> StaticIo {
+        StaticIo {
+            bucket,
+            max_blocks: self.caps[class].div_ceil(bs),
+            tokens: ptr(ctx, &self.tokens),
+            positions: ptr(ctx, &self.positions),
+            meta: ptr(ctx, &self.meta),
+            logits: ptr(ctx, &self.logits),
+            logits_len: bucket * self.vocab,
+        }
+    }
+}
+
+fn ptr<T>(ctx: &crate::cuda::CudaContext, x: &CudaSlice<T>) -> u64 {
+    use cudarc::driver::DevicePtr;
+    x.device_ptr(ctx.stream()).0
+}
+
+fn kv_geometry(kv: &KvPool) -> Result<(usize, usize)> {
+    match &kv.data {
+        KvData::Cuda(c) => Ok((c.block_size(), c.num_blocks())),
+        #[allow(unreachable_patterns)]
+        _ => Err(super::wrong("graph decode", "cpu", "cuda")),
+    }
+}
+
+impl CudaDevice {
+    /// Prepares graphs for batches up to `max_batch` sequences and contexts up to
+    /// `max_context` tokens with `vocab` logits per row (static buffers only; graphs are
+    /// captured by [`prewarm_graphs`](Self::prewarm_graphs) or on first use).
+    pub(in crate::compute) fn enable_graphs(
+        &self,
+        max_batch: usize,
+        max_context: usize,
+        vocab: usize,
+        block_size: usize,
+    ) -> Result<()> {
+        let max_batch = max_batch.clamp(1, *BUCKETS.last().expect("non-empty"));
+        let top = BUCKETS
+            .iter()
+            .copied()
+            .find(|&b| b >= max_batch)
+            .unwrap_or(64);
+        let mut caps: Vec<usize> = CLASS_CAPS
+            .iter()
+            .copied()
+            .filter(|&c| c < max_context)
+            .collect();
+        caps.push(max_context.max(1));
+        let meta_len = AttnBatch::fixed_decode_len(top, max_context.div_ceil(block_size.max(1)));
+        let ctx = self.lock();
+        let g = Graphs {
+            max_batch,
+            top,
+            vocab,
+            caps,
+            tokens: ctx.zeros(top)?,
+            positions: ctx.zeros(top)?,
+            meta: ctx.zeros(meta_len)?,
+            logits: ctx.zeros(top * vocab.max(1))?,
+            ws: Workspace::default(),
+            fingerprint: Vec::new(),
+            table: HashMap::new(),
+            failed: false,
+        };
+        *self.graphs.lock().unwrap_or_else(|e| e.into_inner()) = Some(g);
+        Ok(())
+    }
+
+    /// Captures every (bucket, class) graph; returns how many and the milliseconds it took.
+    pub(in crate::compute) fn prewarm_graphs(
+        &self,
+        kv: &mut KvPool,
+        forward: &mut DecodeForward,
+    ) -> Result<(usize, f64)> {
+        let t = Instant::now();
+        let (bs, nb) = kv_geometry(kv)?;
+        let mut guard = self.graphs.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(g) = guard.as_mut() else {
+            return Ok((0, 0.0));
+        };
+        let combos: Vec<(usize, usize)> = g
+            .buckets()
+            .flat_map(|b| (0..g.caps.len()).map(move |c| (b, c)))
+            .collect();
+        // Warm every combination first so the scratch buffers reach their final sizes; then
+        // no capture moves them.
+        for &(b, c) in combos.iter().rev() {
+            self.fill_static(g, &[], &[], b, c, bs, nb)?;
+            self.static_forward(g, b, c, bs, kv, forward, false)?;
+        }
+        for &(b, c) in combos.iter().rev() {
+            if !g.table.contains_key(&(b, c)) {
+                self.fill_static(g, &[], &[], b, c, bs, nb)?;
+                self.static_forward(g, b, c, bs, kv, forward, true)?;
+            }
+        }
+        self.lock().synchronize()?;
+        Ok((g.table.len(), t.elapsed().as_secs_f64() * 1e3))
+    }
+
+    /// Runs a decode step (one new token per sequence) through its graph, capturing the graph
+    /// first if needed. `None`: graphs are off, or the step fits no bucket or class; run it
+    /// eagerly.
+    pub(in crate::compute) fn graph_decode(
+        &self,
+        tokens: &[u32],
+        seqs: &[AttnSeq],
+        kv: &mut KvPool,
+        forward: &mut DecodeForward,
+    ) -> Result<Option<DeviceLogits>> {
+        let (bs, nb) = kv_geometry(kv)?;
+        let mut guard = self.graphs.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(g) = guard.as_mut() else {
+            return Ok(None);
+        };
+        let n = seqs.len();
+        if g.failed || n == 0 || n > g.max_batch || seqs.iter().any(|s| s.len != 1) {
+            return Ok(None);
+        }
+        let Some(bucket) = g.buckets().find(|&b| b >= n) else {
+            return Ok(None);
+        };
+        let context = seqs.iter().map(|s| s.pos0 + 1).max().unwrap_or(1);
+        let Some(class) = g.caps.iter().position(|&c| c >= context) else {
+            return Ok(None);
+        };
+        self.fill_static(g, tokens, seqs, bucket, class, bs, nb)?;
+        if !g.table.contains_key(&(bucket, class)) {
+            if let Err(e) = self.static_forward(g, bucket, class, bs, kv, forward, true) {
+                g.failed = true;
+                eprintln!("[CUDA] graph capture failed ({e}); decode steps run without graphs");
+                // The eager warm-up may not have run: refill and let the caller run eagerly.
+                return Ok(None);
+            }
+        }
+        let graph = g.table.get(&(bucket, class)).expect("captured above");
+        graph.0.launch().map_err(gerr)?;
+        Ok(Some(DeviceLogits {
+            rows: n,
+            vocab: g.vocab,
+        }))
+    }
+
+    /// Copies one step's inputs into the static buffers in the layout of `bucket`/`class`.
+    #[allow(clippy::too_many_arguments)]
+    fn fill_static(
+        &self,
+        g: &mut Graphs,
+        tokens: &[u32],
+        seqs: &[AttnSeq],
+        bucket: usize,
+        class: usize,
+        bs: usize,
+        num_blocks: usize,
+    ) -> Result<()> {
+        let max_blocks = g.caps[class].div_ceil(bs);
+        let meta = AttnBatch::pack_fixed_decode(seqs, bucket, max_blocks, bs, num_blocks)?;
+        let mut tok = vec![0i32; bucket];
+        let mut pos = vec![0i32; bucket];
+        for (i, s) in seqs.iter().enumerate() {
+            tok[i] = tokens.get(s.row0).copied().unwrap_or(0) as i32;
+            pos[i] = s.pos0 as i32;
+        }
+        let ctx = self.lock();
+        ctx.upload_into(&tok, &mut g.tokens)?;
+        ctx.upload_into(&pos, &mut g.positions)?;
+        ctx.upload_into(&meta, &mut g.meta)?;
+        Ok(())
+    }
+
+    /// One forward against the static buffers, with the graphs' scratch swapped in: eager
+    /// (warm-up) or captured into the table.
+    #[allow(clippy::too_many_arguments)]
+    fn static_forward(
+        &self,
+        g: &mut Graphs,
+        bucket: usize,
+        class: usize,
+        bs: usize,
+        kv: &mut KvPool,
+        forward: &mut DecodeForward,
+        capture: bool,
+    ) -> Result<()> {
+        let io = g.io(&self.lock(), bucket, class, bs);
+        *self.io.lock().unwrap_or_else(|e| e.into_inner()) = Some(io);
+        self.lock().swap_workspace(&mut g.ws);
+        let tokens = vec![0u32; bucket];
+        let table = [0u32];
+        let seqs: Vec<AttnSeq> = (0..bucket)
+            .map(|i| AttnSeq {
+                row0: i,
+                len: 1,
+                pos0: 0,
+                block_table: &table,
+            })
+            .collect();
+        let result = (|| -> Result<()> {
+            if capture {
+                forward(&tokens, &seqs, kv)?; // warm-up: loads kernels, sizes scratch
+            }
+            let fp = self.lock().workspace_fingerprint();
+            if fp != g.fingerprint {
+                g.table.clear(); // their scratch moved
+                g.fingerprint = fp;
+            }
+            if !capture {
+                return forward(&tokens, &seqs, kv).map(|_| ());
+            }
+            let stream = self.lock().stream().clone();
+            stream
+                .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
+                .map_err(gerr)?;
+            let ran = forward(&tokens, &seqs, kv);
+            let graph = stream.end_capture(CUgraphInstantiate_flags(0));
+            ran?;
+            let graph = graph.map_err(gerr)?.ok_or(ComputeError::Unsupported {
+                what: "CUDA graph capture",
+                value: "an empty graph".into(),
+                device: self.name.clone(),
+                supported: "a forward that launches work",
+            })?;
+            graph.upload().map_err(gerr)?;
+            if self.lock().workspace_fingerprint() != g.fingerprint {
+                return Err(ComputeError::Unsupported {
+                    what: "scratch allocation under CUDA graph capture",
+                    value: "a scratch buffer grew".into(),
+                    device: self.name.clone(),
+                    supported: "scratch sized by the warm-up",
+                });
+            }
+            g.table.insert((bucket, class), Graph(graph));
+            Ok(())
+        })();
+        self.lock().swap_workspace(&mut g.ws);
+        *self.io.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        result
+    }
+
+    /// Draws one token per row of `l` on the device: bias and penalties, then greedy or
+    /// top-k/top-p/min-p with each row's uniform draw. Only the token ids come back.
+    pub(in crate::compute) fn sample(
+        &self,
+        l: &DeviceLogits,
+        params: &[crate::cuda::SampleParams],
+        adjust: &[crate::cuda::LogitAdjust],
+    ) -> Result<Vec<u32>> {
+        let guard = self.graphs.lock().unwrap_or_else(|e| e.into_inner());
+        let g = guard.as_ref().ok_or(ComputeError::Unsupported {
+            what: "device sampling",
+            value: "graphs not enabled".into(),
+            device: self.name.clone(),
+            supported: "after enable_graphs",
+        })?;
+        super::check("sampled rows (the step's)", params.len(), l.rows)?;
+        let n = l.rows * l.vocab;
+        let mut ctx = self.lock();
+        let base = ptr(&ctx, &g.logits);
+        // SAFETY: the static logits buffer lives in `self.graphs`, held locked here.
+        let mut logits = unsafe { crate::cuda::Buf::<f32>::borrowed(&ctx, base, n) };
+        ctx.adjust_logits(&mut *logits, l.vocab, adjust)?;
+        let mut out = ctx.alloc::<i32>(l.rows.max(1))?;
+        ctx.sample(&*logits, l.vocab, params, &mut out)?;
+        let ids = ctx.download(&out)?;
+        Ok(ids.into_iter().take(l.rows).map(|t| t as u32).collect())
+    }
+
+    /// Row `row` of `l` in host memory (for requests that sample on the host).
+    pub(in crate::compute) fn logits_row(&self, l: &DeviceLogits, row: usize) -> Result<Vec<f32>> {
+        let guard = self.graphs.lock().unwrap_or_else(|e| e.into_inner());
+        let g = guard.as_ref().ok_or(ComputeError::Unsupported {
+            what: "device logits",
+            value: "graphs not enabled".into(),
+            device: self.name.clone(),
+            supported: "after enable_graphs",
+        })?;
+        if row >= l.rows {
+            return Err(ComputeError::Shape {
+                what: "logits row (below the step's rows)",
+                got: row,
+                want: l.rows,
+            });
+        }
+        let ctx = self.lock();
+        Ok(ctx.download(&g.logits.slice(row * l.vocab..(row + 1) * l.vocab))?)
+    }
+}
