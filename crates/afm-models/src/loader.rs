@@ -171,7 +171,14 @@ fn load_hf(dir: &Path, loc: &ModelLocation, dev: &Device) -> Result<LoadedModel,
 
 /// The embedding table's type stands for the checkpoint's precision.
 fn kv_dtype_for(ck: &Checkpoint) -> Result<KvDtype, ModelError> {
-    let embed = ck.view("embed_tokens.weight", NormNaming::Llama)?;
+    // DeepSeek's own checkpoints: `embed.weight`, outside `model.`.
+    let embed = match ck.view("embed_tokens.weight", NormNaming::Llama) {
+        Ok(v) => v,
+        Err(e) => ck
+            .unprefixed()
+            .view("embed.weight", NormNaming::Llama)
+            .map_err(|_| e)?,
+    };
     Ok(if embed.dtype == DType::F32 {
         KvDtype::F32
     } else {

@@ -214,6 +214,83 @@ fn two_sequences_share_steps() {
     assert!(worst <= 1e-3, "two sequences: relative error {worst:.2e}");
 }
 
+/// The fixture under the released checkpoints' conventions: DeepSeek's names without `model.`
+/// (`embed.weight`, `hc_head_fn`, `attn.kv_norm`) and the legacy config keys transformers folds
+/// in (`compress_ratios`, `num_hash_layers`, `qk_rope_head_dim`, `rope_scaling`). Same weights.
+fn released_copy() -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("afm-dsv4-released-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let src = fixture();
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).expect("config"))
+            .expect("config json");
+    let c = cfg.as_object_mut().expect("object");
+    for k in [
+        "layer_types",
+        "mlp_layer_types",
+        "compress_rates",
+        "rope_parameters",
+        "partial_rotary_factor",
+    ] {
+        c.remove(k);
+    }
+    c.insert("compress_ratios".into(), serde_json::json!([0, 4, 8, 4]));
+    c.insert("num_hash_layers".into(), serde_json::json!(2));
+    c.insert("qk_rope_head_dim".into(), serde_json::json!(8));
+    c.insert(
+        "rope_scaling".into(),
+        serde_json::json!({"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32,
+                           "beta_fast": 32, "beta_slow": 1}),
+    );
+    std::fs::write(dir.join("config.json"), cfg.to_string()).expect("write config");
+    // safetensors: u64 header length, JSON header, data; renaming keys leaves the data alone.
+    let bytes = std::fs::read(src.join("model.safetensors")).expect("safetensors");
+    let n = u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes")) as usize;
+    let header: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(&bytes[8..8 + n]).expect("header");
+    let renamed: serde_json::Map<String, serde_json::Value> = header
+        .into_iter()
+        .map(|(k, v)| {
+            let k = k.strip_prefix("model.").unwrap_or(&k).to_string();
+            let k = match k.as_str() {
+                "embed_tokens.weight" => "embed.weight".to_string(),
+                _ => k
+                    .replace("hc_head.hc_", "hc_head_")
+                    .replace(".attn.norm.weight", ".attn.kv_norm.weight"),
+            };
+            (k, v)
+        })
+        .collect();
+    let mut head = serde_json::to_vec(&renamed).expect("header json");
+    while !head.len().is_multiple_of(8) {
+        head.push(b' ');
+    }
+    let mut out = (head.len() as u64).to_le_bytes().to_vec();
+    out.extend_from_slice(&head);
+    out.extend_from_slice(&bytes[8 + n..]);
+    std::fs::write(dir.join("model.safetensors"), out).expect("write safetensors");
+    dir
+}
+
+#[test]
+fn released_checkpoint_layout_matches_transformers() {
+    let dir = released_copy();
+    let m = load_model(&ModelLocation::HfDir(dir.clone())).unwrap_or_else(|e| panic!("{e}"));
+    let r = reference();
+    let n = r.tokens.len();
+    for (name, chunks) in [
+        ("prefill", vec![n]),
+        ("chunks", vec![5, 1, 7, 3, 1, n - 17]),
+    ] {
+        let (pos, err) = worst(&m, &r, &chunks);
+        assert!(
+            err <= 1e-3,
+            "released layout {name}: position {pos} relative error {err:.2e}"
+        );
+    }
+    std::fs::remove_dir_all(dir).ok();
+}
+
 /// The MTP module's weights are bound (nothing runs them yet).
 #[test]
 fn mtp_weights_are_loaded() {

@@ -247,13 +247,16 @@ impl Attention {
         } else {
             None
         };
+        // The released checkpoints (llama.cpp's converter) say `kv_norm`; transformers' save `norm`.
+        let kv_norm = nm.first(&[&format!("{p}.kv_norm.weight"), &format!("{p}.norm.weight")])?;
+        let kv_norm = kv_norm.trim_end_matches(".weight");
         Ok(Self {
             kind,
             q_a: nm.linear(&format!("{p}.wq_a"), c.q_lora_rank, h)?,
             q_a_norm: nm.norm(&format!("{p}.q_norm"), c.q_lora_rank)?,
             q_b: nm.linear(&format!("{p}.wq_b"), heads * hd, c.q_lora_rank)?,
             kv: nm.linear(&format!("{p}.wkv"), hd, h)?,
-            kv_norm: nm.norm(&format!("{p}.norm"), hd)?,
+            kv_norm: nm.norm(kv_norm, hd)?,
             o_a,
             o_b: nm.linear(&format!("{p}.wo_b"), h, c.o_groups * c.o_lora_rank)?,
             sinks: nm.host(&format!("{p}.attn_sink"), &[heads])?,

@@ -91,7 +91,12 @@ impl V4Config {
             _ => uint(raw, legacy, Some(default)),
         };
         let csa_ratio = rate("compressed_sparse_attention", "compress_rate_csa", 4)?;
-        let hca_ratio = rate("heavily_compressed_attention", "compress_rate_hca", 128)?;
+        let hca_default = legacy_hca_ratio(raw)?.unwrap_or(128);
+        let hca_ratio = rate(
+            "heavily_compressed_attention",
+            "compress_rate_hca",
+            hca_default,
+        )?;
         let kinds = layer_kinds(raw, n)?;
         let hash_routed = match get(raw, "mlp_layer_types").and_then(Value::as_array) {
             Some(t) => t.iter().map(|x| x.as_str() == Some("hash_moe")).collect(),
@@ -187,6 +192,28 @@ impl V4Config {
     }
 }
 
+/// The HCA ratio a legacy `compress_ratios` list implies (its one value other than 0 and 4).
+fn legacy_hca_ratio(raw: &Value) -> Result<Option<usize>, ModelError> {
+    let Some(ratios) = get(raw, "compress_ratios").and_then(Value::as_array) else {
+        return Ok(None);
+    };
+    let mut hca: Vec<u64> = ratios
+        .iter()
+        .filter_map(Value::as_u64)
+        .filter(|&r| r != 0 && r != 4)
+        .collect();
+    hca.sort_unstable();
+    hca.dedup();
+    match hca.as_slice() {
+        [] => Ok(None),
+        [r] => Ok(Some(*r as usize)),
+        more => Err(cfg_err(
+            "compress_ratios",
+            format!("HCA layers with different ratios {more:?} (one ratio is supported)"),
+        )),
+    }
+}
+
 fn layer_kinds(raw: &Value, n: usize) -> Result<Vec<AttnKind>, ModelError> {
     if let Some(types) = get(raw, "layer_types").and_then(Value::as_array) {
         return types
@@ -203,13 +230,11 @@ fn layer_kinds(raw: &Value, n: usize) -> Result<Vec<AttnKind>, ModelError> {
         return ratios
             .iter()
             .map(|r| match r.as_u64() {
+                // DeepSeek's own rule: ratio 4 overlaps windows and has the indexer.
                 Some(0) => Ok(AttnKind::Sliding),
                 Some(4) => Ok(AttnKind::Csa),
-                Some(128) => Ok(AttnKind::Hca),
-                other => Err(cfg_err(
-                    "compress_ratios",
-                    format!("{other:?} (supported: 0, 4, 128)"),
-                )),
+                Some(_) => Ok(AttnKind::Hca),
+                None => Err(cfg_err("compress_ratios", "entries must be integers")),
             })
             .take(n)
             .collect();
@@ -286,6 +311,15 @@ fn yarn_inv_freq(
     let factor = get(p, "factor")
         .and_then(Value::as_f64)
         .unwrap_or(max_pos as f64 / orig);
+    // transformers forces 1 (cos/sin unscaled) unless the checkpoint names another factor.
+    if let Some(a) = get(p, "attention_factor").and_then(Value::as_f64) {
+        if a != 1.0 {
+            return Err(cfg_err(
+                "rope_parameters.compress.attention_factor",
+                format!("{a} (supported: 1)"),
+            ));
+        }
+    }
     let beta_fast = get(p, "beta_fast").and_then(Value::as_f64).unwrap_or(32.0);
     let beta_slow = get(p, "beta_slow").and_then(Value::as_f64).unwrap_or(1.0);
     let base = theta as f64;
