@@ -135,7 +135,7 @@ impl WeightMatrix {
         match RowKernel::for_type(self.dtype, isa) {
             RowKernel::Float(k) => self.drive(n, 4 * cols, out, |w, i0, o| k(w, x, cols, i0, o)),
             RowKernel::Q8(k) => {
-                let a = Q8Rows::quantize(x, cols, isa);
+                let a = Q8Rows::quantize_for_weight(x, cols, self.dtype, isa);
                 self.drive(n, cols, out, |w, i0, o| k(w, &a, i0, o))
             }
             RowKernel::Q8k(k) => {

@@ -36,18 +36,100 @@ pub fn add_assign(x: &mut [f32], y: &[f32]) {
     }
 }
 
+/// `x·sigmoid(x)` with llama.cpp's vectorized `expf` ([`expf_llama`]), so SwiGLU matches it
+/// bit for bit.
+#[inline(always)]
 pub fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
+    x / (1.0 + expf_llama(0.0 - x))
+}
+
+/// llama.cpp's AVX2 `ggml_v_expf`, one lane (about 1.5 ulp). Softmax in attention and SiLU
+/// use it so afm's activations round like llama.cpp's (docs/DECISIONS.md, "llama.cpp's
+/// arithmetic").
+#[inline(always)]
+pub fn expf_llama(x: f32) -> f32 {
+    let fma = |a: f32, b: f32, c: f32| a.mul_add(b, c);
+    let r = f32::from_bits(0x4b40_0000); // 0x1.8p23
+    let z = fma(x, f32::from_bits(0x3fb8_aa3b), r); // 0x1.715476p+0
+    let n = z - r;
+    let b = fma(
+        -n,
+        f32::from_bits(0x35bf_be8e),             // 0x1.7f7d1cp-20
+        fma(-n, f32::from_bits(0x3f31_7200), x), // 0x1.62e4p-1
+    );
+    let e = z.to_bits() << 23;
+    let k = f32::from_bits(e.wrapping_add(1f32.to_bits()));
+    let u = b * b;
+    let j = fma(
+        fma(
+            fma(f32::from_bits(0x3c07_2010), b, f32::from_bits(0x3d2b_9f17)), // 0x1.0e4020p-7, 0x1.573e2ep-5
+            u,
+            fma(f32::from_bits(0x3e2a_af33), b, f32::from_bits(0x3eff_fedb)), // 0x1.555e66p-3, 0x1.fffdb6p-2
+        ),
+        u,
+        f32::from_bits(0x3f7f_fff6) * b, // 0x1.ffffecp-1
+    );
+    if n.abs() <= 126.0 {
+        return fma(k, j, k);
+    }
+    let g: u32 = if n <= 0.0 { 0x8200_0000 } else { 0 };
+    let s1 = f32::from_bits(g.wrapping_add(0x7f00_0000));
+    let s2 = f32::from_bits(e.wrapping_sub(g));
+    if n.abs() > 192.0 {
+        s1 * s1
+    } else {
+        fma(s2, j, s2) * s1
+    }
 }
 
 /// GELU, tanh approximation (`gelu_pytorch_tanh`).
 pub fn gelu_tanh(x: f32) -> f32 {
     const C: f32 = 0.797_884_6; // sqrt(2/π)
-    0.5 * x * (1.0 + (C * (x + 0.044_715 * x * x * x)).tanh())
+    0.5 * x * (1.0 + tanh(C * (x + 0.044_715 * x * x * x)))
+}
+
+/// `eˣ` to about 2 ulp, branch-free so loops over slices vectorize (libm's `expf` is a call
+/// per element: in long-prompt attention and GeGLU it was a large share of the time).
+/// Inputs are clamped to ±87.3: the result is never inf or a denormal.
+#[inline(always)]
+pub fn exp(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    const LN2_HI: f32 = 0.693_145_75;
+    const LN2_LO: f32 = 1.428_606_8e-6;
+    // 1.5·2²³: adding and subtracting it rounds to the nearest integer.
+    const ROUND: f32 = 12_582_912.0;
+    let x = x.clamp(-87.3, 87.3);
+    let n = (x * LOG2E + ROUND) - ROUND;
+    let r = (-n).mul_add(LN2_LO, (-n).mul_add(LN2_HI, x));
+    // Taylor terms to r⁶ on |r| ≤ ln2/2: the truncation error is below 2⁻²⁴.
+    let mut p: f32 = 1.0 / 720.0;
+    for c in [1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0] {
+        p = p.mul_add(r, c);
+    }
+    p * f32::from_bits(((n as i32 + 127) << 23) as u32)
+}
+
+/// `tanh(x) = sign(x)·(1 − e^{−2|x|}) / (1 + e^{−2|x|})`, through [`exp`].
+#[inline(always)]
+pub fn tanh(x: f32) -> f32 {
+    let t = exp(-2.0 * x.abs());
+    ((1.0 - t) / (1.0 + t)).copysign(x)
 }
 
 /// Gated MLP activation: `gate ← act(gate) · up`.
 pub fn gated_act(gate: &mut [f32], up: &[f32], act: fn(f32) -> f32) {
+    // The two activations models use get loops the compiler can vectorize.
+    if std::ptr::fn_addr_eq(act, gelu_tanh as fn(f32) -> f32) {
+        gated(gate, up, gelu_tanh);
+    } else if std::ptr::fn_addr_eq(act, silu as fn(f32) -> f32) {
+        gated(gate, up, silu);
+    } else {
+        gated(gate, up, act);
+    }
+}
+
+#[inline(always)]
+fn gated(gate: &mut [f32], up: &[f32], act: impl Fn(f32) -> f32) {
     for (g, u) in gate.iter_mut().zip(up) {
         *g = act(*g) * u;
     }
@@ -92,6 +174,9 @@ pub struct Rope {
     style: RopeStyle,
     /// Multiplies cos/sin (YaRN-style attention factor); 1 otherwise.
     mscale: f32,
+    /// `(base^(−2/dims), 1/linear_factor)` for plain RoPE, whose angles are then made as
+    /// llama.cpp makes them (see `apply`); `None` when the frequencies were reshaped.
+    ggml: Option<(f32, f32)>,
 }
 
 impl Rope {
@@ -105,6 +190,7 @@ impl Rope {
             dims,
             style,
             mscale: 1.0,
+            ggml: Some((base.powf(-2.0 / dims as f32), 1.0 / linear_factor)),
         }
     }
 
@@ -120,6 +206,7 @@ impl Rope {
         style: RopeStyle,
     ) -> Self {
         let mut r = Self::new(dims, base, factor, style);
+        r.ggml = None;
         r.inv_freq.iter_mut().skip(rotated).for_each(|f| *f = 0.0);
         r
     }
@@ -135,6 +222,7 @@ impl Rope {
         style: RopeStyle,
     ) -> Self {
         let mut r = Self::new(dims, base, 1.0, style);
+        r.ggml = None;
         let low_wavelen = orig_ctx / low;
         let high_wavelen = orig_ctx / high;
         for f in r.inv_freq.iter_mut() {
@@ -150,20 +238,38 @@ impl Rope {
     }
 
     /// Rotate each `head_dim`-sized head of `x` (one token's heads, concatenated) at `pos`.
+    ///
+    /// Plain RoPE reproduces llama.cpp's float operations exactly (`ggml_rope_cache_init`,
+    /// `rotate_pairs`): angle `i` is `pos` multiplied `i` times by `base^(−2/dims)` in f32,
+    /// then by `1/linear_factor`; libm's `cosf`/`sinf`; the rotation with the FMAs its compiler
+    /// forms. Bit-equal rotated queries and keys keep afm's 8-bit activation rounding on
+    /// llama.cpp's path (docs/DECISIONS.md).
     pub fn apply(&self, x: &mut [f32], head_dim: usize, pos: usize) {
         let half = self.dims / 2;
+        let mut cs = Vec::with_capacity(half);
+        match self.ggml {
+            Some((theta_scale, freq_scale)) => {
+                let mut theta = pos as f32;
+                for _ in 0..half {
+                    let (s, c) = (freq_scale * theta).sin_cos();
+                    cs.push((c * self.mscale, s * self.mscale));
+                    theta *= theta_scale;
+                }
+            }
+            None => cs.extend(self.inv_freq.iter().map(|f| {
+                let (s, c) = (pos as f32 * f).sin_cos();
+                (c * self.mscale, s * self.mscale)
+            })),
+        }
         for head in x.chunks_exact_mut(head_dim) {
-            for (i, f) in self.inv_freq.iter().enumerate() {
-                let angle = pos as f32 * f;
-                let (s, c) = angle.sin_cos();
-                let (s, c) = (s * self.mscale, c * self.mscale);
+            for (i, &(c, s)) in cs.iter().enumerate() {
                 let (a, b) = match self.style {
                     RopeStyle::Neox => (i, i + half),
                     RopeStyle::Interleaved => (2 * i, 2 * i + 1),
                 };
                 let (x0, x1) = (head[a], head[b]);
-                head[a] = x0 * c - x1 * s;
-                head[b] = x0 * s + x1 * c;
+                head[a] = x0.mul_add(c, -(x1 * s));
+                head[b] = x0.mul_add(s, x1 * c);
             }
         }
     }

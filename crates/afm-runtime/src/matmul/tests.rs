@@ -170,7 +170,10 @@ fn kernels_match_reference_on_their_quantized_activations() {
                 for isa in Isa::available() {
                     let got = m.fast(isa, &x, n);
                     for k in 0..got.len() {
-                        let tol = 2e-6 * scale[k] + 1e-30;
+                        // Q4_1/Q5_1 meet the activation block sums rounded to f16, as
+                        // llama.cpp's Q8_1 stores them: 2⁻¹¹ of the minimum's term.
+                        let min_sum = matches!(dtype, DType::Q4_1 | DType::Q5_1);
+                        let tol = (2e-6 + if min_sum { 4.9e-4 } else { 0.0 }) * scale[k] + 1e-30;
                         assert!(
                             (got[k] - want[k]).abs() <= tol,
                             "{} {isa:?} rows {rows} cols {cols} n {n} out {k}: got {}, want {} (tol {tol})",

@@ -5,9 +5,16 @@
 //! Q8Rows  (for the 32-weight formats), per 32 values:  [d, s = d·Σq]: [f32; 2] | q: i8[32]
 //! Q8kRows (for the K-quants),          per 256 values: d: f32 | q: i8[256] | bsums: i16[16]
 //! ```
-//! `x ≈ d·q` with `d = max|x| / 127`; `q` rounds half to even, so the scalar and the AVX2
-//! builds of this code produce the same bytes. The sums let kernels fold per-block offsets and
-//! minimums in without touching `q` again.
+//! `x ≈ d·q` with `q = round(x · 127/max|x|)`, half to even. The rounding reproduces llama.cpp's
+//! x86 build bit for bit (its `quantize_row_q8_0/q8_1/q8_K`), so afm and llama.cpp multiply the
+//! same integers and differ only in float summation order:
+//! - Q8 blocks store `d = max|x|/127` rounded to f16, as llama.cpp's `block_q8_0/q8_1` do;
+//! - the block sum `s` is `d·Σq` rounded to f16 for the formats that meet it through a per-block
+//!   minimum (Q4_1, Q5_1: llama.cpp's `block_q8_1`), and the exact `d₁₆·Σq` otherwise (the
+//!   offset formats Q4_0/Q5_0, which llama.cpp folds into the integer sum instead);
+//! - Q8K blocks keep `d = 1/(127/max|x|)` in f32, as `quantize_row_q8_K` computes it.
+//!
+//! The sums let kernels fold per-block offsets and minimums in without touching `q` again.
 
 use super::kernel::Isa;
 
@@ -16,6 +23,25 @@ pub const Q8_BLOCK: usize = 32;
 pub const Q8K_BLOCK: usize = 256;
 
 /// `n` activation rows of `cols` values as Q8 blocks of 32 (structure of arrays).
+/// How a Q8 block's sum `s` is stored (see the module comment).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BlockSum {
+    /// `d₁₆·Σq`, exact in f32.
+    Exact,
+    /// `d·Σq` rounded to f16, as in llama.cpp's `block_q8_1`.
+    Half,
+}
+
+impl BlockSum {
+    /// The formats with a per-block minimum meet the activation sum as llama.cpp's Q8_1 stores it.
+    pub fn for_weight(w: crate::DType) -> Self {
+        match w {
+            crate::DType::Q4_1 | crate::DType::Q5_1 => BlockSum::Half,
+            _ => BlockSum::Exact,
+        }
+    }
+}
+
 pub struct Q8Rows {
     pub(crate) cols: usize,
     pub(crate) qs: Vec<i8>,
@@ -47,8 +73,18 @@ pub(crate) struct Q8kRow<'a> {
 }
 
 impl Q8Rows {
-    /// Quantize `x` (`n` rows of `cols`, `cols` a multiple of 32).
+    /// Quantize `x` (`n` rows of `cols`, `cols` a multiple of 32) with exact block sums.
+    #[cfg(test)]
     pub fn quantize(x: &[f32], cols: usize, isa: Isa) -> Self {
+        Self::quantize_for(x, cols, BlockSum::Exact, isa)
+    }
+
+    /// `quantize` with the block sums the weight format `w` expects.
+    pub fn quantize_for_weight(x: &[f32], cols: usize, w: crate::DType, isa: Isa) -> Self {
+        Self::quantize_for(x, cols, BlockSum::for_weight(w), isa)
+    }
+
+    fn quantize_for(x: &[f32], cols: usize, sum: BlockSum, isa: Isa) -> Self {
         assert!(
             cols.is_multiple_of(Q8_BLOCK) && x.len().is_multiple_of(cols.max(1)),
             "Q8Rows: {} values are not whole rows of {cols}, a multiple of {Q8_BLOCK}",
@@ -63,8 +99,8 @@ impl Q8Rows {
         match isa {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `has_avx2` confirmed AVX2 and FMA at run time.
-            _ if isa.has_avx2() => unsafe { quantize_q8_avx2(x, &mut r.qs, &mut r.ds) },
-            _ => quantize_q8(x, &mut r.qs, &mut r.ds),
+            _ if isa.has_avx2() => unsafe { quantize_q8_avx2(x, &mut r.qs, &mut r.ds, sum) },
+            _ => quantize_q8(x, &mut r.qs, &mut r.ds, sum),
         }
         r
     }
@@ -114,17 +150,18 @@ impl Q8kRows {
     }
 }
 
-/// Scale of one block and the values quantized with it; returns `(d, Σq)`.
+/// Quantizes one block; returns `(max|x|/127, 127/max|x|, Σq)` (zeros for an all-zero block).
 #[inline(always)]
-fn quantize_block(x: &[f32], q: &mut [i8]) -> (f32, i32) {
+fn quantize_block(x: &[f32], q: &mut [i8]) -> (f32, f32, i32) {
     // For finite floats, |x| orders like its bit pattern; the integer max vectorizes.
     let amax_bits = x
         .iter()
         .map(|v| v.to_bits() & 0x7fff_ffff)
         .fold(0, u32::max);
-    let d = f32::from_bits(amax_bits) / 127.0;
-    let id = if d > 0.0 { 1.0 / d } else { 0.0 };
-    // Adding 1.5·2²³ rounds to an integer, half to even (exact for |v| ≤ 127).
+    let amax = f32::from_bits(amax_bits);
+    let id = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+    // Adding 1.5·2²³ rounds to an integer, half to even (exact for |v| ≤ 127), as
+    // `_mm256_round_ps(_MM_ROUND_NEAREST)` and llama.cpp's `nearest_int` do.
     const ROUND: f32 = 12_582_912.0;
     let mut sum = 0i32;
     for (qv, &v) in q.iter_mut().zip(x) {
@@ -132,15 +169,24 @@ fn quantize_block(x: &[f32], q: &mut [i8]) -> (f32, i32) {
         *qv = r as i8;
         sum += r;
     }
-    (d, sum)
+    (amax / 127.0, id, sum)
+}
+
+fn round_f16(v: f32) -> f32 {
+    half::f16::from_f32(v).to_f32()
 }
 
 #[inline(always)]
-fn quantize_q8_body(x: &[f32], qs: &mut [i8], ds: &mut [[f32; 2]]) {
+fn quantize_q8_body(x: &[f32], qs: &mut [i8], ds: &mut [[f32; 2]], sum_kind: BlockSum) {
     let blocks = x.chunks_exact(Q8_BLOCK).zip(qs.chunks_exact_mut(Q8_BLOCK));
     for ((xb, qb), dsb) in blocks.zip(ds.iter_mut()) {
-        let (scale, sum) = quantize_block(xb, qb);
-        *dsb = [scale, scale * sum as f32];
+        let (d, _, sum) = quantize_block(xb, qb);
+        let d16 = round_f16(d);
+        let s = match sum_kind {
+            BlockSum::Exact => d16 * sum as f32,
+            BlockSum::Half => round_f16(d * sum as f32),
+        };
+        *dsb = [d16, s];
     }
 }
 
@@ -150,15 +196,16 @@ fn quantize_q8k_body(x: &[f32], qs: &mut [i8], d: &mut [f32], bsums: &mut [i16])
         .chunks_exact(Q8K_BLOCK)
         .zip(qs.chunks_exact_mut(Q8K_BLOCK));
     for ((xb, qb), (db, bs)) in blocks.zip(d.iter_mut().zip(bsums.chunks_exact_mut(16))) {
-        *db = quantize_block(xb, qb).0;
+        let (_, id, _) = quantize_block(xb, qb);
+        *db = if id > 0.0 { 1.0 / id } else { 0.0 };
         for (b, q16) in bs.iter_mut().zip(qb.chunks_exact(16)) {
             *b = q16.iter().map(|&v| v as i16).sum();
         }
     }
 }
 
-fn quantize_q8(x: &[f32], qs: &mut [i8], ds: &mut [[f32; 2]]) {
-    quantize_q8_body(x, qs, ds)
+fn quantize_q8(x: &[f32], qs: &mut [i8], ds: &mut [[f32; 2]], sum: BlockSum) {
+    quantize_q8_body(x, qs, ds, sum)
 }
 
 fn quantize_q8k(x: &[f32], qs: &mut [i8], d: &mut [f32], bsums: &mut [i16]) {
@@ -169,8 +216,8 @@ fn quantize_q8k(x: &[f32], qs: &mut [i8], d: &mut [f32], bsums: &mut [i16]) {
 /// because every step is the same IEEE operation.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn quantize_q8_avx2(x: &[f32], qs: &mut [i8], ds: &mut [[f32; 2]]) {
-    quantize_q8_body(x, qs, ds)
+unsafe fn quantize_q8_avx2(x: &[f32], qs: &mut [i8], ds: &mut [[f32; 2]], sum: BlockSum) {
+    quantize_q8_body(x, qs, ds, sum)
 }
 
 #[cfg(target_arch = "x86_64")]

@@ -2,9 +2,14 @@
 //! activation rows. Each weight block is decoded once into 32 bytes and multiplied against up
 //! to `MAX_TILE` activation rows with `maddubs` (u8 × i8 → i16 pairs) and `madd` (→ i32).
 //!
-//! The 4- and 5-bit formats keep their values unsigned (0..15, 0..31: no i16 saturation) and
-//! fold the block offset in through the activation block sum `s = d_x·Σq_x`:
-//! `Σ (scale·q + offset)·d_x·q_x = scale·d_x·Σ q·q_x + offset·s`.
+//! Every output is summed in llama.cpp's order (its x86 `ggml_vec_dot_*` and tinyBLAS kernels):
+//! per block, eight i32 lanes each holding the products of four consecutive values, scaled by
+//! `d_w·d_x` and added with one FMA into a single chain of eight f32 lanes; the lanes are summed
+//! at the end, then the formats with a stored minimum add `Σ m·s_x`, summed block by block.
+//! Integer lane sums are exact however they are formed, so equal lanes and an equal chain give
+//! bit-identical results — which keeps greedy decoding on llama.cpp's path (docs/DECISIONS.md).
+//! The offset formats (Q4_0, Q5_0) and Q8_0 are multiplied signed: `|w|` against `x` carrying
+//! `w`'s sign, so `maddubs` sees u8 × i8.
 //!
 //! Every function here needs AVX2, FMA and F16C; the safe entry points are reached only
 //! through `RowKernel::for_type` after runtime detection.
@@ -59,14 +64,12 @@ unsafe fn fifth_bits(p: *const u8) -> __m256i {
     _mm256_and_si256(set, _mm256_set1_epi8(0x10))
 }
 
-/// A block format with unsigned values: `w = d·q + m`, where `m` is stored (Q4_1, Q5_1) or
-/// is `OFFSET·d` (Q4_0, Q5_0).
+/// A block format `w = d·(q − OFFSET)` (Q4_0, Q5_0) or `w = d·q + m` (Q4_1, Q5_1).
 trait AffineBlock {
     const BYTES: usize;
-    /// Multiplies the accumulated `scales()[1]·s_x` lane: 1 when that lane holds `m`, the
-    /// offset in steps of `d` when it holds `d`.
-    const OFFSET: f32;
-    /// The 32 values of the block at `p`.
+    /// Subtracted from the unsigned values to make them signed; 0 for the formats with `m`.
+    const OFFSET: i8;
+    /// The 32 unsigned values of the block at `p`.
     unsafe fn values(p: *const u8) -> __m256i;
     /// `[d, m or d, _, _]`, converted with one F16C instruction.
     unsafe fn scales(p: *const u8) -> __m128;
@@ -93,7 +96,7 @@ unsafe fn scale_dm(p: *const u8) -> __m128 {
 
 impl AffineBlock for Q4_0 {
     const BYTES: usize = 18;
-    const OFFSET: f32 = -8.0;
+    const OFFSET: i8 = 8;
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn values(p: *const u8) -> __m256i {
@@ -108,7 +111,7 @@ impl AffineBlock for Q4_0 {
 
 impl AffineBlock for Q4_1 {
     const BYTES: usize = 20;
-    const OFFSET: f32 = 1.0;
+    const OFFSET: i8 = 0;
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn values(p: *const u8) -> __m256i {
@@ -123,7 +126,7 @@ impl AffineBlock for Q4_1 {
 
 impl AffineBlock for Q5_0 {
     const BYTES: usize = 22;
-    const OFFSET: f32 = -16.0;
+    const OFFSET: i8 = 16;
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn values(p: *const u8) -> __m256i {
@@ -138,7 +141,7 @@ impl AffineBlock for Q5_0 {
 
 impl AffineBlock for Q5_1 {
     const BYTES: usize = 24;
-    const OFFSET: f32 = 1.0;
+    const OFFSET: i8 = 0;
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn values(p: *const u8) -> __m256i {
@@ -171,8 +174,15 @@ pub(super) unsafe fn act_q(x: &Q8Row, k: usize) -> __m256i {
     _mm256_loadu_si256(x.qs.as_ptr().add(k * Q8_BLOCK) as *const __m256i)
 }
 
-/// Accumulate weight block `k` into `acc`/`corr`: `acc += d·d_x·Σq·q_x` (eight lanes),
-/// `corr += [d·d_x, m·s_x, ..]` (lane 1 is the offset part).
+/// Σ of i8 × i8 products of 32 bytes, as eight i32 lanes (four consecutive values each).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn dot_i8i8(w: __m256i, x: __m256i) -> __m256i {
+    dot_u8i8(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w))
+}
+
+/// Accumulate weight block `k`: `acc += d·d_x·lanes` (one FMA chain per row) and, for the
+/// formats with a minimum, `summs += m·s_x`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn affine_step<B: AffineBlock, const NB: usize>(
@@ -180,78 +190,52 @@ unsafe fn affine_step<B: AffineBlock, const NB: usize>(
     k: usize,
     xs: &[Q8Row; NB],
     acc: &mut [__m256; NB],
-    corr: &mut [__m128; NB],
+    summs: &mut [f32; NB],
 ) {
     let p = w.as_ptr().add(k * B::BYTES);
     let (q, sc) = (B::values(p), B::scales(p));
+    let signed = _mm256_sub_epi8(q, _mm256_set1_epi8(B::OFFSET));
     for j in 0..NB {
         let prod = _mm_mul_ps(sc, act_ds(&xs[j], k));
-        let dot = _mm256_cvtepi32_ps(dot_u8i8(q, act_q(&xs[j], k)));
+        let lanes = if B::OFFSET == 0 {
+            summs[j] += _mm_cvtss_f32(_mm_movehdup_ps(prod));
+            dot_u8i8(q, act_q(&xs[j], k))
+        } else {
+            dot_i8i8(signed, act_q(&xs[j], k))
+        };
+        let dot = _mm256_cvtepi32_ps(lanes);
         acc[j] = _mm256_fmadd_ps(_mm256_broadcastss_ps(prod), dot, acc[j]);
-        corr[j] = _mm_add_ps(corr[j], prod);
     }
 }
 
-/// One weight row of an affine format against `NB` activation rows. Blocks alternate
-/// between two accumulator sets so consecutive FMAs do not wait on each other.
+/// One weight row of an affine format against `NB` activation rows.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn tile_affine<B: AffineBlock, const NB: usize>(w: &[u8], xs: &[Q8Row; NB]) -> [f32; NB] {
-    let mut acc = [[_mm256_setzero_ps(); NB]; 2];
-    let mut corr = [[_mm_setzero_ps(); NB]; 2];
-    let blocks = w.len() / B::BYTES;
-    let mut k = 0;
-    while k + 1 < blocks {
-        affine_step::<B, NB>(w, k, xs, &mut acc[0], &mut corr[0]);
-        affine_step::<B, NB>(w, k + 1, xs, &mut acc[1], &mut corr[1]);
-        k += 2;
+    let mut acc = [_mm256_setzero_ps(); NB];
+    let mut summs = [0f32; NB];
+    for k in 0..w.len() / B::BYTES {
+        affine_step::<B, NB>(w, k, xs, &mut acc, &mut summs);
     }
-    if k < blocks {
-        affine_step::<B, NB>(w, k, xs, &mut acc[0], &mut corr[0]);
-    }
-    let mut out = [0f32; NB];
-    for j in 0..NB {
-        let c = _mm_add_ps(corr[0][j], corr[1][j]);
-        let offset = _mm_cvtss_f32(_mm_movehdup_ps(c));
-        out[j] = hsum(_mm256_add_ps(acc[0][j], acc[1][j])) + B::OFFSET * offset;
-    }
-    out
+    std::array::from_fn(|j| hsum(acc[j]) + summs[j])
 }
 
-/// Q8_0 weights are signed: multiply |w| by x carrying w's sign, so `maddubs` sees u8 × i8.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q8_0_step<const NB: usize>(w: &[u8], k: usize, xs: &[Q8Row; NB], acc: &mut [__m256; NB]) {
-    let p = w.as_ptr().add(k * 34);
-    let sc = scale_d(p);
-    let q = _mm256_loadu_si256(p.add(2) as *const __m256i);
-    let aq = _mm256_sign_epi8(q, q);
-    for j in 0..NB {
-        let prod = _mm_mul_ps(sc, act_ds(&xs[j], k));
-        let dot = _mm256_cvtepi32_ps(dot_u8i8(aq, _mm256_sign_epi8(act_q(&xs[j], k), q)));
-        acc[j] = _mm256_fmadd_ps(_mm256_broadcastss_ps(prod), dot, acc[j]);
-    }
-}
-
+/// Q8_0 weights are signed already.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn tile_q8_0<const NB: usize>(w: &[u8], xs: &[Q8Row; NB]) -> [f32; NB] {
-    let mut acc = [[_mm256_setzero_ps(); NB]; 2];
-    let blocks = w.len() / 34;
-    let mut k = 0;
-    while k + 1 < blocks {
-        q8_0_step::<NB>(w, k, xs, &mut acc[0]);
-        q8_0_step::<NB>(w, k + 1, xs, &mut acc[1]);
-        k += 2;
+    let mut acc = [_mm256_setzero_ps(); NB];
+    for k in 0..w.len() / 34 {
+        let p = w.as_ptr().add(k * 34);
+        let sc = scale_d(p);
+        let q = _mm256_loadu_si256(p.add(2) as *const __m256i);
+        for j in 0..NB {
+            let prod = _mm_mul_ps(sc, act_ds(&xs[j], k));
+            let dot = _mm256_cvtepi32_ps(dot_i8i8(q, act_q(&xs[j], k)));
+            acc[j] = _mm256_fmadd_ps(_mm256_broadcastss_ps(prod), dot, acc[j]);
+        }
     }
-    if k < blocks {
-        q8_0_step::<NB>(w, k, xs, &mut acc[0]);
-    }
-    let mut out = [0f32; NB];
-    for j in 0..NB {
-        out[j] = hsum(_mm256_add_ps(acc[0][j], acc[1][j]));
-    }
-    out
+    std::array::from_fn(|j| hsum(acc[j]))
 }
 
 /// The activation rows `i0..i0+NB`, after checking they are as long as the weight row.
