@@ -115,6 +115,24 @@ VARIANTS = {
     ),
 }
 
+# Not committed (about 1 MB): the real models' head widths (256 sliding, 512 global), for
+# checking the GPU attention kernels of those widths. `--wide DIR` writes it to DIR/gemma4_wide.
+WIDE = dict(
+    text=dict(
+        TEXT_COMMON,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=256,
+        global_head_dim=512,
+        num_global_key_value_heads=1,
+        intermediate_size=32,
+        attention_k_eq_v=True,
+        layer_types=["sliding_attention", "full_attention"],
+    ),
+    wrapper=False,
+)
+
 TINY_VISION = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
                    num_key_value_heads=2, head_dim=8, patch_size=4, position_embedding_size=64,
                    pooling_kernel_size=2)
@@ -231,10 +249,16 @@ def write_tokenizer(out_dir: Path) -> None:
 
 
 def main() -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--wide", type=Path, help="write only the uncommitted gemma4_wide variant under this folder")
+    args = ap.parse_args()
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(2)
-    for name, spec in VARIANTS.items():
-        out_dir = OUT / name
+    todo = {"gemma4_wide": (WIDE, args.wide / "gemma4_wide")} if args.wide else \
+        {name: (spec, OUT / name) for name, spec in VARIANTS.items()}
+    for name, (spec, out_dir) in todo.items():
         build(name, spec, out_dir)
         ref = reference(name, load(name, spec, out_dir))
         (out_dir / "reference.json").write_text(json.dumps(ref, separators=(",", ":")) + "\n")

@@ -143,6 +143,20 @@ fn load_hf(dir: &Path, loc: &ModelLocation, dev: &Device) -> Result<LoadedModel,
         Some(t) if t.is_object() => (t.clone(), "model.language_model."),
         _ => (json.clone(), "model."),
     };
+    let towers: Vec<&str> = ["vision", "audio"]
+        .into_iter()
+        .filter(|t| {
+            json.get(format!("{t}_config"))
+                .is_some_and(|c| c.is_object())
+        })
+        .collect();
+    if !towers.is_empty() {
+        eprintln!(
+            "[Load] {}: serving the language model only; its {} weights are not loaded",
+            dir.display(),
+            towers.join(" and ")
+        );
+    }
     let model_type = text_cfg
         .get("model_type")
         .or_else(|| json.get("model_type"))

@@ -156,13 +156,43 @@ pub struct AttnBatch {
 }
 
 /// Query heads one attention block serves: the largest of 4, 2, 1 that divides the group
-/// (2 at most for head_dim 256, to bound registers).
+/// (2 at most for head_dim 256 and 1 for 512, to bound registers).
 fn heads_per_block(group: usize, head_dim: usize) -> usize {
-    let max = if head_dim > 128 { 2 } else { 4 };
+    let max = match head_dim {
+        0..=128 => 4,
+        129..=256 => 2,
+        _ => 1,
+    };
     [4, 2, 1]
         .into_iter()
         .find(|&g| g <= max && group.is_multiple_of(g))
         .unwrap_or(1)
+}
+
+/// Heads per block for a step over every layer of `cache`: the smallest any layer allows,
+/// which divides every layer's group too (layers may differ in KV heads and head_dim, as
+/// Gemma 4's sliding and global layers do), so one packing serves them all.
+fn batch_heads_per_block(cache: &DeviceKvCache, n_heads: usize) -> Result<usize> {
+    if cache.layers.is_empty() {
+        return Err(CudaError::Shape {
+            what: "KV cache layers",
+            got: 0,
+            want: 1,
+        });
+    }
+    let mut gh = 4;
+    for l in &cache.layers {
+        let nkv = l.shape.n_kv_heads;
+        if nkv == 0 || !n_heads.is_multiple_of(nkv) {
+            return Err(CudaError::Shape {
+                what: "query heads (a multiple of the KV heads)",
+                got: n_heads,
+                want: nkv,
+            });
+        }
+        gh = gh.min(heads_per_block(n_heads / nkv, l.shape.head_dim));
+    }
+    Ok(gh)
 }
 
 impl AttnBatch {
@@ -175,23 +205,7 @@ impl AttnBatch {
         seqs: &[AttnSeq],
         n_heads: usize,
     ) -> Result<Self> {
-        let shape = cache
-            .layers
-            .first()
-            .map(|l| l.shape)
-            .ok_or(CudaError::Shape {
-                what: "KV cache layers",
-                got: 0,
-                want: 1,
-            })?;
-        if shape.n_kv_heads == 0 || !n_heads.is_multiple_of(shape.n_kv_heads) {
-            return Err(CudaError::Shape {
-                what: "query heads (a multiple of the KV heads)",
-                got: n_heads,
-                want: shape.n_kv_heads,
-            });
-        }
-        let gh = heads_per_block(n_heads / shape.n_kv_heads, shape.head_dim);
+        let gh = batch_heads_per_block(cache, n_heads)?;
         let bs = cache.block_size;
         let decode = seqs.iter().all(|s| s.len <= 1);
         let qb = if decode { 1 } else { 16 / gh };
@@ -357,7 +371,7 @@ impl AttnBatch {
             });
         }
         let group = n_heads / shape.n_kv_heads;
-        let gh = heads_per_block(group, shape.head_dim);
+        let gh = batch_heads_per_block(cache, n_heads)?;
         let max_context = max_blocks * cache.block_size;
         let blocks = shape.n_kv_heads * (group / gh) * bucket;
         let splits = split_count(ctx.info().sm_count, blocks, max_context);
@@ -508,16 +522,23 @@ impl CudaContext {
         })?;
         let (d, nkv) = (kv.shape.head_dim, kv.shape.n_kv_heads);
         super::check("attention head_dim (the cache's)", p.head_dim, d)?;
-        if ![16, 32, 64, 128, 256].contains(&d) {
+        if ![16, 32, 64, 128, 256, 512].contains(&d) {
             return Err(CudaError::Unsupported {
                 what: "attention head_dim",
                 value: d.to_string(),
-                supported: "16, 32, 64, 128, 256",
+                supported: "16, 32, 64, 128, 256, 512",
             });
         }
         let group = p.n_heads / nkv;
-        let gh = heads_per_block(group, d);
-        super::check("heads per block (the batch was packed for)", gh, batch.gh)?;
+        // The batch's grouping is the smallest over all layers; it must fit this one.
+        let gh = batch.gh;
+        if !group.is_multiple_of(gh) || gh > heads_per_block(group, d) {
+            return Err(CudaError::Shape {
+                what: "heads per block (the batch was packed for)",
+                got: gh,
+                want: heads_per_block(group, d),
+            });
+        }
         if batch.n_rows == 0 {
             return Ok(());
         }

@@ -65,9 +65,9 @@ fn kernel_names(module: &str) -> Vec<String> {
         }
         "attention" => {
             let mut v = fixed(&["attn_reduce", "kv_write_f32", "kv_write_f16"]);
-            for d in [16, 32, 64, 128, 256] {
+            for d in [16, 32, 64, 128, 256, 512] {
                 for gh in [1, 2, 4] {
-                    if d == 256 && gh == 4 {
+                    if (d == 256 && gh == 4) || (d == 512 && gh > 1) {
                         continue;
                     }
                     for t in ["f32", "f16"] {

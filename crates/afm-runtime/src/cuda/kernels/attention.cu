@@ -186,6 +186,8 @@ ATTN_D4(32)
 ATTN_D4(64)
 ATTN_D4(128)
 ATTN_D(256)
+// Gemma 4's global layers; one query head per block keeps the 64 values per lane in registers.
+ATTN(false, f32, 512, 1) ATTN(true, f16, 512, 1)
 
 // Combines the splits of one (row, head): out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M).
 // 128 threads: the split weights are computed once into shared memory, then each thread sums
