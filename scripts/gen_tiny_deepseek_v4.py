@@ -25,7 +25,10 @@ saved names: save_pretrained writes DeepSeek's original names under `model.` (`m
 attn.wq_a.weight`, `model.layers.0.ffn.experts.3.w1.weight`, `head.weight`), close to the real
 checkpoint's unprefixed names; afm accepts both.
 
-    python3 scripts/gen_tiny_deepseek_v4.py [--out DIR]
+A second, smaller fixture (`deepseek_v4_r128`) uses the real HCA ratio, 128, over 144 tokens
+(one HCA row, 36 CSA rows of which the indexer keeps 8, a window of 16).
+
+    python3 scripts/gen_tiny_deepseek_v4.py [--variants deepseek_v4 deepseek_v4_r128] [--out DIR]
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, DeepseekV4Config
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_OUT = REPO_ROOT / "tests" / "fixtures" / "tiny" / "deepseek_v4"
+DEFAULT_OUT = REPO_ROOT / "tests" / "fixtures" / "tiny"
 
 VOCAB = 128
 SEQ_LEN = 70
@@ -97,6 +100,27 @@ CONFIG = dict(
     eos_token_id=1,
     dtype="float32",
 )
+
+
+# The real HCA ratio (128) needs a sequence past 128 tokens; small sizes keep it cheap.
+CONFIG_R128 = dict(
+    CONFIG,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    q_lora_rank=16,
+    o_lora_rank=8,
+    layer_types=["heavily_compressed_attention", "compressed_sparse_attention"],
+    mlp_layer_types=["hash_moe", "moe"],
+    compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 128},
+    sliding_window=16,
+    index_topk=8,
+)
+
+VARIANTS = {
+    "deepseek_v4": (CONFIG, SEQ_LEN),
+    "deepseek_v4_r128": (CONFIG_R128, 144),
+}
 
 
 def reference_tokens(n: int = SEQ_LEN, vocab: int = VOCAB) -> list[int]:
@@ -185,10 +209,10 @@ def mtp_tensors(cfg: DeepseekV4Config, gen: torch.Generator) -> dict[str, torch.
     return {k: v.float().contiguous() for k, v in t.items()}
 
 
-def build_and_save(out_dir: Path) -> None:
+def build_and_save(out_dir: Path, config_kwargs: dict) -> None:
     torch.manual_seed(SEED)
     gen = torch.Generator().manual_seed(SEED)
-    config = DeepseekV4Config(**CONFIG)
+    config = DeepseekV4Config(**config_kwargs)
     model = AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float32)
     randomize(model, gen)
     model.eval()
@@ -204,9 +228,9 @@ def build_and_save(out_dir: Path) -> None:
     save_file(tensors, path, metadata={"format": "pt"})
 
 
-def compute_reference(out_dir: Path) -> dict:
+def compute_reference(out_dir: Path, seq_len: int) -> dict:
     model = AutoModelForCausalLM.from_pretrained(out_dir, attn_implementation="eager", dtype=torch.float32).eval()
-    tokens = reference_tokens()
+    tokens = reference_tokens(seq_len)
     ids = torch.tensor([tokens], dtype=torch.long)
     with torch.no_grad():
         logits = model(input_ids=ids, use_cache=False).logits[0].float()
@@ -234,7 +258,7 @@ def compute_reference(out_dir: Path) -> dict:
                            "a top-k tie in the indexer? change the seed or the indexer heads")
     margins = [float(torch.topk(s[0].float(), 2).values.diff().abs()) for s in gen.scores]
     return {
-        "arch": "deepseek_v4",
+        "arch": out_dir.name,
         "transformers_version": transformers.__version__,
         "torch_version": torch.__version__,
         "dtype": "float32",
@@ -252,18 +276,26 @@ def compute_reference(out_dir: Path) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="fixtures root (default: %(default)s)")
+    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     args = ap.parse_args()
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(2)
-    build_and_save(args.out)
-    ref = compute_reference(args.out)
-    (args.out / "reference.json").write_text(json.dumps(ref, separators=(",", ":")) + "\n")
-    sizes = {p.name: p.stat().st_size for p in sorted(args.out.iterdir())}
-    print(f"deepseek_v4: logits std {ref['logits_std']:.3f} max {ref['logits_abs_max']:.3f} "
+    for name in args.variants:
+        config_kwargs, seq_len = VARIANTS[name]
+        out = args.out / name
+        build_and_save(out, config_kwargs)
+        ref = compute_reference(out, seq_len)
+        (out / "reference.json").write_text(json.dumps(ref, separators=(",", ":")) + "\n")
+        report(name, out, ref)
+    return 0
+
+
+def report(name: str, out: Path, ref: dict) -> None:
+    sizes = {p.name: p.stat().st_size for p in sorted(out.iterdir())}
+    print(f"{name}: logits std {ref['logits_std']:.3f} max {ref['logits_abs_max']:.3f} "
           f"hf decode vs prefill {ref['hf_decode_vs_prefill_max_rel']:.2e} greedy {ref['greedy']} "
           f"min margin {ref['greedy_min_top2_margin']:.4f} files {sizes}")
-    return 0
 
 
 if __name__ == "__main__":

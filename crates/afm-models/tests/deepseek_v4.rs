@@ -16,9 +16,15 @@ use afm_runtime::compute::Device;
 const BLOCK: usize = 4;
 
 fn fixture() -> PathBuf {
+    fixture_named("deepseek_v4")
+}
+
+fn fixture_named(name: &str) -> PathBuf {
     match std::env::var_os("AFM_FIXTURES_DIR") {
-        Some(d) => PathBuf::from(d).join("deepseek_v4"),
-        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny/deepseek_v4"),
+        Some(d) => PathBuf::from(d).join(name),
+        None => Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tests/fixtures/tiny")
+            .join(name),
     }
 }
 
@@ -28,7 +34,11 @@ struct Reference {
 }
 
 fn reference() -> Reference {
-    let text = std::fs::read_to_string(fixture().join("reference.json")).expect("reference.json");
+    reference_in(&fixture())
+}
+
+fn reference_in(dir: &Path) -> Reference {
+    let text = std::fs::read_to_string(dir.join("reference.json")).expect("reference.json");
     let v: serde_json::Value = serde_json::from_str(&text).expect("reference json");
     let tokens = v["tokens"]
         .as_array()
@@ -289,6 +299,28 @@ fn released_checkpoint_layout_matches_transformers() {
         );
     }
     std::fs::remove_dir_all(dir).ok();
+}
+
+/// The real HCA ratio, 128, over 144 tokens (one HCA row; 36 CSA rows, 8 picked; window 16).
+#[test]
+fn hca_ratio_128_matches_transformers() {
+    let dir = fixture_named("deepseek_v4_r128");
+    let m = load_model(&ModelLocation::HfDir(dir.clone())).unwrap_or_else(|e| panic!("{e}"));
+    let r = reference_in(&dir);
+    let n = r.tokens.len();
+    let schedules = [
+        ("prefill", vec![n]),
+        ("decode", vec![1; n]),
+        ("chunks", vec![100, 27, 1, 1, 15]),
+    ];
+    for (name, chunks) in schedules {
+        let (pos, err) = worst(&m, &r, &chunks);
+        eprintln!("deepseek_v4_r128 {name}: max relative error {err:.2e} (position {pos})");
+        assert!(
+            err <= 1e-3,
+            "ratio 128 {name}: position {pos} relative error {err:.2e}"
+        );
+    }
 }
 
 /// The MTP module's weights are bound (nothing runs them yet).

@@ -554,6 +554,25 @@ impl CausalLm for DeepseekV4 {
             }
         }
         let pool = kv.host_layers_mut()?;
+        // A pool made from another model's shapes would index past a stream or mis-size a row.
+        if pool.len() != self.shapes.len() {
+            return Err(ComputeError::Shape {
+                what: "KV pool streams (deepseek_v4's kv_shapes)",
+                got: pool.len(),
+                want: self.shapes.len(),
+            });
+        }
+        if let Some((i, l)) = pool
+            .iter()
+            .enumerate()
+            .find(|(i, l)| l.shape != self.shapes[*i])
+        {
+            return Err(ComputeError::Shape {
+                what: "KV pool stream width (heads × head_dim of kv_shapes)",
+                got: l.shape.n_kv_heads * l.shape.head_dim,
+                want: self.shapes[i].n_kv_heads * self.shapes[i].head_dim,
+            });
+        }
         for (b, st) in self.layers.iter().zip(&self.streams) {
             let (x, post, comb) = self.hc_pre(&b.attn_hc, &streams, rows)?;
             let x = self.rms(&b.attn_norm, x, rows)?;

@@ -342,9 +342,28 @@ impl Attention {
         let lo = (s.pos0 + 1).saturating_sub(c.window);
         let window = read_rows(&pool[st.window], s.block_table, lo..end, 1);
         let ratio = c.ratio(self.kind).max(1);
+        // CSA reads only the rows the indexer picked for some row of this chunk; `slot[e]` is
+        // row e's place in `comp`.
+        let needed: Vec<usize> = match (self.kind, picks) {
+            (AttnKind::Sliding, _) => Vec::new(),
+            (AttnKind::Csa, Some(p)) => {
+                let mut v: Vec<usize> = p[s.row0..s.row0 + s.len]
+                    .iter()
+                    .flatten()
+                    .copied()
+                    .collect();
+                v.sort_unstable();
+                v.dedup();
+                v
+            }
+            _ => (0..end / ratio).collect(),
+        };
+        let mut slot = vec![0usize; end / ratio];
+        needed.iter().enumerate().for_each(|(k, &e)| slot[e] = k);
         let comp = st.comp.map_or_else(Vec::new, |(_, cs)| {
-            read_rows(&pool[cs], s.block_table, 0..end / ratio, ratio)
+            read_rows(&pool[cs], s.block_table, needed.iter().copied(), ratio)
         });
+        let row = |e: usize| &comp[slot[e] * hd..(slot[e] + 1) * hd];
         let scale = 1.0 / (hd as f32).sqrt();
         let mut keys: Vec<&[f32]> = Vec::new();
         for i in 0..s.len {
@@ -356,9 +375,9 @@ impl Attention {
             match (self.kind, picks) {
                 (AttnKind::Sliding, _) => {}
                 (AttnKind::Csa, Some(p)) => {
-                    keys.extend(p[r].iter().map(|&e| &comp[e * hd..(e + 1) * hd]));
+                    keys.extend(p[r].iter().map(|&e| row(e)));
                 }
-                _ => keys.extend((0..visible).map(|e| &comp[e * hd..(e + 1) * hd])),
+                _ => keys.extend((0..visible).map(row)),
             }
             for h in 0..heads {
                 let qh = &q[(r * heads + h) * hd..(r * heads + h + 1) * hd];
@@ -463,24 +482,17 @@ fn read(layer: &LayerKv, table: &[u32], pos: usize, head: usize, keys: bool, out
     }
 }
 
-/// Head-0 keys of entries `range`, entry `e` stored at position `(e + 1) · stride − 1`.
+/// Head-0 keys of `entries`, in order, entry `e` stored at position `(e + 1) · stride − 1`.
 fn read_rows(
     layer: &LayerKv,
     table: &[u32],
-    range: std::ops::Range<usize>,
+    entries: impl ExactSizeIterator<Item = usize>,
     stride: usize,
 ) -> Vec<f32> {
     let d = layer.shape.head_dim;
-    let mut out = vec![0f32; range.len() * d];
-    for (k, e) in range.enumerate() {
-        read(
-            layer,
-            table,
-            (e + 1) * stride - 1,
-            0,
-            true,
-            &mut out[k * d..(k + 1) * d],
-        );
+    let mut out = vec![0f32; entries.len() * d];
+    for (row, e) in out.chunks_exact_mut(d).zip(entries) {
+        read(layer, table, (e + 1) * stride - 1, 0, true, row);
     }
     out
 }
