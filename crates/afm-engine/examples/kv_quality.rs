@@ -29,6 +29,7 @@ fn all_logits(m: &LoadedModel, tokens: &[u32], dtype: KvDtype) -> Vec<Vec<f64>> 
         let end = (start + CHUNK).min(tokens.len());
         let spans: Vec<SeqChunk> = (start..end)
             .map(|p| SeqChunk {
+                state_slot: None,
                 len: 1,
                 pos0: p,
                 block_table: &table,

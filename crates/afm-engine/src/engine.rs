@@ -9,7 +9,7 @@ use std::sync::{mpsc, Arc};
 use std::time::Instant;
 
 use afm_models::{ForwardBatch, LoadedModel, SeqChunk};
-use afm_runtime::compute::{ComputeError, Device, KvPool};
+use afm_runtime::compute::{ComputeError, Device, KvPool, LayerStateShape, StatePool};
 use afm_runtime::kv_store::{KvCache, KvDtype};
 use tokio::sync::mpsc as tmpsc;
 
@@ -19,6 +19,7 @@ use crate::metrics::EngineMetrics;
 use crate::sampling::Sampler;
 use crate::scheduler::{Scheduler, SchedulerConfig, StepPlan};
 use crate::sequence::Sequence;
+use crate::state_slots::{StateSlot, StateSlots};
 
 mod device_step;
 
@@ -154,6 +155,8 @@ struct Active {
     admitted: Option<Instant>,
     first_token: Option<Instant>,
     generated: usize,
+    /// Recurrent-state slot (hybrid models) while running; dropping it frees the slot.
+    state_slot: Option<StateSlot>,
 }
 
 pub struct Engine {
@@ -166,6 +169,8 @@ pub struct Engine {
     metrics: Arc<EngineMetrics>,
     max_context: usize,
     debug: bool,
+    /// Slot ids of the KV pool's recurrent state, for models that have one.
+    state_slots: Option<StateSlots>,
     /// Decode steps run through `device_step` (a GPU with graphs enabled).
     device_decode: bool,
 }
@@ -180,6 +185,17 @@ impl Engine {
             cfg.max_context
         };
         let shapes = model.model.kv_shapes();
+        let state_shapes = model.model.state_shapes();
+        // A cached prefix restores K/V but not recurrent state (no snapshots yet): off, not wrong.
+        let cfg = if state_shapes.is_empty() || !cfg.prefix_caching {
+            cfg
+        } else {
+            eprintln!("[KVCache] prefix caching off: {} keeps per-sequence recurrent state (Gated DeltaNet) that a cached prefix cannot restore yet", model.arch);
+            EngineConfig {
+                prefix_caching: false,
+                ..cfg
+            }
+        };
         let kv_dtype = match cfg.kv_bits {
             None => model.kv_dtype,
             Some(8) => KvDtype::Q8,
@@ -221,7 +237,10 @@ impl Engine {
             .device
             .kv_pool(&shapes, num_blocks, cfg.block_size, kv_dtype)
             .map_err(|e| EngineError::Config(format!("creating the KV cache: {e}")))?;
-        let device_decode = device_step::prepare(&model, &mut kv, &cfg, max_context);
+        let state_slots = attach_state_pool(&mut kv, &state_shapes, cfg.concurrent.max(1));
+        // Decode graphs replay attention-only steps; recurrent state takes the general path.
+        let device_decode =
+            state_slots.is_none() && device_step::prepare(&model, &mut kv, &cfg, max_context);
         let blocks = BlockManager::new(num_blocks, cfg.block_size, cfg.prefix_caching);
         let sched_cfg = SchedulerConfig {
             max_running: cfg.concurrent.max(1),
@@ -250,6 +269,7 @@ impl Engine {
             metrics: metrics.clone(),
             max_context,
             debug: cfg.debug,
+            state_slots,
             device_decode,
         };
         std::thread::Builder::new()
@@ -324,6 +344,7 @@ impl Engine {
                         admitted: None,
                         first_token: None,
                         generated: 0,
+                        state_slot: None,
                     },
                 );
             }
@@ -334,6 +355,10 @@ impl Engine {
     fn step(&mut self) {
         let plan = self.scheduler.schedule();
         for id in &plan.preempted {
+            // Recomputed from its first token later, into a fresh slot.
+            if let Some(a) = self.active.get_mut(id) {
+                a.state_slot = None;
+            }
             if self.debug {
                 eprintln!(
                     "[BatchScheduler] preempted request {id} (KV blocks exhausted; will recompute)"
@@ -426,12 +451,14 @@ impl Engine {
                 .expect("planned sequences are live");
             tokens.extend_from_slice(&seq.tokens[item.start..item.start + item.len]);
         }
-        for item in &plan.items {
+        let slots = self.state_slots_for(plan)?;
+        for (item, state_slot) in plan.items.iter().zip(slots) {
             chunks.push(SeqChunk {
                 len: item.len,
                 pos0: item.start,
                 block_table: &item.block_table,
                 logits: item.samples,
+                state_slot,
             });
         }
         let batch = ForwardBatch {
@@ -442,6 +469,34 @@ impl Engine {
         // short matmuls, each shorter than waking a sleeping worker.
         let (model, kv) = (&self.model.model, &mut self.kv);
         afm_runtime::threads::install(|| model.forward(&batch, kv))
+    }
+
+    /// Each planned sequence's recurrent-state slot (hybrid models only): the one it holds, or a
+    /// zeroed one for a sequence starting (or restarting after preemption).
+    fn state_slots_for(&mut self, plan: &StepPlan) -> Result<Vec<Option<u32>>, ComputeError> {
+        let Some(free) = &mut self.state_slots else {
+            return Ok(vec![None; plan.items.len()]);
+        };
+        let mut ids = Vec::with_capacity(plan.items.len());
+        for item in &plan.items {
+            let Some(a) = self.active.get_mut(&item.seq_id) else {
+                ids.push(None);
+                continue;
+            };
+            if a.state_slot.is_none() {
+                let slot = free.acquire().ok_or(ComputeError::Shape {
+                    what: "free recurrent-state slots (one per running sequence)",
+                    got: 0,
+                    want: 1,
+                })?;
+                if let Some(states) = self.kv.states_mut() {
+                    states.reset(slot.id())?;
+                }
+                a.state_slot = Some(slot);
+            }
+            ids.push(a.state_slot.as_ref().map(StateSlot::id));
+        }
+        Ok(ids)
     }
 
     fn check_finished(&mut self, id: RequestId, tok: u32) {
@@ -497,6 +552,24 @@ impl Engine {
         }
         let _ = a.tx.send(GenerateEvent::Finished { reason, stats });
     }
+}
+
+/// Recurrent-state slots for hybrid models, one per sequence that can run at once.
+fn attach_state_pool(
+    kv: &mut KvPool,
+    shapes: &[LayerStateShape],
+    slots: usize,
+) -> Option<StateSlots> {
+    if shapes.is_empty() {
+        return None;
+    }
+    kv.attach_states(StatePool::new(shapes, slots));
+    eprintln!(
+        "[StateCache] {slots} recurrent-state slots × {:.1} MiB ({} recurrent layers, host memory)",
+        StatePool::bytes_per_slot(shapes) as f64 / (1 << 20) as f64,
+        shapes.len()
+    );
+    Some(StateSlots::new(slots))
 }
 
 /// On a GPU: 90% of the memory free after the weights, less 1 GiB for activations and

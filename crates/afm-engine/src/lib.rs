@@ -12,6 +12,7 @@ pub mod metrics;
 pub mod sampling;
 pub mod scheduler;
 pub mod sequence;
+pub mod state_slots;
 
 pub use api::*;
 pub use engine::{Engine, EngineConfig, EngineError, EngineHandle};

@@ -57,6 +57,7 @@ fn greedy(
         .expect("KV pool");
     let mut fwd = |tokens: &[u32], pos0: usize| {
         let seq = [SeqChunk {
+            state_slot: None,
             len: tokens.len(),
             pos0,
             block_table: &table,
@@ -138,6 +139,7 @@ fn bench(m: &LoadedModel, batch: usize, plen: usize, steps: usize) -> Timing {
         let seqs: Vec<SeqChunk> = tables
             .iter()
             .map(|t| SeqChunk {
+                state_slot: None,
                 len,
                 pos0,
                 block_table: t,

@@ -21,6 +21,7 @@ fn main() {
     for step in 0..n {
         let chunk = &tokens[pos..];
         let seq = [SeqChunk {
+            state_slot: None,
             len: chunk.len(),
             pos0: pos,
             block_table: &table,

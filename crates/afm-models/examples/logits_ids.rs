@@ -19,6 +19,7 @@ fn main() {
     let mut f = std::fs::File::create(&args[3]).expect("create");
     for pos in 0..tokens.len() {
         let seq = [SeqChunk {
+            state_slot: None,
             len: 1,
             pos0: pos,
             block_table: &table,

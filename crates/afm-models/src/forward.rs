@@ -8,9 +8,11 @@
 //! seqs:   [ {len 4, pos0 0}, {len 1, pos0 7}, {len 2, pos0 3} ]
 //! logits: one row per sequence with `logits: true`, for its last new token
 //! ```
+//!
+//! [`StatePool`]: afm_runtime::compute::StatePool
 
 use afm_runtime::attention::AttnSeq;
-use afm_runtime::compute::{ComputeError, KvPool};
+use afm_runtime::compute::{ComputeError, KvPool, LayerStateShape};
 use afm_runtime::kv_store::LayerKvShape;
 
 #[derive(Debug, Clone, Copy)]
@@ -22,6 +24,10 @@ pub struct SeqChunk<'a> {
     pub block_table: &'a [u32],
     /// Return logits for this sequence's last new token.
     pub logits: bool,
+    /// The sequence's recurrent-state slot in the pool's [`StatePool`], for models with
+    /// recurrent layers (`state_shapes` not empty); `None` for attention-only models. The slot
+    /// must hold exactly `pos0` tokens of this sequence (zeroed when `pos0` is 0).
+    pub state_slot: Option<u32>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -81,4 +87,10 @@ pub trait CausalLm: Send + Sync {
     /// Cache shape of each layer.
     fn kv_shapes(&self) -> Vec<LayerKvShape>;
     fn vocab_size(&self) -> usize;
+    /// Recurrent state each sequence carries, per recurrent layer (Gated DeltaNet's conv
+    /// window and state matrix). Empty for attention-only models; otherwise the engine attaches
+    /// a [`StatePool`] to the KV pool and gives every sequence a slot.
+    fn state_shapes(&self) -> Vec<LayerStateShape> {
+        Vec::new()
+    }
 }

@@ -84,6 +84,7 @@ fn run_chunks(m: &LoadedModel, tokens: &[u32], chunks: &[usize]) -> Vec<(usize, 
     let mut pos = 0;
     for &len in chunks {
         let seq = [SeqChunk {
+            state_slot: None,
             len,
             pos0: pos,
             block_table: &table,
@@ -187,6 +188,7 @@ fn two_sequences_share_steps() {
         let mut tokens = Vec::new();
         if la > 0 {
             seqs.push(SeqChunk {
+                state_slot: None,
                 len: la,
                 pos0: pa,
                 block_table: &ta,
@@ -196,6 +198,7 @@ fn two_sequences_share_steps() {
         }
         if lb > 0 {
             seqs.push(SeqChunk {
+                state_slot: None,
                 len: lb,
                 pos0: pb,
                 block_table: &tb,

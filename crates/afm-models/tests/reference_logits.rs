@@ -85,6 +85,7 @@ fn run_chunks(m: &LoadedModel, tokens: &[u32], chunks: &[usize]) -> Vec<(usize, 
     let mut pos = 0;
     for &len in chunks {
         let seq = [SeqChunk {
+            state_slot: None,
             len,
             pos0: pos,
             block_table: &table,

@@ -24,6 +24,7 @@ fn forward_fn<'m>(
         let chunks: Vec<SeqChunk> = seqs
             .iter()
             .map(|s| SeqChunk {
+                state_slot: None,
                 len: s.len,
                 pos0: s.pos0,
                 block_table: s.block_table,

@@ -6,6 +6,8 @@ pub mod gemma4;
 pub mod llama;
 pub mod qwen2;
 pub mod qwen3;
+pub mod qwen3_5;
+pub mod qwen3_5_moe;
 
 use afm_runtime::compute::Device;
 use afm_runtime::ops::RopeStyle;
@@ -69,6 +71,18 @@ pub const ARCHITECTURES: &[Architecture] = &[
         gguf_arch: "gemma3",
         adjust_gguf: gemma3::adjust_gguf_config,
         load: |ck, cfg, dev| Ok(Box::new(gemma3::Gemma3::load(ck, cfg, dev)?)),
+    },
+    Architecture {
+        hf_types: &["qwen3_5", "qwen3_5_text"],
+        gguf_arch: "qwen35",
+        adjust_gguf: no_adjust,
+        load: |ck, cfg, dev| Ok(Box::new(qwen3_5::Qwen35::load(ck, cfg, dev)?)),
+    },
+    Architecture {
+        hf_types: &["qwen3_5_moe", "qwen3_5_moe_text"],
+        gguf_arch: "qwen35moe",
+        adjust_gguf: no_adjust,
+        load: |ck, cfg, dev| Ok(Box::new(qwen3_5::Qwen35::load(ck, cfg, dev)?)),
     },
     Architecture {
         hf_types: &["gemma4", "gemma4_text"],

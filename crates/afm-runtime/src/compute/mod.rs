@@ -18,6 +18,10 @@
 #[cfg(feature = "cuda")]
 mod cuda;
 mod host;
+mod host_compute;
+mod state_pool;
+
+pub use state_pool::{LayerStateShape, StatePool, StateSnapshot};
 
 use std::fmt;
 use std::str::FromStr;
@@ -183,6 +187,8 @@ pub struct KvPool {
     num_blocks: usize,
     layers: usize,
     data: KvData,
+    /// Recurrent state slots of hybrid models, owned with the cache by the engine.
+    states: Option<StatePool>,
 }
 
 enum KvData {
@@ -334,6 +340,19 @@ impl KvPool {
         self.layers
     }
 
+    /// Gives the pool recurrent state slots (models whose `state_shapes` is not empty).
+    pub fn attach_states(&mut self, states: StatePool) {
+        self.states = Some(states);
+    }
+
+    pub fn states(&self) -> Option<&StatePool> {
+        self.states.as_ref()
+    }
+
+    pub fn states_mut(&mut self) -> Option<&mut StatePool> {
+        self.states.as_mut()
+    }
+
     /// The host cache's layers, for models whose cache streams no device op serves yet
     /// (DeepSeek V4's compressor streams, read and written by the model on the CPU). A GPU
     /// pool answers `WrongDevice`.
@@ -360,6 +379,7 @@ impl From<KvCache> for KvPool {
             num_blocks: c.num_blocks(),
             layers: c.layers.len(),
             data: KvData::Host(c),
+            states: None,
         }
     }
 }
@@ -493,6 +513,7 @@ impl Device {
             num_blocks,
             layers: shapes.len(),
             data,
+            states: None,
         })
     }
 
