@@ -26,7 +26,8 @@ attn.wq_a.weight`, `model.layers.0.ffn.experts.3.w1.weight`, `head.weight`), clo
 checkpoint's unprefixed names; afm accepts both.
 
 A second, smaller fixture (`deepseek_v4_r128`) uses the real HCA ratio, 128, over 144 tokens
-(one HCA row, 36 CSA rows of which the indexer keeps 8, a window of 16).
+(one HCA row, 36 CSA rows of which the indexer keeps 8, a window of 16) and the real mHC shape
+(4 streams, 20 Sinkhorn iterations).
 
     python3 scripts/gen_tiny_deepseek_v4.py [--variants deepseek_v4 deepseek_v4_r128] [--out DIR]
 """
@@ -115,6 +116,10 @@ CONFIG_R128 = dict(
     compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 128},
     sliding_window=16,
     index_topk=8,
+    # The real 4 streams and 20 Sinkhorn iterations: with 2 streams a doubly-stochastic mix is
+    # symmetric, which would hide a transposed stream-mixing matrix.
+    hc_mult=4,
+    hc_sinkhorn_iters=20,
 )
 
 VARIANTS = {

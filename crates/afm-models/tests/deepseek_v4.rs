@@ -84,7 +84,6 @@ fn run_chunks(m: &LoadedModel, tokens: &[u32], chunks: &[usize]) -> Vec<(usize, 
     let mut pos = 0;
     for &len in chunks {
         let seq = [SeqChunk {
-            state_slot: None,
             len,
             pos0: pos,
             block_table: &table,
@@ -188,7 +187,6 @@ fn two_sequences_share_steps() {
         let mut tokens = Vec::new();
         if la > 0 {
             seqs.push(SeqChunk {
-                state_slot: None,
                 len: la,
                 pos0: pa,
                 block_table: &ta,
@@ -198,7 +196,6 @@ fn two_sequences_share_steps() {
         }
         if lb > 0 {
             seqs.push(SeqChunk {
-                state_slot: None,
                 len: lb,
                 pos0: pb,
                 block_table: &tb,
@@ -304,7 +301,8 @@ fn released_checkpoint_layout_matches_transformers() {
     std::fs::remove_dir_all(dir).ok();
 }
 
-/// The real HCA ratio, 128, over 144 tokens (one HCA row; 36 CSA rows, 8 picked; window 16).
+/// The real HCA ratio, 128, over 144 tokens (one HCA row; 36 CSA rows, 8 picked; window 16),
+/// and the real 4 mHC streams (with 2, the stream-mixing matrix is symmetric).
 #[test]
 fn hca_ratio_128_matches_transformers() {
     let dir = fixture_named("deepseek_v4_r128");
