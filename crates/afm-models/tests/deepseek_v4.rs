@@ -88,6 +88,7 @@ fn run_chunks(m: &LoadedModel, tokens: &[u32], chunks: &[usize]) -> Vec<(usize, 
             pos0: pos,
             block_table: &table,
             logits: true,
+            state_slot: None,
         }];
         let batch = ForwardBatch {
             tokens: &tokens[pos..pos + len],
@@ -191,6 +192,7 @@ fn two_sequences_share_steps() {
                 pos0: pa,
                 block_table: &ta,
                 logits: true,
+                state_slot: None,
             });
             tokens.extend_from_slice(&r.tokens[pa..pa + la]);
         }
@@ -200,6 +202,7 @@ fn two_sequences_share_steps() {
                 pos0: pb,
                 block_table: &tb,
                 logits: true,
+                state_slot: None,
             });
             tokens.extend_from_slice(&r.tokens[pb..pb + lb]);
         }
