@@ -140,7 +140,17 @@ fn main() {
         model_decode(budget);
         return;
     }
-    let wanted: Vec<&String> = args.iter().filter(|a| *a != "quick").collect();
+    // `n=1,8,16`: the activation row counts to time (default 1 and 64).
+    let ns: Vec<usize> = args
+        .iter()
+        .find_map(|a| a.strip_prefix("n="))
+        .map_or(vec![1, 64], |v| {
+            v.split(',').filter_map(|n| n.parse().ok()).collect()
+        });
+    let wanted: Vec<&String> = args
+        .iter()
+        .filter(|a| *a != "quick" && !a.starts_with("n="))
+        .collect();
     let all = DType::ALL;
     // By default the types the target models use; name others on the command line.
     let default = [
@@ -177,7 +187,7 @@ fn main() {
             let cold: Vec<WeightMatrix> = (0..copies)
                 .map(|_| random_matrix(&mut rng, dtype, rows, cols))
                 .collect();
-            for n in [1usize, 64] {
+            for &n in &ns {
                 let x: Vec<f32> = (0..n * cols)
                     .map(|i| ((i * 7919) % 1000) as f32 * 1e-3 - 0.5)
                     .collect();

@@ -133,14 +133,51 @@ impl WeightMatrix {
         }
         let cols = self.cols;
         match RowKernel::for_type(self.dtype, isa) {
-            RowKernel::Float(k) => self.drive(n, 4 * cols, out, |w, i0, o| k(w, x, cols, i0, o)),
+            RowKernel::Float(k) => self.drive(n, 4 * cols, Lanes::NONE, out, |w, i0, o| {
+                k(w, x, cols, i0, o)
+            }),
             RowKernel::Q8(k) => {
                 let a = Q8Rows::quantize_for_weight(x, cols, self.dtype, isa);
-                self.drive(n, cols, out, |w, i0, o| k(w, &a, i0, o))
+                #[cfg(target_arch = "x86_64")]
+                if let Some(lk) = quant::lanes_kernel(self.dtype, isa).filter(|_| n >= LANES_MIN_N)
+                {
+                    let l = quant::Q8Lanes::from_rows(&a, self.dtype);
+                    let lanes = Lanes {
+                        rows: l.rows(),
+                        tile: quant::LANES * quant::MAX_GROUPS_32,
+                        weight_rows: 1,
+                    };
+                    return self.drive(n, cols, lanes, out, |w, i0, o| {
+                        if i0 < lanes.rows {
+                            lk(w, &l, i0 / quant::LANES, o)
+                        } else {
+                            k(w, &a, i0, o)
+                        }
+                    });
+                }
+                self.drive(n, cols, Lanes::NONE, out, |w, i0, o| k(w, &a, i0, o))
             }
             RowKernel::Q8k(k) => {
                 let a = Q8kRows::quantize(x, cols, isa);
-                self.drive(n, cols, out, |w, i0, o| k(w, &a, i0, o))
+                #[cfg(target_arch = "x86_64")]
+                if let Some(lk) =
+                    quant::k_lanes_kernel(self.dtype, isa).filter(|_| n >= LANES_MIN_N)
+                {
+                    let l = quant::Q8kLanes::from_rows(&a);
+                    let lanes = Lanes {
+                        rows: l.rows(),
+                        tile: quant::LANES * quant::MAX_GROUPS,
+                        weight_rows: quant::MAX_ROWS,
+                    };
+                    return self.drive(n, cols, lanes, out, |w, i0, o| {
+                        if i0 < lanes.rows {
+                            lk(w, &l, i0 / quant::LANES, o)
+                        } else {
+                            k(w, &a, i0, o)
+                        }
+                    });
+                }
+                self.drive(n, cols, Lanes::NONE, out, |w, i0, o| k(w, &a, i0, o))
             }
         }
     }
@@ -160,9 +197,12 @@ impl WeightMatrix {
         }
     }
 
-    /// Run `kernel(weight_row, i0, out_tile)` over every weight row and activation tile,
-    /// weight-row chunks in parallel. `act_row_bytes` sizes the cache blocking.
-    fn drive<K>(&self, n: usize, act_row_bytes: usize, out: &mut [f32], kernel: K)
+    /// Run `kernel(weight_rows, i0, out_tile)` over every weight row and activation tile,
+    /// weight-row chunks in parallel. `act_row_bytes` sizes the cache blocking. Activation
+    /// rows below `lanes.rows` (a multiple of 8) go to a lanes kernel in tiles of up to
+    /// `lanes.tile` rows × `lanes.weight_rows` weight rows (`out_tile` row-major by weight
+    /// row); the rest to the one-row kernels, one weight row and up to `MAX_TILE` rows a call.
+    fn drive<K>(&self, n: usize, act_row_bytes: usize, lanes: Lanes, out: &mut [f32], kernel: K)
     where
         K: Fn(&[u8], usize, &mut [f32]) + Sync,
     {
@@ -175,27 +215,70 @@ impl WeightMatrix {
             .collect();
         pieces.sort_by_key(|p| p.0); // stable: activation rows stay in order within a chunk
         let act_block =
-            (ACT_BLOCK_BYTES / act_row_bytes.max(1)).clamp(MAX_TILE, 64) / MAX_TILE * MAX_TILE;
+            (ACT_BLOCK_BYTES / act_row_bytes.max(1)).clamp(LANE_TILE, 64) / LANE_TILE * LANE_TILE;
+        let weight_rows = lanes.weight_rows.max(1);
         pieces.par_chunks_mut(n).for_each(|outs| {
             let r0 = outs[0].0 * chunk;
             let r1 = (r0 + chunk).min(rows);
-            let mut tile = [0f32; MAX_TILE];
+            let mut tile = [0f32; LANE_TILE * LANE_ROWS];
             for b0 in (0..n).step_by(act_block) {
                 let b1 = (b0 + act_block).min(n);
-                for r in r0..r1 {
-                    let wr = &w[r * rb..(r + 1) * rb];
-                    for i0 in (b0..b1).step_by(MAX_TILE) {
-                        let nb = (b1 - i0).min(MAX_TILE);
-                        kernel(wr, i0, &mut tile[..nb]);
-                        for (j, &v) in tile[..nb].iter().enumerate() {
-                            outs[i0 + j].1[r - r0] = v;
+                for r in (r0..r1).step_by(weight_rows) {
+                    let rw = (r1 - r).min(weight_rows);
+                    let mut i0 = b0;
+                    while i0 < b1 {
+                        if i0 < lanes.rows {
+                            let nb = (lanes.rows.min(b1) - i0).min(lanes.tile);
+                            kernel(&w[r * rb..(r + rw) * rb], i0, &mut tile[..rw * nb]);
+                            for (q, t) in tile[..rw * nb].chunks_exact(nb).enumerate() {
+                                for (j, &v) in t.iter().enumerate() {
+                                    outs[i0 + j].1[r + q - r0] = v;
+                                }
+                            }
+                            i0 += nb;
+                            continue;
                         }
+                        let nb = (b1 - i0).min(MAX_TILE);
+                        for q in r..r + rw {
+                            kernel(&w[q * rb..(q + 1) * rb], i0, &mut tile[..nb]);
+                            for (j, &v) in tile[..nb].iter().enumerate() {
+                                outs[i0 + j].1[q - r0] = v;
+                            }
+                        }
+                        i0 += nb;
                     }
                 }
             }
         });
     }
 }
+
+/// How `drive` hands activation rows to a lanes kernel (`quant::vnni_lanes`).
+#[derive(Clone, Copy)]
+struct Lanes {
+    /// Activation rows `0..rows` go to the lanes kernel (whole groups of 8).
+    rows: usize,
+    /// Most activation rows per call.
+    tile: usize,
+    /// Most weight rows per call.
+    weight_rows: usize,
+}
+
+impl Lanes {
+    const NONE: Lanes = Lanes {
+        rows: 0,
+        tile: 0,
+        weight_rows: 1,
+    };
+}
+
+/// Most activation rows any lanes-kernel call takes; activation blocks are multiples of it.
+const LANE_TILE: usize = 32;
+/// Most weight rows any lanes-kernel call takes.
+const LANE_ROWS: usize = 4;
+/// From this many activation rows on, whole groups of 8 take the lanes kernels.
+#[cfg(target_arch = "x86_64")]
+const LANES_MIN_N: usize = 8;
 
 /// Quantized activations kept hot while a chunk's weight rows pass over them.
 const ACT_BLOCK_BYTES: usize = 256 << 10;

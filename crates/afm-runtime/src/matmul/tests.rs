@@ -161,7 +161,9 @@ fn kernels_match_reference_on_their_quantized_activations() {
     let mut rng = Rng(7);
     for dtype in DType::ALL {
         for &cols in cols_for(dtype) {
-            for (rows, n) in [(7, 1), (13, 3), (5, 17), (64, 4)] {
+            // 8, 17 and 40 rows exercise the lanes kernels (whole groups of 8, with 1..4
+            // weight rows per call) next to the one-row kernels for the rest.
+            for (rows, n) in [(7, 1), (13, 3), (5, 17), (64, 4), (6, 8), (9, 40)] {
                 let m = random_matrix(&mut rng, dtype, rows, cols);
                 let x = random_x(&mut rng, n, cols, true);
                 let xq = as_quantized(dtype, &x, cols);
@@ -261,5 +263,36 @@ fn zero_activations_give_zero_and_empty_shapes_are_fine() {
             dtype.name()
         );
         assert!(m.fast(Isa::best(), &[], 0).is_empty());
+    }
+}
+
+/// A row's output does not depend on the batch it is in: the lanes kernels (whole groups of
+/// 8 rows) and the one-row kernels keep one summation order (docs/DECISIONS.md), so a
+/// request's logits are the same alone and beside others.
+#[test]
+fn batched_rows_equal_single_rows_bit_for_bit() {
+    let mut rng = Rng(23);
+    for dtype in DType::ALL {
+        let cols = match dtype.block_elems() {
+            1 => continue,
+            32 => 416,
+            _ => 512,
+        };
+        let m = random_matrix(&mut rng, dtype, 11, cols);
+        for n in [8, 17, 40] {
+            let x = random_x(&mut rng, n, cols, true);
+            let batch = m.fast(Isa::best(), &x, n);
+            for i in 0..n {
+                let alone = m.fast(Isa::best(), &x[i * cols..(i + 1) * cols], 1);
+                for (r, (a, b)) in alone.iter().zip(&batch[i * 11..(i + 1) * 11]).enumerate() {
+                    assert_eq!(
+                        a.to_bits(),
+                        b.to_bits(),
+                        "{} n {n} row {i} out {r}: alone {a}, in a batch {b}",
+                        dtype.name()
+                    );
+                }
+            }
+        }
     }
 }

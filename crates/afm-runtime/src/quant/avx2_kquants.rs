@@ -1,6 +1,8 @@
 //! AVX2 dot kernels for the K-quants against Q8K activation rows. Per superblock the sub-block scales are applied in integers
-//! (`madd` of i16 scales with i16 pair sums), and one float FMA per superblock and activation
-//! row folds in `d·d_x`. Minimums and the Q3_K/Q6_K offsets (−4, −32) meet the activation
+//! (`madd` of i16 scales with i16 pair sums), and for Q4_K, Q5_K and Q6_K the superblock's
+//! exact integer total meets `d·d_x` in one scalar FMA per superblock and activation row (then
+//! the mins' total `dmin·d_x`): the order `vnni_lanes` keeps too, so a row's result is the same
+//! alone and in a batch. Minimums and the Q3_K/Q6_K offsets (−4, −32) meet the activation
 //! sums per 16 (`bsums`), never the weights, so the values stay unsigned for `maddubs`.
 //!
 //! Every function here needs AVX2, FMA and F16C; the safe entry points are reached only
@@ -15,7 +17,7 @@ use std::arch::x86_64::*;
 /// Q4_K/Q5_K's twelve scale bytes as eight 6-bit scales then eight 6-bit mins
 /// (GGML's `utmp` unpacking of `get_scale_min_k4`).
 #[inline]
-fn scales_mins_k4(p: &[u8]) -> ([u8; 8], [u8; 8]) {
+pub(super) fn scales_mins_k4(p: &[u8]) -> ([u8; 8], [u8; 8]) {
     let u = |i: usize| u32::from_le_bytes([p[4 * i], p[4 * i + 1], p[4 * i + 2], p[4 * i + 3]]);
     let (u0, u1, u2) = (u(0), u(1), u(2));
     let (k1, k2, k3) = (0x3f3f_3f3f_u32, 0x0f0f_0f0f_u32, 0x0303_0303_u32);
@@ -36,11 +38,22 @@ unsafe fn mins_dot(mins: __m128i, bsums: *const i16) -> __m128i {
     _mm_madd_epi16(mins, _mm_hadd_epi16(lo, hi))
 }
 
+/// Exact sum of four i32 lanes.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn hsum128(v: __m128) -> f32 {
-    let s = _mm_add_ps(v, _mm_movehl_ps(v, v));
-    _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
+unsafe fn hsum_i128(v: __m128i) -> i32 {
+    let s = _mm_add_epi32(v, _mm_unpackhi_epi64(v, v));
+    _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 1)))
+}
+
+/// Exact sum of eight i32 lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn hsum_i256(v: __m256i) -> i32 {
+    hsum_i128(_mm_add_epi32(
+        _mm256_castsi256_si128(v),
+        _mm256_extracti128_si256(v, 1),
+    ))
 }
 
 #[inline]
@@ -56,17 +69,15 @@ unsafe fn tile_q45_k<const HIGH: bool, const NB: usize>(w: &[u8], xs: &[Q8kRow; 
     let bytes = if HIGH { 176 } else { 144 };
     let m4 = _mm256_set1_epi8(0x0F);
     let one = _mm256_set1_epi8(1);
-    let mut acc = [_mm256_setzero_ps(); NB];
-    let mut accm = [_mm_setzero_ps(); NB];
+    let mut acc = [0f32; NB];
+    let mut msum = [0i32; NB];
     for k in 0..w.len() / bytes {
         let b = &w[k * bytes..(k + 1) * bytes];
         let (d, dmin) = (f16_load(b.as_ptr()), f16_load(b.as_ptr().add(2)));
         let (sc, mins) = scales_mins_k4(&b[4..16]);
         let mins16 = _mm_cvtepu8_epi16(_mm_loadl_epi64(mins.as_ptr() as *const __m128i));
         for j in 0..NB {
-            let dm = _mm_set1_ps(dmin * *xs[j].d.get_unchecked(k));
-            let mp = mins_dot(mins16, xs[j].bsums.as_ptr().add(16 * k));
-            accm[j] = _mm_fmadd_ps(dm, _mm_cvtepi32_ps(mp), accm[j]);
+            msum[j] = hsum_i128(mins_dot(mins16, xs[j].bsums.as_ptr().add(16 * k)));
         }
         let qs = b.as_ptr().add(if HIGH { 48 } else { 16 });
         let mut qh = if HIGH {
@@ -98,15 +109,12 @@ unsafe fn tile_q45_k<const HIGH: bool, const NB: usize>(w: &[u8], xs: &[Q8kRow; 
             }
         }
         for j in 0..NB {
-            let dd = _mm256_set1_ps(d * *xs[j].d.get_unchecked(k));
-            acc[j] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(sumi[j]), acc[j]);
+            let dx = *xs[j].d.get_unchecked(k);
+            acc[j] = (d * dx).mul_add(hsum_i256(sumi[j]) as f32, acc[j]);
+            acc[j] = (-(dmin * dx)).mul_add(msum[j] as f32, acc[j]);
         }
     }
-    let mut out = [0f32; NB];
-    for j in 0..NB {
-        out[j] = hsum(acc[j]) - hsum128(accm[j]);
-    }
-    out
+    acc
 }
 
 /// Q6_K row against `NB` activation rows. Values stay unsigned (0..63); the −32 offset is
@@ -116,7 +124,7 @@ unsafe fn tile_q45_k<const HIGH: bool, const NB: usize>(w: &[u8], xs: &[Q8kRow; 
 unsafe fn tile_q6_k<const NB: usize>(w: &[u8], xs: &[Q8kRow; NB]) -> [f32; NB] {
     let m4 = _mm256_set1_epi8(0x0F);
     let m2 = _mm256_set1_epi8(0x03);
-    let mut acc = [_mm256_setzero_ps(); NB];
+    let mut acc = [0f32; NB];
     for k in 0..w.len() / 210 {
         let b = w.as_ptr().add(k * 210);
         let d = f16_load(b.add(208));
@@ -158,15 +166,11 @@ unsafe fn tile_q6_k<const NB: usize>(w: &[u8], xs: &[Q8kRow; NB]) -> [f32; NB] {
             }
         }
         for j in 0..NB {
-            let dd = _mm256_set1_ps(d * *xs[j].d.get_unchecked(k));
-            acc[j] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(sumi[j]), acc[j]);
+            let dx = *xs[j].d.get_unchecked(k);
+            acc[j] = (d * dx).mul_add(hsum_i256(sumi[j]) as f32, acc[j]);
         }
     }
-    let mut out = [0f32; NB];
-    for j in 0..NB {
-        out[j] = hsum(acc[j]);
-    }
-    out
+    acc
 }
 
 /// `[s_lo ×8 | s_hi ×8]` as i16: the scales of two 16-weight groups, one per 128-bit half.

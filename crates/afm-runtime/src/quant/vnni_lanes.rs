@@ -1,0 +1,499 @@
+//! Small-batch kernels on AVX-512 VNNI: one weight row against groups of eight activation rows
+//! held in the eight i32 lanes, so a block's dot products need no horizontal sums and each
+//! decoded weight block serves 8–32 activation rows.
+//!
+//! The activations are re-laid once per matmul call (`Q8Lanes`, from `Q8Rows`, same bytes):
+//! ```text
+//! per group of 8 rows, per 32-value block k:
+//!   qs:   [dword i = 0..8][lane = row 0..8][4 bytes]   256 B  (values 4i..4i+4 of each row)
+//!   ds:   [d of rows 0..8][s = d·Σq of rows 0..8]       16 f32
+//!   init: [dword i][lane] offset·Σ(values 4i..4i+4)    8×8 i32 (Q4_0, Q5_0, Q8_0 only)
+//! ```
+//! Dword i of the weight block, broadcast to every lane, meets the activation dwords i of the
+//! eight rows in one `vpdpbusd`. The 32-weight formats keep `vnni_legacy`'s summation order
+//! bit for bit (docs/DECISIONS.md): dword i's exact i32 is the per-row kernel's lane i, scaled
+//! by `d_w·d_x` into its own FMA chain, the eight chains summed in `hsum`'s order at the end,
+//! then `Σ m·s_x`. Q4_K and Q6_K keep `avx2_kquants`' order: a superblock's exact integer
+//! total, one FMA with `d·d_x` (then `dmin·d_x` and the mins' total). So a row's output is the
+//! same alone and in a batch.
+
+use super::activations::{Q8Rows, Q8kRows, Q8K_BLOCK, Q8_BLOCK};
+use super::vnni_legacy::{Block, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
+use crate::DType;
+use std::arch::x86_64::*;
+
+/// Activation rows per lane group.
+pub const LANES: usize = 8;
+/// Most groups one K-quant kernel call handles (the decoded weight block stays in registers).
+pub const MAX_GROUPS: usize = 4;
+/// Most weight rows one K-quant kernel call takes (their accumulators stay in registers).
+pub const MAX_ROWS: usize = 4;
+/// Most groups one 32-weight-format call handles: eight accumulators per group and row.
+pub const MAX_GROUPS_32: usize = 2;
+
+/// Whole groups of eight Q8 activation rows, interleaved by dword (see the module header).
+pub struct Q8Lanes {
+    blocks: usize,
+    groups: usize,
+    qs: Vec<i8>,
+    ds: Vec<f32>,
+    init: Vec<i32>,
+}
+
+/// The signed value of a stored `q` is `q + offset` for these formats (`Block::values`).
+fn value_offset(dtype: DType) -> i32 {
+    match dtype {
+        DType::Q4_0 => -8,
+        DType::Q5_0 => -16,
+        DType::Q8_0 => -128,
+        _ => 0,
+    }
+}
+
+impl Q8Lanes {
+    /// The first `⌊n/8⌋·8` rows of `x` regrouped for weights of `dtype`; the rest stay with
+    /// the one-row kernels.
+    pub fn from_rows(x: &Q8Rows, dtype: DType) -> Self {
+        let cols = x.cols;
+        let blocks = cols / Q8_BLOCK;
+        let n = x.qs.len().checked_div(cols).unwrap_or(0);
+        let groups = n / LANES;
+        let offset = value_offset(dtype);
+        let mut l = Self {
+            blocks,
+            groups,
+            qs: vec![0i8; groups * blocks * 256],
+            ds: vec![0f32; groups * blocks * 16],
+            init: vec![0i32; if offset == 0 { 0 } else { groups * blocks * 64 }],
+        };
+        for g in 0..groups {
+            for lane in 0..LANES {
+                let row = g * LANES + lane;
+                let src = &x.qs[row * cols..(row + 1) * cols];
+                for k in 0..blocks {
+                    let blk = g * blocks + k;
+                    for i in 0..8 {
+                        let at = blk * 256 + 32 * i + 4 * lane;
+                        let from = &src[k * Q8_BLOCK + 4 * i..][..4];
+                        l.qs[at..at + 4].copy_from_slice(from);
+                        if offset != 0 {
+                            let sum: i32 = from.iter().map(|&v| v as i32).sum();
+                            l.init[blk * 64 + 8 * i + lane] = offset * sum;
+                        }
+                    }
+                    let [d, s] = x.ds[row * blocks + k];
+                    l.ds[blk * 16 + lane] = d;
+                    l.ds[blk * 16 + 8 + lane] = s;
+                }
+            }
+        }
+        l
+    }
+
+    /// Rows covered by whole groups.
+    pub fn rows(&self) -> usize {
+        self.groups * LANES
+    }
+}
+
+/// The eight dwords of `q`, each broadcast to every lane: through a stack copy and
+/// `vpbroadcastd` loads, which use the load ports, instead of eight `vpermd`, which queue on
+/// the shuffle units (the bottleneck with one group of rows).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn dwords(q: __m256i) -> [__m256i; 8] {
+    #[repr(align(32))]
+    struct Buf([u32; 8]);
+    let mut buf = Buf([0; 8]);
+    _mm256_store_si256(buf.0.as_mut_ptr() as *mut __m256i, q);
+    let p = buf.0.as_ptr();
+    // Inline assembly, so the compiler cannot turn the loads back into shuffles.
+    std::array::from_fn(|i| {
+        let v: __m256i;
+        std::arch::asm!(
+            "vpbroadcastd {v}, dword ptr [{p}]",
+            v = out(ymm_reg) v,
+            p = in(reg) p.add(i),
+            options(pure, readonly, nostack, preserves_flags)
+        );
+        v
+    })
+}
+
+/// `out[8g + j] = w · row(8(g0+g) + j)` for `G` groups, in `vnni_legacy`'s order (module
+/// header): eight FMA chains per output, one per dword of the block.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn tile<B: Block, const G: usize>(w: &[u8], x: &Q8Lanes, g0: usize, out: &mut [f32]) {
+    let blocks = x.blocks;
+    let mut acc = [[_mm256_setzero_ps(); 8]; G];
+    let mut summs = [_mm256_setzero_ps(); G];
+    let qs = x.qs.as_ptr().add(g0 * blocks * 256);
+    let ds = x.ds.as_ptr().add(g0 * blocks * 16);
+    for k in 0..blocks {
+        let p = w.as_ptr().add(k * B::BYTES);
+        let sc = B::scales(p);
+        let dw = _mm256_broadcastss_ps(sc);
+        let u = dwords(B::values(p));
+        for (g, acc_g) in acc.iter_mut().enumerate() {
+            let blk = (g0 + g) * blocks + k;
+            let xq = qs.add((blk - g0 * blocks) * 256) as *const __m256i;
+            let prod = _mm256_mul_ps(dw, _mm256_loadu_ps(ds.add((blk - g0 * blocks) * 16)));
+            for (i, a) in acc_g.iter_mut().enumerate() {
+                let init = if B::HAS_MIN {
+                    _mm256_setzero_si256()
+                } else {
+                    _mm256_loadu_si256(x.init.as_ptr().add(blk * 64 + 8 * i) as *const __m256i)
+                };
+                let lanes = _mm256_dpbusd_epi32(init, u[i], _mm256_loadu_si256(xq.add(i)));
+                *a = _mm256_fmadd_ps(prod, _mm256_cvtepi32_ps(lanes), *a);
+            }
+            if B::HAS_MIN {
+                let mw = _mm256_broadcastss_ps(_mm_movehdup_ps(sc));
+                let sx = _mm256_loadu_ps(ds.add((blk - g0 * blocks) * 16 + 8));
+                summs[g] = _mm256_add_ps(summs[g], _mm256_mul_ps(mw, sx));
+            }
+        }
+    }
+    for (g, a) in acc.iter().enumerate() {
+        // `hsum`'s order: ((l0+l4)+(l2+l6))+((l1+l5)+(l3+l7)).
+        let even = _mm256_add_ps(_mm256_add_ps(a[0], a[4]), _mm256_add_ps(a[2], a[6]));
+        let odd = _mm256_add_ps(_mm256_add_ps(a[1], a[5]), _mm256_add_ps(a[3], a[7]));
+        let v = _mm256_add_ps(_mm256_add_ps(even, odd), summs[g]);
+        _mm256_storeu_ps(out.as_mut_ptr().add(LANES * g), v);
+    }
+}
+
+/// One weight row `w` against activation groups `g0..g0 + out.len() / 8`.
+pub type LanesKernel = fn(w: &[u8], x: &Q8Lanes, g0: usize, out: &mut [f32]);
+
+macro_rules! entry {
+    ($name:ident, $block:ty) => {
+        pub(super) fn $name(w: &[u8], x: &Q8Lanes, g0: usize, out: &mut [f32]) {
+            let groups = out.len() / LANES;
+            assert_eq!(
+                w.len(),
+                x.blocks * <$block as Block>::BYTES,
+                "a lanes tile takes one weight row as long as the activation rows"
+            );
+            assert!(
+                out.len() == groups * LANES && (1..=MAX_GROUPS_32).contains(&groups),
+                "a lanes tile is 8 or 16 activation rows, got {}",
+                out.len()
+            );
+            assert!(g0 + groups <= x.groups, "activation groups out of range");
+            // SAFETY: selected by `lanes_kernel` only when AVX-512 VNNI/BW/VL and
+            // AVX2/FMA/F16C are present; the asserts above bound every read and write.
+            unsafe {
+                match groups {
+                    1 => tile::<$block, 1>(w, x, g0, out),
+                    _ => tile::<$block, 2>(w, x, g0, out),
+                }
+            }
+        }
+    };
+}
+
+entry!(dot_q4_0, Q4_0);
+entry!(dot_q4_1, Q4_1);
+entry!(dot_q5_0, Q5_0);
+entry!(dot_q5_1, Q5_1);
+entry!(dot_q8_0, Q8_0);
+
+/// Whole groups of eight Q8K activation rows, interleaved like `Q8Lanes`, per 256-value
+/// superblock k:
+/// ```text
+///   qs:   [dword i = 0..64][lane][4 bytes]           2048 B
+///   d:    [lane] f32
+///   bs32: [pair h = 0..4][lane] (i16 Σq of 32-value sub-blocks 2h, 2h+1)   (Q4_K mins)
+///   bs16: [pair h = 0..8][lane] (i16 Σq of 16-value groups 2h, 2h+1)       (Q6_K offset)
+/// ```
+pub struct Q8kLanes {
+    blocks: usize,
+    groups: usize,
+    qs: Vec<i8>,
+    d: Vec<f32>,
+    bs32: Vec<i32>,
+    bs16: Vec<i32>,
+}
+
+impl Q8kLanes {
+    /// The first `⌊n/8⌋·8` rows of `x` regrouped; the rest stay with the one-row kernels.
+    pub fn from_rows(x: &Q8kRows) -> Self {
+        let cols = x.cols;
+        let blocks = cols / Q8K_BLOCK;
+        let n = x.qs.len().checked_div(cols).unwrap_or(0);
+        let groups = n / LANES;
+        let sb = groups * blocks;
+        let mut l = Self {
+            blocks,
+            groups,
+            qs: vec![0; sb * 2048],
+            d: vec![0.0; sb * 8],
+            bs32: vec![0; sb * 32],
+            bs16: vec![0; sb * 64],
+        };
+        let pair =
+            |a: i32, b: i32| (a as i16 as u16 as u32 | ((b as i16 as u16 as u32) << 16)) as i32;
+        for g in 0..groups {
+            for lane in 0..LANES {
+                let row = g * LANES + lane;
+                let src = &x.qs[row * cols..(row + 1) * cols];
+                for k in 0..blocks {
+                    let sbk = g * blocks + k;
+                    for i in 0..64 {
+                        let at = sbk * 2048 + 32 * i + 4 * lane;
+                        let from = k * Q8K_BLOCK + 4 * i;
+                        l.qs[at..at + 4].copy_from_slice(&src[from..from + 4]);
+                    }
+                    l.d[sbk * 8 + lane] = x.d[row * blocks + k];
+                    let bs = &x.bsums[(row * blocks + k) * 16..][..16];
+                    let b = |i: usize| bs[i] as i32;
+                    for h in 0..8 {
+                        l.bs16[sbk * 64 + 8 * h + lane] = pair(b(2 * h), b(2 * h + 1));
+                    }
+                    for h in 0..4 {
+                        let s = |j: usize| b(2 * j) + b(2 * j + 1);
+                        l.bs32[sbk * 32 + 8 * h + lane] = pair(s(2 * h), s(2 * h + 1));
+                    }
+                }
+            }
+        }
+        l
+    }
+
+    /// Rows covered by whole groups.
+    pub fn rows(&self) -> usize {
+        self.groups * LANES
+    }
+}
+
+/// K-quant weight rows against `Q8kLanes` groups; `out` as for `LanesKernel`.
+pub type KLanesKernel = fn(w: &[u8], x: &Q8kLanes, g0: usize, out: &mut [f32]);
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn bcast(p: *const u8) -> __m256i {
+    _mm256_set1_epi32((p as *const i32).read_unaligned())
+}
+
+/// `Σ_i dpbusd(u[i], x[i])` over eight dwords, in two chains.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn dot8(u: &[__m256i; 8], x: *const __m256i) -> __m256i {
+    let mut s0 = _mm256_setzero_si256();
+    let mut s1 = _mm256_setzero_si256();
+    for i in (0..8).step_by(2) {
+        s0 = _mm256_dpbusd_epi32(s0, u[i], _mm256_loadu_si256(x.add(i)));
+        s1 = _mm256_dpbusd_epi32(s1, u[i + 1], _mm256_loadu_si256(x.add(i + 1)));
+    }
+    _mm256_add_epi32(s0, s1)
+}
+
+/// Q4_K rows (144 bytes per superblock) against `G` groups: per 32-value sub-block an
+/// integer dot, times its 6-bit scale; the mins meet the activation sums (`bs32`).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn tile_q4_k<const R: usize, const G: usize>(
+    w: &[u8],
+    x: &Q8kLanes,
+    g0: usize,
+    out: &mut [f32],
+) {
+    let blocks = x.blocks;
+    let m4 = _mm256_set1_epi8(0x0F);
+    let mut acc = [[_mm256_setzero_ps(); G]; R];
+    for k in 0..blocks {
+        for (r, acc_r) in acc.iter_mut().enumerate() {
+            let b = &w[(r * blocks + k) * 144..][..144];
+            let bp = b.as_ptr();
+            let d = _mm256_set1_ps(super::avx2_legacy::f16_load(bp));
+            let dmin = _mm256_set1_ps(super::avx2_legacy::f16_load(bp.add(2)));
+            let (sc, mins) = super::avx2_kquants::scales_mins_k4(&b[4..16]);
+            let mut sumi = [_mm256_setzero_si256(); G];
+            let mut msum = [_mm256_setzero_si256(); G];
+            for h in 0..4 {
+                let mp = _mm256_set1_epi32(mins[2 * h] as i32 | ((mins[2 * h + 1] as i32) << 16));
+                for (g, m) in msum.iter_mut().enumerate() {
+                    let sbk = (g0 + g) * blocks + k;
+                    let bs =
+                        _mm256_loadu_si256(x.bs32.as_ptr().add(sbk * 32 + 8 * h) as *const __m256i);
+                    *m = _mm256_dpwssd_epi32(*m, mp, bs);
+                }
+            }
+            for c in 0..4 {
+                let raw = bp.add(16 + 32 * c);
+                for half in 0..2 {
+                    let u: [__m256i; 8] = std::array::from_fn(|i| {
+                        let v = bcast(raw.add(4 * i));
+                        let v = if half == 0 {
+                            v
+                        } else {
+                            _mm256_srli_epi16(v, 4)
+                        };
+                        _mm256_and_si256(v, m4)
+                    });
+                    let scale = _mm256_set1_epi32(sc[2 * c + half] as i32);
+                    for (g, s) in sumi.iter_mut().enumerate() {
+                        let sbk = (g0 + g) * blocks + k;
+                        let xq = x.qs.as_ptr().add(sbk * 2048 + 32 * (16 * c + 8 * half));
+                        let dot = dot8(&u, xq as *const __m256i);
+                        *s = _mm256_add_epi32(*s, _mm256_mullo_epi32(dot, scale));
+                    }
+                }
+            }
+            for (g, a) in acc_r.iter_mut().enumerate() {
+                let sbk = (g0 + g) * blocks + k;
+                let dx = _mm256_loadu_ps(x.d.as_ptr().add(sbk * 8));
+                *a = _mm256_fmadd_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(sumi[g]), *a);
+                *a = _mm256_fnmadd_ps(_mm256_mul_ps(dmin, dx), _mm256_cvtepi32_ps(msum[g]), *a);
+            }
+        }
+    }
+    store::<R, G>(&acc, out);
+}
+
+/// Q6_K rows (210 bytes per superblock) against `G` groups: values kept unsigned (0..63),
+/// each 16-value group's dot times its signed scale; the −32 offset meets `bs16`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn tile_q6_k<const R: usize, const G: usize>(
+    w: &[u8],
+    x: &Q8kLanes,
+    g0: usize,
+    out: &mut [f32],
+) {
+    let blocks = x.blocks;
+    let (m4, m2) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x03));
+    let mut acc = [[_mm256_setzero_ps(); G]; R];
+    for k in 0..blocks {
+        for (r, acc_r) in acc.iter_mut().enumerate() {
+            let b = w.as_ptr().add((r * blocks + k) * 210);
+            let d = _mm256_set1_ps(super::avx2_legacy::f16_load(b.add(208)));
+            let sc = |i: usize| *(b.add(192 + i) as *const i8) as i32;
+            let mut sumi = [_mm256_setzero_si256(); G];
+            for h in 0..8 {
+                let sp = _mm256_set1_epi32((sc(2 * h) & 0xffff) | (sc(2 * h + 1) << 16));
+                for (g, s) in sumi.iter_mut().enumerate() {
+                    let sbk = (g0 + g) * blocks + k;
+                    let bs =
+                        _mm256_loadu_si256(x.bs16.as_ptr().add(sbk * 64 + 8 * h) as *const __m256i);
+                    *s = _mm256_dpwssd_epi32(*s, sp, bs);
+                }
+            }
+            for s in sumi.iter_mut() {
+                *s = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(*s, 5));
+            }
+            for h in 0..2 {
+                let ql0 = _mm256_loadu_si256(b.add(64 * h) as *const __m256i);
+                let ql1 = _mm256_loadu_si256(b.add(64 * h + 32) as *const __m256i);
+                let qh = _mm256_loadu_si256(b.add(128 + 32 * h) as *const __m256i);
+                let hi = |s: i32| {
+                    let v = match s {
+                        0 => qh,
+                        2 => _mm256_srli_epi16(qh, 2),
+                        4 => _mm256_srli_epi16(qh, 4),
+                        _ => _mm256_srli_epi16(qh, 6),
+                    };
+                    _mm256_slli_epi16(_mm256_and_si256(v, m2), 4)
+                };
+                let q = [
+                    _mm256_or_si256(_mm256_and_si256(ql0, m4), hi(0)),
+                    _mm256_or_si256(_mm256_and_si256(ql1, m4), hi(2)),
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), hi(4)),
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4), hi(6)),
+                ];
+                for (v, qv) in q.iter().enumerate() {
+                    // Weights 128h + 32v + 0..32: two 16-value groups, scales 8h+2v, 8h+2v+1.
+                    let u = dwords(*qv);
+                    let s_lo = _mm256_set1_epi32(sc(8 * h + 2 * v));
+                    let s_hi = _mm256_set1_epi32(sc(8 * h + 2 * v + 1));
+                    for (g, s) in sumi.iter_mut().enumerate() {
+                        let sbk = (g0 + g) * blocks + k;
+                        let xq =
+                            x.qs.as_ptr().add(sbk * 2048 + 32 * (32 * h + 8 * v)) as *const __m256i;
+                        let mut lo = _mm256_setzero_si256();
+                        let mut hi = _mm256_setzero_si256();
+                        for i in 0..4 {
+                            lo = _mm256_dpbusd_epi32(lo, u[i], _mm256_loadu_si256(xq.add(i)));
+                            hi = _mm256_dpbusd_epi32(
+                                hi,
+                                u[i + 4],
+                                _mm256_loadu_si256(xq.add(i + 4)),
+                            );
+                        }
+                        let both = _mm256_add_epi32(
+                            _mm256_mullo_epi32(lo, s_lo),
+                            _mm256_mullo_epi32(hi, s_hi),
+                        );
+                        *s = _mm256_add_epi32(*s, both);
+                    }
+                }
+            }
+            for (g, a) in acc_r.iter_mut().enumerate() {
+                let sbk = (g0 + g) * blocks + k;
+                let dx = _mm256_loadu_ps(x.d.as_ptr().add(sbk * 8));
+                *a = _mm256_fmadd_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(sumi[g]), *a);
+            }
+        }
+    }
+    store::<R, G>(&acc, out);
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn store<const R: usize, const G: usize>(acc: &[[__m256; G]; R], out: &mut [f32]) {
+    for (r, acc_r) in acc.iter().enumerate() {
+        for (g, v) in acc_r.iter().enumerate() {
+            _mm256_storeu_ps(out.as_mut_ptr().add(r * LANES * G + LANES * g), *v);
+        }
+    }
+}
+
+macro_rules! k_entry {
+    ($name:ident, $tile:ident, $bytes:expr) => {
+        pub(super) fn $name(w: &[u8], x: &Q8kLanes, g0: usize, out: &mut [f32]) {
+            let row_bytes = x.blocks * $bytes;
+            let rows = if row_bytes == 0 {
+                0
+            } else {
+                w.len() / row_bytes
+            };
+            let groups = out.len() / (LANES * rows.max(1));
+            assert!(
+                w.len() == rows * row_bytes && (1..=MAX_ROWS).contains(&rows),
+                "a lanes tile takes 1..={MAX_ROWS} weight rows of {row_bytes} bytes, got {} bytes",
+                w.len()
+            );
+            assert!(
+                out.len() == rows * groups * LANES && (1..=MAX_GROUPS).contains(&groups),
+                "a lanes tile is 8, 16, 24 or 32 activation rows per weight row, got {}",
+                out.len()
+            );
+            assert!(g0 + groups <= x.groups, "activation groups out of range");
+            macro_rules! go {
+                ($r:literal) => {
+                    match groups {
+                        1 => $tile::<$r, 1>(w, x, g0, out),
+                        2 => $tile::<$r, 2>(w, x, g0, out),
+                        3 => $tile::<$r, 3>(w, x, g0, out),
+                        _ => $tile::<$r, 4>(w, x, g0, out),
+                    }
+                };
+            }
+            // SAFETY: selected by `k_lanes_kernel` only when AVX-512 VNNI/BW/VL and
+            // AVX2/FMA/F16C are present; the asserts above bound every read and write.
+            unsafe {
+                match rows {
+                    1 => go!(1),
+                    2 => go!(2),
+                    3 => go!(3),
+                    _ => go!(4),
+                }
+            }
+        }
+    };
+}
+
+k_entry!(dot_q4_k, tile_q4_k, 144);
+k_entry!(dot_q6_k, tile_q6_k, 210);
