@@ -2,11 +2,14 @@
 //! batching) on the tiny checkpoints of `scripts/gen_tiny_gemma4.py`: greedy tokens and top-3
 //! log-probabilities after a 66-token prompt (past the sliding window of 8) must be those
 //! transformers computed, alone, beside other requests, and on a prefix-cache hit.
+//!
+//! `AFM_TEST_DEVICE=cuda` runs them on a GPU (where decode steps go through CUDA graphs).
 
 use std::path::PathBuf;
 
 use afm_engine::*;
 use afm_models::source::ModelLocation;
+use afm_runtime::compute::{Device, DeviceChoice};
 
 struct Reference {
     prompt: Vec<u32>,
@@ -55,7 +58,12 @@ fn reference(name: &str) -> Reference {
 }
 
 fn engine(name: &str) -> EngineHandle {
-    let m = afm_models::load_model(&ModelLocation::HfDir(fixture(name))).expect("load");
+    let choice: DeviceChoice = std::env::var("AFM_TEST_DEVICE")
+        .unwrap_or_else(|_| "cpu".into())
+        .parse()
+        .expect("AFM_TEST_DEVICE");
+    let dev = Device::open(choice).expect("device");
+    let m = afm_models::load_model_on(&ModelLocation::HfDir(fixture(name)), &dev).expect("load");
     Engine::spawn(
         m,
         EngineConfig {

@@ -458,7 +458,7 @@ impl Gemma4 {
         };
         moe.post_norm_mlp.forward_inplace(dev, &mut m)?;
         let routed = moe.router_norm.forward(dev, r)?;
-        let logits = dev.to_host(moe.router.forward(dev, &routed)?)?;
+        let logits = dev.read_back(&moe.router.forward(dev, &routed)?)?;
         let n = moe.experts.shape().num_experts;
         let mut routes = softmax_top_k(&logits, n, moe.top_k, true);
         for route in &mut routes {

@@ -610,6 +610,21 @@ impl CudaDevice {
         Ok(out)
     }
 
+    pub(super) fn read_back(&self, b: &CudaSlice<f32>, n: usize) -> Result<Vec<f32>> {
+        if self.static_io().is_some() {
+            return Err(ComputeError::Unsupported {
+                what: "a host read-back (MoE routing)",
+                value: "inside a CUDA decode graph".into(),
+                device: self.name.clone(),
+                supported: "eager steps",
+            });
+        }
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        Ok(self.lock().download(&b.slice(0..n))?)
+    }
+
     pub(super) fn download(&self, b: &CudaSlice<f32>, n: usize) -> Result<Vec<f32>> {
         if n == 0 {
             return Ok(Vec::new());

@@ -880,6 +880,21 @@ impl Device {
         })
     }
 
+    /// The values of `x` on the host in the middle of a forward (a MoE router's logits),
+    /// leaving `x` in place. A CUDA decode graph cannot wait for the host, so this fails while
+    /// one is built or replayed, and the engine runs such a model's decode steps without graphs
+    /// (rather than baking one step's routing into the graph).
+    pub fn read_back(&self, x: &Tensor) -> Result<Vec<f32>> {
+        match &x.data {
+            Data::Host(v) => Ok(v.clone()),
+            #[cfg(feature = "cuda")]
+            Data::Cuda(b) => match self {
+                Device::Cuda(c) => c.read_back(b, x.rows * x.cols),
+                Device::Cpu => Err(wrong("read_back", "cuda", "cpu")),
+            },
+        }
+    }
+
     /// The values of `x` in host memory (waits for the device).
     pub fn to_host(&self, x: Tensor) -> Result<Vec<f32>> {
         match x.data {
