@@ -149,6 +149,8 @@ pub struct ServeArgs {
     /// available memory (`0.25`). Default: a quarter of available memory, at most 4 GiB.
     #[arg(long = "kv-memory", value_name = "BYTES|FRACTION", value_parser = parse_kv_memory)]
     pub kv_memory: Option<KvMemory>,
+    #[command(flatten)]
+    pub limits: LimitFlags,
     #[arg(long)]
     pub gpu_profile: bool,
     /// Where the model runs: cpu, cuda or cuda:N (cuda needs a build with `--features cuda`).
@@ -181,6 +183,44 @@ pub struct SamplingFlags {
     /// Default stop strings, comma-separated.
     #[arg(long, value_delimiter = ',')]
     pub stop: Vec<String>,
+}
+
+/// What one client may take from the server (afm_server::limits).
+#[derive(Args, Debug)]
+pub struct LimitFlags {
+    /// Open connections at once; more are answered 503 and closed.
+    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_connections: u32,
+    /// Seconds a request may run before it is cancelled (finish_reason "cancelled"); 0: no limit.
+    #[arg(long, value_name = "SECS", default_value_t = 1800)]
+    pub request_timeout: u64,
+    /// Seconds a client has to send a request head (idle keep-alive connections included).
+    #[arg(long, value_name = "SECS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
+    pub header_timeout: u64,
+    /// Seconds a client has to send a request body (408 after).
+    #[arg(long, value_name = "SECS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
+    pub body_timeout: u64,
+    /// Messages in one chat request.
+    #[arg(long, default_value_t = 4096)]
+    pub max_messages: usize,
+    /// Seconds in-flight requests may still run after SIGINT/SIGTERM before they are cancelled.
+    #[arg(long, value_name = "SECS", default_value_t = 10)]
+    pub shutdown_timeout: u64,
+}
+
+impl LimitFlags {
+    pub fn limits(&self) -> afm_server::limits::Limits {
+        use std::time::Duration;
+        afm_server::limits::Limits {
+            max_connections: self.max_connections as usize,
+            header_timeout: Duration::from_secs(self.header_timeout),
+            body_timeout: Duration::from_secs(self.body_timeout),
+            request_timeout: (self.request_timeout > 0)
+                .then(|| Duration::from_secs(self.request_timeout)),
+            max_messages: self.max_messages,
+            shutdown_timeout: Duration::from_secs(self.shutdown_timeout),
+        }
+    }
 }
 
 #[derive(Args, Debug)]
@@ -371,6 +411,31 @@ mod tests {
         let a = parse(&["afm", "serve", "-m", "m", "--top-p", "0"]).unwrap();
         let err = a.request_defaults().unwrap_err().to_string();
         assert!(err.contains("top-p") && err.contains("(0, 1]"), "{err}");
+    }
+
+    #[test]
+    fn limit_flags_have_defaults_and_zero_means_no_deadline() {
+        let a = parse(&["afm", "serve", "-m", "m"]).unwrap();
+        let l = a.limits.limits();
+        assert_eq!(l, afm_server::limits::Limits::default());
+        let a = parse(&[
+            "afm",
+            "serve",
+            "-m",
+            "m",
+            "--max-connections",
+            "8",
+            "--request-timeout",
+            "0",
+            "--shutdown-timeout",
+            "3",
+        ])
+        .unwrap();
+        let l = a.limits.limits();
+        assert_eq!(l.max_connections, 8);
+        assert_eq!(l.request_timeout, None);
+        assert_eq!(l.shutdown_timeout.as_secs(), 3);
+        assert!(parse(&["afm", "serve", "-m", "m", "--max-connections", "0"]).is_err());
     }
 
     #[test]

@@ -65,6 +65,7 @@ fn run(cli: Cli) -> Result<()> {
         },
         api_key: args.api_key.clone().filter(|k| !k.is_empty()),
         cors_origins: args.cors_origin.clone(),
+        limits: args.limits.limits(),
         ..ServerConfig::default()
     };
     let served = load::load(&args)?;
@@ -95,7 +96,8 @@ async fn serve(args: &ServeArgs, state: Arc<AppState>) -> Result<()> {
     if args.webui {
         browser::open_webui(listener.local_addr().context("reading the bound address")?);
     }
-    // SIGINT or SIGTERM: stop accepting, let in-flight answers finish (or their clients go).
+    // SIGINT or SIGTERM: stop accepting, let in-flight answers finish for --shutdown-timeout,
+    // cancel the rest.
     let shutdown = async {
         let term = async {
             match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
