@@ -4,13 +4,13 @@
 //!
 //! ```text
 //! stream       shape (heads × dim)   row at position p
-//! window       1 × head_dim          K = V = rope(kv_norm(kv_proj(x_p)), p)
+//! window       1 × head_dim          K = rope(kv_norm(kv_proj(x_p)), p); V = compressed row w
+//!                                    where p = (w+1)·ratio − 1 closes window w (positions
+//!                                    w·ratio ..= p), unused elsewhere (sliding layers: K again)
 //! comp_raw     2 × head_dim (CSA)    K = compressor kv_proj(x_p) [Ca | Cb], V = gate_proj(x_p)
 //!              1 × head_dim (HCA)
-//! comp         1 × head_dim          compressed row w at p = (w+1)·ratio − 1, the position that
-//!                                    closes its window (positions w·ratio ..= p)
 //! idx_raw      2 × index_dim (CSA)   the indexer's own kv / gate projections
-//! idx_comp     1 × index_dim         the indexer's compressed row w, at the same position
+//! idx_comp     1 × index_dim         the indexer's compressed row w, at p = (w+1)·ratio − 1
 //!
 //! CSA row w pools Ca of window w−1 and Cb of window w (width 2·ratio, stride ratio); HCA row w
 //! pools window w. Query t sees window positions t−W+1 ..= t and compressed rows w < (t+1)/ratio
@@ -19,8 +19,8 @@
 //! Every row at position p depends on tokens 0..=p only (a compressed row sits at its window's
 //! last position, not its first), so a block shared through the prefix cache holds the same
 //! rows for every sequence that shares it.
-//! Compressed streams use one position in `ratio`; the raw streams are kept whole, though only
-//! the last two windows' are read again (a place to save memory later).
+//! The window stream's values and `idx_comp` use one position in `ratio`; the raw streams are
+//! kept whole, though only the last two windows' are read again (a place to save memory later).
 
 use afm_runtime::attention::AttnSeq;
 use afm_runtime::compute::{ComputeError, Device, Tensor};
@@ -35,8 +35,8 @@ type CResult<T> = Result<T, ComputeError>;
 /// Pool indices of one layer's streams.
 pub(super) struct Streams {
     window: usize,
-    /// (comp_raw, comp)
-    comp: Option<(usize, usize)>,
+    /// comp_raw (the compressed rows are the window stream's values)
+    comp: Option<usize>,
     /// (idx_raw, idx_comp)
     idx: Option<(usize, usize)>,
 }
@@ -58,8 +58,8 @@ pub(super) fn plan_streams(c: &V4Config) -> (Vec<Streams>, Vec<LayerKvShape>) {
             let window = add(1, hd);
             let comp = match kind {
                 AttnKind::Sliding => None,
-                AttnKind::Csa => Some((add(2, hd), add(1, hd))),
-                AttnKind::Hca => Some((add(1, hd), add(1, hd))),
+                AttnKind::Csa => Some(add(2, hd)),
+                AttnKind::Hca => Some(add(1, hd)),
             };
             let idx = (kind == AttnKind::Csa).then(|| (add(2, id), add(1, id)));
             Streams { window, comp, idx }
@@ -80,6 +80,9 @@ struct Compressor {
     dim: usize,
     /// CSA: rows pool the previous window's Ca with this window's Cb.
     overlap: bool,
+    /// The attention's compressor keeps its rows in the window stream's values; the indexer's
+    /// in its own stream.
+    rows_in_values: bool,
 }
 
 struct Indexer {
@@ -121,6 +124,7 @@ impl Compressor {
             ratio,
             dim,
             overlap,
+            rows_in_values: true,
         })
     }
 
@@ -148,7 +152,15 @@ impl Compressor {
         for s in seqs {
             for w in s.pos0 / self.ratio..(s.pos0 + s.len) / self.ratio {
                 let row = self.pool_window(c, &pool[raw], s.block_table, w);
-                pool[out].write(s.block_table, (w + 1) * self.ratio - 1, &row, &row);
+                let pos = (w + 1) * self.ratio - 1;
+                if self.rows_in_values {
+                    // Keep the window key already stored at this position.
+                    let mut key = vec![0f32; row.len()];
+                    read(&pool[out], s.block_table, pos, 0, true, &mut key);
+                    pool[out].write(s.block_table, pos, &key, &row);
+                } else {
+                    pool[out].write(s.block_table, pos, &row, &row);
+                }
             }
         }
         Ok(())
@@ -229,14 +241,17 @@ impl Attention {
         };
         let idx = if kind == AttnKind::Csa {
             Some(Indexer {
-                comp: Compressor::load(
-                    nm,
-                    c,
-                    &format!("{p}.indexer.compressor"),
-                    ratio,
-                    c.index_dim,
-                    true,
-                )?,
+                comp: Compressor {
+                    rows_in_values: false,
+                    ..Compressor::load(
+                        nm,
+                        c,
+                        &format!("{p}.indexer.compressor"),
+                        ratio,
+                        c.index_dim,
+                        true,
+                    )?
+                },
                 q_b: nm.linear(
                     &format!("{p}.indexer.wq_b"),
                     c.index_heads * c.index_dim,
@@ -303,8 +318,8 @@ impl Attention {
                 pool[st.window].write(s.block_table, s.pos0 + i, row, row);
             }
         }
-        if let (Some(comp), Some(ids)) = (&self.comp, st.comp) {
-            comp.update(dev, c, &x, pool, ids, seqs)?;
+        if let (Some(comp), Some(raw)) = (&self.comp, st.comp) {
+            comp.update(dev, c, &x, pool, (raw, st.window), seqs)?;
         }
         let picks = match (&self.idx, st.idx) {
             (Some(idx), Some(ids)) => {
@@ -340,7 +355,7 @@ impl Attention {
         let (hd, heads) = (c.head_dim, c.n_heads);
         let end = s.pos0 + s.len;
         let lo = (s.pos0 + 1).saturating_sub(c.window);
-        let window = read_rows(&pool[st.window], s.block_table, lo..end, 1);
+        let window = read_rows(&pool[st.window], s.block_table, lo..end, 1, true);
         let ratio = c.ratio(self.kind).max(1);
         // CSA reads only the rows the indexer picked for some row of this chunk; `slot[e]` is
         // row e's place in `comp`.
@@ -360,9 +375,13 @@ impl Attention {
         };
         let mut slot = vec![0usize; end / ratio];
         needed.iter().enumerate().for_each(|(k, &e)| slot[e] = k);
-        let comp = st.comp.map_or_else(Vec::new, |(_, cs)| {
-            read_rows(&pool[cs], s.block_table, needed.iter().copied(), ratio)
-        });
+        let comp = read_rows(
+            &pool[st.window],
+            s.block_table,
+            needed.iter().copied(),
+            ratio,
+            false,
+        );
         let row = |e: usize| &comp[slot[e] * hd..(slot[e] + 1) * hd];
         let scale = 1.0 / (hd as f32).sqrt();
         let mut keys: Vec<&[f32]> = Vec::new();
@@ -449,7 +468,7 @@ impl Indexer {
         let mut picks = vec![Vec::new(); positions.len()];
         for s in seqs {
             let end = s.pos0 + s.len;
-            let keys = read_rows(comp, s.block_table, 0..end / ratio, ratio);
+            let keys = read_rows(comp, s.block_table, 0..end / ratio, ratio, true);
             for i in 0..s.len {
                 let (r, t) = (s.row0 + i, s.pos0 + i);
                 let visible = (t + 1) / ratio;
@@ -482,17 +501,18 @@ fn read(layer: &LayerKv, table: &[u32], pos: usize, head: usize, keys: bool, out
     }
 }
 
-/// Head-0 keys of `entries`, in order, entry `e` stored at position `(e + 1) · stride − 1`.
+/// Head-0 keys (or values) of `entries`, in order, entry `e` at position `(e + 1) · stride − 1`.
 fn read_rows(
     layer: &LayerKv,
     table: &[u32],
     entries: impl ExactSizeIterator<Item = usize>,
     stride: usize,
+    keys: bool,
 ) -> Vec<f32> {
     let d = layer.shape.head_dim;
     let mut out = vec![0f32; entries.len() * d];
     for (row, e) in out.chunks_exact_mut(d).zip(entries) {
-        read(layer, table, (e + 1) * stride - 1, 0, true, row);
+        read(layer, table, (e + 1) * stride - 1, 0, keys, row);
     }
     out
 }
