@@ -2,7 +2,7 @@
 //! `scripts/gen_tiny_deepseek_v4.py` (sliding, CSA with the lightning indexer, HCA, hash-routed
 //! and score-routed MoE, mHC, sinks) and the logits transformers computed for its 70 tokens.
 //! afm must match them by one prefill, token-by-token decode, mixed chunks that open and close
-//! compression windows mid-chunk, and two sequences sharing steps.
+//! compression windows mid-chunk, two sequences sharing steps, and after rejected drafts.
 
 use std::path::{Path, PathBuf};
 
@@ -312,6 +312,45 @@ fn released_checkpoint_layout_matches_transformers() {
         );
     }
     std::fs::remove_dir_all(dir).ok();
+}
+
+/// Speculative decoding's rejection: rows written for draft tokens that are then thrown away
+/// (here across CSA and HCA window ends) must not leak into the recomputed positions.
+#[test]
+fn rejected_drafts_leave_no_trace() {
+    let (m, r) = (model(), reference());
+    let n = r.tokens.len();
+    let blocks = n.div_ceil(BLOCK);
+    let mut kv = m
+        .device
+        .kv_pool(&m.model.kv_shapes(), blocks, BLOCK, m.kv_dtype)
+        .expect("KV pool");
+    let table: Vec<u32> = (0..blocks as u32).collect();
+    let mut step = |tokens: &[u32], pos0: usize| {
+        let seq = [SeqChunk {
+            len: tokens.len(),
+            pos0,
+            block_table: &table,
+            logits: true,
+            state_slot: None,
+        }];
+        let batch = ForwardBatch { tokens, seqs: &seq };
+        m.model.forward(&batch, &mut kv).expect("forward")
+    };
+    step(&r.tokens[..29], 0);
+    // Seven wrong drafts at 29..36: positions 31 and 35 close CSA windows, 31 an HCA window.
+    let drafts: Vec<u32> = r.tokens[40..47].to_vec();
+    step(&drafts, 29);
+    let mut worst = 0f32;
+    for p in 29..n {
+        let l = step(&r.tokens[p..p + 1], p);
+        worst = worst.max(rel_err(&l, &r.logits[p]));
+    }
+    eprintln!("deepseek_v4 after rejected drafts: max relative error {worst:.2e}");
+    assert!(
+        worst <= 1e-3,
+        "after rejected drafts: relative error {worst:.2e}"
+    );
 }
 
 /// The real HCA ratio, 128, over 144 tokens (one HCA row; 36 CSA rows, 8 picked; window 16),
