@@ -3,20 +3,40 @@
 //! a fixed 64-token sequence. afm must match them by one prefill, token-by-token decode and
 //! mixed chunks, with the recurrent state in an engine-style [`StatePool`] slot, and two
 //! sequences sharing a batch must not see each other's state.
+//!
+//! `AFM_TEST_DEVICE=cuda` runs the same checks on a GPU (a `--features afm-runtime/cuda` build),
+//! `AFM_FIXTURES_DIR` where the binary runs away from its source tree.
 
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 use afm_models::source::ModelLocation;
-use afm_models::{load_model, ForwardBatch, LoadedModel, SeqChunk};
-use afm_runtime::compute::{KvPool, StatePool};
+use afm_models::{load_model_on, ForwardBatch, LoadedModel, ModelError, SeqChunk};
+use afm_runtime::compute::{Device, DeviceChoice, KvPool, StatePool};
 
 const BLOCK: usize = 4;
 const TOL: f32 = 1e-3;
 
 fn fixture(arch: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures/tiny")
-        .join(arch)
+    match std::env::var_os("AFM_FIXTURES_DIR") {
+        Some(d) => PathBuf::from(d),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny"),
+    }
+    .join(arch)
+}
+
+/// The device under test, opened once for all tests.
+fn device() -> &'static Device {
+    static DEVICE: OnceLock<Device> = OnceLock::new();
+    DEVICE.get_or_init(|| {
+        let name = std::env::var("AFM_TEST_DEVICE").unwrap_or_else(|_| "cpu".into());
+        let choice: DeviceChoice = name.parse().unwrap_or_else(|e| panic!("{e}"));
+        Device::open(choice).unwrap_or_else(|e| panic!("AFM_TEST_DEVICE={name}: {e}"))
+    })
+}
+
+fn load_model(loc: &ModelLocation) -> Result<LoadedModel, ModelError> {
+    load_model_on(loc, device())
 }
 
 struct Reference {

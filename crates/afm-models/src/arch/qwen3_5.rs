@@ -27,6 +27,7 @@ use afm_runtime::compute::{
 };
 use afm_runtime::kv_store::LayerKvShape;
 use afm_runtime::ops::{Rope, RopeStyle};
+use rayon::prelude::*;
 use serde_json::Value;
 
 use super::qwen3_5_moe::{MoeShape, SparseMoe};
@@ -568,7 +569,8 @@ struct DeltaIo<'a> {
 
 /// Runs one sequence's new rows through the convolution and the gated delta rule, updating its
 /// state (`conv`: the last K−1 inputs, oldest first; `ssm`: `[v_heads][k_dim][v_dim]`), and
-/// writes the gated-normed output per value head.
+/// writes the gated-normed output per value head. The convolution walks the rows in order (its
+/// window rolls); the value heads then run in parallel, each over its own state.
 fn delta_rule(
     q: &Qwen35Config,
     d: &DeltaNet,
@@ -578,62 +580,74 @@ fn delta_rule(
     ssm: &mut [f32],
 ) {
     let (c, kk) = (q.conv_dim(), q.conv_kernel);
-    let (kd, vd, kw) = (q.k_dim, q.v_dim, q.key_width());
-    let group = q.v_heads / q.k_heads;
-    let mut mixed = vec![0f32; c];
-    let mut kv_mem = vec![0f32; vd];
-    for (t, x) in io.qkv.chunks_exact(c).enumerate() {
-        for ch in 0..c {
+    let (kd, vd, kw, width) = (q.k_dim, q.v_dim, q.key_width(), q.value_width());
+    let rows = io.qkv.len() / c;
+    let mut mixed = vec![0f32; rows * c];
+    for (x, m) in io.qkv.chunks_exact(c).zip(mixed.chunks_exact_mut(c)) {
+        for (ch, m) in m.iter_mut().enumerate() {
             let w = &d.conv[ch * kk..(ch + 1) * kk];
             let mut acc = w[kk - 1] * x[ch];
-            for j in 0..kk - 1 {
-                acc += w[j] * conv[j * c + ch];
+            for (j, wj) in w[..kk - 1].iter().enumerate() {
+                acc += wj * conv[j * c + ch];
             }
-            mixed[ch] = silu(acc);
+            *m = silu(acc);
         }
         if kk > 1 {
             conv.copy_within(c.., 0);
             conv[(kk - 2) * c..].copy_from_slice(x);
         }
-        let (qs, rest) = mixed.split_at_mut(kw);
-        let (ks, vs) = rest.split_at_mut(kw);
+        let (qs, ks) = m.split_at_mut(kw);
         for head in qs.chunks_exact_mut(kd) {
             l2_normalize(head, 1.0 / (kd as f32).sqrt());
         }
-        for head in ks.chunks_exact_mut(kd) {
+        for head in ks[..kw].chunks_exact_mut(kd) {
             l2_normalize(head, 1.0);
         }
-        for h in 0..q.v_heads {
+    }
+    let group = q.v_heads / q.k_heads;
+    let per_head: Vec<Vec<f32>> = ssm
+        .par_chunks_mut(kd * vd)
+        .enumerate()
+        .map(|(h, s)| {
             let kh = h / group;
-            let (qh, kh) = (&qs[kh * kd..(kh + 1) * kd], &ks[kh * kd..(kh + 1) * kd]);
-            let vh = &vs[h * vd..(h + 1) * vd];
-            let at = t * q.v_heads + h;
-            let decay = (d.neg_a[h] * softplus(io.a[at] + d.dt_bias[h])).exp();
-            let beta = sigmoid(io.b[at]);
-            let s = &mut ssm[h * kd * vd..(h + 1) * kd * vd];
-            s.iter_mut().for_each(|x| *x *= decay);
-            kv_mem.fill(0.0);
-            for (srow, &kv) in s.chunks_exact(vd).zip(kh) {
-                for (m, sv) in kv_mem.iter_mut().zip(srow) {
-                    *m += sv * kv;
+            let mut out = vec![0f32; rows * vd];
+            let mut delta = vec![0f32; vd];
+            for (t, o) in out.chunks_exact_mut(vd).enumerate() {
+                let m = &mixed[t * c..(t + 1) * c];
+                let qh = &m[kh * kd..(kh + 1) * kd];
+                let kv = &m[kw + kh * kd..kw + (kh + 1) * kd];
+                let vh = &m[2 * kw + h * vd..2 * kw + (h + 1) * vd];
+                let at = t * q.v_heads + h;
+                let decay = (d.neg_a[h] * softplus(io.a[at] + d.dt_bias[h])).exp();
+                let beta = sigmoid(io.b[at]);
+                s.iter_mut().for_each(|x| *x *= decay);
+                delta.fill(0.0);
+                for (srow, &k) in s.chunks_exact(vd).zip(kv) {
+                    for (m, sv) in delta.iter_mut().zip(srow) {
+                        *m += sv * k;
+                    }
+                }
+                for (m, &v) in delta.iter_mut().zip(vh) {
+                    *m = (v - *m) * beta; // Sᵀk became the update
+                }
+                for ((srow, &k), &qv) in s.chunks_exact_mut(vd).zip(kv).zip(qh) {
+                    for ((sv, dv), ov) in srow.iter_mut().zip(&delta).zip(o.iter_mut()) {
+                        *sv += k * dv;
+                        *ov += *sv * qv;
+                    }
+                }
+                let z = &io.z[t * width + h * vd..t * width + (h + 1) * vd];
+                let inv = 1.0 / (o.iter().map(|v| v * v).sum::<f32>() / vd as f32 + eps).sqrt();
+                for ((ov, w), zv) in o.iter_mut().zip(&d.norm).zip(z) {
+                    *ov = *ov * inv * w * silu(*zv);
                 }
             }
-            for (m, &v) in kv_mem.iter_mut().zip(vh) {
-                *m = (v - *m) * beta; // now the update δ
-            }
-            let o = &mut io.out[t * q.value_width() + h * vd..t * q.value_width() + (h + 1) * vd];
-            o.fill(0.0);
-            for ((srow, &kv), &qv) in s.chunks_exact_mut(vd).zip(kh).zip(qh) {
-                for ((sv, dv), ov) in srow.iter_mut().zip(&kv_mem).zip(o.iter_mut()) {
-                    *sv += kv * dv;
-                    *ov += *sv * qv;
-                }
-            }
-            let z = &io.z[t * q.value_width() + h * vd..t * q.value_width() + (h + 1) * vd];
-            let inv = 1.0 / (o.iter().map(|v| v * v).sum::<f32>() / vd as f32 + eps).sqrt();
-            for ((ov, w), zv) in o.iter_mut().zip(&d.norm).zip(z) {
-                *ov = *ov * inv * w * silu(*zv);
-            }
+            out
+        })
+        .collect();
+    for (h, head) in per_head.iter().enumerate() {
+        for (t, o) in head.chunks_exact(vd).enumerate() {
+            io.out[t * width + h * vd..t * width + (h + 1) * vd].copy_from_slice(o);
         }
     }
 }
