@@ -21,7 +21,8 @@
 //!
 //! Scope: safetensors with DeepSeek's names (`layers.N.attn.wq_a.weight`, with or without
 //! `model.`), f32/f16/bf16 weights (not the released FP8/FP4 tensors), CPU only: the compressor,
-//! indexer and sink attention read the pool on the host. GGUF (`deepseek4`) is not read yet.
+//! indexer and sink attention read the pool on the host. GGUF (`deepseek4`) is not read yet:
+//! llama.cpp's converter writes the experts as MXFP4.
 
 #[path = "deepseek_v4_attention.rs"]
 mod attention;
@@ -202,6 +203,12 @@ impl DeepseekV4 {
                     supported: "cpu (the compressor and indexer read the KV pool on the host)",
                 },
             });
+        }
+        if ck.is_gguf() {
+            return Err(cfg_err(
+                "general.architecture",
+                "deepseek4 GGUF files are not read yet; use the safetensors checkpoint",
+            ));
         }
         let cfg = V4Config::from_hf(tc)?;
         let unprefixed = ck.unprefixed();
