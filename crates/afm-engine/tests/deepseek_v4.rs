@@ -41,15 +41,22 @@ fn engine(cfg: EngineConfig) -> EngineHandle {
 
 /// Greedy tokens with their top-3 logprobs, and the prompt tokens served from the cache.
 async fn run(e: &EngineHandle, prompt: Vec<u32>, n: usize) -> (Vec<(u32, Vec<(u32, f32)>)>, usize) {
-    let (_, mut rx) = e
-        .submit(GenerateRequest {
-            prompt_tokens: prompt,
-            sampling: SamplingParams::default(),
-            max_tokens: n,
-            stop_token_ids: vec![],
-            top_logprobs: Some(3),
-        })
-        .expect("submit");
+    collect(submit(e, prompt, n)).await
+}
+
+fn submit(e: &EngineHandle, prompt: Vec<u32>, n: usize) -> EventReceiver {
+    e.submit(GenerateRequest {
+        prompt_tokens: prompt,
+        sampling: SamplingParams::default(),
+        max_tokens: n,
+        stop_token_ids: vec![],
+        top_logprobs: Some(3),
+    })
+    .expect("submit")
+    .1
+}
+
+async fn collect(mut rx: EventReceiver) -> (Vec<(u32, Vec<(u32, f32)>)>, usize) {
     let mut out = Vec::new();
     loop {
         match rx.recv().await.expect("event") {
@@ -123,4 +130,38 @@ async fn prefix_cache_is_exact_across_compression_windows() {
         "a again is served from the cache past the window, got {ca}"
     );
     same("a after b, from the prefix cache", &cold, &warm);
+}
+
+/// Three requests decoded together, prefilled in 8-token slices beside each other's decode
+/// steps, give what each gives alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batched_equals_alone() {
+    let tokens = ids(&reference()["tokens"]);
+    let prompts = [
+        tokens[..21].to_vec(),
+        tokens[5..43].to_vec(),
+        tokens[30..39].to_vec(),
+    ];
+    let alone = engine(EngineConfig::default());
+    let mut want = Vec::new();
+    for p in &prompts {
+        want.push(run(&alone, p.clone(), 10).await.0);
+    }
+    let batched = engine(EngineConfig {
+        concurrent: 3,
+        prefill_step_size: 8,
+        prefix_caching: false,
+        ..Default::default()
+    });
+    let rxs: Vec<_> = prompts
+        .iter()
+        .map(|p| submit(&batched, p.clone(), 10))
+        .collect();
+    for (i, rx) in rxs.into_iter().enumerate() {
+        same(
+            &format!("prompt {i} batched"),
+            &want[i],
+            &collect(rx).await.0,
+        );
+    }
 }
