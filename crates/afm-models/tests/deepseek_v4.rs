@@ -257,7 +257,8 @@ fn released_copy() -> PathBuf {
     ] {
         c.remove(k);
     }
-    c.insert("compress_ratios".into(), serde_json::json!([0, 4, 8, 4]));
+    // One entry per layer, then the MTP block's.
+    c.insert("compress_ratios".into(), serde_json::json!([0, 4, 8, 4, 0]));
     c.insert("num_hash_layers".into(), serde_json::json!(2));
     c.insert("qk_rope_head_dim".into(), serde_json::json!(8));
     c.insert(

@@ -257,7 +257,7 @@ impl DeepseekV4 {
                 hnorm: top.norm(&format!("{p}.hnorm"), h)?,
                 norm: top.norm(&format!("{p}.norm"), h)?,
                 head: load_hyper_head(&top, &cfg, &format!("{p}.hc_head_fn"), "")?,
-                block: load_block(&top, &cfg, &p, AttnKind::Sliding, false)?,
+                block: load_block(&top, &cfg, &p, mtp_kind(&cfg, j), false)?,
             });
         }
         Ok(Self {
@@ -446,6 +446,10 @@ impl DeepseekV4 {
         norm.forward_inplace(&self.dev, &mut t)?;
         Ok(t)
     }
+}
+
+fn mtp_kind(c: &V4Config, j: usize) -> AttnKind {
+    c.mtp_kinds.get(j).copied().unwrap_or(AttnKind::Sliding)
 }
 
 fn load_block(

@@ -32,6 +32,8 @@ pub struct V4Config {
     pub eps: f32,
     pub window: usize,
     pub kinds: Vec<AttnKind>,
+    /// The MTP blocks' attention, where a legacy `compress_ratios` lists them after the layers.
+    pub mtp_kinds: Vec<AttnKind>,
     pub hash_routed: Vec<bool>,
     pub csa_ratio: usize,
     pub hca_ratio: usize,
@@ -97,7 +99,8 @@ impl V4Config {
             "compress_rate_hca",
             hca_default,
         )?;
-        let kinds = layer_kinds(raw, n)?;
+        let mut kinds = layer_kinds(raw, n)?;
+        let mtp_kinds = kinds.split_off(n.min(kinds.len()));
         let hash_routed = match get(raw, "mlp_layer_types").and_then(Value::as_array) {
             Some(t) => t.iter().map(|x| x.as_str() == Some("hash_moe")).collect(),
             None => {
@@ -131,6 +134,7 @@ impl V4Config {
             eps: c.rms_eps,
             window: uint(raw, "sliding_window", Some(128))?,
             kinds,
+            mtp_kinds,
             hash_routed,
             csa_ratio,
             hca_ratio,
@@ -236,7 +240,6 @@ fn layer_kinds(raw: &Value, n: usize) -> Result<Vec<AttnKind>, ModelError> {
                 Some(_) => Ok(AttnKind::Hca),
                 None => Err(cfg_err("compress_ratios", "entries must be integers")),
             })
-            .take(n)
             .collect();
     }
     // transformers' default: two HCA layers, then CSA/HCA alternating.
