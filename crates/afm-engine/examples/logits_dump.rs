@@ -32,6 +32,7 @@ fn main() {
             pos0: p,
             block_table: &table,
             logits: true,
+            state_slot: None,
         })
         .collect();
     let logits = m
