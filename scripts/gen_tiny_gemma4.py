@@ -22,6 +22,8 @@ a random `layer_scalar` per layer, RMSNorm weights around 1 (Gemma 4 multiplies 
 reference.json holds one forward pass's logits over the 72 tokens, and 12 greedy tokens after
 the first 66 (past the window) with each step's top-3 log-probabilities, for the engine tests.
 A tiny BPE tokenizer.json (Metaspace, 128 pieces) makes `afm serve -m <dir>` work.
+model-f32.gguf holds the same weights as llama.cpp's converter would write them (no tokenizer:
+the reference test reads its weights only).
 
 CI never runs this script. Run from anywhere:
 
@@ -248,6 +250,76 @@ def write_tokenizer(out_dir: Path) -> None:
     }, indent=2) + "\n")
 
 
+def write_gguf(spec: dict, out_dir: Path) -> None:
+    """model-f32.gguf laid out as llama.cpp's converter does it (conversion/gemma.py, Gemma4Model:
+    gguf-py's tensor map; router.scale -> ffn_gate_inp.scale, per_expert_scale ->
+    ffn_down_exps.scale; norms unshifted; a rope_freqs tensor of 1 / 1e30 factors for the
+    unrotated pairs of proportional RoPE; per-layer head_count_kv and the SWA pattern)."""
+    import gguf
+    import numpy as np
+    from safetensors.numpy import load_file
+
+    hp = spec["text"]
+    n = hp["num_hidden_layers"]
+    swa = [t == "sliding_attention" for t in hp["layer_types"]]
+    hd_full, hd_swa = hp["global_head_dim"], hp["head_dim"]
+    rope = hp["rope_parameters"]
+    path = out_dir / "model-f32.gguf"
+    w = gguf.GGUFWriter(str(path), "gemma4")
+    w.add_context_length(hp["max_position_embeddings"])
+    w.add_embedding_length(hp["hidden_size"])
+    w.add_block_count(n)
+    w.add_feed_forward_length(hp["intermediate_size"])
+    w.add_head_count(hp["num_attention_heads"])
+    if hp.get("num_global_key_value_heads") is not None:
+        w.add_head_count_kv([hp["num_key_value_heads"] if s else hp["num_global_key_value_heads"] for s in swa])
+    else:
+        w.add_head_count_kv(hp["num_key_value_heads"])
+    w.add_rope_freq_base(rope["full_attention"]["rope_theta"])
+    w.add_rope_freq_base_swa(rope["sliding_attention"]["rope_theta"])
+    w.add_layer_norm_rms_eps(hp["rms_norm_eps"])
+    w.add_key_length(hd_full)
+    w.add_value_length(hd_full)
+    w.add_key_length_swa(hd_swa)
+    w.add_value_length_swa(hd_swa)
+    w.add_final_logit_softcapping(hp["final_logit_softcapping"])
+    w.add_sliding_window(hp["sliding_window"])
+    w.add_shared_kv_layers(0)
+    w.add_embedding_length_per_layer_input(hp.get("hidden_size_per_layer_input") or 0)
+    w.add_sliding_window_pattern(swa)
+    w.add_rope_dimension_count(hd_full)
+    w.add_rope_dimension_count_swa(hd_swa)
+    if hp.get("enable_moe_block"):
+        w.add_expert_count(hp["num_experts"])
+        w.add_expert_used_count(hp["top_k_experts"])
+        w.add_expert_feed_forward_length(hp["moe_intermediate_size"])
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    n_rot = int(hd_full * rope["full_attention"]["partial_rotary_factor"] / 2)
+    freqs = np.array([1.0] * n_rot + [1e30] * (hd_full // 2 - n_rot), dtype=np.float32)
+    w.add_tensor("rope_freqs.weight", freqs)
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.GEMMA4, n)
+    for name, t in sorted(load_file(out_dir / "model.safetensors").items()):
+        name = name.replace("model.language_model.", "model.")
+        if not name.startswith("model.") or "vision" in name or "audio" in name:
+            continue
+        bid = int(name.split(".")[2]) if name.startswith("model.layers.") else None
+        if name.endswith("router.scale"):
+            gname = f"blk.{bid}.ffn_gate_inp.scale"
+        elif name.endswith("router.per_expert_scale"):
+            gname = f"blk.{bid}.ffn_down_exps.scale"
+        else:
+            base = name[: -len(".weight")] if name.endswith(".weight") else name
+            gname = names.get_name(base)
+            if gname is None:
+                raise RuntimeError(f"no GGUF name for {name}")
+            gname += ".weight"
+        w.add_tensor(gname, np.ascontiguousarray(t.astype(np.float32)))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
 def main() -> int:
     import argparse
 
@@ -263,6 +335,7 @@ def main() -> int:
         ref = reference(name, load(name, spec, out_dir))
         (out_dir / "reference.json").write_text(json.dumps(ref, separators=(",", ":")) + "\n")
         write_tokenizer(out_dir)
+        write_gguf(spec, out_dir)
         size = sum(f.stat().st_size for f in out_dir.iterdir())
         print(f"{name}: {size} bytes, logits std {ref['logits_std']:.3f} max {ref['logits_abs_max']:.3f} "
               f"greedy {ref['greedy']} min margin {ref['greedy_min_top2_margin']:.4f}")

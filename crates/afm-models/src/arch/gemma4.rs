@@ -17,6 +17,10 @@
 //!   second embedding plus a projection of the first, one slice per layer, gated into the
 //!   residual after the MLP.
 //!
+//! A GGUF (`general.architecture` gemma4, as llama.cpp's converter writes it) feeds the same
+//! model: [`adjust_gguf_config`] restates its metadata as these keys, and the tensors only
+//! Gemma 4 has are named by `load_block`'s `own`.
+//!
 //! Refused at load with the key named: KV-sharing layers (`num_kv_shared_layers`, E2B/E4B),
 //! bidirectional attention, RoPE types other than default/proportional.
 
@@ -25,13 +29,14 @@ use afm_runtime::compute::{Activation, ComputeError, Device, KvPool, Rotary, Ste
 use afm_runtime::kv_store::LayerKvShape;
 use afm_runtime::ops::{Rope, RopeStyle};
 use afm_runtime::DType;
-use serde_json::Value;
+use serde_json::{json, Value};
 
 use crate::checkpoint::{Checkpoint, NormNaming};
 use crate::config::TransformerConfig;
 use crate::forward::{CausalLm, ForwardBatch};
 use crate::layers::{matrix, rotary, Embedding, GatedMlp, Linear, RmsNorm};
 use crate::moe::{softmax_top_k, ExpertShape, Experts};
+use crate::weights::GgufFile;
 use crate::ModelError;
 
 const N: NormNaming = NormNaming::Gemma;
@@ -241,6 +246,74 @@ impl Params {
     }
 }
 
+/// llama.cpp's `gemma4` metadata (its converter's `Gemma4Model`) restated as the HF keys
+/// [`Params::read`] reads: per-layer KV heads and head dims, the SWA pattern, both RoPE bases,
+/// the rotated share of global RoPE (from `rope_freqs`: factor 1 turns, 1e30 stays), MoE sizes,
+/// K-as-V (global layers without `attn_v`) and the per-layer input width.
+pub fn adjust_gguf_config(cfg: &mut TransformerConfig, g: &GgufFile) {
+    let key = |k: &str| g.get(&format!("gemma4.{k}"));
+    let uint = |k: &str| key(k).and_then(|v| v.as_u64()).map(|v| v as usize);
+    let n = cfg.num_layers;
+    if let Some(p) = key("attention.sliding_window_pattern").and_then(|v| v.as_array()) {
+        cfg.layer_sliding = p.iter().map(|b| b.as_bool().unwrap_or(false)).collect();
+    }
+    let hd_full = uint("attention.key_length").unwrap_or(cfg.head_dim);
+    let hd_swa = uint("attention.key_length_swa").unwrap_or(hd_full);
+    let kv: Vec<usize> = match key("attention.head_count_kv") {
+        Some(v) => match v.as_array() {
+            Some(a) => a.iter().map(|x| x.as_u64().unwrap_or(0) as usize).collect(),
+            None => vec![v.as_u64().unwrap_or(cfg.num_heads as u64) as usize; n],
+        },
+        None => vec![cfg.num_heads; n],
+    };
+    let sliding = |i: usize| cfg.layer_sliding.get(i).copied().unwrap_or(false);
+    let first_swa = (0..n).find(|&i| sliding(i)).unwrap_or(0);
+    cfg.head_dim = hd_swa;
+    cfg.num_kv_heads = kv.get(first_swa).copied().unwrap_or(cfg.num_kv_heads);
+    cfg.rope_local_theta = key("rope.freq_base_swa")
+        .and_then(|v| v.as_f64())
+        .unwrap_or(10_000.0) as f32;
+    let per_layer: serde_json::Map<String, Value> = (0..n)
+        .map(|i| {
+            let hd = if sliding(i) { hd_swa } else { hd_full };
+            let kv_i = kv.get(i).copied().unwrap_or(cfg.num_kv_heads);
+            (
+                i.to_string(),
+                json!({"head_dim": hd, "num_key_value_heads": kv_i}),
+            )
+        })
+        .collect();
+    let k_eq_v = (0..n).any(|i| !sliding(i) && !g.contains(&format!("blk.{i}.attn_v.weight")));
+    let rotated = g
+        .tensor("rope_freqs.weight")
+        .and_then(|t| t.to_f32())
+        .map_or(hd_full / 2, |f| f.iter().filter(|&&x| x < 1e29).count());
+    let experts = uint("expert_count").unwrap_or(0);
+    let ple_vocab = g
+        .tensor("per_layer_token_embd.weight")
+        .map_or(cfg.vocab_size, |t| t.shape[0]);
+    cfg.raw = json!({
+        "global_head_dim": hd_full,
+        "per_layer_config": per_layer,
+        "attention_k_eq_v": k_eq_v,
+        "rope_parameters": {
+            "sliding_attention": {"rope_type": "default", "rope_theta": cfg.rope_local_theta},
+            "full_attention": {
+                "rope_type": "proportional",
+                "rope_theta": cfg.rope_theta,
+                "partial_rotary_factor": (2 * rotated) as f64 / hd_full.max(1) as f64,
+            },
+        },
+        "enable_moe_block": experts > 0,
+        "num_experts": experts,
+        "top_k_experts": uint("expert_used_count").unwrap_or(0),
+        "moe_intermediate_size": uint("expert_feed_forward_length").unwrap_or(0),
+        "hidden_size_per_layer_input": uint("embedding_length_per_layer_input").unwrap_or(0),
+        "vocab_size_per_layer_input": ple_vocab,
+        "num_kv_shared_layers": uint("attention.shared_kv_layers").unwrap_or(0),
+    });
+}
+
 struct Attention {
     q: Linear,
     k: Linear,
@@ -349,16 +422,36 @@ impl Gemma4 {
             (0, _) => None,
             (dim, vocab) => {
                 let width = cfg.num_layers * dim;
-                let t = matrix(ck, dev, "embed_tokens_per_layer.weight", N, vocab, width)?;
+                let gguf = ck.is_gguf();
+                let name = |hf: &'static str, gg: &'static str| if gguf { gg } else { hf };
+                let t = matrix(
+                    ck,
+                    dev,
+                    name(
+                        "embed_tokens_per_layer.weight",
+                        "per_layer_token_embd.weight",
+                    ),
+                    N,
+                    vocab,
+                    width,
+                )?;
                 let scale = embed_scale(dim, t.dtype());
                 Some(PerLayerInputs {
                     table: Embedding { table: t, scale },
-                    proj: Linear::load(ck, dev, "per_layer_model_projection", N, width, h, false)?,
+                    proj: Linear::load(
+                        ck,
+                        dev,
+                        name("per_layer_model_projection", "per_layer_model_proj"),
+                        N,
+                        width,
+                        h,
+                        false,
+                    )?,
                     proj_scale: (h as f32).powf(-0.5),
                     norm: RmsNorm::load(
                         ck,
                         dev,
-                        "per_layer_projection_norm",
+                        name("per_layer_projection_norm", "per_layer_proj_norm"),
                         N,
                         dim,
                         cfg.rms_eps,
@@ -498,8 +591,13 @@ fn load_block(
 ) -> Result<Block, ModelError> {
     let (h, eps) = (cfg.hidden_size, cfg.rms_eps);
     let pre = format!("layers.{i}");
-    let norm =
-        |name: &str, len: usize| RmsNorm::load(ck, dev, &format!("{pre}.{name}"), N, len, eps, 0.0);
+    // Names only Gemma 4 has: HF's, or llama.cpp's in a GGUF (the checkpoint maps the rest).
+    let own = |hf: &str, gguf: &str| match ck.is_gguf() {
+        true => format!("blk.{i}.{gguf}"),
+        false => format!("{pre}.{hf}"),
+    };
+    let named = |name: &str, len: usize| RmsNorm::load(ck, dev, name, N, len, eps, 0.0);
+    let norm = |name: &str, len: usize| named(&format!("{pre}.{name}"), len);
     let geo = p.layers[i];
     let (hd, nq, nkv) = (geo.head_dim, cfg.num_heads, geo.n_kv_heads);
     let lin = |m: &str, out: usize, inp: usize, bias: bool| {
@@ -521,20 +619,20 @@ fn load_block(
     let moe = match p.moe {
         None => None,
         Some((shape, top_k)) => {
-            let mut scale = ck.vector(&format!("{pre}.router.scale"), N, h)?;
+            let mut scale = ck.vector(&own("router.scale", "ffn_gate_inp.scale"), N, h)?;
             scale.iter_mut().for_each(|s| *s *= (h as f32).powf(-0.5));
             let per_expert_scale = ck.vector(
-                &format!("{pre}.router.per_expert_scale"),
+                &own("router.per_expert_scale", "ffn_down_exps.scale"),
                 N,
                 shape.num_experts,
             )?;
-            let fused = format!("{pre}.experts.gate_up_proj");
+            let fused = own("experts.gate_up_proj", "ffn_gate_up_exps.weight");
             let experts = if ck.has(&fused, N) {
                 Experts::load_fused(
                     ck,
                     dev,
                     &fused,
-                    &format!("{pre}.experts.down_proj"),
+                    &own("experts.down_proj", "ffn_down_exps.weight"),
                     N,
                     shape,
                     ACT,
@@ -553,7 +651,7 @@ fn load_block(
                 router: Linear::load(
                     ck,
                     dev,
-                    &format!("{pre}.router.proj"),
+                    &own("router.proj", "ffn_gate_inp"),
                     N,
                     shape.num_experts,
                     h,
@@ -562,9 +660,12 @@ fn load_block(
                 per_expert_scale,
                 top_k,
                 experts,
-                pre_norm: norm("pre_feedforward_layernorm_2", h)?,
-                post_norm_mlp: norm("post_feedforward_layernorm_1", h)?,
-                post_norm_experts: norm("post_feedforward_layernorm_2", h)?,
+                pre_norm: named(&own("pre_feedforward_layernorm_2", "pre_ffw_norm_2"), h)?,
+                post_norm_mlp: named(&own("post_feedforward_layernorm_1", "post_ffw_norm_1"), h)?,
+                post_norm_experts: named(
+                    &own("post_feedforward_layernorm_2", "post_ffw_norm_2"),
+                    h,
+                )?,
             })
         }
     };
@@ -574,7 +675,7 @@ fn load_block(
             gate: Linear::load(
                 ck,
                 dev,
-                &format!("{pre}.per_layer_input_gate"),
+                &own("per_layer_input_gate", "inp_gate"),
                 N,
                 dim,
                 h,
@@ -583,16 +684,16 @@ fn load_block(
             proj: Linear::load(
                 ck,
                 dev,
-                &format!("{pre}.per_layer_projection"),
+                &own("per_layer_projection", "proj"),
                 N,
                 h,
                 dim,
                 false,
             )?,
-            post_norm: norm("post_per_layer_input_norm", h)?,
+            post_norm: named(&own("post_per_layer_input_norm", "post_norm"), h)?,
         }),
     };
-    let scalar_name = format!("{pre}.layer_scalar");
+    let scalar_name = own("layer_scalar", "layer_output_scale.weight");
     let scalar = if ck.has(&scalar_name, N) {
         ck.vector(&scalar_name, N, 1)?[0]
     } else {

@@ -87,7 +87,7 @@ pub const ARCHITECTURES: &[Architecture] = &[
     Architecture {
         hf_types: &["gemma4", "gemma4_text"],
         gguf_arch: "gemma4",
-        adjust_gguf: no_adjust,
+        adjust_gguf: gemma4::adjust_gguf_config,
         load: |ck, cfg, dev| Ok(Box::new(gemma4::Gemma4::load(ck, cfg, dev)?)),
     },
     Architecture {
