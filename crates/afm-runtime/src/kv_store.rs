@@ -8,13 +8,14 @@
 //! Heads are outside slots so one head's keys in a block are contiguous for attention.
 //! Entries are f16 for reduced-precision checkpoints, as llama.cpp stores them (half the memory,
 //! and the same rounding, so greedy output agrees with it), and f32 for f32 checkpoints, so those
-//! match transformers to f32 precision.
+//! match transformers to f32 precision. `--kv-bits 8|4` stores blocks quantized instead, in
+//! `kv_quant`'s per-block layout (same block ids, same reads).
 //! The engine owns this storage and its block accounting; models only read and write through it.
 
 use half::f16;
 use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
 
-use crate::kv_quant::{group_size, Q4Store, Q8Store};
+use crate::kv_quant::{Bits, QuantLayer, QuantShape};
 
 /// Shape of one layer's cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,84 +29,68 @@ pub struct LayerKvShape {
 pub enum KvDtype {
     F32,
     F16,
-    /// `--kv-bits 8`: group-wise 8-bit (see `kv_quant`).
+    /// `--kv-bits 8`: keys 8-bit per channel within a block, values per token (`kv_quant`).
     Q8,
-    /// `--kv-bits 4`: group-wise 4-bit with minimum.
+    /// `--kv-bits 4`: the same layout with 4-bit codes.
     Q4,
 }
 
 impl KvDtype {
-    /// Bytes per stored element, scales included.
-    fn bytes_per_elem(self, head_dim: usize) -> f64 {
-        let g = group_size(head_dim) as f64;
+    /// The quantized code width, for the `--kv-bits` types.
+    fn bits(self) -> Option<Bits> {
         match self {
-            KvDtype::F32 => 4.0,
-            KvDtype::F16 => 2.0,
-            KvDtype::Q8 => 1.0 + 2.0 / g,
-            KvDtype::Q4 => 0.5 + 4.0 / g,
+            KvDtype::Q8 => Some(Bits::Eight),
+            KvDtype::Q4 => Some(Bits::Four),
+            KvDtype::F32 | KvDtype::F16 => None,
         }
     }
 }
 
+/// One layer's K and V in one of the [`KvDtype`]s.
 enum Store {
-    F32(Vec<f32>),
+    F32 {
+        k: Vec<f32>,
+        v: Vec<f32>,
+    },
     /// f16 bits: a `Vec<u16>` of zeros is allocated zeroed by the OS, so untouched blocks
     /// cost no resident memory and start-up does not write the whole pool.
-    F16(Vec<u16>),
-    Q8(Q8Store),
-    Q4(Q4Store),
-}
-
-impl Store {
-    fn new(dtype: KvDtype, n: usize, head_dim: usize) -> Self {
-        match dtype {
-            KvDtype::F32 => Store::F32(vec![0.0; n]),
-            KvDtype::F16 => Store::F16(vec![0u16; n]),
-            KvDtype::Q8 => Store::Q8(Q8Store::new(n, group_size(head_dim))),
-            KvDtype::Q4 => Store::Q4(Q4Store::new(n, group_size(head_dim))),
-        }
-    }
-
-    fn write(&mut self, at: usize, x: &[f32]) {
-        match self {
-            Store::F32(s) => s[at..at + x.len()].copy_from_slice(x),
-            Store::F16(s) => s[at..at + x.len()]
-                .reinterpret_cast_mut::<f16>()
-                .convert_from_f32_slice(x),
-            Store::Q8(s) => s.write(at, x),
-            Store::Q4(s) => s.write(at, x),
-        }
-    }
-
-    fn read(&self, at: usize, out: &mut [f32]) {
-        match self {
-            Store::F32(s) => out.copy_from_slice(&s[at..at + out.len()]),
-            Store::F16(s) => s[at..at + out.len()]
-                .reinterpret_cast::<f16>()
-                .convert_to_f32_slice(out),
-            Store::Q8(s) => s.read(at, out),
-            Store::Q4(s) => s.read(at, out),
-        }
-    }
+    F16 {
+        k: Vec<u16>,
+        v: Vec<u16>,
+    },
+    /// `--kv-bits`: quantized per block (see `kv_quant`).
+    Quant(QuantLayer),
 }
 
 pub struct LayerKv {
     pub shape: LayerKvShape,
     block_size: usize,
     dtype: KvDtype,
-    k: Store,
-    v: Store,
+    store: Store,
 }
 
 impl LayerKv {
     fn new(shape: LayerKvShape, num_blocks: usize, block_size: usize, dtype: KvDtype) -> Self {
         let n = num_blocks * block_size * shape.n_kv_heads * shape.head_dim;
+        let store = match dtype.bits() {
+            Some(bits) => Store::Quant(QuantLayer::new(
+                quant_shape(shape, num_blocks, block_size),
+                bits,
+            )),
+            None if dtype == KvDtype::F32 => Store::F32 {
+                k: vec![0.0; n],
+                v: vec![0.0; n],
+            },
+            None => Store::F16 {
+                k: vec![0; n],
+                v: vec![0; n],
+            },
+        };
         Self {
             shape,
             block_size,
             dtype,
-            k: Store::new(dtype, n, shape.head_dim),
-            v: Store::new(dtype, n, shape.head_dim),
+            store,
         }
     }
 
@@ -122,24 +107,63 @@ impl LayerKv {
     pub fn write(&mut self, table: &[u32], pos: usize, k: &[f32], v: &[f32]) {
         let d = self.shape.head_dim;
         let (block, slot) = (table[pos / self.block_size], pos % self.block_size);
-        for h in 0..self.shape.n_kv_heads {
-            let o = self.offset(block, slot, h);
-            self.k.write(o, &k[h * d..(h + 1) * d]);
-            self.v.write(o, &v[h * d..(h + 1) * d]);
+        let (n_kv, bs) = (self.shape.n_kv_heads, self.block_size);
+        let offsets = (0..n_kv).map(|h| ((block as usize * n_kv + h) * bs + slot) * d);
+        match &mut self.store {
+            Store::Quant(q) => q.write(block, slot, pos < bs, k, v),
+            Store::F32 { k: ks, v: vs } => {
+                for (h, o) in offsets.enumerate() {
+                    ks[o..o + d].copy_from_slice(&k[h * d..(h + 1) * d]);
+                    vs[o..o + d].copy_from_slice(&v[h * d..(h + 1) * d]);
+                }
+            }
+            Store::F16 { k: ks, v: vs } => {
+                for (h, o) in offsets.enumerate() {
+                    ks[o..o + d]
+                        .reinterpret_cast_mut::<f16>()
+                        .convert_from_f32_slice(&k[h * d..(h + 1) * d]);
+                    vs[o..o + d]
+                        .reinterpret_cast_mut::<f16>()
+                        .convert_from_f32_slice(&v[h * d..(h + 1) * d]);
+                }
+            }
         }
     }
 
     /// Keys of `head` in `block`, slots `s0..s0 + out.len() / head_dim`, into `out` as f32.
     pub fn read_keys(&self, block: u32, head: usize, s0: usize, out: &mut [f32]) {
-        self.k.read(self.offset(block, s0, head), out);
+        let o = self.offset(block, s0, head);
+        match &self.store {
+            Store::Quant(q) => q.read_keys(block, head, s0, out),
+            Store::F32 { k, .. } => out.copy_from_slice(&k[o..o + out.len()]),
+            Store::F16 { k, .. } => k[o..o + out.len()]
+                .reinterpret_cast::<f16>()
+                .convert_to_f32_slice(out),
+        }
     }
 
     pub fn read_values(&self, block: u32, head: usize, s0: usize, out: &mut [f32]) {
-        self.v.read(self.offset(block, s0, head), out);
+        let o = self.offset(block, s0, head);
+        match &self.store {
+            Store::Quant(q) => q.read_values(block, head, s0, out),
+            Store::F32 { v, .. } => out.copy_from_slice(&v[o..o + out.len()]),
+            Store::F16 { v, .. } => v[o..o + out.len()]
+                .reinterpret_cast::<f16>()
+                .convert_to_f32_slice(out),
+        }
     }
 
     pub fn block_size(&self) -> usize {
         self.block_size
+    }
+}
+
+fn quant_shape(shape: LayerKvShape, num_blocks: usize, block_size: usize) -> QuantShape {
+    QuantShape {
+        num_blocks,
+        block_size,
+        n_kv_heads: shape.n_kv_heads,
+        head_dim: shape.head_dim,
     }
 }
 
@@ -172,9 +196,14 @@ impl KvCache {
     pub fn bytes_per_block(shapes: &[LayerKvShape], block_size: usize, dtype: KvDtype) -> usize {
         shapes
             .iter()
-            .map(|s| {
+            .map(|&s| {
                 let elems = 2 * block_size * s.n_kv_heads * s.head_dim;
-                (elems as f64 * dtype.bytes_per_elem(s.head_dim)).ceil() as usize
+                match dtype {
+                    KvDtype::F32 => 4 * elems,
+                    KvDtype::F16 => 2 * elems,
+                    KvDtype::Q8 | KvDtype::Q4 => quant_shape(s, 1, block_size)
+                        .bytes_per_block(dtype.bits().expect("a quantized type")),
+                }
             })
             .sum()
     }

@@ -20,6 +20,17 @@
 use crate::quant::{self, Isa, Q8Rows, Q8kRows, RowKernel, MAX_TILE};
 use crate::{DType, RuntimeError, WeightBytes};
 use rayon::prelude::*;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// See [`set_f32_activations`].
+static F32_ACTIVATIONS: AtomicBool = AtomicBool::new(false);
+
+/// Process-wide switch for measurements that must not carry the 8-bit activation rounding
+/// (the KV quantization quality example): `matmul` then multiplies f32 activations with the
+/// dequantized weights. Slower (each call dequantizes the whole matrix); off by default.
+pub fn set_f32_activations(on: bool) {
+    F32_ACTIVATIONS.store(on, Ordering::Relaxed);
+}
 
 #[derive(Clone, Debug)]
 pub struct WeightMatrix {
@@ -106,7 +117,35 @@ impl WeightMatrix {
 
     /// `out[i, r] = Σ_c x[i, c] · W[r, c]` for `n` input rows: x is `[n, cols]`, out `[n, rows]`.
     pub fn matmul(&self, x: &[f32], n: usize, out: &mut [f32]) {
+        let float = matches!(self.dtype, DType::F32 | DType::F16 | DType::BF16);
+        if !float && F32_ACTIVATIONS.load(Ordering::Relaxed) {
+            return self.dequantized().matmul_with(Isa::best(), x, n, out);
+        }
         self.matmul_with(Isa::best(), x, n, out)
+    }
+
+    /// This matrix as F32 (`set_f32_activations`).
+    fn dequantized(&self) -> WeightMatrix {
+        let cols = self.cols;
+        let mut bytes = vec![0u8; self.rows * cols * 4];
+        bytes
+            .par_chunks_mut((cols * 4).max(1))
+            .enumerate()
+            .for_each_init(
+                || vec![0f32; cols],
+                |row, (r, out)| {
+                    self.dequantize_row(r, row);
+                    for (o, v) in out.chunks_exact_mut(4).zip(row.iter()) {
+                        o.copy_from_slice(&v.to_le_bytes());
+                    }
+                },
+            );
+        Self {
+            dtype: DType::F32,
+            rows: self.rows,
+            cols,
+            bytes: WeightBytes::from_vec(bytes),
+        }
     }
 
     /// `matmul` with the kernels of a given instruction set (tests and benchmarks compare
