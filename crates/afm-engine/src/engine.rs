@@ -359,6 +359,7 @@ impl Engine {
             if let Some(a) = self.active.get_mut(id) {
                 a.state_slot = None;
             }
+            self.metrics.preemptions.fetch_add(1, Ordering::Relaxed);
             if self.debug {
                 eprintln!(
                     "[BatchScheduler] preempted request {id} (KV blocks exhausted; will recompute)"

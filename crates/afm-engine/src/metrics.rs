@@ -16,6 +16,8 @@ pub struct EngineMetrics {
     pub batch_size_peak: AtomicU64,
     pub kv_blocks_total: AtomicU64,
     pub kv_blocks_free: AtomicU64,
+    /// Running sequences preempted (blocks released, recomputed later) because KV ran out.
+    pub preemptions: AtomicU64,
     /// Sums in microseconds, for averages.
     pub queue_time_us: AtomicU64,
     pub prompt_time_us: AtomicU64,
