@@ -13,7 +13,7 @@ cargo test --workspace --release 2>&1
 
 if [[ -d tests/python ]]; then
   echo "== python API tests (official openai client)"
-  python3 -m pip install -q --disable-pip-version-check openai pytest requests
+  python3 -m pip install -q --disable-pip-version-check openai pytest requests jsonschema
   AFM_BIN="$PWD/target/release/afm" python3 -m pytest -q tests/python
 fi
 

@@ -7,6 +7,7 @@ pub mod error;
 pub mod messages;
 pub mod request;
 pub mod response;
+pub mod structured;
 pub mod validate;
 
 #[cfg(test)]
@@ -15,4 +16,5 @@ mod tests;
 pub use error::{from_value, parse_json, parse_object, ApiError, ErrorBody};
 pub use request::*;
 pub use response::*;
+pub use structured::{OutputConstraint, ToolChoice, ToolDef};
 pub use validate::*;

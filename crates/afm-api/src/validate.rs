@@ -11,11 +11,11 @@ use afm_engine::SamplingParams;
 use serde_json::{Map, Value};
 
 use crate::error::ApiError;
-use crate::messages::{check_tool_choice, check_tools, normalize_messages};
+use crate::messages::normalize_messages;
 use crate::request::{
-    ChatCompletionRequest, CompletionRequest, PromptField, ResponseFormat, SamplingFields,
-    StopField,
+    ChatCompletionRequest, CompletionRequest, PromptField, SamplingFields, StopField,
 };
+use crate::structured::{structured_output, OutputConstraint, OutputRequest};
 
 /// Stop strings a request may send at most.
 pub const MAX_STOP_STRINGS: usize = 16;
@@ -36,6 +36,8 @@ pub struct RequestDefaults {
     pub grammar_enabled: bool,
     /// `--no-streaming` refuses `stream: true`.
     pub streaming_enabled: bool,
+    /// `--guided-json`: the schema of answers whose request names no `response_format`.
+    pub guided_json: Option<Value>,
 }
 
 impl Default for RequestDefaults {
@@ -53,6 +55,7 @@ impl Default for RequestDefaults {
             template_kwargs: Map::new(),
             grammar_enabled: false,
             streaming_enabled: true,
+            guided_json: None,
         }
     }
 }
@@ -135,6 +138,8 @@ pub struct ValidChatRequest {
     /// A `strict` schema or tool was asked for but grammar constraints are off: served best
     /// effort, and the response says so (`X-Grammar-Constraints: downgraded`).
     pub grammar_downgraded: bool,
+    /// What the grammar must enforce (only with `--enable-grammar-constraints`).
+    pub output: Option<OutputConstraint>,
 }
 
 /// One prompt of a completion request, as text or token ids.
@@ -178,24 +183,34 @@ pub fn validate_chat(
         (false, _) => None,
     };
     let generation = generation(&fields, logprobs, defaults, model.vocab_size)?;
-    let tool_choice_none = check_tool_choice(req.tool_choice.as_ref())?;
-    let strict_tool = match &req.tools {
-        Some(tools) => check_tools(tools)?,
-        None => false,
-    };
-    let strict_schema = strict_schema(req.response_format.as_ref())?;
-    let tools = req.tools.filter(|t| !t.is_empty() && !tool_choice_none);
+    let parallel_tool_calls = req.parallel_tool_calls.unwrap_or(true);
+    let output = structured_output(OutputRequest {
+        tools: req.tools,
+        tool_choice: req.tool_choice.as_ref(),
+        parallel_tool_calls,
+        response_format: req.response_format.as_ref(),
+        grammar_enabled: defaults.grammar_enabled,
+        default_schema: defaults.guided_json.as_ref(),
+    })?;
+    let mut template_kwargs = template_kwargs(
+        defaults,
+        req.reasoning_effort.as_deref(),
+        req.chat_template_kwargs,
+    )?;
+    if output.default_schema && output.constraint.is_some() {
+        // `--guided-json` answers are the JSON itself, so thinking is off unless asked for.
+        template_kwargs
+            .entry("enable_thinking")
+            .or_insert(Value::Bool(false));
+    }
     Ok(ValidChatRequest {
         messages,
-        tools,
-        parallel_tool_calls: req.parallel_tool_calls.unwrap_or(true),
-        template_kwargs: template_kwargs(
-            defaults,
-            req.reasoning_effort.as_deref(),
-            req.chat_template_kwargs,
-        )?,
+        tools: output.tools,
+        parallel_tool_calls,
+        template_kwargs,
         generation,
-        grammar_downgraded: (strict_tool || strict_schema) && !defaults.grammar_enabled,
+        grammar_downgraded: output.downgraded,
+        output: output.constraint,
     })
 }
 
@@ -476,25 +491,6 @@ fn stop_strings(stop: Option<&StopField>, default: &[String]) -> Result<Vec<Stri
     }
     // An empty string would stop before the first token: drop it rather than fail.
     Ok(list.into_iter().filter(|s| !s.is_empty()).collect())
-}
-
-fn strict_schema(format: Option<&ResponseFormat>) -> Result<bool, ApiError> {
-    match format {
-        Some(ResponseFormat::JsonSchema { json_schema }) => {
-            if json_schema
-                .schema
-                .as_ref()
-                .is_some_and(|s| !s.is_object() && !s.is_boolean())
-            {
-                return Err(ApiError::invalid(
-                    "response_format.json_schema.schema",
-                    "the schema must be a JSON object",
-                ));
-            }
-            Ok(json_schema.strict.unwrap_or(false))
-        }
-        _ => Ok(false),
-    }
 }
 
 /// Server defaults, then the request's `reasoning_effort`, then its `chat_template_kwargs`:

@@ -14,6 +14,7 @@ use afm_runtime::kv_store::{KvCache, KvDtype};
 use tokio::sync::mpsc as tmpsc;
 
 use crate::api::*;
+use crate::constraint::{Constrained, TokenConstraint};
 use crate::kv_blocks::BlockManager;
 use crate::metrics::EngineMetrics;
 use crate::sampling::Sampler;
@@ -87,6 +88,7 @@ enum Command {
         req: GenerateRequest,
         tx: tmpsc::UnboundedSender<GenerateEvent>,
         at: Instant,
+        constraint: Option<Box<dyn TokenConstraint>>,
     },
     Cancel(RequestId),
 }
@@ -105,6 +107,16 @@ pub struct EngineHandle {
 
 impl EngineHandle {
     pub fn submit(&self, req: GenerateRequest) -> Result<(RequestId, EventReceiver), EngineError> {
+        self.submit_constrained(req, None)
+    }
+
+    /// Like [`submit`](Self::submit), with a token constraint (e.g. a grammar) applied to
+    /// every sampled token of this request.
+    pub fn submit_constrained(
+        &self,
+        req: GenerateRequest,
+        constraint: Option<Box<dyn TokenConstraint>>,
+    ) -> Result<(RequestId, EventReceiver), EngineError> {
         if req.prompt_tokens.len() >= self.max_context {
             return Err(EngineError::PromptTooLong {
                 prompt: req.prompt_tokens.len(),
@@ -124,6 +136,7 @@ impl EngineHandle {
             req,
             tx,
             at: Instant::now(),
+            constraint,
         };
         if self.tx.send(cmd).is_err() {
             self.waiting.fetch_sub(1, Ordering::SeqCst);
@@ -155,6 +168,8 @@ struct Active {
     admitted: Option<Instant>,
     first_token: Option<Instant>,
     generated: usize,
+    /// The request's token constraint (grammar), if any.
+    constraint: Option<Constrained>,
     /// Recurrent-state slot (hybrid models) while running; dropping it frees the slot.
     state_slot: Option<StateSlot>,
 }
@@ -321,7 +336,13 @@ impl Engine {
 
     fn handle(&mut self, cmd: Command) {
         match cmd {
-            Command::Submit { id, req, tx, at } => {
+            Command::Submit {
+                id,
+                req,
+                tx,
+                at,
+                constraint,
+            } => {
                 let max_tokens = req
                     .max_tokens
                     .min(self.max_context - req.prompt_tokens.len());
@@ -344,6 +365,7 @@ impl Engine {
                         admitted: None,
                         first_token: None,
                         generated: 0,
+                        constraint: constraint.map(Constrained::new),
                         state_slot: None,
                     },
                 );
@@ -379,6 +401,7 @@ impl Engine {
         };
         let vocab = self.model.model.vocab_size();
         let mut sampled = Vec::new();
+        let mut failed = Vec::new();
         for (row, item) in plan.items.iter().filter(|i| i.samples).enumerate() {
             let logits_row = &mut logits[row * vocab..(row + 1) * vocab];
             let Some(seq) = self.scheduler.get(item.seq_id) else {
@@ -387,9 +410,19 @@ impl Engine {
             let Some(a) = self.active.get_mut(&item.seq_id) else {
                 continue;
             };
+            if let Some(c) = &mut a.constraint {
+                if let Err(e) = c.apply(logits_row) {
+                    failed.push((item.seq_id, e));
+                    continue;
+                }
+            }
             let (tok, lp) = a
                 .sampler
                 .sample(logits_row, &seq.tokens, a.req.top_logprobs);
+            if let Some(Err(e)) = a.constraint.as_mut().map(|c| c.commit(tok)) {
+                failed.push((item.seq_id, e));
+                continue;
+            }
             sampled.push((item.seq_id, tok));
             a.first_token.get_or_insert_with(Instant::now);
             a.generated += 1;
@@ -400,6 +433,9 @@ impl Engine {
             });
         }
         self.scheduler.complete_step(&plan, &sampled);
+        for (id, e) in failed {
+            self.fail_constraint(id, e);
+        }
         for (id, tok) in sampled {
             self.check_finished(id, tok);
         }
@@ -500,6 +536,16 @@ impl Engine {
         Ok(ids)
     }
 
+    /// A constraint that failed ends its request with an error event.
+    fn fail_constraint(&mut self, id: RequestId, e: crate::constraint::ConstraintError) {
+        self.scheduler.finish(id);
+        if let Some(a) = self.active.remove(&id) {
+            let _ = a.tx.send(GenerateEvent::Error {
+                message: format!("grammar constraint: {e}"),
+            });
+        }
+    }
+
     fn check_finished(&mut self, id: RequestId, tok: u32) {
         let Some(a) = self.active.get(&id) else {
             return;
@@ -507,7 +553,8 @@ impl Engine {
         if a.tx.is_closed() {
             return self.finish(id, FinishReason::Cancelled);
         }
-        if a.req.stop_token_ids.contains(&tok) {
+        let grammar_done = a.constraint.as_ref().is_some_and(Constrained::is_finished);
+        if a.req.stop_token_ids.contains(&tok) || grammar_done {
             self.finish(id, FinishReason::Stop);
         } else if let Some(seq) = self.scheduler.get(id) {
             if a.generated >= seq.max_tokens || seq.tokens.len() >= self.max_context {
@@ -537,6 +584,13 @@ impl Engine {
             completion_time: (now - first).as_secs_f64(),
         };
         self.metrics.record(&stats);
+        if let (true, Some(c)) = (self.debug, &a.constraint) {
+            eprintln!(
+                "[Grammar] request {id}: {} masks, {:.1} µs per token (mask + commit)",
+                c.masks,
+                c.spent.as_secs_f64() * 1e6 / (a.generated.max(1) as f64)
+            );
+        }
         if self.debug {
             let tps = if stats.completion_time > 0.0 {
                 stats.completion_tokens as f64 / stats.completion_time

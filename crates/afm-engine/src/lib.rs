@@ -6,6 +6,7 @@
 //! strings, reasoning and tool-call parsing) happens in the caller.
 
 pub mod api;
+pub mod constraint;
 pub mod engine;
 pub mod kv_blocks;
 pub mod metrics;
@@ -15,5 +16,6 @@ pub mod sequence;
 pub mod state_slots;
 
 pub use api::*;
+pub use constraint::{ConstraintError, TokenConstraint};
 pub use engine::{Engine, EngineConfig, EngineError, EngineHandle};
 pub use metrics::EngineMetrics;

@@ -57,6 +57,7 @@ pub fn start_chat(state: &AppState, req: ValidChatRequest) -> Result<ChatJob, Ap
         req.parallel_tool_calls,
     );
     let g = &req.generation;
+    let (constraints, downgraded) = output_constraints(state, &req, &rendered)?;
     let specs = (0..g.n)
         .map(|i| ChoiceSpec {
             index: i,
@@ -76,6 +77,7 @@ pub fn start_chat(state: &AppState, req: ValidChatRequest) -> Result<ChatJob, Ap
         &state.model.generator,
         &state.model.text,
         specs,
+        constraints,
         registration,
     )?;
     Ok(ChatJob {
@@ -85,10 +87,34 @@ pub fn start_chat(state: &AppState, req: ValidChatRequest) -> Result<ChatJob, Ap
         n: g.n,
         logprobs: g.logprobs.is_some(),
         include_usage: g.include_usage,
-        grammar_downgraded: req.grammar_downgraded,
+        grammar_downgraded: req.grammar_downgraded || downgraded,
         started,
         generation,
     })
+}
+
+/// The grammar constraints of a request's choices (`--enable-grammar-constraints`), and
+/// whether the request had to be downgraded to best effort (no grammar for this model or
+/// tool-call dialect).
+fn output_constraints(
+    state: &AppState,
+    req: &ValidChatRequest,
+    rendered: &str,
+) -> Result<(Vec<Box<dyn afm_engine::TokenConstraint>>, bool), ApiError> {
+    let Some(output) = &req.output else {
+        return Ok((Vec::new(), false));
+    };
+    let text = &state.model.text;
+    let format = state
+        .config
+        .tool_calls
+        .format
+        .unwrap_or_else(|| text.tool_call_format());
+    let opens = !state.config.raw && ReasoningSplitter::prompt_opens_reasoning(rendered);
+    match text.output_constraints(output, format, req.generation.n, opens, !state.config.raw)? {
+        Some(c) => Ok((c, false)),
+        None => Ok((Vec::new(), true)),
+    }
 }
 
 /// Choice `i` of a seeded request gets seed + i, so n > 1 gives n different samples that

@@ -69,6 +69,7 @@ pub fn start_completion(
         &state.model.generator,
         &state.model.text,
         specs,
+        Vec::new(),
         registration,
     )?;
     Ok(CompletionJob {

@@ -1,12 +1,22 @@
 //! The real engine behind the [`Generator`] seam.
 
-use afm_engine::{EngineError, EngineHandle, EventReceiver, GenerateRequest, RequestId};
+use afm_engine::{
+    EngineError, EngineHandle, EventReceiver, GenerateRequest, RequestId, TokenConstraint,
+};
 
 use crate::seams::{Generator, SubmitError};
 
 impl Generator for EngineHandle {
     fn submit(&self, req: GenerateRequest) -> Result<(RequestId, EventReceiver), SubmitError> {
-        EngineHandle::submit(self, req).map_err(|e| match e {
+        Generator::submit_constrained(self, req, None)
+    }
+
+    fn submit_constrained(
+        &self,
+        req: GenerateRequest,
+        constraint: Option<Box<dyn TokenConstraint>>,
+    ) -> Result<(RequestId, EventReceiver), SubmitError> {
+        EngineHandle::submit_constrained(self, req, constraint).map_err(|e| match e {
             EngineError::QueueFull { limit } => SubmitError::QueueFull { limit },
             EngineError::PromptTooLong { prompt, limit } => {
                 SubmitError::PromptTooLong { prompt, limit }

@@ -15,7 +15,7 @@ use std::time::Instant;
 use afm_api::{ApiError, TokenLogprobEntry, TopLogprob};
 use afm_engine::{
     EventReceiver, FinishReason, GenerateEvent, GenerateRequest, GenerationStats, RequestId,
-    SamplingParams, TokenLogprob,
+    SamplingParams, TokenConstraint, TokenLogprob,
 };
 use futures::stream::{self, BoxStream, SelectAll, Stream, StreamExt};
 
@@ -82,8 +82,11 @@ pub fn start(
     generator: &Arc<dyn Generator>,
     text: &Arc<dyn TextModel>,
     specs: Vec<ChoiceSpec>,
+    constraints: Vec<Box<dyn TokenConstraint>>,
     registration: Registration,
 ) -> Result<Generation, ApiError> {
+    // One per choice, in order, or none (unconstrained).
+    let mut constraints = constraints.into_iter();
     let max_context = generator.max_context();
     let eos = text.stop_token_ids();
     let mut streams = Vec::with_capacity(specs.len());
@@ -105,7 +108,7 @@ pub fn start(
             top_logprobs: spec.logprobs,
         };
         // On error, the submissions made so far are dropped here, which cancels them.
-        let (id, rx) = generator.submit(req)?;
+        let (id, rx) = generator.submit_constrained(req, constraints.next())?;
         registration.add(id);
         ids.push(id);
         let sub = Submission {

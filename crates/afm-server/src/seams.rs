@@ -4,7 +4,9 @@
 //! impl each (`engine_impl.rs`, `text_model.rs`).
 
 use afm_api::ApiError;
-use afm_engine::{EventReceiver, GenerateRequest, RequestId};
+use afm_api::OutputConstraint;
+use afm_chat::tool_calls::ToolCallFormat;
+use afm_engine::{EventReceiver, GenerateRequest, RequestId, TokenConstraint};
 use serde_json::{Map, Value};
 
 /// Why a submission was refused.
@@ -37,6 +39,16 @@ impl From<SubmitError> for ApiError {
 /// Runs generations. Dropping the receiver, or `cancel`, stops one.
 pub trait Generator: Send + Sync + 'static {
     fn submit(&self, req: GenerateRequest) -> Result<(RequestId, EventReceiver), SubmitError>;
+    /// `submit` with a token constraint (a grammar) on every sampled token. Generators that
+    /// cannot mask (the scripted fakes) run the request unconstrained.
+    fn submit_constrained(
+        &self,
+        req: GenerateRequest,
+        constraint: Option<Box<dyn TokenConstraint>>,
+    ) -> Result<(RequestId, EventReceiver), SubmitError> {
+        drop(constraint);
+        self.submit(req)
+    }
     fn cancel(&self, id: RequestId);
     /// Longest sequence (prompt + answer) in tokens.
     fn max_context(&self) -> usize;
@@ -78,6 +90,21 @@ pub trait TextModel: Send + Sync + 'static {
     /// Hermes, the most common one, when a model cannot tell.
     fn tool_call_format(&self) -> afm_chat::tool_calls::ToolCallFormat {
         afm_chat::tool_calls::ToolCallFormat::Hermes
+    }
+    /// One grammar constraint per choice enforcing `output` (tool calls written in
+    /// `format`); `prompt_opens_reasoning` / `reasoning` place the grammar after `</think>`.
+    /// `Ok(None)`: this model cannot enforce it, and the request is served best effort.
+    /// A schema that does not compile is the client's 400.
+    fn output_constraints(
+        &self,
+        output: &OutputConstraint,
+        format: ToolCallFormat,
+        choices: usize,
+        prompt_opens_reasoning: bool,
+        reasoning: bool,
+    ) -> Result<Option<Vec<Box<dyn TokenConstraint>>>, ApiError> {
+        let _ = (output, format, choices, prompt_opens_reasoning, reasoning);
+        Ok(None)
     }
     /// The raw bytes of one token (for logprobs `bytes`).
     fn token_bytes(&self, id: u32) -> Vec<u8>;

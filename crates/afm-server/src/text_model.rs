@@ -1,9 +1,13 @@
-//! The real [`TextModel`]: afm-chat's tokenizer and chat template.
+//! The real [`TextModel`]: afm-chat's tokenizer and chat template, and afm-grammar's
+//! compiler when grammar constraints are on.
 
 use std::sync::Arc;
 
+use afm_api::{ApiError, OutputConstraint};
 use afm_chat::tool_calls::ToolCallFormat;
 use afm_chat::{ChatTemplate, IncrementalDecoder, Tokenizer};
+use afm_engine::TokenConstraint;
+use afm_grammar::{GrammarError, Grammars};
 use serde_json::{Map, Value};
 
 use crate::seams::{Detokenizer, TextModel};
@@ -15,6 +19,8 @@ pub struct ChatText {
     bos_text: Option<String>,
     /// Detected once: from the template's call examples, else the `model_type`.
     tool_format: ToolCallFormat,
+    /// `--enable-grammar-constraints`: the vocabulary as llguidance's token trie.
+    grammars: Option<Grammars>,
 }
 
 impl ChatText {
@@ -30,7 +36,14 @@ impl ChatText {
             template,
             bos_text,
             tool_format,
+            grammars: None,
         }
+    }
+
+    /// Turns grammar-constrained decoding on (builds the token trie once).
+    pub fn with_grammars(mut self) -> Result<Self, GrammarError> {
+        self.grammars = Some(Grammars::new(&self.tokenizer)?);
+        Ok(self)
     }
 
     /// The HF `model_type` (e.g. `qwen3_coder`), for the tool-call dialect when the template
@@ -89,6 +102,35 @@ impl TextModel for ChatText {
 
     fn token_bytes(&self, id: u32) -> Vec<u8> {
         self.tokenizer.token_bytes(id)
+    }
+
+    fn output_constraints(
+        &self,
+        output: &OutputConstraint,
+        format: ToolCallFormat,
+        choices: usize,
+        prompt_opens_reasoning: bool,
+        reasoning: bool,
+    ) -> Result<Option<Vec<Box<dyn TokenConstraint>>>, ApiError> {
+        let Some(grammars) = &self.grammars else {
+            return Ok(None);
+        };
+        let compiled = match grammars.compile(output, format) {
+            Ok(c) => c,
+            Err(GrammarError::UnsupportedFormat(_)) => return Ok(None),
+            Err(GrammarError::Schema { param, message }) => {
+                return Err(ApiError::invalid(
+                    &param,
+                    format!("{param} cannot be enforced as a grammar: {message}"),
+                ))
+            }
+            Err(e) => return Err(ApiError::Internal(e.to_string())),
+        };
+        Ok(Some(
+            (0..choices)
+                .map(|_| compiled.constraint(prompt_opens_reasoning, reasoning))
+                .collect(),
+        ))
     }
 
     fn stop_token_ids(&self) -> Vec<u32> {

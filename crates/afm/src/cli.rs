@@ -80,7 +80,9 @@ pub struct ServeArgs {
     #[command(flatten)]
     pub sampling: SamplingFlags,
 
-    /// Default JSON schema when a request has none (turns thinking off).
+    /// Default JSON schema (a file, or the JSON itself) for requests that name no
+    /// `response_format` and no tools; enforced by the grammar (implies
+    /// --enable-grammar-constraints) and turns thinking off.
     #[arg(long, value_name = "SCHEMA")]
     pub guided_json: Option<String>,
     /// Open the built-in WebUI.
@@ -114,6 +116,8 @@ pub struct ServeArgs {
     pub tool_call_parser: Option<ToolCallFormat>,
     #[arg(long)]
     pub fix_tool_args: bool,
+    /// Grammar-constrained decoding for strict `json_schema`, `json_object`, strict tools and
+    /// `tool_choice` "required" or a named function.
     #[arg(long)]
     pub enable_grammar_constraints: bool,
     /// Turn thinking off by default (`enable_thinking: false`).
@@ -254,10 +258,6 @@ impl ServeArgs {
     pub fn refuse_unavailable(&self) -> Result<()> {
         let spec = &self.speculative;
         let unavailable = [
-            (
-                self.guided_json.is_some(),
-                "--guided-json (grammar-constrained output)",
-            ),
             (spec.mtp, "--mtp (MTP speculative decoding)"),
             (
                 spec.eagle3.is_some(),
@@ -266,10 +266,6 @@ impl ServeArgs {
             (
                 spec.dspark_support.is_some() || spec.dspark_strict,
                 "--dspark-* (DSpark drafting)",
-            ),
-            (
-                self.enable_grammar_constraints,
-                "--enable-grammar-constraints (grammar)",
             ),
             (self.gpu_profile, "--gpu-profile"),
             (
@@ -317,8 +313,34 @@ impl ServeArgs {
         .with_flags(&fields)
         // Same checks and messages as a request's, with the flag's name in place of the field.
         .map_err(|e| anyhow::anyhow!("{}", e.to_string().replace('_', "-")))?;
-        defaults.grammar_enabled = self.enable_grammar_constraints;
+        defaults.grammar_enabled = self.grammar_enabled();
+        defaults.guided_json = self.guided_json_schema()?;
         Ok(defaults)
+    }
+
+    /// `--enable-grammar-constraints`, or implied by `--guided-json`.
+    pub fn grammar_enabled(&self) -> bool {
+        self.enable_grammar_constraints || self.guided_json.is_some()
+    }
+
+    /// `--guided-json`: JSON text when it starts with `{` (or is `true`), else a file of it.
+    fn guided_json_schema(&self) -> Result<Option<Value>> {
+        let Some(arg) = &self.guided_json else {
+            return Ok(None);
+        };
+        let trimmed = arg.trim_start();
+        let text = if trimmed.starts_with('{') || trimmed == "true" {
+            arg.clone()
+        } else {
+            std::fs::read_to_string(arg)
+                .with_context(|| format!("--guided-json: reading the schema file {arg}"))?
+        };
+        let schema: Value = serde_json::from_str(&text)
+            .with_context(|| format!("--guided-json: {arg} is not valid JSON"))?;
+        if !schema.is_object() && !schema.is_boolean() {
+            bail!("--guided-json must be a JSON schema object");
+        }
+        Ok(Some(schema))
     }
 
     fn template_kwargs(&self) -> Result<Map<String, Value>> {
@@ -461,7 +483,7 @@ mod tests {
 
     #[test]
     fn unavailable_features_are_refused_not_ignored() {
-        for flag in [&["--eagle3", "d"][..], &["--mtp"], &["--guided-json", "{}"]] {
+        for flag in [&["--eagle3", "d"][..], &["--mtp"]] {
             let mut args = vec!["afm", "mlx", "-m", "m"];
             args.extend_from_slice(flag);
             let err = parse(&args)

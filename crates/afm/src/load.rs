@@ -54,10 +54,22 @@ pub fn load(args: &ServeArgs) -> Result<ServedModel> {
         debug: std::env::var("AFM_DEBUG").is_ok_and(|v| v == "1"),
         ..EngineConfig::default()
     };
+    let mut text = ChatText::new(tokenizer, template).with_model_type(model_arch);
+    if args.grammar_enabled() {
+        let t0 = std::time::Instant::now();
+        text = text
+            .with_grammars()
+            .map_err(|e| anyhow!("--enable-grammar-constraints: {e}"))?;
+        eprintln!(
+            "[Grammar] token trie for {} tokens built in {:.0} ms",
+            info.vocab_size,
+            t0.elapsed().as_secs_f64() * 1e3
+        );
+    }
     let handle = Engine::spawn(model, cfg).map_err(|e| anyhow!("starting the engine: {e}"))?;
     Ok(ServedModel {
         info,
-        text: Arc::new(ChatText::new(tokenizer, template).with_model_type(model_arch)),
+        text: Arc::new(text),
         generator: Arc::new(handle),
     })
 }
