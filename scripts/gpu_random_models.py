@@ -11,10 +11,14 @@ import sys
 import time
 
 import torch
-from transformers import (AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig, Qwen2Config,
-                          Qwen3Config)
+from transformers import (AutoModelForCausalLM, Gemma3TextConfig, Gemma4TextConfig, LlamaConfig,
+                          Qwen2Config, Qwen3Config)
 
 QWEN_ROPE = {"rope_type": "default", "rope_theta": 1000000.0}
+GEMMA4 = dict(vocab_size=262144, num_hidden_layers=2, head_dim=256, global_head_dim=512,
+    attention_k_eq_v=True, max_position_embeddings=8192, rms_norm_eps=1e-6,
+    tie_word_embeddings=True, sliding_window=1024, final_logit_softcapping=30.0,
+    hidden_size_per_layer_input=0, layer_types=["sliding_attention", "full_attention"])
 SPECS = {
     "qwen3-0.6b": (Qwen3Config, dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072,
         num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
@@ -41,6 +45,13 @@ SPECS = {
         rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
                          "full_attention": {"rope_type": "default", "rope_theta": 1000000.0}}),
         0.0),
+    # Gemma 4's real widths on two layers (one sliding, one global), 8k positions: head_dim 256
+    # sliding / 512 global, K as V on global layers, proportional RoPE; norms multiply by w.
+    "gemma4-31b-l2": (Gemma4TextConfig, dict(GEMMA4, hidden_size=5376, intermediate_size=21504,
+        num_attention_heads=32, num_key_value_heads=16, num_global_key_value_heads=4), 1.0),
+    "gemma4-26b-a4b-l2": (Gemma4TextConfig, dict(GEMMA4, hidden_size=2816, intermediate_size=2112,
+        num_attention_heads=16, num_key_value_heads=8, num_global_key_value_heads=2,
+        enable_moe_block=True, num_experts=128, top_k_experts=8, moe_intermediate_size=704), 1.0),
 }
 
 
