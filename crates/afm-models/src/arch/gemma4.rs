@@ -13,6 +13,8 @@
 //! - MoE layers run the dense MLP and the experts side by side on the post-attention residual:
 //!   `r + post_ffn(post_ffn_1(mlp(pre_ffn(r))) + post_ffn_2(experts(pre_ffn_2(r))))`, routed by
 //!   `softmax(proj(rmsnorm(r) · scale · H^-½))`, top-k, renormalized, × `per_expert_scale`.
+//!   Routing runs on the host ([`Device::read_back`]), so a MoE model's decode steps run
+//!   without CUDA graphs (the read-back is refused inside one).
 //! - Per-layer input embeddings (`hidden_size_per_layer_input` > 0, the small variants): a
 //!   second embedding plus a projection of the first, one slice per layer, gated into the
 //!   residual after the MLP.
