@@ -120,11 +120,69 @@ unsafe fn dwords(q: __m256i) -> [__m256i; 8] {
     })
 }
 
+/// The eight dwords of a weight block's values, each broadcast to every lane.
+trait Dwords: Block {
+    /// Through `dwords(values)` unless the stored bytes can be broadcast directly.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn dwords(p: *const u8) -> [__m256i; 8] {
+        dwords(Self::values(p))
+    }
+}
+
+/// Dwords of plain nibbles at `qs`: weights 0..15 are the low nibbles of bytes 0..15, 16..31
+/// the high ones, so dword i and i+4 come from the same four bytes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn nibble_dwords(qs: *const u8) -> [__m256i; 8] {
+    let m4 = _mm256_set1_epi8(0x0F);
+    let raw: [__m256i; 4] =
+        std::array::from_fn(|i| _mm256_set1_epi32((qs.add(4 * i) as *const i32).read_unaligned()));
+    std::array::from_fn(|i| {
+        if i < 4 {
+            _mm256_and_si256(raw[i], m4)
+        } else {
+            _mm256_and_si256(_mm256_srli_epi16(raw[i - 4], 4), m4)
+        }
+    })
+}
+
+impl Dwords for Q4_0 {
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn dwords(p: *const u8) -> [__m256i; 8] {
+        nibble_dwords(p.add(2))
+    }
+}
+impl Dwords for Q4_1 {
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn dwords(p: *const u8) -> [__m256i; 8] {
+        nibble_dwords(p.add(4))
+    }
+}
+impl Dwords for Q8_0 {
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn dwords(p: *const u8) -> [__m256i; 8] {
+        // Stored signed; `values` are `q + 128` (see `vnni_legacy`).
+        let flip = _mm256_set1_epi8(-128);
+        std::array::from_fn(|i| {
+            let v = _mm256_set1_epi32((p.add(2 + 4 * i) as *const i32).read_unaligned());
+            _mm256_xor_si256(v, flip)
+        })
+    }
+}
+// The five-bit formats go through `values` and a stack copy: measured faster here than
+// building the high-bit masks per dword.
+impl Dwords for Q5_0 {}
+impl Dwords for Q5_1 {}
+
 /// `out[8g + j] = w · row(8(g0+g) + j)` for `G` groups, in `vnni_legacy`'s order (module
 /// header): eight FMA chains per output, one per dword of the block.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn tile<B: Block, const G: usize>(w: &[u8], x: &Q8Lanes, g0: usize, out: &mut [f32]) {
+unsafe fn tile<B: Dwords, const G: usize>(w: &[u8], x: &Q8Lanes, g0: usize, out: &mut [f32]) {
     let blocks = x.blocks;
     let mut acc = [[_mm256_setzero_ps(); 8]; G];
     let mut summs = [_mm256_setzero_ps(); G];
@@ -134,7 +192,7 @@ unsafe fn tile<B: Block, const G: usize>(w: &[u8], x: &Q8Lanes, g0: usize, out: 
         let p = w.as_ptr().add(k * B::BYTES);
         let sc = B::scales(p);
         let dw = _mm256_broadcastss_ps(sc);
-        let u = dwords(B::values(p));
+        let u = B::dwords(p);
         for (g, acc_g) in acc.iter_mut().enumerate() {
             let blk = (g0 + g) * blocks + k;
             let xq = qs.add((blk - g0 * blocks) * 256) as *const __m256i;
