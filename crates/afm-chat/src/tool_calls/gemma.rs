@@ -16,6 +16,14 @@ use super::{Body, Flow};
 
 const MAX_HEADER: usize = 256;
 
+/// Whether a name, key or bare value whose terminator ends `through` bytes in fits
+/// [`MAX_HEADER`]: streaming gives up with more than `MAX_HEADER` bytes and no terminator yet
+/// (at most `through - 1`), so text seen whole must meet the same bound, or the outcome would
+/// depend on how the output was chunked.
+fn header_fits(through: usize) -> bool {
+    through.saturating_sub(1) <= MAX_HEADER
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum St {
     Head,
@@ -71,7 +79,9 @@ impl Gemma {
             Peek::Maybe => return Flow::Need,
             Peek::No => 0,
         };
-        let Some((name, used)) = read_until(&t[prefix..], "{") else {
+        let Some((name, used)) =
+            read_until(&t[prefix..], "{").filter(|(_, used)| header_fits(prefix + used))
+        else {
             return self.too_long(t);
         };
         let name = name.trim();
@@ -96,7 +106,8 @@ impl Gemma {
                 Flow::Step(ws + 1)
             }
             Some(_) => {
-                let Some((key, used)) = read_until(t, ":") else {
+                let Some((key, used)) = read_until(t, ":").filter(|(_, used)| header_fits(*used))
+                else {
                     return self.too_long(t);
                 };
                 let mut key = key.trim();
@@ -213,9 +224,9 @@ impl Gemma {
 
     fn bare(&mut self, input: &str, eof: bool, em: &mut Emitter) -> Flow {
         let at = match input.find([',', '}']) {
-            Some(at) => at,
-            None if eof => input.len(),
-            None => return self.too_long(input),
+            Some(at) if header_fits(at + 1) => at,
+            None if eof && input.len() <= MAX_HEADER => input.len(),
+            _ => return self.too_long(input),
         };
         em.param_begin(&self.key, Declared::Auto, Trim::Space);
         em.param_text(&input[..at]);

@@ -12,6 +12,14 @@ use super::{Body, Flow};
 /// Longest name or key read before deciding the text is not a call.
 const MAX_HEADER: usize = 256;
 
+/// Whether a header whose terminator ends `through` bytes in fits [`MAX_HEADER`]. Streaming
+/// gives up once more than `MAX_HEADER` bytes wait without a complete terminator (at most
+/// `through - 1` of them); a header seen whole must meet the same bound, or the outcome would
+/// depend on how the output was chunked.
+fn header_fits(through: usize) -> bool {
+    through.saturating_sub(1) <= MAX_HEADER
+}
+
 /// How a run of JSON call objects is laid out.
 pub(crate) struct ListCfg {
     /// A leading `[` may open an array of calls.
@@ -171,12 +179,12 @@ impl JsonCalls {
         }
         let (key, used) = match c {
             '"' | '\'' => match quoted(t) {
-                Some(k) => k,
-                None => return self.need_header(t),
+                Some(k) if header_fits(k.1) => k,
+                _ => return self.need_header(t),
             },
             _ => match read_until(t, ":") {
-                Some((k, _)) => (k.trim().to_string(), k.len()),
-                None => return self.need_header(t),
+                Some((k, _)) if header_fits(k.len() + 1) => (k.trim().to_string(), k.len()),
+                _ => return self.need_header(t),
             },
         };
         let slot = slot(&key);
@@ -197,7 +205,7 @@ impl JsonCalls {
         let quote = matches!(c, '"' | '\'');
         match slot {
             Slot::Name | Slot::Function if quote => {
-                let Some((name, used)) = quoted(t) else {
+                let Some((name, used)) = quoted(t).filter(|(_, used)| header_fits(*used)) else {
                     return self.need_header(t);
                 };
                 self.obj.name = Some(name);
@@ -463,7 +471,7 @@ impl Mistral {
             .iter()
             .filter_map(|e| t.find(e).map(|at| (at, *e)))
             .min_by_key(|(at, _)| *at);
-        let Some((at, end)) = hit else {
+        let Some((at, end)) = hit.filter(|(at, end)| header_fits(at + end.len())) else {
             return if t.len() > MAX_HEADER {
                 Flow::Reject
             } else {
@@ -531,12 +539,12 @@ impl Body for Mistral {
             }
             MSt::Name => self.name(input, em),
             MSt::CallId => match read_until(input, "[ARGS]") {
-                Some((_, used)) => {
+                Some((_, used)) if header_fits(used) => {
                     self.st = MSt::Args(None);
                     Flow::Step(used)
                 }
-                None if input.len() > MAX_HEADER => Flow::Abandon,
-                None => Flow::Need,
+                _ if input.len() > MAX_HEADER => Flow::Abandon,
+                _ => Flow::Need,
             },
             MSt::Args(_) => self.args(input, eof, em),
             MSt::Json(inner) => inner.step(input, eof, em),

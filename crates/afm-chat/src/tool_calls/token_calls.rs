@@ -10,6 +10,13 @@ use super::{Body, Flow};
 
 const MAX_HEADER: usize = 256;
 
+/// Whether a header whose terminator ends `through` bytes in fits [`MAX_HEADER`]: streaming
+/// gives up with more than `MAX_HEADER` bytes and no terminator yet (at most `through - 1`),
+/// so text seen whole must meet the same bound, or the outcome would depend on chunking.
+fn header_fits(through: usize) -> bool {
+    through.saturating_sub(1) <= MAX_HEADER
+}
+
 pub(crate) struct TokSpec {
     pub call_begin: &'static str,
     /// Between the call's header and its arguments.
@@ -90,7 +97,9 @@ impl TokenCalls {
     }
 
     fn header(&mut self, input: &str, em: &mut Emitter) -> Flow {
-        let Some((head, used)) = read_until(input, self.spec.sep) else {
+        let Some((head, used)) =
+            read_until(input, self.spec.sep).filter(|(_, used)| header_fits(*used))
+        else {
             return self.too_long(input);
         };
         let head = head.trim();
@@ -117,9 +126,10 @@ impl TokenCalls {
     fn name_line(&mut self, input: &str, em: &mut Emitter) -> Flow {
         let hit = ["\n", "```", "{"]
             .iter()
-            .filter_map(|m| input.find(m))
-            .min();
-        let Some(at) = hit else {
+            .filter_map(|m| input.find(m).map(|at| (at, m.len())))
+            .min()
+            .filter(|(at, len)| header_fits(at + len));
+        let Some((at, _)) = hit else {
             return self.too_long(input);
         };
         let name = input[..at].trim();

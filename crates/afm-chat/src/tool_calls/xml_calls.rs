@@ -16,6 +16,13 @@ use super::{Body, Flow};
 
 const MAX_HEADER: usize = 256;
 
+/// Whether a header whose terminator ends `through` bytes in fits [`MAX_HEADER`]: streaming
+/// gives up with more than `MAX_HEADER` bytes and no terminator yet (at most `through - 1`),
+/// so text seen whole must meet the same bound, or the outcome would depend on chunking.
+fn header_fits(through: usize) -> bool {
+    through.saturating_sub(1) <= MAX_HEADER
+}
+
 pub(crate) struct XmlSpec {
     pub call_open: &'static str,
     pub param_open: &'static str,
@@ -113,7 +120,8 @@ impl Xml {
     }
 
     fn header(&mut self, input: &str, em: &mut Emitter) -> Flow {
-        let Some((head, used)) = read_until(input, ">") else {
+        let Some((head, used)) = read_until(input, ">").filter(|(_, used)| header_fits(*used))
+        else {
             return self.too_long(input);
         };
         let name = tag_name(head);
@@ -324,9 +332,10 @@ impl Glm {
         let ws = input.len() - t.len();
         let hit = ["\n", ARG_KEY, GLM_END, "{"]
             .iter()
-            .filter_map(|m| t.find(m))
-            .min();
-        let Some(at) = hit else {
+            .filter_map(|m| t.find(m).map(|at| (at, m.len())))
+            .min()
+            .filter(|(at, len)| header_fits(at + len));
+        let Some((at, _)) = hit else {
             return if t.len() > MAX_HEADER {
                 Flow::Reject
             } else {
@@ -447,13 +456,13 @@ impl Body for Glm {
             GSt::Name => self.name(input, em),
             GSt::Args => self.args(input, em),
             GSt::Key => match read_until(input, ARG_KEY_END) {
-                Some((key, used)) => {
+                Some((key, used)) if header_fits(used) => {
                     self.key = key.trim().to_string();
                     self.st = GSt::ValueOpen;
                     Flow::Step(used)
                 }
-                None if input.len() > MAX_HEADER => Flow::Abandon,
-                None => Flow::Need,
+                _ if input.len() > MAX_HEADER => Flow::Abandon,
+                _ => Flow::Need,
             },
             GSt::ValueOpen => {
                 let ws = ws_len(input);
