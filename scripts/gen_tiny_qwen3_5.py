@@ -10,7 +10,10 @@ Gated-DeltaNet hybrid, which that script's table cannot express:
   `mtp.safetensors` shard, as some releases ship it.
 * qwen3_5_moe: the text-only layout (`qwen3_5_moe_text`, weights under `model.`), 3 layers
   (DeltaNet, full attention, DeltaNet), 4 experts top-2 plus the sigmoid-gated shared expert,
-  MTP weights inside model.safetensors.
+  MTP weights inside model.safetensors, experts fused as transformers 5 holds them.
+* qwen3_5_moe_hub: the same weights as the Hub's Qwen3.5-MoE checkpoints lay them out (the
+  `qwen3_5_moe` wrapper config, `model.language_model.`, one `experts.{e}.{gate,up,down}_proj`
+  per expert, which transformers fuses at load); same reference.json.
 
 Every parameter is overwritten with seeded values: weights N(0, 0.1), zero-centred RMSNorm
 weights (used as 1 + w) N(0, 0.1), the DeltaNet gated norm (used as w) 1 + N(0, 0.1).
@@ -247,6 +250,44 @@ def reference(arch: str, model: torch.nn.Module) -> dict:
     }
 
 
+def hub_layout(src: Path, dst: Path) -> None:
+    """qwen3_5_moe rewritten in the Hub's layout: wrapper config, per-expert tensors."""
+    dst.mkdir(parents=True, exist_ok=True)
+    for stale in dst.glob("*"):
+        stale.unlink()
+    out = {}
+    for name, t in load_file(src / "model.safetensors").items():
+        if name.endswith("experts.gate_up_proj"):
+            base, inter = name[: -len("gate_up_proj")], t.shape[1] // 2
+            for e in range(t.shape[0]):
+                out[f"{base}{e}.gate_proj.weight"] = t[e, :inter].contiguous()
+                out[f"{base}{e}.up_proj.weight"] = t[e, inter:].contiguous()
+            continue
+        if name.endswith("experts.down_proj"):
+            base = name[: -len("down_proj")]
+            for e in range(t.shape[0]):
+                out[f"{base}{e}.down_proj.weight"] = t[e].contiguous()
+            continue
+        out[name] = t
+    out = {(k.replace("model.", "model.language_model.", 1) if k.startswith("model.") else k): v
+           for k, v in out.items()}
+    save_file(out, dst / "model.safetensors", metadata={"format": "pt"})
+    text_cfg = json.loads((src / "config.json").read_text())
+    for k in ("architectures", "transformers_version"):
+        text_cfg.pop(k, None)
+    config = {
+        "architectures": ["Qwen3_5MoeForConditionalGeneration"],
+        "model_type": "qwen3_5_moe",
+        "text_config": text_cfg,
+        "tie_word_embeddings": False,
+        "transformers_version": transformers.__version__,
+    }
+    (dst / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    ref = json.loads((src / "reference.json").read_text())
+    ref["arch"] = dst.name
+    (dst / "reference.json").write_text(json.dumps(ref, separators=(",", ":")) + "\n")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--archs", nargs="+", default=list(ARCHS), choices=list(ARCHS))
@@ -263,6 +304,9 @@ def main() -> int:
         size = sum(f.stat().st_size for f in out_dir.iterdir())
         print(f"{arch}: {len(names)} tensors, {size / 1024:.0f} KiB, greedy {ref['greedy']}, "
               f"min margin {ref['greedy_min_top2_margin']:.4f}, decode vs prefill {ref['decode_vs_prefill_rel']:.1e}")
+    if "qwen3_5_moe" in args.archs:
+        hub_layout(args.out / "qwen3_5_moe", args.out / "qwen3_5_moe_hub")
+        print("qwen3_5_moe_hub: written from qwen3_5_moe")
     return 0
 
 

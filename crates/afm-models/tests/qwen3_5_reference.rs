@@ -167,6 +167,12 @@ fn qwen3_5_moe_matches_transformers() {
     check("qwen3_5_moe");
 }
 
+/// The Hub's MoE layout: wrapper config, `model.language_model.`, one tensor per expert.
+#[test]
+fn qwen3_5_moe_hub_layout_matches_transformers() {
+    check("qwen3_5_moe_hub");
+}
+
 /// Two sequences decoded in one batch, each with its own slot and block table, reproduce
 /// transformers' greedy tokens and per-position logits as if each ran alone.
 #[test]
@@ -282,6 +288,7 @@ fn mtp_heads_are_loaded_from_either_layout() {
     for (arch, prefix) in [
         ("qwen3_5", "model.language_model."),
         ("qwen3_5_moe", "model."),
+        ("qwen3_5_moe_hub", "model.language_model."),
     ] {
         let dir = fixture(arch);
         let text = std::fs::read_to_string(dir.join("config.json")).expect("config");
