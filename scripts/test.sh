@@ -11,6 +11,9 @@ echo "== cargo test"
 cargo build --release -p afm
 cargo test --workspace --release 2>&1
 
+echo "== fuzz, time-boxed (6 targets x 15 s; longer runs: bash scripts/fuzz.sh 600)"
+bash scripts/fuzz.sh 15
+
 if [[ -d tests/python ]]; then
   echo "== python API tests (official openai client)"
   python3 -m pip install -q --disable-pip-version-check openai pytest requests jsonschema
