@@ -1,12 +1,14 @@
 //! Greedy decoding on real GGUF checkpoints against llama.cpp (recorded with llama-cpp-python by
-//! `scripts/record_llamacpp.py`): the same prompt ids must continue with the same 32 tokens, or
-//! part ways only at a near-tie. Both engines quantize activations to 8 bits inside the
-//! quantized matmuls, and each lands 2-5% of the largest logit away from the f32-activation
-//! result (measured on SmolLM2: afm 1.9-5.9%, llama.cpp 1.8-5.6%), in different directions, so
-//! where the best tokens are within a fraction of a nat either may win. At the first difference,
-//! llama.cpp's token must be among afm's top 5 and within `NEAR_TIE` nats of afm's choice: a real
-//! bug (wrong rope, wrong norm, a broken kernel) moves logits far more than that and fails here.
-//! The models come from `scripts/fetch_models.sh`.
+//! `scripts/record_llamacpp.py`): the same prompt ids must continue with the same 32 tokens.
+//!
+//! SmolLM2 (Q4_1 + Q8_0) must match exactly: afm reproduces llama.cpp's arithmetic for those
+//! formats bit for bit (docs/DECISIONS.md), so its logits are llama.cpp's. Qwen2.5 and Gemma 3
+//! use K-quants, whose llama.cpp kernels afm does not yet follow bit for bit; both engines
+//! quantize activations to 8 bits, that rounding is chaotic, and their logits sit 1-5% of the
+//! largest logit apart, so where the best tokens are within a fraction of a nat either may win.
+//! For them, at the first difference llama.cpp's token must be among afm's top 5 and within
+//! `NEAR_TIE` nats of afm's choice: a real bug (wrong rope, wrong norm, a broken kernel) moves
+//! logits far more than that and fails here. The models come from `scripts/fetch_models.sh`.
 
 use std::path::PathBuf;
 
@@ -42,7 +44,8 @@ async fn greedy(e: &EngineHandle, prompt: Vec<u32>, n: usize) -> Vec<(u32, Token
     out
 }
 
-async fn check(fixture: &str) {
+/// `require_exact`: every prompt's 32 tokens must equal llama.cpp's, near-ties included.
+async fn check(fixture: &str, require_exact: bool) {
     let text = std::fs::read_to_string(root().join("tests/fixtures/llamacpp").join(fixture))
         .expect("fixture");
     let v: serde_json::Value = serde_json::from_str(&text).expect("json");
@@ -89,7 +92,7 @@ async fn check(fixture: &str) {
         };
         let lp = &got[first].1;
         let theirs = lp.top.iter().find(|t| t.0 == want[first]);
-        let near_tie = theirs.is_some_and(|t| lp.top[0].1 - t.1 <= NEAR_TIE);
+        let near_tie = !require_exact && theirs.is_some_and(|t| lp.top[0].1 - t.1 <= NEAR_TIE);
         eprintln!(
             "{fixture} {:?}: parts ways at token {first} (afm top-5 {:?}, llama.cpp chose {}){}",
             case["prompt"],
@@ -112,22 +115,23 @@ async fn check(fixture: &str) {
     );
     assert!(
         mismatches.is_empty(),
-        "{fixture}: differences that are not near-ties:\n{}",
+        "{fixture}: differences{}:\n{}",
+        if require_exact { "" } else { " that are not near-ties" },
         mismatches.join("\n")
     );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn smollm2_greedy_equals_llama_cpp() {
-    check("smollm2.json").await;
+    check("smollm2.json", true).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn qwen05_greedy_equals_llama_cpp() {
-    check("qwen05.json").await;
+    check("qwen05.json", false).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gemma3_greedy_equals_llama_cpp() {
-    check("gemma3.json").await;
+    check("gemma3.json", false).await;
 }

@@ -32,106 +32,364 @@ pub struct AttnParams {
 
 /// `q`: `[tokens][n_heads * head_dim]`; `out` the same shape.
 ///
-/// One task per (sequence, KV head): its keys and values are read out of the paged cache once
-/// (dequantized to f32 in one contiguous run) and serve every query row and every query head
-/// of its GQA group, so a prefill chunk does not re-read the cache for each row.
+/// Each (sequence, KV head) reads its keys and values out of the paged cache once
+/// (dequantized to f32 in one contiguous run, keys transposed); tasks of a few query rows
+/// then share them, so one sequence's prefill spreads over every thread even with one KV head.
+/// A task's queries (its rows × the GQA group's heads) go through in tiles of four:
+/// ```text
+/// scores[4][keys] = Q[4][d] · Kᵀ[d][keys]   16 keys at a time, 8 accumulators in registers
+/// softmax per query over its own causal/window range (exact, two passes)
+/// out[4][d]       = P[4][keys] · V[keys][d]  16 columns at a time
+/// ```
 pub fn paged_attention(q: &[f32], kv: &LayerKv, seqs: &[AttnSeq], p: &AttnParams, out: &mut [f32]) {
     let d = p.head_dim;
     let n_kv = kv.shape.n_kv_heads;
     let group = p.n_heads / n_kv;
-    let tasks: Vec<(usize, usize)> = (0..seqs.len())
+    let heads: Vec<(usize, usize)> = (0..seqs.len())
         .flat_map(|s| (0..n_kv).map(move |h| (s, h)))
         .collect();
+    let loaded: Vec<HeadKv> = heads
+        .par_iter()
+        .map(|&(si, kh)| HeadKv::read(kv, &seqs[si], kh, d, p.window))
+        .collect();
+    // Query rows per task: enough tasks to balance the threads, few enough to keep the
+    // per-task overhead small.
+    let total_rows: usize = seqs.iter().map(|s| s.len).sum::<usize>() * n_kv;
+    let per_task = (total_rows / (8 * rayon::current_num_threads().max(1))).clamp(1, 64);
+    let tasks: Vec<(usize, usize, usize)> = heads
+        .iter()
+        .enumerate()
+        .flat_map(|(hi, &(si, _))| {
+            (0..seqs[si].len)
+                .step_by(per_task)
+                .map(move |r0| (hi, r0, (r0 + per_task).min(seqs[si].len)))
+        })
+        .collect();
+    let half = kv.dtype() == KvDtype::F16;
     let results: Vec<Vec<f32>> = tasks
         .par_iter()
-        .map(|&(si, kh)| attend_group(q, kv, &seqs[si], kh, group, p))
+        .map(|&(hi, r0, r1)| {
+            let (si, kh) = heads[hi];
+            attend_rows(q, &loaded[hi], &seqs[si], kh, group, r0..r1, half, p)
+        })
         .collect();
     // Scatter: each result is `[row][head in group][head_dim]`.
-    for (&(si, kh), res) in tasks.iter().zip(&results) {
+    for (&(hi, r0, r1), res) in tasks.iter().zip(&results) {
+        let (si, kh) = heads[hi];
         let s = &seqs[si];
-        for r in 0..s.len {
+        for r in r0..r1 {
             for g in 0..group {
                 let dst = ((s.row0 + r) * p.n_heads + kh * group + g) * d;
-                let src = (r * group + g) * d;
+                let src = ((r - r0) * group + g) * d;
                 out[dst..dst + d].copy_from_slice(&res[src..src + d]);
             }
         }
     }
 }
 
-/// All query heads of KV head `kh` for every new row of one sequence. With an f16 cache, like
-/// llama.cpp's CPU path, queries and attention weights are rounded to f16 where they meet it.
-fn attend_group(
+/// One (sequence, KV head)'s keys (transposed: `keys_t[c][j]`, `stride` ≥ positions, a
+/// multiple of 16, zero-padded) and values (`[j][d]`) for positions `base..ctx`.
+struct HeadKv {
+    base: usize,
+    stride: usize,
+    keys_t: Vec<f32>,
+    values: Vec<f32>,
+}
+
+impl HeadKv {
+    fn read(kv: &LayerKv, s: &AttnSeq, kh: usize, d: usize, window: Option<usize>) -> Self {
+        let bs = kv.block_size();
+        let ctx = s.pos0 + s.len;
+        let base = window.map_or(0, |w| (s.pos0 + 1).saturating_sub(w));
+        let n = ctx - base;
+        let stride = n.div_ceil(KEY_TILE) * KEY_TILE;
+        let mut keys = vec![0f32; n * d];
+        let mut values = vec![0f32; n * d];
+        for_each_span(base, ctx - 1, bs, |b, s0, s1| {
+            let at = (b * bs + s0 - base) * d;
+            let len = (s1 - s0) * d;
+            kv.read_keys(s.block_table[b], kh, s0, &mut keys[at..at + len]);
+            kv.read_values(s.block_table[b], kh, s0, &mut values[at..at + len]);
+        });
+        let mut keys_t = vec![0f32; d * stride];
+        for (j, k) in keys.chunks_exact(d.max(1)).enumerate() {
+            for (c, &v) in k.iter().enumerate() {
+                keys_t[c * stride + j] = v;
+            }
+        }
+        Self {
+            base,
+            stride,
+            keys_t,
+            values,
+        }
+    }
+}
+
+/// Keys per score tile (two 8-lane vectors).
+const KEY_TILE: usize = 16;
+/// Queries per tile.
+const Q_TILE: usize = 4;
+
+/// Rows `rows` of one sequence, every query head of KV head `kh`: `[row][head][d]`. With an f16
+/// cache, like llama.cpp's CPU path, queries and attention weights are rounded to f16 where
+/// they meet it.
+#[allow(clippy::too_many_arguments)]
+fn attend_rows(
     q: &[f32],
-    kv: &LayerKv,
+    kv: &HeadKv,
     s: &AttnSeq,
     kh: usize,
     group: usize,
+    rows: std::ops::Range<usize>,
+    half: bool,
+    p: &AttnParams,
+) -> Vec<f32> {
+    #[cfg(target_arch = "x86_64")]
+    if crate::quant::Isa::best() != crate::quant::Isa::Scalar {
+        // SAFETY: `Isa::best` detected AVX2 and FMA.
+        return unsafe { attend_rows_avx2(q, kv, s, kh, group, rows, half, p) };
+    }
+    attend_rows_impl::<false>(q, kv, s, kh, group, rows, half, p)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn attend_rows_avx2(
+    q: &[f32],
+    kv: &HeadKv,
+    s: &AttnSeq,
+    kh: usize,
+    group: usize,
+    rows: std::ops::Range<usize>,
+    half: bool,
+    p: &AttnParams,
+) -> Vec<f32> {
+    attend_rows_impl::<true>(q, kv, s, kh, group, rows, half, p)
+}
+
+/// `a·b + c`, fused where the build has FMA (`FMA`), else two roundings.
+#[inline(always)]
+fn madd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
+    if FMA {
+        a.mul_add(b, c)
+    } else {
+        a * b + c
+    }
+}
+
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn attend_rows_impl<const FMA: bool>(
+    q: &[f32],
+    kv: &HeadKv,
+    s: &AttnSeq,
+    kh: usize,
+    group: usize,
+    rows: std::ops::Range<usize>,
+    half: bool,
     p: &AttnParams,
 ) -> Vec<f32> {
     let d = p.head_dim;
-    let bs = kv.block_size();
-    let ctx = s.pos0 + s.len;
-    let lo_of = |pos: usize| p.window.map_or(0, |w| (pos + 1).saturating_sub(w));
-    let base = lo_of(s.pos0);
-    let mut keys = vec![0f32; (ctx - base) * d];
-    let mut values = vec![0f32; (ctx - base) * d];
-    for_each_span(base, ctx - 1, bs, |b, s0, s1| {
-        let at = (b * bs + s0 - base) * d;
-        let len = (s1 - s0) * d;
-        kv.read_keys(s.block_table[b], kh, s0, &mut keys[at..at + len]);
-        kv.read_values(s.block_table[b], kh, s0, &mut values[at..at + len]);
-    });
-    let half = kv.dtype() == KvDtype::F16;
     let round = |x: f32| if half { f16::from_f32(x).to_f32() } else { x };
-    let mut res = vec![0f32; s.len * group * d];
-    let mut qh = vec![0f32; d];
-    let mut scores = Vec::with_capacity(ctx - base);
-    for r in 0..s.len {
-        let pos = s.pos0 + r;
-        let lo = lo_of(pos) - base;
-        let hi = pos + 1 - base;
-        for g in 0..group {
+    let lo_of = |pos: usize| p.window.map_or(0, |w| (pos + 1).saturating_sub(w)) - kv.base;
+    let r0 = rows.start;
+    let nq = rows.len() * group;
+    let mut res = vec![0f32; nq * d];
+    // Query m of this task is row r0 + m / group, head kh·group + m % group.
+    let mut qs = vec![0f32; Q_TILE * d];
+    let mut scores = Vec::new();
+    for m0 in (0..nq).step_by(Q_TILE) {
+        let mt = (nq - m0).min(Q_TILE);
+        // Per query: its key range [lo, hi) (relative to `kv.base`).
+        let mut range = [(0usize, 0usize); Q_TILE];
+        for (t, rg) in range.iter_mut().enumerate() {
+            let m = m0 + t.min(mt - 1);
+            let (r, g) = (r0 + m / group, m % group);
+            let pos = s.pos0 + r;
+            *rg = (lo_of(pos), pos + 1 - kv.base);
             let at = ((s.row0 + r) * p.n_heads + kh * group + g) * d;
-            qh.iter_mut()
+            let qt = &mut qs[t * d..(t + 1) * d];
+            qt.iter_mut()
                 .zip(&q[at..at + d])
                 .for_each(|(o, &x)| *o = round(x));
-            scores.clear();
-            scores.extend(
-                keys[lo * d..hi * d]
-                    .chunks_exact(d)
-                    .map(|k| dot(&qh, k) * p.scale),
-            );
+        }
+        let lo = range.iter().map(|r| r.0).min().unwrap_or(0) / KEY_TILE * KEY_TILE;
+        let hi = range.iter().map(|r| r.1).max().unwrap_or(0);
+        let span = hi - lo;
+        scores.clear();
+        scores.resize(Q_TILE * span.div_ceil(KEY_TILE) * KEY_TILE, 0f32);
+        let sw = span.div_ceil(KEY_TILE) * KEY_TILE;
+        // One new token: llama.cpp's `ggml_vec_dot_f16` order; a prompt chunk: tinyBLAS's
+        // (which takes only head sizes that are a multiple of 8).
+        let single = s.len == 1 || d % 8 != 0;
+        for j0 in (lo..hi).step_by(KEY_TILE) {
+            let tile = if single {
+                qk_tile::<FMA, 32>(&qs, d, &kv.keys_t, kv.stride, j0)
+            } else {
+                qk_tile::<FMA, 8>(&qs, d, &kv.keys_t, kv.stride, j0)
+            };
+            for (t, row) in tile.iter().enumerate() {
+                scores[t * sw + j0 - lo..][..KEY_TILE].copy_from_slice(row);
+            }
+        }
+        for (t, &(qlo, qhi)) in range.iter().enumerate().take(mt) {
+            let row = &mut scores[t * sw..(t + 1) * sw];
+            row[..qlo - lo].fill(0.0);
+            row[qhi - lo..].fill(0.0);
+            let live = &mut row[qlo - lo..qhi - lo];
+            live.iter_mut().for_each(|v| *v *= p.scale);
             if let Some(cap) = p.softcap {
-                crate::ops::softcap(&mut scores, cap);
+                crate::ops::softcap(live, cap);
             }
-            crate::ops::softmax(&mut scores);
-            let o = &mut res[(r * group + g) * d..(r * group + g + 1) * d];
-            for (w, v) in scores.iter().zip(values[lo * d..hi * d].chunks_exact(d)) {
-                let w = round(*w);
-                o.iter_mut().zip(v).for_each(|(y, x)| *y += w * x);
+            softmax_llama(live, kv.base + qlo);
+            if half {
+                live.iter_mut().for_each(|v| *v = round_f16(*v));
             }
+        }
+        for t in mt..Q_TILE {
+            scores[t * sw..(t + 1) * sw].fill(0.0);
+        }
+        let o = if single {
+            pv_tile::<FMA, 32>(&scores, sw, &kv.values, d, lo, span, kv.base)
+        } else {
+            pv_tile::<FMA, 8>(&scores, sw, &kv.values, d, lo, span, kv.base)
+        };
+        for t in 0..mt {
+            res[(m0 + t) * d..(m0 + t + 1) * d].copy_from_slice(&o[t * d..(t + 1) * d]);
         }
     }
     res
 }
 
-/// Dot product with eight independent partial sums, so the compiler can vectorize it.
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; 8];
-    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = ca
-        .remainder()
-        .iter()
-        .zip(cb.remainder())
-        .map(|(x, y)| x * y)
-        .sum();
-    for (x, y) in ca.zip(cb) {
-        for i in 0..8 {
-            acc[i] += x[i] * y[i];
+/// `x` rounded to the nearest f16 (ties to even), as f32; for the attention weights
+/// (0..=1), where the `half` crate's per-element conversion was a large share of the time.
+#[inline(always)]
+fn round_f16(x: f32) -> f32 {
+    // Below f16's smallest normal (2⁻¹⁴) the step is 2⁻²⁴: adding 0.75 (whose ulp is 2⁻²⁴)
+    // rounds to it. Above, keep 10 of f32's 23 mantissa bits, ties to even.
+    let sub = (x + 0.75) - 0.75;
+    let b = x.to_bits();
+    let normal = f32::from_bits((b + 0x0fff + ((b >> 13) & 1)) & !0x1fff);
+    if x.abs() < 6.103_515_6e-5 {
+        sub
+    } else {
+        normal
+    }
+}
+
+/// The eight lanes summed as llama.cpp's x86 `hsum` does: halves, then pairs, then the two.
+#[inline(always)]
+fn hsum8(a: [f32; 8]) -> f32 {
+    let t = [a[0] + a[4], a[1] + a[5], a[2] + a[6], a[3] + a[7]];
+    (t[0] + t[2]) + (t[1] + t[3])
+}
+
+/// llama.cpp sums its f16 attention products in one of two orders (docs/DECISIONS.md): a
+/// prompt batch goes through tinyBLAS (eight lanes, `NL = 8`), a single new token through
+/// `ggml_vec_dot_f16` (four 8-lane accumulators, `NL = 32`). Element `i` of a dot goes to lane
+/// `i % NL`; each lane is one FMA chain; `reduce` adds the lanes in that kernel's order.
+#[inline(always)]
+fn reduce<const NL: usize>(a: [f32; NL]) -> f32 {
+    if NL == 8 {
+        return hsum8(std::array::from_fn(|l| a[l]));
+    }
+    // GGML_F32x8_REDUCE: x0 += x2, x1 += x3, x0 += x1, then halves and two `hadd`s.
+    let x: [f32; 8] = std::array::from_fn(|l| (a[l] + a[16 + l]) + (a[8 + l] + a[24 + l]));
+    let t = [x[0] + x[4], x[1] + x[5], x[2] + x[6], x[3] + x[7]];
+    (t[0] + t[1]) + (t[2] + t[3])
+}
+
+/// Scores of the `Q_TILE` queries in `qs` (`[Q_TILE][d]`) against keys `j0..j0+16`, in
+/// llama.cpp's order for `NL` lanes (see `reduce`).
+#[inline(always)]
+fn qk_tile<const FMA: bool, const NL: usize>(
+    qs: &[f32],
+    d: usize,
+    keys_t: &[f32],
+    stride: usize,
+    j0: usize,
+) -> [[f32; KEY_TILE]; Q_TILE] {
+    let mut acc = [[[0f32; KEY_TILE]; NL]; Q_TILE];
+    for c in 0..d {
+        let k: &[f32; KEY_TILE] = keys_t[c * stride + j0..][..KEY_TILE]
+            .try_into()
+            .expect("stride is a multiple of the key tile");
+        for (t, a) in acc.iter_mut().enumerate() {
+            let qv = qs[t * d + c];
+            let a = &mut a[c % NL];
+            for l in 0..KEY_TILE {
+                a[l] = madd::<FMA>(qv, k[l], a[l]);
+            }
         }
     }
-    acc.iter().sum::<f32>() + tail
+    std::array::from_fn(|t| {
+        std::array::from_fn(|l| reduce::<NL>(std::array::from_fn(|i| acc[t][i][l])))
+    })
+}
+
+/// `out[t][c] = Σ_j w[t][j] · values[lo + j][c]` for the `Q_TILE` weight rows of `w`
+/// (row stride `sw`, `span` live columns), in llama.cpp's order for `NL` lanes (see `reduce`):
+/// position `base + lo + j` (llama.cpp's cache cell) goes to lane `(base + lo + j) % NL`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn pv_tile<const FMA: bool, const NL: usize>(
+    w: &[f32],
+    sw: usize,
+    values: &[f32],
+    d: usize,
+    lo: usize,
+    span: usize,
+    base: usize,
+) -> Vec<f32> {
+    const COLS: usize = 16;
+    let mut out = vec![0f32; Q_TILE * d];
+    let mut c0 = 0;
+    while c0 < d {
+        let cols = (d - c0).min(COLS);
+        let mut acc = [[[0f32; COLS]; NL]; Q_TILE];
+        for j in 0..span {
+            let v = &values[(lo + j) * d + c0..][..cols];
+            let lane = (base + lo + j) % NL;
+            for (t, a) in acc.iter_mut().enumerate() {
+                let wv = w[t * sw + j];
+                let a = &mut a[lane];
+                for l in 0..cols {
+                    a[l] = madd::<FMA>(wv, v[l], a[l]);
+                }
+            }
+        }
+        for (t, a) in acc.iter().enumerate() {
+            for l in 0..cols {
+                out[t * d + c0 + l] = reduce::<NL>(std::array::from_fn(|i| a[i][l]));
+            }
+        }
+        c0 += cols;
+    }
+    out
+}
+
+/// Softmax of one query's scores `x` (position `pos0` first) with llama.cpp's arithmetic: its
+/// vectorized `expf`, the values of each 8 consecutive positions (8-aligned, masked ones 0)
+/// summed as `hsum` does and added in f64, and the reciprocal of the total rounded to f32.
+#[inline(always)]
+fn softmax_llama(x: &mut [f32], pos0: usize) {
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0f64;
+    let mut lanes = [0f32; 8];
+    let n = x.len();
+    for (i, v) in x.iter_mut().enumerate() {
+        *v = crate::ops::expf_llama(*v - max);
+        let pos = pos0 + i;
+        lanes[pos % 8] = *v;
+        if pos % 8 == 7 || i + 1 == n {
+            sum += hsum8(lanes) as f64;
+            lanes = [0.0; 8];
+        }
+    }
+    let inv = (1.0 / sum) as f32;
+    x.iter_mut().for_each(|v| *v *= inv);
 }
 
 /// Calls `f(block_index, first_slot, end_slot)` for the blocks covering positions `first..=last`.
@@ -190,6 +448,104 @@ mod tests {
         for (dtype, tol) in cases {
             check_against_dense(KvCache::new(&[shape], 8, 3, dtype), tol);
         }
+    }
+
+    /// A prefill chunk (many query rows, causal), GQA, a head size with a ragged tail past
+    /// the 16-column tiles, windows and softcap: every row and head against the dense formula.
+    #[test]
+    fn prefill_rows_equal_dense_per_row() {
+        let (d, n_kv, group, bs) = (20, 2, 3, 8);
+        let shape = LayerKvShape {
+            n_kv_heads: n_kv,
+            head_dim: d,
+        };
+        let val = |i: usize, j: usize| (((i * 13 + j * 7) % 23) as f32 / 11.0 - 1.0) * 0.7;
+        let (pos0, len) = (5, 37);
+        let ctx = pos0 + len;
+        for (dtype, tol) in [(KvDtype::F32, 2e-5), (KvDtype::F16, 3e-3)] {
+            let mut cache = KvCache::new(&[shape], 8, bs, dtype);
+            let table = [3u32, 6, 1, 7, 0, 2];
+            let kv_at = |p: usize, h: usize, off: usize| -> Vec<f32> {
+                (0..d).map(|j| val(p + off + 31 * h, j)).collect()
+            };
+            for p in 0..ctx {
+                let k: Vec<f32> = (0..n_kv).flat_map(|h| kv_at(p, h, 0)).collect();
+                let v: Vec<f32> = (0..n_kv).flat_map(|h| kv_at(p, h, 5)).collect();
+                cache.layers[0].write(&table, p, &k, &v);
+            }
+            let n_heads = n_kv * group;
+            let q: Vec<f32> = (0..len * n_heads * d).map(|i| val(i, 3)).collect();
+            for (window, softcap) in [(None, None), (Some(9), None), (None, Some(0.8))] {
+                let params = AttnParams {
+                    n_heads,
+                    head_dim: d,
+                    scale: 0.6,
+                    window,
+                    softcap,
+                };
+                let seqs = [AttnSeq {
+                    row0: 0,
+                    len,
+                    pos0,
+                    block_table: &table,
+                }];
+                let mut out = vec![0.0; len * n_heads * d];
+                paged_attention(&q, &cache.layers[0], &seqs, &params, &mut out);
+                for r in 0..len {
+                    let pos = pos0 + r;
+                    for h in 0..n_heads {
+                        let kh = h / group;
+                        let ks: Vec<Vec<f32>> = (0..ctx).map(|p| kv_at(p, kh, 0)).collect();
+                        let vs: Vec<Vec<f32>> = (0..ctx).map(|p| kv_at(p, kh, 5)).collect();
+                        let qh = &q[(r * n_heads + h) * d..][..d];
+                        let want = dense_capped(qh, &ks, &vs, pos, 0.6, window, softcap);
+                        let got = &out[(r * n_heads + h) * d..][..d];
+                        for (a, b) in got.iter().zip(&want) {
+                            assert!(
+                                (a - b).abs() < tol,
+                                "{dtype:?} row {r} head {h}: {a} vs {b}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// `dense` with an optional softcap on the scaled scores.
+    fn dense_capped(
+        q: &[f32],
+        k: &[Vec<f32>],
+        v: &[Vec<f32>],
+        pos: usize,
+        scale: f32,
+        window: Option<usize>,
+        softcap: Option<f32>,
+    ) -> Vec<f32> {
+        let Some(cap) = softcap else {
+            return dense(q, k, v, pos, scale, window);
+        };
+        let first = window.map_or(0, |w| (pos + 1).saturating_sub(w));
+        let mut s: Vec<f64> = (first..=pos)
+            .map(|j| {
+                let x: f64 = q
+                    .iter()
+                    .zip(&k[j])
+                    .map(|(a, b)| (a * b) as f64)
+                    .sum::<f64>();
+                cap as f64 * (x * scale as f64 / cap as f64).tanh()
+            })
+            .collect();
+        let max = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        s.iter_mut().for_each(|x| *x = (*x - max).exp());
+        let sum: f64 = s.iter().sum();
+        let mut o = vec![0.0; q.len()];
+        for (w, j) in s.iter().zip(first..=pos) {
+            for (x, y) in o.iter_mut().zip(&v[j]) {
+                *x += (w / sum) as f32 * y;
+            }
+        }
+        o
     }
 
     fn check_against_dense(mut cache: KvCache, tol: f32) {

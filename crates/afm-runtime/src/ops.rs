@@ -6,10 +6,13 @@
 pub fn rms_norm(x: &mut [f32], w: &[f32], eps: f32) {
     let d = w.len();
     for row in x.chunks_exact_mut(d) {
-        let ms = row.iter().map(|v| v * v).sum::<f32>() / d as f32;
+        // llama.cpp's order of operations, so both engines quantize the same activations:
+        // f32 squares summed in f64, the mean rounded to f32, then `(x·inv)·w`.
+        let sum: f64 = row.iter().map(|v| (v * v) as f64).sum();
+        let ms = (sum / d as f64) as f32;
         let inv = 1.0 / (ms + eps).sqrt();
         for (v, g) in row.iter_mut().zip(w) {
-            *v *= inv * g;
+            *v = *v * inv * g;
         }
     }
 }
