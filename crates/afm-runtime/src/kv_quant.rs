@@ -310,15 +310,16 @@ impl QuantLayer {
     fn read_quant_keys(&self, block: u32, head: usize, s0: usize, out: &mut [f32]) {
         let d = self.shape.head_dim;
         let p0 = (block as usize * self.shape.n_kv_heads + head) * d * 2;
-        let params: Vec<(f32, f32)> = self.k_params[p0..p0 + 2 * d]
+        let (scale, min): (Vec<f32>, Vec<f32>) = self.k_params[p0..p0 + 2 * d]
             .chunks_exact(2)
             .map(|p| (f16::from_bits(p[0]).to_f32(), f16::from_bits(p[1]).to_f32()))
-            .collect();
+            .unzip();
         let base = self.base(block, head) + s0 * d;
+        let mut q = vec![0u8; d];
         for (s, row) in out.chunks_exact_mut(d).enumerate() {
-            let at = base + s * d;
-            for (c, (y, &(scale, min))) in row.iter_mut().zip(&params).enumerate() {
-                *y = get(&self.k_codes, self.bits, at + c) as f32 * scale + min;
+            unpack(&self.k_codes, self.bits, base + s * d, &mut q);
+            for (((y, &q), &scale), &min) in row.iter_mut().zip(&q).zip(&scale).zip(&min) {
+                *y = q as f32 * scale + min;
             }
         }
     }
@@ -329,13 +330,36 @@ impl QuantLayer {
             group_size(self.shape.head_dim, self.bits),
         );
         let base = self.base(block, head) + s0 * d;
-        for (gi, y) in out.chunks_exact_mut(g).enumerate() {
-            let at = base + gi * g;
-            let p = at / g * 2;
-            let scale = f16::from_bits(self.v_params[p]).to_f32();
-            let min = f16::from_bits(self.v_params[p + 1]).to_f32();
-            for (j, y) in y.iter_mut().enumerate() {
-                *y = get(&self.v_codes, self.bits, at + j) as f32 * scale + min;
+        let mut q = vec![0u8; d];
+        for (s, row) in out.chunks_exact_mut(d).enumerate() {
+            let at = base + s * d;
+            unpack(&self.v_codes, self.bits, at, &mut q);
+            for (gi, (y, q)) in row.chunks_exact_mut(g).zip(q.chunks_exact(g)).enumerate() {
+                let p = (at / g + gi) * 2;
+                let scale = f16::from_bits(self.v_params[p]).to_f32();
+                let min = f16::from_bits(self.v_params[p + 1]).to_f32();
+                for (y, &q) in y.iter_mut().zip(q) {
+                    *y = q as f32 * scale + min;
+                }
+            }
+        }
+    }
+}
+
+/// Codes `e0..e0 + out.len()` into `out`, one per byte; the width is matched once per run,
+/// not per element, so the loops below it vectorize.
+fn unpack(codes: &[u8], bits: Bits, e0: usize, out: &mut [u8]) {
+    match bits {
+        Bits::Eight => out.copy_from_slice(&codes[e0..e0 + out.len()]),
+        Bits::Four if e0.is_multiple_of(2) && out.len().is_multiple_of(2) => {
+            for (pair, &b) in out.chunks_exact_mut(2).zip(&codes[e0 / 2..]) {
+                pair[0] = b & 0x0f;
+                pair[1] = b >> 4;
+            }
+        }
+        Bits::Four => {
+            for (i, o) in out.iter_mut().enumerate() {
+                *o = get(codes, bits, e0 + i);
             }
         }
     }

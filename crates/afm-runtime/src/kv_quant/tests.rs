@@ -216,3 +216,41 @@ fn bytes_per_block_counts_codes_and_parameters() {
         2 * (16 * 64) + 2 * 64 * 4 + 2 * 16 * 4 * 4
     );
 }
+
+/// Dequantization cost per element against the f16 cache's conversion (attention reads every
+/// cached element once per step). `cargo test --release -p afm-runtime --lib read_speed --
+/// --ignored --nocapture`.
+#[test]
+#[ignore = "timing"]
+fn read_speed() {
+    use half::slice::HalfFloatSliceExt;
+    let (nb, reps) = (64, 200);
+    let elems = (reps * nb * HEADS * 2 * BS * D) as f64;
+    let mut out = vec![0f32; BS * D];
+    for bits in [Bits::Eight, Bits::Four] {
+        let mut q = layer(bits, nb);
+        let table: Vec<u32> = (0..nb as u32).collect();
+        write_tokens(&mut q, &table, 0, nb * BS);
+        let t = std::time::Instant::now();
+        for _ in 0..reps {
+            for b in 0..nb as u32 {
+                for h in 0..HEADS {
+                    q.read_keys(b, h, 0, &mut out);
+                    q.read_values(b, h, 0, &mut out);
+                }
+            }
+        }
+        let ns = t.elapsed().as_nanos() as f64 / elems;
+        println!("{bits:?}: {ns:.2} ns per element");
+    }
+    let f16s = vec![f16::from_f32(0.5); BS * D];
+    let t = std::time::Instant::now();
+    for _ in 0..reps * nb * HEADS * 2 {
+        f16s.convert_to_f32_slice(&mut out);
+        std::hint::black_box(&out);
+    }
+    println!(
+        "f16: {:.2} ns per element",
+        t.elapsed().as_nanos() as f64 / elems
+    );
+}
