@@ -223,7 +223,7 @@ fn attend_rows_impl<const FMA: bool>(
         let sw = span.div_ceil(KEY_TILE) * KEY_TILE;
         // One new token: llama.cpp's `ggml_vec_dot_f16` order; a prompt chunk: tinyBLAS's
         // (which takes only head sizes that are a multiple of 8).
-        let single = s.len == 1 || d % 8 != 0;
+        let single = s.len == 1 || !d.is_multiple_of(8);
         for j0 in (lo..hi).step_by(KEY_TILE) {
             let tile = if single {
                 qk_tile::<FMA, 32>(&qs, d, &kv.keys_t, kv.stride, j0)
