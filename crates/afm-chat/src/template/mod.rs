@@ -126,8 +126,17 @@ impl ChatTemplate {
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
         env.add_function("dict", minijinja::functions::dict);
-        env.add_template_owned("chat", src.to_string())
-            .map_err(template_err)?;
+        if let Some(at) = import_tag(src) {
+            return Err(ChatError::Template(format!(
+                "the template imports another template (byte {at}); templates cannot load files here"
+            )));
+        }
+        // Backstop: the compiler is not to panic on any source, but minijinja has had such bugs.
+        let compiled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            env.add_template_owned("chat", src.to_string())
+        }))
+        .map_err(|_| ChatError::Template("the template crashed its compiler".into()))?;
+        compiled.map_err(template_err)?;
         Ok(Self {
             env,
             source: src.to_string(),
@@ -226,9 +235,11 @@ impl ChatTemplate {
             limit: self.limits.max_output_bytes,
             exceeded: false,
         };
-        let result = tmpl
-            .render_captured_to(Value::from_serialize(&ctx), &mut out)
-            .map(|_| ());
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            tmpl.render_captured_to(Value::from_serialize(&ctx), &mut out)
+                .map(|_| ())
+        }))
+        .map_err(|_| ChatError::Template("the template crashed while rendering".into()))?;
         if out.exceeded {
             return Err(ChatError::TemplateOutputTooLarge {
                 limit: self.limits.max_output_bytes,
@@ -238,6 +249,22 @@ impl ChatTemplate {
         String::from_utf8(out.buf)
             .map_err(|e| ChatError::Template(format!("output is not UTF-8: {e}")))
     }
+}
+
+/// Where a `{% import .. %}` tag starts, if the template has one. There is no loader, so such a
+/// tag could never render; and minijinja 2.24 panics compiling `import x as <not a name>`.
+fn import_tag(src: &str) -> Option<usize> {
+    src.match_indices("{%").find_map(|(at, _)| {
+        let rest = src[at + 2..]
+            .trim_start_matches(['-', '+', '~'])
+            .trim_start();
+        let word = rest.strip_prefix("import")?;
+        let ends = word
+            .chars()
+            .next()
+            .is_none_or(|c| !c.is_alphanumeric() && c != '_');
+        ends.then_some(at)
+    })
 }
 
 /// bos/eos texts for templates, from the tokenizer.
