@@ -38,10 +38,11 @@ function freePort() {
   });
 }
 
-async function startServer() {
+async function startServer(extraArgs = [], logName = "server.log") {
   const port = await freePort();
-  const log = fs.createWriteStream(path.join(ARTIFACTS, "server.log"));
-  const child = spawn(AFM, ["serve", "-m", MODEL, "-p", String(port), "-v"], { stdio: ["ignore", "pipe", "pipe"] });
+  const log = fs.createWriteStream(path.join(ARTIFACTS, logName));
+  const args = ["serve", "-m", MODEL, "-p", String(port), "-v", ...extraArgs];
+  const child = spawn(AFM, args, { stdio: ["ignore", "pipe", "pipe"] });
   const server = { base: `http://127.0.0.1:${port}`, child, output: "", exited: null };
   for (const stream of [child.stdout, child.stderr]) {
     stream.on("data", (d) => {
@@ -326,6 +327,29 @@ test("a reload mid-answer keeps the partial answer as stopped; the server drops 
     await waitForPanel(page, "afm:num_requests_running", "0");
   }
   await page.screenshot({ path: path.join(ARTIFACTS, "7-reloaded-mid-answer.png") });
+});
+
+test("with --api-key the page asks for the key, then works once it is entered in Settings", async ({ page }) => {
+  const key = "webui-test-key";
+  const guarded = await startServer(["--api-key", key], "server-api-key.log");
+  try {
+    assert.equal((await fetch(`${guarded.base}/v1/models`)).status, 401);
+    await page.goto(guarded.base + "/"); // another origin: its own, empty localStorage
+    await page.waitForFunction(() => document.querySelector("#model-name").textContent === "API key needed (Settings)");
+    await setSetting(page, "max_tokens", 20);
+    await setSetting(page, "api_key", key);
+    const stored = await page.evaluate(() => JSON.parse(localStorage.getItem("afm.settings")).api_key);
+    assert.equal(stored, key, "the key is not kept in localStorage");
+    await closeSettings(page);
+    await page.waitForFunction(() => !document.querySelector("#model-name").classList.contains("offline"));
+    await send(page, "Say hello.");
+    const answer = await waitForAnswer(page, ["done", "error"]);
+    assert.equal(await answer.getAttribute("data-state"), "done", await answer.textContent());
+    await waitForPanel(page, "afm:num_requests_running", "0");
+    await page.screenshot({ path: path.join(ARTIFACTS, "9-api-key.png") });
+  } finally {
+    await stopServer(guarded);
+  }
 });
 
 // ---- runner

@@ -16,7 +16,7 @@ use crate::AppState;
 /// Routes open without a key: the health probe, and the WebUI's static files (they hold no data;
 /// the page's API calls still need the key).
 fn is_public(path: &str) -> bool {
-    path == "/health" || path == "/" || path.starts_with("/webui/")
+    matches!(path, "/health" | "/" | "/favicon.svg") || path.starts_with("/webui/")
 }
 
 pub async fn require_api_key(

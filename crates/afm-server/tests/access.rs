@@ -31,6 +31,8 @@ async fn api_key_guards_the_api_but_not_health_or_the_page() {
         ("/metrics", None, 401),
         ("/health", None, 200),
         ("/", None, 200),
+        ("/webui/app.js", None, 200),
+        ("/favicon.svg", None, 200),
     ] {
         let mut req = s.client.get(format!("{}{path}", s.base));
         if let Some(k) = key {

@@ -296,6 +296,7 @@ ui.settings.addEventListener("input", (e) => {
   if (!e.target.name) return;
   state.settings[e.target.name] = e.target.value;
   showNotice(store.saveSettings(state.settings));
+  if (e.target.name === "api_key") showModel();
 });
 ui.settings.addEventListener("submit", (e) => e.preventDefault());
 
@@ -363,9 +364,10 @@ async function showModel() {
     ui.modelName.textContent = state.model;
     ui.modelName.classList.remove("offline");
   } catch (e) {
-    ui.modelName.textContent = "server unreachable";
+    const keyNeeded = e instanceof ServerError && e.status === 401;
+    ui.modelName.textContent = keyNeeded ? "API key needed (Settings)" : "server unreachable";
     ui.modelName.classList.add("offline");
-    setTimeout(showModel, 5000);
+    if (!keyNeeded) setTimeout(showModel, 5000);
   }
 }
 

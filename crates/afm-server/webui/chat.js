@@ -2,6 +2,8 @@
 // and the settings, reads the SSE stream into plain events, cancels, and turns failures into
 // sentences a user can act on.
 
+import { authHeaders } from "./store.js";
+
 // Settings fields are strings from the form; empty ones are left to the server's defaults.
 function numberOrUndefined(text) {
   const t = String(text ?? "").trim();
@@ -43,6 +45,7 @@ export class ServerError extends Error {}
 // limit) is kept verbatim.
 export function plainWords(status, message) {
   const detail = message ? `: ${message}` : ".";
+  if (status === 401) return `The server needs an API key: enter it under Settings${detail}`;
   if (status === 400 || status === 422) return `The server refused the request${detail}`;
   if (status === 404) return `The server could not find what was asked for${detail}`;
   if (status === 413) return `The conversation is too large for the server${detail}`;
@@ -59,7 +62,9 @@ async function errorOf(response) {
   } catch {
     // not JSON: keep the text as it came
   }
-  return new ServerError(plainWords(response.status, message));
+  const err = new ServerError(plainWords(response.status, message));
+  err.status = response.status;
+  return err;
 }
 
 // Yields the `data:` payloads of an SSE body, one string per event.
@@ -87,7 +92,7 @@ export async function* streamChat(body, signal) {
   try {
     response = await fetch("/v1/chat/completions", {
       method: "POST",
-      headers: { "content-type": "application/json" },
+      headers: { "content-type": "application/json", ...authHeaders() },
       body: JSON.stringify(body),
       signal,
     });
@@ -121,12 +126,15 @@ export async function* streamChat(body, signal) {
 
 // Asks the server to stop request `id`; the stream then ends with finish_reason "cancelled".
 export async function cancelOnServer(id) {
-  const response = await fetch(`/v1/chat/completions/${encodeURIComponent(id)}/cancel`, { method: "POST" });
+  const response = await fetch(`/v1/chat/completions/${encodeURIComponent(id)}/cancel`, {
+    method: "POST",
+    headers: authHeaders(),
+  });
   return response.ok;
 }
 
 export async function fetchModelName() {
-  const response = await fetch("/v1/models");
+  const response = await fetch("/v1/models", { headers: authHeaders() });
   if (!response.ok) throw await errorOf(response);
   const list = await response.json();
   return list.data?.[0]?.id ?? "unknown model";

@@ -1,6 +1,8 @@
 // The live server panel: polls the Prometheus text at /metrics and shows running and waiting
 // requests and prefix-cache hits. A server without /metrics shows "metrics unavailable".
 
+import { authHeaders } from "./store.js";
+
 const POLL_MS = 2000;
 
 // Names as afm exports them; the alternatives cover other spellings of the same counters.
@@ -47,7 +49,7 @@ export function startMetricsPanel(container) {
   };
   const poll = async () => {
     try {
-      const response = await fetch("/metrics", { cache: "no-store" });
+      const response = await fetch("/metrics", { cache: "no-store", headers: authHeaders() });
       if (!response.ok) throw new Error(`HTTP ${response.status}`);
       show(parsePrometheus(await response.text()));
       status.textContent = "live";

@@ -3,11 +3,12 @@
 //   afm.conversations  [{ id, title, updated, messages: [{ role, content, reasoning?,
 //                          stats?, stopped?, error? }] }]   newest first
 //   afm.current        id of the conversation on screen
-//   afm.settings       { system, temperature, top_p, max_tokens }  ("" means server default)
+//   afm.settings       { system, temperature, top_p, max_tokens, api_key }  ("" means server
+//                      default; api_key is sent as `Authorization: Bearer` when set)
 
 const KEYS = { conversations: "afm.conversations", current: "afm.current", settings: "afm.settings" };
 
-export const DEFAULT_SETTINGS = { system: "", temperature: "", top_p: "", max_tokens: "" };
+export const DEFAULT_SETTINGS = { system: "", temperature: "", top_p: "", max_tokens: "", api_key: "" };
 
 function read(key, fallback) {
   try {
@@ -51,6 +52,12 @@ export function loadSettings() {
 
 export function saveSettings(settings) {
   return write(KEYS.settings, settings);
+}
+
+// Headers for every API call: the server's --api-key, when one was entered in Settings.
+export function authHeaders() {
+  const key = String(loadSettings().api_key ?? "").trim();
+  return key ? { authorization: `Bearer ${key}` } : {};
 }
 
 export function newConversation() {
