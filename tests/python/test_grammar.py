@@ -106,7 +106,7 @@ TOOLS = [
     {"type": "function", "function": {
         "name": "get_time", "description": "Local time in a time zone",
         "parameters": {"type": "object", "properties": {
-            "tz": {"type": "string", "pattern": "^[A-Z][a-z]+/[A-Z][a-z]+$"}},
+            "tz": {"type": "string", "pattern": "^[A-Z][a-z]{1,12}/[A-Z][a-z]{1,12}$"}},
             "required": ["tz"], "additionalProperties": False}}},
 ]
 PARAMS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}

@@ -10,8 +10,7 @@
 //! the same engine. Prints per-token means and the ratio.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use afm_api::OutputConstraint;
@@ -24,30 +23,27 @@ use afm_engine::{
 use afm_grammar::Grammars;
 use afm_models::source::ModelLocation;
 
-/// Times the wrapped constraint's calls (nanoseconds, and how many tokens).
+/// Times the wrapped constraint: per token, its mask plus its commit (which computes the next
+/// mask), in nanoseconds.
 struct Timed {
     inner: Box<dyn TokenConstraint>,
-    nanos: Arc<AtomicU64>,
-    max: Arc<AtomicU64>,
-}
-
-impl Timed {
-    fn time<T>(&mut self, f: impl FnOnce(&mut Box<dyn TokenConstraint>) -> T) -> T {
-        let t0 = Instant::now();
-        let r = f(&mut self.inner);
-        let ns = t0.elapsed().as_nanos() as u64;
-        self.nanos.fetch_add(ns, Ordering::Relaxed);
-        self.max.fetch_max(ns, Ordering::Relaxed);
-        r
-    }
+    pending: u64,
+    per_token: Arc<Mutex<Vec<u64>>>,
 }
 
 impl TokenConstraint for Timed {
     fn allowed(&mut self, allowed: &mut [u32]) -> Result<bool, ConstraintError> {
-        self.time(|c| c.allowed(allowed))
+        let t0 = Instant::now();
+        let r = self.inner.allowed(allowed);
+        self.pending = t0.elapsed().as_nanos() as u64;
+        r
     }
     fn commit(&mut self, token: u32) -> Result<(), ConstraintError> {
-        self.time(|c| c.commit(token))
+        let t0 = Instant::now();
+        let r = self.inner.commit(token);
+        let ns = self.pending + t0.elapsed().as_nanos() as u64;
+        self.per_token.lock().expect("not poisoned").push(ns);
+        r
     }
     fn is_finished(&self) -> bool {
         self.inner.is_finished()
@@ -112,7 +108,7 @@ fn main() {
         .filter(|p| p.extension().is_some_and(|x| x == "json"))
         .collect();
     paths.sort();
-    let (mut total_ns, mut total_tokens, mut worst) = (0u64, 0usize, 0u64);
+    let mut all: Vec<u64> = Vec::new();
     let mut compile_ms = 0.0;
     for path in &paths {
         let schema: serde_json::Value =
@@ -128,13 +124,13 @@ fn main() {
             )
             .expect("schema compiles");
         compile_ms += t0.elapsed().as_secs_f64() * 1e3;
-        let (nanos, max) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        let per_token = Arc::new(Mutex::new(Vec::new()));
         let mut tokens = 0;
         for seed in 0..seeds {
             let timed = Timed {
                 inner: compiled.constraint(false, false),
-                nanos: nanos.clone(),
-                max: max.clone(),
+                pending: 0,
+                per_token: per_token.clone(),
             };
             tokens += run(
                 &engine,
@@ -143,18 +139,18 @@ fn main() {
             )
             .0;
         }
-        let ns = nanos.load(Ordering::Relaxed);
+        let mut times = per_token.lock().expect("not poisoned").clone();
+        let (mean, p50, _, max) = stats(&mut times);
         println!(
-            "{:<28} {:>4} tokens  {:>6.1} µs/token  (worst call {:>6.0} µs)",
+            "{:<28} {:>4} tokens  mean {:>6.1} µs  p50 {:>6.1} µs  max {:>7.0} µs",
             path.file_stem()
                 .map_or_else(String::new, |s| s.to_string_lossy().into_owned()),
             tokens,
-            ns as f64 / 1e3 / tokens.max(1) as f64,
-            max.load(Ordering::Relaxed) as f64 / 1e3
+            mean,
+            p50,
+            max
         );
-        total_ns += ns;
-        total_tokens += tokens;
-        worst = worst.max(max.load(Ordering::Relaxed));
+        all.extend(times);
     }
     // Plain decode steps: 128 tokens, no stop ids, no constraint.
     let (mut steps, mut secs) = (0usize, 0.0);
@@ -163,15 +159,27 @@ fn main() {
         steps += n - 1;
         secs += s;
     }
-    let mask_us = total_ns as f64 / 1e3 / total_tokens.max(1) as f64;
     let step_us = secs * 1e6 / steps.max(1) as f64;
+    let (mean, p50, p90, max) = stats(&mut all);
     println!(
-        "schemas {}: compile {:.1} ms each; mask {mask_us:.1} µs/token (worst call {:.0} µs) \
-         over {total_tokens} tokens; decode step {:.2} ms; mask = {:.1}% of a step",
+        "schemas {}: compile {:.1} ms each; per token over {} tokens: mask mean {mean:.1} µs, \
+         p50 {p50:.1} µs, p90 {p90:.1} µs, max {max:.0} µs; decode step {:.2} ms; \
+         mean mask = {:.1}% of a step",
         paths.len(),
         compile_ms / paths.len().max(1) as f64,
-        worst as f64 / 1e3,
+        all.len(),
         step_us / 1e3,
-        100.0 * mask_us / step_us
+        100.0 * mean / step_us
     );
+}
+
+/// Mean, median, 90th percentile and maximum, in microseconds.
+fn stats(ns: &mut [u64]) -> (f64, f64, f64, f64) {
+    if ns.is_empty() {
+        return (0.0, 0.0, 0.0, 0.0);
+    }
+    ns.sort_unstable();
+    let at = |q: f64| ns[((ns.len() - 1) as f64 * q) as usize] as f64 / 1e3;
+    let mean = ns.iter().sum::<u64>() as f64 / ns.len() as f64 / 1e3;
+    (mean, at(0.5), at(0.9), at(1.0))
 }

@@ -61,7 +61,7 @@ impl GrammarConstraint {
             _ => bytes,
         };
         self.tail.extend_from_slice(bytes);
-        if self.tail.ends_with(CLOSE) || self.tail.windows(CLOSE.len()).any(|w| w == CLOSE) {
+        if self.tail.windows(CLOSE.len()).any(|w| w == CLOSE) {
             self.reasoning = Reasoning::None;
             self.tail.clear();
         } else if self.tail.len() > 64 {

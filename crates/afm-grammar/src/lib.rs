@@ -14,6 +14,8 @@
 
 mod constraint;
 mod grammars;
+#[cfg(test)]
+mod tests;
 mod vocab;
 
 use afm_api::OutputConstraint;
