@@ -45,24 +45,32 @@ for line in sys.stdin:
 run)
     export AFM_TEST_DEVICE=cuda AFM_FIXTURES_DIR="$PWD/tests/fixtures/tiny" PYTHONUNBUFFERED=1
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+    # Every check runs even when one fails; the exit status says whether all passed.
+    failed=()
+    check() { "$@" || failed+=("$*"); }
     echo "== compute dispatch on the GPU vs the CPU"
-    "$D/runtime_lib" compute --test-threads=1
+    check "$D/runtime_lib" compute --test-threads=1
     echo "== transformers reference logits on the GPU"
-    "$D/reference_logits"
+    check "$D/reference_logits"
     for g in "$D"/*.gguf; do
         echo "== $g"
-        "$D/device_compare" "$g" cuda 32 32 16 1
+        check "$D/device_compare" "$g" cuda 32 32 16 1
         echo "== $g: GPU decode path (graphs + device sampling) vs host path"
-        "$G/graph_check" "$g" cuda
+        check "$G/graph_check" "$g" cuda
     done
     models=${MODELS:-qwen3-0.6b}
-    python3 scripts/gpu_random_models.py /tmp/afm-gpucheck "$models"
+    [ -d "/tmp/afm-gpucheck/${models%%,*}" ] || python3 scripts/gpu_random_models.py /tmp/afm-gpucheck "$models"
     for m in ${models//,/ }; do
         echo "== $m"
-        "$D/device_compare" "/tmp/afm-gpucheck/$m" cuda 32 32 16 1
+        check "$D/device_compare" "/tmp/afm-gpucheck/$m" cuda 32 32 16 1
         echo "== $m: GPU decode path (graphs + device sampling) vs host path"
-        "$G/graph_check" "/tmp/afm-gpucheck/$m" cuda
+        check "$G/graph_check" "/tmp/afm-gpucheck/$m" cuda
     done
+    if [ ${#failed[@]} -gt 0 ]; then
+        printf 'FAILED: %s\n' "${failed[@]}"
+        exit 1
+    fi
+    echo "all GPU checks passed"
     ;;
 *)
     echo "usage: scripts/gpu_check.sh build|run" >&2

@@ -49,6 +49,8 @@ pub struct EngineConfig {
     pub device_decode: bool,
     /// `--prewarm y`: capture the decode graphs at start-up instead of on first use.
     pub prewarm: bool,
+    /// `--gpu-profile`: every response carries the device profile (else on request).
+    pub gpu_profile: bool,
 }
 
 impl Default for EngineConfig {
@@ -66,6 +68,7 @@ impl Default for EngineConfig {
             debug: false,
             device_decode: true,
             prewarm: true,
+            gpu_profile: false,
         }
     }
 }
@@ -103,6 +106,7 @@ pub struct EngineHandle {
     max_waiting: usize,
     max_context: usize,
     metrics: Arc<EngineMetrics>,
+    profile: Option<Arc<crate::gpu_profile::DeviceProfile>>,
 }
 
 impl EngineHandle {
@@ -156,6 +160,11 @@ impl EngineHandle {
 
     pub fn metrics(&self) -> &EngineMetrics {
         &self.metrics
+    }
+
+    /// The device profile (`--gpu-profile`, `X-AFM-Profile`); `None` on the CPU.
+    pub fn device_profile(&self) -> Option<&crate::gpu_profile::DeviceProfile> {
+        self.profile.as_deref()
     }
 }
 
@@ -222,6 +231,10 @@ impl Engine {
             }
         };
         let per_block = KvCache::bytes_per_block(&shapes, cfg.block_size, kv_dtype);
+        let used_with_weights = match model.device.memory() {
+            Ok(Some((free, total))) => total.saturating_sub(free),
+            _ => 0,
+        };
         let memory_err =
             |e: ComputeError| EngineError::Config(format!("reading device memory: {e}"));
         let budget = match (cfg.kv_budget_bytes, cfg.kv_budget_fraction) {
@@ -256,6 +269,16 @@ impl Engine {
         // Decode graphs replay attention-only steps; recurrent state takes the general path.
         let device_decode =
             state_slots.is_none() && device_step::prepare(&model, &mut kv, &cfg, max_context);
+        let profile = crate::gpu_profile::DeviceProfile::new(
+            &model.device,
+            used_with_weights,
+            per_block / cfg.block_size.max(1),
+            cfg.gpu_profile,
+        )
+        .map(Arc::new);
+        if let (true, Some(p)) = (cfg.gpu_profile, &profile) {
+            eprintln!("{}", p.startup_line());
+        }
         let blocks = BlockManager::new(num_blocks, cfg.block_size, cfg.prefix_caching);
         let sched_cfg = SchedulerConfig {
             max_running: cfg.concurrent.max(1),
@@ -298,6 +321,7 @@ impl Engine {
             max_waiting: cfg.max_waiting,
             max_context,
             metrics,
+            profile,
         })
     }
 

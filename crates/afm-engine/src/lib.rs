@@ -8,6 +8,7 @@
 pub mod api;
 pub mod constraint;
 pub mod engine;
+pub mod gpu_profile;
 pub mod kv_blocks;
 pub mod metrics;
 pub mod sampling;

@@ -138,9 +138,15 @@ impl GatedMlp {
     }
 
     pub fn forward(&self, dev: &Device, x: &Tensor) -> Result<Tensor> {
-        let mut g = self.gate.forward(dev, x)?;
-        let u = self.up.forward(dev, x)?;
-        dev.gated_act(self.act, &mut g, &u)?;
+        let g = if self.gate.b.is_none() && self.up.b.is_none() {
+            // Gate, up and activation in one launch where the device can.
+            dev.gated_linear(x, &self.gate.w, &self.up.w, self.act)?
+        } else {
+            let mut g = self.gate.forward(dev, x)?;
+            let u = self.up.forward(dev, x)?;
+            dev.gated_act(self.act, &mut g, &u)?;
+            g
+        };
         self.down.forward(dev, &g)
     }
 }

@@ -37,4 +37,8 @@ impl Generator for EngineHandle {
     fn metrics(&self) -> Option<&afm_engine::EngineMetrics> {
         Some(EngineHandle::metrics(self))
     }
+
+    fn device_profile(&self) -> Option<&afm_engine::gpu_profile::DeviceProfile> {
+        EngineHandle::device_profile(self)
+    }
 }

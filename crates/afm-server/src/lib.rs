@@ -12,6 +12,7 @@ pub mod chat;
 pub mod completions;
 pub mod engine_impl;
 pub mod generation;
+pub mod gpu_profile;
 pub mod limits;
 pub mod metrics;
 pub mod reasoning;

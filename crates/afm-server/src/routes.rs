@@ -116,7 +116,11 @@ fn body_bytes(state: &AppState, body: Body) -> Result<Bytes, ApiError> {
     })
 }
 
-async fn chat_completions(State(state): AppRef, body: Body) -> Result<Response, HttpError> {
+async fn chat_completions(
+    State(state): AppRef,
+    headers: axum::http::HeaderMap,
+    body: Body,
+) -> Result<Response, HttpError> {
     let bytes = body_bytes(&state, body)?;
     let req = ChatCompletionRequest::parse(&bytes)?;
     crate::limits::check_messages(req.messages.len(), &state.config.limits)?;
@@ -127,8 +131,11 @@ async fn chat_completions(State(state): AppRef, body: Body) -> Result<Response, 
         .generation
         .with_deadline(state.config.limits.request_timeout);
     let downgraded = job.grammar_downgraded;
+    let profile = crate::gpu_profile::wanted(&state, &headers);
     let mut resp = if stream {
         Sse::new(chat_sse(job)).into_response()
+    } else if profile {
+        crate::gpu_profile::with_profile(&state, &collect_chat(job).await?)
     } else {
         Json(collect_chat(job).await?).into_response()
     };
@@ -141,7 +148,11 @@ async fn chat_completions(State(state): AppRef, body: Body) -> Result<Response, 
     Ok(resp)
 }
 
-async fn completions(State(state): AppRef, body: Body) -> Result<Response, HttpError> {
+async fn completions(
+    State(state): AppRef,
+    headers: axum::http::HeaderMap,
+    body: Body,
+) -> Result<Response, HttpError> {
     let bytes = body_bytes(&state, body)?;
     let req = CompletionRequest::parse(&bytes)?;
     let valid = validate_completion(req, &state.config.defaults, &state.model.info)?;
@@ -150,8 +161,11 @@ async fn completions(State(state): AppRef, body: Body) -> Result<Response, HttpE
     job.generation = job
         .generation
         .with_deadline(state.config.limits.request_timeout);
+    let profile = crate::gpu_profile::wanted(&state, &headers);
     Ok(if stream {
         Sse::new(completion_sse(job)).into_response()
+    } else if profile {
+        crate::gpu_profile::with_profile(&state, &collect_completion(job).await?)
     } else {
         Json(collect_completion(job).await?).into_response()
     })

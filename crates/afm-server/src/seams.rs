@@ -56,6 +56,11 @@ pub trait Generator: Send + Sync + 'static {
     fn metrics(&self) -> Option<&afm_engine::EngineMetrics> {
         None
     }
+    /// The device profile for `afm_profile` (`--gpu-profile`, `X-AFM-Profile`); GPU engines
+    /// only.
+    fn device_profile(&self) -> Option<&afm_engine::gpu_profile::DeviceProfile> {
+        None
+    }
 }
 
 /// Turns token ids into text as they arrive, never splitting a UTF-8 character.

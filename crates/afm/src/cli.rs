@@ -155,6 +155,8 @@ pub struct ServeArgs {
     pub kv_memory: Option<KvMemory>,
     #[command(flatten)]
     pub limits: LimitFlags,
+    /// On a GPU: device memory, prefill/decode rates and bandwidth against the device's peak
+    /// in every response (`afm_profile`) and in the log; `X-AFM-Profile: true` asks per request.
     #[arg(long)]
     pub gpu_profile: bool,
     /// Where the model runs: cpu, cuda or cuda:N (cuda needs a build with `--features cuda`).
@@ -267,7 +269,6 @@ impl ServeArgs {
                 spec.dspark_support.is_some() || spec.dspark_strict,
                 "--dspark-* (DSpark drafting)",
             ),
-            (self.gpu_profile, "--gpu-profile"),
             (
                 self.runtime == Runtime::Dwarfstar,
                 "--mlx-runtime dwarfstar",

@@ -52,6 +52,8 @@ pub fn load(args: &ServeArgs) -> Result<ServedModel> {
             _ => None,
         },
         debug: std::env::var("AFM_DEBUG").is_ok_and(|v| v == "1"),
+        prewarm: args.prewarm.starts_with('y'),
+        gpu_profile: args.gpu_profile,
         ..EngineConfig::default()
     };
     let mut text = ChatText::new(tokenizer, template).with_model_type(model_arch);

@@ -124,8 +124,7 @@ impl Engine {
 
     /// A request whose every token needs the host path (a token constraint masks logits there).
     fn host_only(&self, id: crate::api::RequestId) -> bool {
-        let _ = id;
-        false
+        self.active.get(&id).is_some_and(|a| a.constraint.is_some())
     }
 
     /// One token per planned row: device sampling where the sampler allows, the host's

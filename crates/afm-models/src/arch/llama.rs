@@ -146,9 +146,21 @@ impl Llama {
         step: &Step,
     ) -> Result<Tensor, ComputeError> {
         let (dev, hd) = (&self.dev, self.cfg.head_dim);
-        let mut q = a.q.forward(dev, x)?;
-        let mut k = a.k.forward(dev, x)?;
-        let v = a.v.forward(dev, x)?;
+        // One launch for the three projections where the device can.
+        let qkv = dev.linear_many(
+            x,
+            &[
+                (&a.q.w, a.q.b.as_ref()),
+                (&a.k.w, a.k.b.as_ref()),
+                (&a.v.w, a.v.b.as_ref()),
+            ],
+        )?;
+        let n = qkv.len();
+        let [mut q, mut k, v]: [Tensor; 3] = qkv.try_into().map_err(|_| ComputeError::Shape {
+            what: "projections returned by linear_many",
+            got: n,
+            want: 3,
+        })?;
         if let (Some(qn), Some(kn)) = (&a.q_norm, &a.k_norm) {
             qn.forward_inplace(dev, &mut q)?;
             kn.forward_inplace(dev, &mut k)?;
@@ -172,13 +184,22 @@ impl CausalLm for Llama {
         let dev = &self.dev;
         let step = dev.step(&batch.attn_seqs(), kv, self.cfg.num_heads)?;
         let mut x = self.embed.forward(dev, batch.tokens)?;
+        // Each residual add is fused with the norm that follows it (the next layer's input norm).
+        let mut h = match self.layers.first() {
+            Some(l) => l.input_norm.forward(dev, &x)?,
+            None => dev.rms_norm(&x, &self.norm.w, self.norm.eps)?,
+        };
         for (i, layer) in self.layers.iter().enumerate() {
-            let h = layer.input_norm.forward(dev, &x)?;
             let a = self.attention(&layer.attn, &h, kv, i, &step)?;
-            dev.add_assign(&mut x, &a)?;
-            let h = layer.post_attn_norm.forward(dev, &x)?;
-            let m = layer.mlp.forward(dev, &h)?;
-            dev.add_assign(&mut x, &m)?;
+            let pn = &layer.post_attn_norm;
+            let h2 = dev.add_rms_norm(&mut x, &a, &pn.w, pn.eps)?;
+            let m = layer.mlp.forward(dev, &h2)?;
+            match self.layers.get(i + 1) {
+                Some(next) => {
+                    h = dev.add_rms_norm(&mut x, &m, &next.input_norm.w, next.input_norm.eps)?
+                }
+                None => dev.add_assign(&mut x, &m)?,
+            }
         }
         let mut last = dev.gather_rows(&x, &batch.logit_rows())?;
         self.norm.forward_inplace(dev, &mut last)?;

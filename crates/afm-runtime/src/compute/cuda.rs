@@ -115,6 +115,8 @@ pub struct CudaDevice {
     /// capture): the ops then read inputs from, and write logits to, those buffers.
     io: Mutex<Option<graphs::StaticIo>>,
     graphs: Mutex<Option<graphs::Graphs>>,
+    /// Bytes of every weight placed on the device (for `--gpu-profile`).
+    weight_bytes: std::sync::atomic::AtomicUsize,
 }
 
 mod graphs;
@@ -230,6 +232,7 @@ impl CudaDevice {
             name,
             io: Mutex::new(None),
             graphs: Mutex::new(None),
+            weight_bytes: Default::default(),
         })
     }
 
@@ -256,11 +259,20 @@ impl CudaDevice {
     }
 
     pub(super) fn weight(&self, w: &WeightMatrix) -> Result<DeviceWeight> {
-        if stored_type(w.dtype()) != w.dtype() {
-            let h = dequantize_to_f16(w)?;
-            return Ok(DeviceWeight::upload(&self.lock(), &h)?);
-        }
-        Ok(DeviceWeight::upload(&self.lock(), w)?)
+        let d = if stored_type(w.dtype()) != w.dtype() {
+            DeviceWeight::upload(&self.lock(), &dequantize_to_f16(w)?)?
+        } else {
+            DeviceWeight::upload(&self.lock(), w)?
+        };
+        self.weight_bytes
+            .fetch_add(d.bytes().len(), std::sync::atomic::Ordering::Relaxed);
+        Ok(d)
+    }
+
+    /// Bytes of the weights placed so far, and the memory bandwidth's peak (bytes/s).
+    pub(super) fn weight_bytes_and_peak(&self) -> (usize, f64) {
+        let wb = self.weight_bytes.load(std::sync::atomic::Ordering::Relaxed);
+        (wb, self.lock().info().peak_bandwidth)
     }
 
     pub(super) fn upload(&self, v: &[f32]) -> Result<CudaSlice<f32>> {
@@ -639,5 +651,66 @@ impl CudaDevice {
             return Ok(Vec::new());
         }
         Ok(ctx.download(&b.slice(0..n))?)
+    }
+}
+
+/// Fused decode ops (one launch each where the kernels apply; `None` sends the caller to the
+/// unfused ops).
+impl CudaDevice {
+    pub(super) fn linear_many(
+        &self,
+        x: &Tensor,
+        ws: &[&Weight],
+    ) -> Result<Option<Vec<CudaSlice<f32>>>> {
+        let mut ctx = self.lock();
+        let n = x.rows;
+        let dws = ws
+            .iter()
+            .map(|w| weight(w, "linear"))
+            .collect::<Result<Vec<_>>>()?;
+        let mut outs = dws
+            .iter()
+            .map(|w| alloc::<f32>(&ctx, n * w.rows()))
+            .collect::<Result<Vec<_>>>()?;
+        let mut refs: Vec<&mut CudaSlice<f32>> = outs.iter_mut().collect();
+        let xv = view(x, "linear")?;
+        Ok(ctx.matmul_many(&dws, &xv, n, &mut refs)?.then_some(outs))
+    }
+
+    pub(super) fn gated_linear(
+        &self,
+        x: &Tensor,
+        gate: &Weight,
+        up: &Weight,
+        act: Activation,
+    ) -> Result<Option<CudaSlice<f32>>> {
+        let mut ctx = self.lock();
+        let n = x.rows;
+        let (g, u) = (weight(gate, "gated_linear")?, weight(up, "gated_linear")?);
+        let mut out = alloc::<f32>(&ctx, n * g.rows())?;
+        let a = match act {
+            Activation::Silu => cuda::Activation::Silu,
+            Activation::GeluTanh => cuda::Activation::GeluTanh,
+        };
+        let xv = view(x, "gated_linear")?;
+        Ok(ctx.matmul_gated(g, u, a, &xv, n, &mut out)?.then_some(out))
+    }
+
+    pub(super) fn add_rms_norm(
+        &self,
+        x: &mut Tensor,
+        y: &Tensor,
+        w: &Vector,
+        eps: f32,
+    ) -> Result<CudaSlice<f32>> {
+        let ctx = self.lock();
+        let n = x.rows * x.cols;
+        let mut out = alloc(&ctx, n)?;
+        if n > 0 {
+            let (yv, wv) = (view(y, "add_rms_norm")?, vector(w, "add_rms_norm")?);
+            let mut xv = view_mut(x, "add_rms_norm")?;
+            ctx.add_rms_norm(&mut xv, &yv, &wv, eps, &mut out.slice_mut(0..n))?;
+        }
+        Ok(out)
     }
 }

@@ -859,6 +859,80 @@ impl Device {
         })
     }
 
+    /// `[x·W₀ᵀ, x·W₁ᵀ, …]` (+ each bias): projections of one input (Q, K, V), in one launch on
+    /// a GPU where the fused kernel applies; otherwise [`linear`](Self::linear) each.
+    pub fn linear_many(
+        &self,
+        x: &Tensor,
+        ws: &[(&Weight, Option<&Vector>)],
+    ) -> Result<Vec<Tensor>> {
+        #[cfg(feature = "cuda")]
+        if let Device::Cuda(c) = self {
+            if ws.iter().all(|(w, b)| b.is_none() && w.cols == x.cols) {
+                let plain: Vec<&Weight> = ws.iter().map(|(w, _)| *w).collect();
+                if let Some(outs) = c.linear_many(x, &plain)? {
+                    return Ok(outs
+                        .into_iter()
+                        .zip(&plain)
+                        .map(|(o, w)| Tensor {
+                            rows: x.rows,
+                            cols: w.rows,
+                            data: Data::Cuda(o),
+                        })
+                        .collect());
+                }
+            }
+        }
+        ws.iter().map(|(w, b)| self.linear(x, w, *b)).collect()
+    }
+
+    /// `act(x·gateᵀ) · (x·upᵀ)`, the first half of a gated MLP: one launch on a GPU where the
+    /// fused kernel applies; otherwise two [`linear`](Self::linear)s and
+    /// [`gated_act`](Self::gated_act).
+    pub fn gated_linear(
+        &self,
+        x: &Tensor,
+        gate: &Weight,
+        up: &Weight,
+        act: Activation,
+    ) -> Result<Tensor> {
+        #[cfg(feature = "cuda")]
+        if let Device::Cuda(c) = self {
+            if gate.cols == x.cols && up.cols == x.cols && gate.rows == up.rows {
+                if let Some(o) = c.gated_linear(x, gate, up, act)? {
+                    return Ok(Tensor {
+                        rows: x.rows,
+                        cols: gate.rows,
+                        data: Data::Cuda(o),
+                    });
+                }
+            }
+        }
+        let mut g = self.linear(x, gate, None)?;
+        let u = self.linear(x, up, None)?;
+        self.gated_act(act, &mut g, &u)?;
+        Ok(g)
+    }
+
+    /// `x += y`, then [`rms_norm`](Self::rms_norm) of the sum: one launch on a GPU.
+    pub fn add_rms_norm(&self, x: &mut Tensor, y: &Tensor, w: &Vector, eps: f32) -> Result<Tensor> {
+        check("add operand rows", y.rows, x.rows)?;
+        check("add operand columns", y.cols, x.cols)?;
+        check_norm(x, w)?;
+        match self {
+            Device::Cpu => {
+                self.add_assign(x, y)?;
+                self.rms_norm(x, w, eps)
+            }
+            #[cfg(feature = "cuda")]
+            Device::Cuda(c) => Ok(Tensor {
+                rows: x.rows,
+                cols: x.cols,
+                data: Data::Cuda(c.add_rms_norm(x, y, w, eps)?),
+            }),
+        }
+    }
+
     /// The listed rows of `x`, in order.
     pub fn gather_rows(&self, x: &Tensor, rows: &[usize]) -> Result<Tensor> {
         if let Some(&r) = rows.iter().find(|&&r| r >= x.rows) {
@@ -904,6 +978,16 @@ impl Device {
                 Device::Cuda(c) => c.download(b, x.rows * x.cols),
                 Device::Cpu => Err(wrong("to_host", "cuda", "cpu")),
             },
+        }
+    }
+
+    /// Bytes of the weights placed on this device and its memory bandwidth's peak in bytes/s
+    /// (`--gpu-profile`); `None` on the CPU.
+    pub fn weight_bytes_and_peak(&self) -> Option<(usize, f64)> {
+        match self {
+            Device::Cpu => None,
+            #[cfg(feature = "cuda")]
+            Device::Cuda(c) => Some(c.weight_bytes_and_peak()),
         }
     }
 

@@ -61,6 +61,12 @@ fn kernel_names(module: &str) -> Vec<String> {
                     v.push(format!("gemv_{t}_{n}"));
                 }
             }
+            for t in ["bf16", "f16"] {
+                for n in 1..=super::GEMV_MAX_BATCH {
+                    v.push(format!("gemv3_{t}_{n}"));
+                    v.push(format!("gemvg_{t}_{n}"));
+                }
+            }
             v
         }
         "attention" => {
@@ -116,6 +122,9 @@ pub struct DeviceInfo {
     pub compute_capability: (i32, i32),
     pub sm_count: usize,
     pub total_mem: usize,
+    /// Memory bandwidth from the memory clock and bus width (bytes/s, both edges): the
+    /// datasheet-style peak, for reporting fractions of it.
+    pub peak_bandwidth: f64,
     /// Wall time spent compiling and loading the kernels.
     pub compile_ms: f64,
 }
@@ -202,7 +211,12 @@ impl CudaContext {
         }
         let sm_count =
             ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as usize;
+        let clock_khz =
+            ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE)? as f64;
+        let bus_bits =
+            ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH)? as f64;
         let info = DeviceInfo {
+            peak_bandwidth: 2.0 * clock_khz * 1e3 * bus_bits / 8.0,
             ordinal,
             name: ctx.name()?,
             compute_capability: cc,
@@ -366,4 +380,28 @@ fn arch_for(cc: (i32, i32)) -> Option<&'static str> {
         (12, 0) => "compute_120",
         _ => return None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every name `kernel_names` lists is an entry point of its module's PTX (a missing one
+    /// fails `CudaContext::new` on the GPU with "named symbol not found"). Needs libnvrtc only.
+    #[test]
+    fn every_listed_kernel_is_in_the_ptx() {
+        let Ok(modules) = compile_kernels(Some("compute_90")) else {
+            eprintln!("skipped: libnvrtc not found");
+            return;
+        };
+        for (module, ptx) in modules {
+            let text = ptx.to_src();
+            for name in kernel_names(module) {
+                assert!(
+                    text.contains(&format!(".entry {name}(")),
+                    "{module}: no entry {name}"
+                );
+            }
+        }
+    }
 }

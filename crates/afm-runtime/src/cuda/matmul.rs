@@ -269,3 +269,107 @@ impl CudaContext {
         Ok(())
     }
 }
+
+/// Whether fused GEMV launches serve `n` rows of 16-bit weights `ws` (same type and width,
+/// 16-byte aligned activations).
+fn fused_ok(ws: &[&DeviceWeight], n: usize, xp: u64) -> bool {
+    let Some(first) = ws.first() else {
+        return false;
+    };
+    (1..=GEMV_MAX_BATCH).contains(&n)
+        && matches!(first.dtype, DType::BF16 | DType::F16)
+        && first.cols.is_multiple_of(8)
+        && xp.is_multiple_of(16)
+        && ws
+            .iter()
+            .all(|w| w.dtype == first.dtype && w.cols == first.cols)
+}
+
+fn half_name(w: &DeviceWeight) -> &'static str {
+    if w.dtype == DType::BF16 {
+        "bf16"
+    } else {
+        "f16"
+    }
+}
+
+impl CudaContext {
+    /// Two or three projections of the same `n` rows (Q, K, V) in one GEMV launch:
+    /// `outs[i] = x · wsᵢᵀ`. `false` (nothing launched) when the fused kernel does not apply
+    /// (more than 8 rows, quantized or mixed weights): the caller runs them one by one.
+    pub fn matmul_many(
+        &mut self,
+        ws: &[&DeviceWeight],
+        x: &impl DevicePtr<f32>,
+        n: usize,
+        outs: &mut [&mut CudaSlice<f32>],
+    ) -> Result<bool> {
+        let xp = self.ptr(x);
+        if !(2..=3).contains(&ws.len()) || ws.len() != outs.len() || !fused_ok(ws, n, xp) {
+            return Ok(false);
+        }
+        check_len("matmul input", x.len(), n * ws[0].cols)?;
+        for (w, o) in ws.iter().zip(outs.iter()) {
+            check_len("matmul output", o.len(), n * w.rows)?;
+        }
+        let w3 = |i: usize| ws.get(i).unwrap_or(&ws[0]);
+        let (w0, w1, w2) = (
+            self.ptr(&w3(0).bytes),
+            self.ptr(&w3(1).bytes),
+            self.ptr(&w3(2).bytes),
+        );
+        let mut ptrs = [0u64; 3];
+        for (p, o) in ptrs.iter_mut().zip(outs.iter_mut()) {
+            *p = self.ptr_mut(&mut **o);
+        }
+        let (o0, o1, o2) = (ptrs[0], ptrs[1], ptrs[2]);
+        let rows = |i: usize| ws.get(i).map_or(0, |w| w.rows) as i32;
+        let (r0, r1, r2, ci) = (rows(0), rows(1), rows(2), ws[0].cols as i32);
+        let blocks: usize = ws.iter().map(|w| w.rows.div_ceil(GEMV_ROWS)).sum();
+        let cfg = LaunchConfig {
+            grid_dim: (blocks as u32, 1, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let f = self.kernel(&format!("gemv3_{}_{n}", half_name(ws[0])))?;
+        launch!(self, f, cfg; w0, w1, w2, xp, o0, o1, o2, r0, r1, r2, ci)?;
+        Ok(true)
+    }
+
+    /// `out = act(x · gateᵀ) · (x · upᵀ)` in one GEMV launch (act 0 = SiLU, 1 = GELU tanh);
+    /// `false` (nothing launched) where the fused kernel does not apply.
+    pub fn matmul_gated(
+        &mut self,
+        gate: &DeviceWeight,
+        up: &DeviceWeight,
+        act: super::Activation,
+        x: &impl DevicePtr<f32>,
+        n: usize,
+        out: &mut CudaSlice<f32>,
+    ) -> Result<bool> {
+        let xp = self.ptr(x);
+        if gate.rows != up.rows || !fused_ok(&[gate, up], n, xp) {
+            return Ok(false);
+        }
+        check_len("matmul input", x.len(), n * gate.cols)?;
+        check_len("matmul output", out.len(), n * gate.rows)?;
+        let (gp, up_, op) = (
+            self.ptr(&gate.bytes),
+            self.ptr(&up.bytes),
+            self.ptr_mut(out),
+        );
+        let (ri, ci) = (gate.rows as i32, gate.cols as i32);
+        let a: i32 = match act {
+            super::Activation::Silu => 0,
+            super::Activation::GeluTanh => 1,
+        };
+        let cfg = LaunchConfig {
+            grid_dim: (gate.rows.div_ceil(GEMV_ROWS) as u32, 1, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let f = self.kernel(&format!("gemvg_{}_{n}", half_name(gate)))?;
+        launch!(self, f, cfg; gp, up_, xp, op, ri, ci, a)?;
+        Ok(true)
+    }
+}

@@ -67,7 +67,15 @@ pub(crate) struct Graphs {
     table: HashMap<(usize, usize), Graph>,
     /// Set when a capture failed: decode steps then run eagerly.
     failed: bool,
+    /// `AFM_GRAPH_TIMING=1`: device time of each replay, summed per (bucket, class) and
+    /// printed every [`TIMING_EVERY`] replays (adds a wait per step: diagnostics only).
+    timing: Option<(crate::cuda::GpuTimer, ReplayTimes)>,
 }
+
+/// Per (bucket, class): milliseconds summed and replays counted since the last print.
+type ReplayTimes = HashMap<(usize, usize), (f64, usize)>;
+
+const TIMING_EVERY: usize = 256;
 
 fn gerr(e: cudarc::driver::DriverError) -> ComputeError {
     ComputeError::Cuda(CudaError::Driver(e))
@@ -148,6 +156,10 @@ impl CudaDevice {
             fingerprint: Vec::new(),
             table: HashMap::new(),
             failed: false,
+            timing: match std::env::var("AFM_GRAPH_TIMING").as_deref() {
+                Ok("1") => Some((ctx.timer()?, HashMap::new())),
+                _ => None,
+            },
         };
         *self.graphs.lock().unwrap_or_else(|e| e.into_inner()) = Some(g);
         Ok(())
@@ -221,7 +233,26 @@ impl CudaDevice {
             }
         }
         let graph = g.table.get(&(bucket, class)).expect("captured above");
-        graph.0.launch().map_err(gerr)?;
+        match &mut g.timing {
+            None => graph.0.launch().map_err(gerr)?,
+            Some((timer, sums)) => {
+                let ctx = self.lock();
+                timer.start(&ctx)?;
+                graph.0.launch().map_err(gerr)?;
+                timer.stop(&ctx)?;
+                let ms = timer.elapsed_ms()? as f64;
+                let e = sums.entry((bucket, class)).or_insert((0.0, 0));
+                *e = (e.0 + ms, e.1 + 1);
+                if e.1 == TIMING_EVERY {
+                    eprintln!(
+                        "[CUDA graphs] batch bucket {bucket}, context up to {}: {:.3} ms of device time per replay ({TIMING_EVERY} replays)",
+                        g.caps[class],
+                        e.0 / e.1 as f64
+                    );
+                    *e = (0.0, 0);
+                }
+            }
+        }
         Ok(Some(DeviceLogits {
             rows: n,
             vocab: g.vocab,

@@ -197,3 +197,60 @@ fn weights_without_a_kernel_are_stored_as_f16() {
     let got = g.to_host(g.linear(&xt, &gw, None).unwrap()).unwrap();
     close("Q4_1 as F16", &got, &want, 1e-3);
 }
+
+/// A bf16 weight of seeded values (the fused GEMV kernels serve 16-bit weights only).
+fn bf16_weight(dev: &Device, rows: usize, cols: usize, seed: u64) -> Weight {
+    let bytes: Vec<u8> = rand_vec(seed, rows * cols)
+        .iter()
+        .flat_map(|x| half::bf16::from_f32(*x).to_le_bytes())
+        .collect();
+    let w = WeightMatrix::new(DType::BF16, rows, cols, crate::WeightBytes::from_vec(bytes))
+        .expect("bf16 matrix");
+    dev.weight(w).expect("weight")
+}
+
+#[test]
+fn fused_decode_ops_match_the_cpu() {
+    let Some(g) = gpu() else { return };
+    let (h, nq, nkv, ff) = (64, 128, 32, 96);
+    // 9 rows: past the fused kernels' 8, so the unfused fallback is checked too; it runs
+    // through cuBLAS with bf16 activations (relative error ~1e-3, as `linear` there).
+    for n in [1, 3, 8, 9] {
+        let tol = if n <= 8 { 1e-5 } else { 5e-3 };
+        for i in 0..3 {
+            both(
+                &g,
+                &format!("linear_many, {n} rows, output {i}"),
+                tol,
+                |d| {
+                    let (wq, wk, wv) = (
+                        bf16_weight(d, nq, h, 11),
+                        bf16_weight(d, nkv, h, 12),
+                        bf16_weight(d, nkv, h, 13),
+                    );
+                    let x = tensor(d, n, h, 14);
+                    let mut out = d
+                        .linear_many(&x, &[(&wq, None), (&wk, None), (&wv, None)])
+                        .unwrap();
+                    out.swap_remove(i)
+                },
+            );
+        }
+        for act in [Activation::Silu, Activation::GeluTanh] {
+            both(&g, &format!("gated_linear {act:?}, {n} rows"), tol, |d| {
+                let (wg, wu) = (bf16_weight(d, ff, h, 15), bf16_weight(d, ff, h, 16));
+                d.gated_linear(&tensor(d, n, h, 17), &wg, &wu, act).unwrap()
+            });
+        }
+        both(&g, &format!("add_rms_norm, {n} rows"), 1e-5, |d| {
+            let w = d.vector(rand_vec(18, h)).unwrap();
+            let mut x = tensor(d, n, h, 19);
+            let y = tensor(d, n, h, 20);
+            let normed = d.add_rms_norm(&mut x, &y, &w, 1e-6).unwrap();
+            // Both the sum (left in x) and its norm.
+            let mut v = d.to_host(x).unwrap();
+            v.extend(d.to_host(normed).unwrap());
+            Tensor::from_host(2 * n, h, v).unwrap()
+        });
+    }
+}

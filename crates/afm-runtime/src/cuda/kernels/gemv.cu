@@ -220,10 +220,10 @@ __device__ void gemv_q8_0(const u8* W, const short* xq, const float* xd, const f
     gemv_finish<N>(acc, out, rows, row0);
 }
 
+// Accumulates GEMV_ROWS rows of a 16-bit matrix from row0 against N activation rows.
 template <int N, bool BF16>
-__device__ void gemv_half(const u16* W, const float* x, float* out, int rows, int cols) {
-    const int row0 = blockIdx.x * GEMV_ROWS;
-    GEMV_ZERO(acc)
+__device__ __forceinline__ void gemv_half_acc(const u16* W, const float* x, int rows, int cols,
+                                              int row0, float (&acc)[GEMV_ROWS][N]) {
     for (int u = threadIdx.x; u < cols / 8; u += GEMV_THREADS) {
         float w[GEMV_ROWS][8];
 #pragma unroll
@@ -251,7 +251,83 @@ __device__ void gemv_half(const u16* W, const float* x, float* out, int rows, in
                              w[r][4] * c.x + w[r][5] * c.y + w[r][6] * c.z + w[r][7] * c.w;
         }
     }
+}
+
+template <int N, bool BF16>
+__device__ void gemv_half_rows(const u16* W, const float* x, float* out, int rows, int cols,
+                               int row0) {
+    GEMV_ZERO(acc)
+    gemv_half_acc<N, BF16>(W, x, rows, cols, row0, acc);
     gemv_finish<N>(acc, out, rows, row0);
+}
+
+template <int N, bool BF16>
+__device__ void gemv_half(const u16* W, const float* x, float* out, int rows, int cols) {
+    gemv_half_rows<N, BF16>(W, x, out, rows, cols, blockIdx.x * GEMV_ROWS);
+}
+
+// Up to three 16-bit matrices against the same activations in one launch (Q, K and V): the
+// first ceil(r0/4) blocks serve W0, the next ceil(r1/4) W1, the rest W2.
+template <int N, bool BF16>
+__device__ void gemv3_half(const u16* W0, const u16* W1, const u16* W2, const float* x,
+                           float* o0, float* o1, float* o2, int r0, int r1, int r2, int cols) {
+    const int b0 = (r0 + GEMV_ROWS - 1) / GEMV_ROWS, b1 = (r1 + GEMV_ROWS - 1) / GEMV_ROWS;
+    int b = blockIdx.x;
+    if (b < b0) {
+        gemv_half_rows<N, BF16>(W0, x, o0, r0, cols, b * GEMV_ROWS);
+    } else if ((b -= b0) < b1) {
+        gemv_half_rows<N, BF16>(W1, x, o1, r1, cols, b * GEMV_ROWS);
+    } else {
+        gemv_half_rows<N, BF16>(W2, x, o2, r2, cols, (b - b1) * GEMV_ROWS);
+    }
+}
+
+// The sum of one (row, batch) accumulator over the block, in thread r * N + b.
+template <int N>
+__device__ __forceinline__ float gemv_reduce(float (&acc)[GEMV_ROWS][N]) {
+    __shared__ float sh[GEMV_ROWS * N][GEMV_THREADS / 32];
+    const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+    __syncthreads();  // a previous reduction's readers are done with sh
+#pragma unroll
+    for (int r = 0; r < GEMV_ROWS; r++) {
+#pragma unroll
+        for (int b = 0; b < N; b++) {
+            const float v = warp_sum(acc[r][b]);
+            if (l == 0) sh[r * N + b][w] = v;
+        }
+    }
+    __syncthreads();
+    float s = 0.f;
+    if (threadIdx.x < GEMV_ROWS * N) {
+#pragma unroll
+        for (int i = 0; i < GEMV_THREADS / 32; i++) s += sh[threadIdx.x][i];
+    }
+    return s;
+}
+
+__device__ __forceinline__ float gemv_silu(float x) { return x / (1.0f + expf(-x)); }
+__device__ __forceinline__ float gemv_gelu_tanh(float x) {
+    const float C = 0.7978846f;  // sqrt(2/pi), as elementwise.cu's gated_act
+    return 0.5f * x * (1.0f + tanhf(C * (x + 0.044715f * x * x * x)));
+}
+
+// out[b][row] = act(gate row . x[b]) * (up row . x[b]): the gated MLP's first half in one
+// launch, with the same sums and activation as gemv + gated_act (act 0 = SiLU, 1 = GELU tanh).
+template <int N, bool BF16>
+__device__ void gemv_gated_half(const u16* G, const u16* U, const float* x, float* out, int rows,
+                                int cols, int act) {
+    const int row0 = blockIdx.x * GEMV_ROWS;
+    GEMV_ZERO(ag)
+    GEMV_ZERO(au)
+    gemv_half_acc<N, BF16>(G, x, rows, cols, row0, ag);
+    gemv_half_acc<N, BF16>(U, x, rows, cols, row0, au);
+    const float g = gemv_reduce<N>(ag);
+    const float u = gemv_reduce<N>(au);
+    if (threadIdx.x < GEMV_ROWS * N) {
+        const int r = threadIdx.x / N, b = threadIdx.x % N;
+        if (row0 + r < rows)
+            out[(i64)b * rows + row0 + r] = (act == 0 ? gemv_silu(g) : gemv_gelu_tanh(g)) * u;
+    }
 }
 
 #define GEMV_Q(T, N)                                                                           \
@@ -265,8 +341,20 @@ __device__ void gemv_half(const u16* W, const float* x, float* out, int rows, in
         gemv_##NAME##_##N(const u16* W, const float* x, float* out, int rows, int cols) {      \
         gemv_half<N, BF>(W, x, out, rows, cols);                                               \
     }
+#define GEMV_3(NAME, BF, N)                                                                    \
+    extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv3_##NAME##_##N(             \
+        const u16* W0, const u16* W1, const u16* W2, const float* x, float* o0, float* o1,     \
+        float* o2, int r0, int r1, int r2, int cols) {                                         \
+        gemv3_half<N, BF>(W0, W1, W2, x, o0, o1, o2, r0, r1, r2, cols);                        \
+    }
+#define GEMV_G(NAME, BF, N)                                                                    \
+    extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemvg_##NAME##_##N(             \
+        const u16* G, const u16* U, const float* x, float* out, int rows, int cols, int act) { \
+        gemv_gated_half<N, BF>(G, U, x, out, rows, cols, act);                                 \
+    }
 #define GEMV_ALL(N)                                                                            \
-    GEMV_Q(q4_k, N) GEMV_Q(q6_k, N) GEMV_Q(q8_0, N) GEMV_H(bf16, true, N) GEMV_H(f16, false, N)
+    GEMV_Q(q4_k, N) GEMV_Q(q6_k, N) GEMV_Q(q8_0, N) GEMV_H(bf16, true, N) GEMV_H(f16, false, N) \
+    GEMV_3(bf16, true, N) GEMV_3(f16, false, N) GEMV_G(bf16, true, N) GEMV_G(f16, false, N)
 
 GEMV_ALL(1)
 GEMV_ALL(2)
