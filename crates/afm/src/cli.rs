@@ -483,6 +483,40 @@ mod tests {
     }
 
     #[test]
+    fn guided_json_is_json_or_a_file_and_turns_the_grammar_on() {
+        let args = parse(&[
+            "afm",
+            "mlx",
+            "-m",
+            "m",
+            "--guided-json",
+            r#"{"type": "object"}"#,
+        ]);
+        let args = args.unwrap();
+        assert!(args.grammar_enabled());
+        let schema = args.request_defaults().unwrap().guided_json;
+        assert_eq!(schema, Some(serde_json::json!({"type": "object"})));
+        let path = std::env::temp_dir().join(format!("afm-guided-{}.json", std::process::id()));
+        std::fs::write(&path, r#"{"type": "array"}"#).unwrap();
+        let file = path.to_string_lossy().into_owned();
+        let args = parse(&["afm", "mlx", "-m", "m", "--guided-json", &file]).unwrap();
+        let schema = args.request_defaults().unwrap().guided_json;
+        std::fs::remove_file(&path).ok();
+        assert_eq!(schema, Some(serde_json::json!({"type": "array"})));
+        let args = parse(&[
+            "afm",
+            "mlx",
+            "-m",
+            "m",
+            "--guided-json",
+            "/nonexistent/s.json",
+        ]);
+        let err = args.unwrap().request_defaults().unwrap_err();
+        assert!(format!("{err:#}").contains("--guided-json"), "{err:#}");
+        assert!(!parse(&["afm", "mlx", "-m", "m"]).unwrap().grammar_enabled());
+    }
+
+    #[test]
     fn unavailable_features_are_refused_not_ignored() {
         for flag in [&["--eagle3", "d"][..], &["--mtp"]] {
             let mut args = vec!["afm", "mlx", "-m", "m"];
