@@ -116,7 +116,11 @@ async fn check(fixture: &str, require_exact: bool) {
     assert!(
         mismatches.is_empty(),
         "{fixture}: differences{}:\n{}",
-        if require_exact { "" } else { " that are not near-ties" },
+        if require_exact {
+            ""
+        } else {
+            " that are not near-ties"
+        },
         mismatches.join("\n")
     );
 }
