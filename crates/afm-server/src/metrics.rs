@@ -79,6 +79,12 @@ pub fn render(m: Option<&EngineMetrics>) -> String {
         "Prompt tokens computed.",
         prompt.saturating_sub(cached) as f64,
     );
+    counter(
+        &mut out,
+        "afm:num_preemptions_total",
+        "Running sequences preempted because KV blocks ran out (recomputed later).",
+        get(&m.preemptions) as f64,
+    );
     let ttft = us(&m.queue_time_us) + us(&m.prompt_time_us);
     summary(
         &mut out,
@@ -168,6 +174,9 @@ mod tests {
         assert!(text.contains("afm:radix_cache_hits_total 96\n"));
         assert!(text.contains("afm:radix_cache_misses_total 4\n"));
         assert!(text.contains("afm:generation_tokens_total 11\n"));
+        m.preemptions
+            .fetch_add(2, std::sync::atomic::Ordering::Relaxed);
+        assert!(render(Some(&m)).contains("afm:num_preemptions_total 2\n"));
         assert!(text.contains("afm:time_to_first_token_seconds_sum 0.75\n"));
         assert!(text.contains("afm:time_per_output_token_seconds_count 10\n"));
         // Every sample line belongs to a declared metric.
