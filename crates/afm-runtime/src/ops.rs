@@ -272,6 +272,15 @@ impl Rope {
     /// forms. Bit-equal rotated queries and keys keep afm's 8-bit activation rounding on
     /// llama.cpp's path (docs/DECISIONS.md).
     pub fn apply(&self, x: &mut [f32], head_dim: usize, pos: usize) {
+        // `mul_add` below is one instruction in the FMA copy, not a libm call per element.
+        let this = self;
+        fast_path!(rope_fast(this: &Rope, x: &mut [f32], head_dim: usize, pos: usize) {
+            this.apply_body(x, head_dim, pos)
+        })
+    }
+
+    #[inline(always)]
+    fn apply_body(&self, x: &mut [f32], head_dim: usize, pos: usize) {
         let half = self.dims / 2;
         let mut cs = Vec::with_capacity(half);
         match self.ggml {
