@@ -36,13 +36,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 
 import torch
-import transformers
 from safetensors.torch import load_file, save_file
+import tiny_reference as tiny
 from transformers import AutoModelForCausalLM, DeepseekV4Config
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -126,17 +125,6 @@ VARIANTS = {
     "deepseek_v4": (CONFIG, SEQ_LEN),
     "deepseek_v4_r128": (CONFIG_R128, 144),
 }
-
-
-def reference_tokens(n: int = SEQ_LEN, vocab: int = VOCAB) -> list[int]:
-    """The same fixed sequence rule as gen_tiny_fixtures.py."""
-    return [(17 + 37 * i + 11 * i * i) % vocab for i in range(n)]
-
-
-def fmt_float(x: float) -> float:
-    if x == 0.0 or not math.isfinite(x):
-        return x
-    return float(f"{x:.8g}")
 
 
 def randomize(model: torch.nn.Module, gen: torch.Generator) -> None:
@@ -235,48 +223,15 @@ def build_and_save(out_dir: Path, config_kwargs: dict) -> None:
 
 def compute_reference(out_dir: Path, seq_len: int) -> dict:
     model = AutoModelForCausalLM.from_pretrained(out_dir, attn_implementation="eager", dtype=torch.float32).eval()
-    tokens = reference_tokens(seq_len)
-    ids = torch.tensor([tokens], dtype=torch.long)
-    with torch.no_grad():
-        logits = model(input_ids=ids, use_cache=False).logits[0].float()
-        # transformers' own cached decode, one token at a time, against its one-pass logits.
-        cache = None
-        worst = 0.0
-        for i in range(len(tokens)):
-            out = model(input_ids=ids[:, i:i + 1], past_key_values=cache, use_cache=True)
-            cache = out.past_key_values
-            row = out.logits[0, -1].float()
-            worst = max(worst, float((row - logits[i]).abs().max() / logits[i].abs().max()))
-        gen = model.generate(
-            ids[:, :GREEDY_PROMPT_LEN],
-            attention_mask=torch.ones(1, GREEDY_PROMPT_LEN, dtype=torch.long),
-            max_new_tokens=GREEDY_NEW_TOKENS,
-            do_sample=False,
-            eos_token_id=None,
-            pad_token_id=0,
-            output_scores=True,
-            return_dict_in_generate=True,
-        )
-    greedy = gen.sequences[0, GREEDY_PROMPT_LEN:].tolist()
+    tokens = tiny.reference_tokens(seq_len, VOCAB)
+    logits = tiny.one_pass_logits(model, tokens)
+    worst = tiny.cached_decode_rel(model, tokens, logits)
     if worst > 1e-4:
         raise RuntimeError(f"transformers' cached decode is {worst:.2e} from its one-pass logits: "
                            "a top-k tie in the indexer? change the seed or the indexer heads")
-    margins = [float(torch.topk(s[0].float(), 2).values.diff().abs()) for s in gen.scores]
-    return {
-        "arch": out_dir.name,
-        "transformers_version": transformers.__version__,
-        "torch_version": torch.__version__,
-        "dtype": "float32",
-        "attn_implementation": "eager",
-        "tokens": tokens,
-        "logits": [[fmt_float(v) for v in row.tolist()] for row in logits],
-        "hf_decode_vs_prefill_max_rel": fmt_float(worst),
-        "greedy_prompt_len": GREEDY_PROMPT_LEN,
-        "greedy": greedy,
-        "greedy_min_top2_margin": fmt_float(min(margins)),
-        "logits_abs_max": fmt_float(float(logits.abs().max())),
-        "logits_std": fmt_float(float(logits.std())),
-    }
+    ids, scores = tiny.greedy(model, tokens, GREEDY_PROMPT_LEN, GREEDY_NEW_TOKENS)
+    return tiny.record(out_dir.name, tokens, logits, GREEDY_PROMPT_LEN, ids, scores,
+                       hf_decode_vs_prefill_max_rel=tiny.fmt_float(worst))
 
 
 def main() -> int:

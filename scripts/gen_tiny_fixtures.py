@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import math
 import os
 import shutil
 import subprocess
@@ -46,7 +45,7 @@ import urllib.request
 from pathlib import Path
 
 import torch
-import transformers
+import tiny_reference as tiny
 from transformers import (
     AutoModelForCausalLM,
     Gemma3TextConfig,
@@ -188,18 +187,6 @@ ARCHS: dict[str, dict] = {
 }
 
 
-def reference_tokens(n: int = SEQ_LEN, vocab: int = VOCAB) -> list[int]:
-    """A fixed, spread-out token sequence (no RNG, so it never changes across library versions)."""
-    return [(17 + 37 * i + 11 * i * i) % vocab for i in range(n)]
-
-
-def fmt_float(x: float) -> float:
-    """Round to 8 significant digits: exact enough for float32 comparisons, half the JSON size."""
-    if x == 0.0 or not math.isfinite(x):
-        return x
-    return float(f"{x:.8g}")
-
-
 def randomize_parameters(model: torch.nn.Module, weight_std: float, norm_center: float, seed: int) -> None:
     """Overwrite every parameter with seeded values so norms and biases are not identities."""
     gen = torch.Generator().manual_seed(seed)
@@ -240,42 +227,10 @@ def compute_reference(arch: str, out_dir: Path, model: torch.nn.Module | None = 
     """Compute reference logits (one forward) and greedy tokens in float32 for the saved model."""
     if model is None:
         model = load_saved(out_dir)
-    tokens = reference_tokens()
-    ids = torch.tensor([tokens], dtype=torch.long)
-    with torch.no_grad():
-        logits = model(input_ids=ids, use_cache=False).logits[0].float()
-        gen = model.generate(
-            ids[:, :GREEDY_PROMPT_LEN],
-            attention_mask=torch.ones(1, GREEDY_PROMPT_LEN, dtype=torch.long),
-            max_new_tokens=GREEDY_NEW_TOKENS,
-            do_sample=False,
-            eos_token_id=None,
-            pad_token_id=0,
-            output_scores=True,
-            return_dict_in_generate=True,
-        )
-    greedy = gen.sequences[0, GREEDY_PROMPT_LEN:].tolist()
-    # Smallest gap between the best and second-best logit over the greedy steps: a Rust test
-    # comparing greedy tokens of an approximate (quantized) path can only be strict above this.
-    margins = []
-    for s in gen.scores:
-        top2 = torch.topk(s[0].float(), 2).values
-        margins.append(float(top2[0] - top2[1]))
-    assert len(greedy) == GREEDY_NEW_TOKENS, (arch, greedy)
-    return {
-        "arch": arch,
-        "transformers_version": transformers.__version__,
-        "torch_version": torch.__version__,
-        "dtype": "float32",
-        "attn_implementation": "eager",
-        "tokens": tokens,
-        "logits": [[fmt_float(v) for v in row.tolist()] for row in logits],
-        "greedy_prompt_len": GREEDY_PROMPT_LEN,
-        "greedy": greedy,
-        "greedy_min_top2_margin": fmt_float(min(margins)),
-        "logits_abs_max": fmt_float(float(logits.abs().max())),
-        "logits_std": fmt_float(float(logits.std())),
-    }
+    tokens = tiny.reference_tokens(SEQ_LEN, VOCAB)
+    logits = tiny.one_pass_logits(model, tokens)
+    ids, scores = tiny.greedy(model, tokens, GREEDY_PROMPT_LEN, GREEDY_NEW_TOKENS)
+    return tiny.record(arch, tokens, logits, GREEDY_PROMPT_LEN, ids, scores)
 
 
 # ----------------------------------------------------------------------------- GGUF conversion

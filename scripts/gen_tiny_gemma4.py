@@ -37,11 +37,11 @@ import sys
 from pathlib import Path
 
 import torch
-import transformers
 from transformers import Gemma4Config, Gemma4ForCausalLM, Gemma4ForConditionalGeneration, Gemma4TextConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gen_tiny_fixtures import fmt_float, reference_tokens, tokenizer_corpus  # noqa: E402
+import tiny_reference as tiny  # noqa: E402
+from gen_tiny_fixtures import tokenizer_corpus  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 OUT = REPO_ROOT / "tests" / "fixtures" / "tiny"
@@ -192,43 +192,15 @@ def load(name: str, spec: dict, out_dir: Path) -> torch.nn.Module:
 
 
 def reference(name: str, model: torch.nn.Module) -> dict:
-    tokens = reference_tokens(SEQ_LEN, VOCAB)
-    ids = torch.tensor([tokens], dtype=torch.long)
-    with torch.no_grad():
-        logits = model(input_ids=ids, use_cache=False).logits[0].float()
-        gen = model.generate(
-            ids[:, :GREEDY_PROMPT_LEN],
-            attention_mask=torch.ones(1, GREEDY_PROMPT_LEN, dtype=torch.long),
-            max_new_tokens=GREEDY_NEW_TOKENS,
-            do_sample=False,
-            eos_token_id=None,
-            pad_token_id=0,
-            output_scores=True,
-            return_dict_in_generate=True,
-        )
-    greedy = gen.sequences[0, GREEDY_PROMPT_LEN:].tolist()
-    top3, margins = [], []
-    for s in gen.scores:
-        lp = torch.log_softmax(s[0].float(), dim=-1)
-        v, i = torch.topk(lp, 3)
-        top3.append([[int(a), fmt_float(float(b))] for a, b in zip(i.tolist(), v.tolist())])
-        margins.append(float(v[0] - v[1]))
-    assert len(greedy) == GREEDY_NEW_TOKENS, (name, greedy)
-    return {
-        "arch": name,
-        "transformers_version": transformers.__version__,
-        "torch_version": torch.__version__,
-        "dtype": "float32",
-        "attn_implementation": "eager",
-        "tokens": tokens,
-        "logits": [[fmt_float(v) for v in row.tolist()] for row in logits],
-        "greedy_prompt_len": GREEDY_PROMPT_LEN,
-        "greedy": greedy,
-        "greedy_top3_logprobs": top3,
-        "greedy_min_top2_margin": fmt_float(min(margins)),
-        "logits_abs_max": fmt_float(float(logits.abs().max())),
-        "logits_std": fmt_float(float(logits.std())),
-    }
+    tokens = tiny.reference_tokens(SEQ_LEN, VOCAB)
+    logits = tiny.one_pass_logits(model, tokens)
+    ids, scores = tiny.greedy(model, tokens, GREEDY_PROMPT_LEN, GREEDY_NEW_TOKENS)
+    # The top-3 log-probabilities of each greedy step (the engine tests compare logprobs too).
+    top3 = []
+    for s in scores:
+        v, i = torch.topk(torch.log_softmax(s[0].float(), dim=-1), 3)
+        top3.append([[int(a), tiny.fmt_float(float(b))] for a, b in zip(i.tolist(), v.tolist())])
+    return tiny.record(name, tokens, logits, GREEDY_PROMPT_LEN, ids, scores, greedy_top3_logprobs=top3)
 
 
 def write_tokenizer(out_dir: Path) -> None:

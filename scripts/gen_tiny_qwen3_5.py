@@ -32,12 +32,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 from pathlib import Path
 
 import torch
 import transformers
 from safetensors.torch import load_file, save_file
+import tiny_reference as tiny
 from transformers import Qwen3_5ForCausalLM, Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig, Qwen3_5TextConfig
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -98,16 +98,6 @@ ARCHS = {
         mtp_shard=False,
     ),
 }
-
-
-def reference_tokens(n: int = SEQ_LEN, vocab: int = VOCAB) -> list[int]:
-    return [(17 + 37 * i + 11 * i * i) % vocab for i in range(n)]
-
-
-def fmt_float(x: float) -> float:
-    if x == 0.0 or not math.isfinite(x):
-        return x
-    return float(f"{x:.8g}")
 
 
 def randomize(named: list[tuple[str, torch.Tensor]], gen: torch.Generator) -> None:
@@ -206,48 +196,14 @@ def build(arch: str, spec: dict, out_dir: Path) -> dict:
 
 
 def reference(arch: str, model: torch.nn.Module) -> dict:
-    tokens = reference_tokens()
-    ids = torch.tensor([tokens], dtype=torch.long)
-    with torch.no_grad():
-        logits = model(input_ids=ids, use_cache=False).logits[0].float()
-        # The recurrent (decode) rule must give the same logits as the chunked one.
-        out = model(input_ids=ids[:, :1], use_cache=True)
-        cache, steps = out.past_key_values, [out.logits[0, -1]]
-        for t in range(1, len(tokens)):
-            out = model(input_ids=ids[:, t:t + 1], past_key_values=cache, use_cache=True)
-            cache = out.past_key_values
-            steps.append(out.logits[0, -1])
-        decode = torch.stack(steps).float()
-        rel = ((decode - logits).abs().amax(-1) / logits.abs().amax(-1)).max().item()
-        assert rel < 1e-4, f"{arch}: transformers' decode differs from its prefill by {rel:.2e}"
-        gen = model.generate(
-            ids[:, :GREEDY_PROMPT_LEN],
-            attention_mask=torch.ones(1, GREEDY_PROMPT_LEN, dtype=torch.long),
-            max_new_tokens=GREEDY_NEW_TOKENS,
-            do_sample=False,
-            eos_token_id=None,
-            pad_token_id=0,
-            output_scores=True,
-            return_dict_in_generate=True,
-        )
-    greedy = gen.sequences[0, GREEDY_PROMPT_LEN:].tolist()
-    margins = [float(torch.topk(s[0].float(), 2).values.diff().abs()) for s in gen.scores]
-    assert len(greedy) == GREEDY_NEW_TOKENS, (arch, greedy)
-    return {
-        "arch": arch,
-        "transformers_version": transformers.__version__,
-        "torch_version": torch.__version__,
-        "dtype": "float32",
-        "attn_implementation": "eager",
-        "tokens": tokens,
-        "logits": [[fmt_float(v) for v in row.tolist()] for row in logits],
-        "greedy_prompt_len": GREEDY_PROMPT_LEN,
-        "greedy": greedy,
-        "greedy_min_top2_margin": fmt_float(min(margins)),
-        "logits_abs_max": fmt_float(float(logits.abs().max())),
-        "logits_std": fmt_float(float(logits.std())),
-        "decode_vs_prefill_rel": fmt_float(rel),
-    }
+    tokens = tiny.reference_tokens(SEQ_LEN, VOCAB)
+    logits = tiny.one_pass_logits(model, tokens)
+    # The recurrent (decode) rule must give the same logits as the chunked one.
+    rel = tiny.cached_decode_rel(model, tokens, logits)
+    assert rel < 1e-4, f"{arch}: transformers' decode differs from its prefill by {rel:.2e}"
+    ids, scores = tiny.greedy(model, tokens, GREEDY_PROMPT_LEN, GREEDY_NEW_TOKENS)
+    return tiny.record(arch, tokens, logits, GREEDY_PROMPT_LEN, ids, scores,
+                       decode_vs_prefill_rel=tiny.fmt_float(rel))
 
 
 def hub_layout(src: Path, dst: Path) -> None:
