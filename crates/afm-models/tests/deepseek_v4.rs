@@ -3,15 +3,19 @@
 //! and score-routed MoE, mHC, sinks) and the logits transformers computed for its 70 tokens.
 //! afm must match them by one prefill, token-by-token decode, mixed chunks that open and close
 //! compression windows mid-chunk, two sequences sharing steps, and after rejected drafts.
+//!
+//! `AFM_TEST_DEVICE=cuda` runs the same checks on a GPU (a `--features cuda` build, as
+//! reference_logits.rs; scripts/gpu_check.sh), the KV pool on the device.
 
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 use afm_models::arch::deepseek_v4::DeepseekV4;
 use afm_models::checkpoint::Checkpoint;
 use afm_models::source::ModelLocation;
 use afm_models::weights::{SafetensorsSet, WeightSource};
-use afm_models::{load_model, ForwardBatch, LoadedModel, SeqChunk, TransformerConfig};
-use afm_runtime::compute::Device;
+use afm_models::{load_model_on, ForwardBatch, LoadedModel, SeqChunk, TransformerConfig};
+use afm_runtime::compute::{Device, DeviceChoice};
 use afm_runtime::kv_store::KvDtype;
 
 const BLOCK: usize = 4;
@@ -60,6 +64,20 @@ fn reference_in(dir: &Path) -> Reference {
         })
         .collect();
     Reference { tokens, logits }
+}
+
+/// The device under test (`AFM_TEST_DEVICE`, default cpu), opened once.
+fn device() -> &'static Device {
+    static DEVICE: OnceLock<Device> = OnceLock::new();
+    DEVICE.get_or_init(|| {
+        let name = std::env::var("AFM_TEST_DEVICE").unwrap_or_else(|_| "cpu".into());
+        let choice: DeviceChoice = name.parse().unwrap_or_else(|e| panic!("{e}"));
+        Device::open(choice).unwrap_or_else(|e| panic!("AFM_TEST_DEVICE={name}: {e}"))
+    })
+}
+
+fn load_model(loc: &ModelLocation) -> Result<LoadedModel, afm_models::ModelError> {
+    load_model_on(loc, device())
 }
 
 fn model() -> LoadedModel {
@@ -386,11 +404,15 @@ fn hca_ratio_128_matches_transformers() {
 fn reduced_precision_streams_stay_close() {
     let (m, r) = (model(), reference());
     let n = r.tokens.len();
-    for (dtype, max_err, min_agree) in [
-        (KvDtype::F16, 2e-3, n),
-        (KvDtype::Q8, f32::INFINITY, n * 85 / 100),
-        (KvDtype::Q4, f32::INFINITY, 0),
-    ] {
+    let quantized: &[(KvDtype, f32, usize)] = if device().is_cpu() {
+        &[
+            (KvDtype::Q8, f32::INFINITY, n * 85 / 100),
+            (KvDtype::Q4, f32::INFINITY, 0),
+        ]
+    } else {
+        &[] // a GPU pool holds f32 or f16
+    };
+    for &(dtype, max_err, min_agree) in [(KvDtype::F16, 2e-3, n)].iter().chain(quantized) {
         let got = run_chunks_in(&m, &r.tokens, &vec![1; n], dtype);
         assert!(
             got.iter().all(|(_, l)| l.iter().all(|v| v.is_finite())),

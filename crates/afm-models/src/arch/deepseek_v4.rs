@@ -19,10 +19,17 @@
 //! token position, addressed by the sequence's block table (see `deepseek_v4_attention.rs`), so
 //! prefill, decode, chunked prefill and prefix caching need nothing beyond the usual forward.
 //!
+//! Where it runs, on a GPU (`--device cuda`) as on the CPU: the weights, every projection
+//! (attention, compressor, indexer, mHC mixes, router, experts, head) and the KV pool live on
+//! the device; the mHC stream mixing, Sinkhorn, the compressors' pooling, the indexer's top-k,
+//! the sink attention, the MoE routing and the clamped SwiGLU run on the host, which reads and
+//! writes the pool rows it needs (`Device::kv_read_rows` / `kv_write_rows`) and moves each
+//! activation across once per op. Correct, not fast: decode steps run eagerly (no CUDA graph:
+//! the first read-back refuses inside one).
+//!
 //! Scope: safetensors with DeepSeek's names (`layers.N.attn.wq_a.weight`, with or without
-//! `model.`), f32/f16/bf16 weights (not the released FP8/FP4 tensors), CPU only: the compressor,
-//! indexer and sink attention read the pool on the host. GGUF (`deepseek4`) is not read yet:
-//! llama.cpp's converter writes the experts as MXFP4.
+//! `model.`), f32/f16/bf16 weights (not the released FP8/FP4 tensors). GGUF (`deepseek4`) is
+//! not read yet: llama.cpp's converter writes the experts as MXFP4.
 
 #[path = "deepseek_v4_attention.rs"]
 mod attention;
@@ -193,17 +200,6 @@ impl Names<'_, '_> {
 
 impl DeepseekV4 {
     pub fn load(ck: &Checkpoint, tc: &TransformerConfig, dev: &Device) -> Result<Self, ModelError> {
-        if !dev.is_cpu() {
-            return Err(ModelError::Device {
-                name: "deepseek_v4".into(),
-                source: ComputeError::Unsupported {
-                    what: "device",
-                    value: dev.describe(),
-                    device: "deepseek_v4's compressed attention".into(),
-                    supported: "cpu (the compressor and indexer read the KV pool on the host)",
-                },
-            });
-        }
         if ck.is_gguf() {
             return Err(cfg_err(
                 "general.architecture",
@@ -328,7 +324,7 @@ impl DeepseekV4 {
         for row in normed.chunks_exact_mut(width) {
             unweighted_rms_norm(row, self.cfg.eps);
         }
-        let x = Tensor::from_host(rows, width, normed)?;
+        let x = self.dev.tensor(rows, width, normed)?;
         self.dev.to_host(proj.forward(&self.dev, &x)?)
     }
 
@@ -401,7 +397,7 @@ impl DeepseekV4 {
             }
         }
         let h = c.hidden;
-        let shared = Tensor::from_host(rows, h, xh.clone())?;
+        let shared = dev.tensor(rows, h, xh.clone())?;
         let mut out = self.clamped_mlp(&m.shared, &shared)?;
         for (e, list) in routes.iter().enumerate() {
             if list.is_empty() {
@@ -411,7 +407,7 @@ impl DeepseekV4 {
                 .iter()
                 .flat_map(|&(r, _)| xh[r * h..(r + 1) * h].iter().copied())
                 .collect();
-            let ye = self.clamped_mlp(&m.experts[e], &Tensor::from_host(list.len(), h, xe)?)?;
+            let ye = self.clamped_mlp(&m.experts[e], &dev.tensor(list.len(), h, xe)?)?;
             for (i, &(r, w)) in list.iter().enumerate() {
                 for (o, y) in out[r * h..(r + 1) * h]
                     .iter_mut()
@@ -437,12 +433,12 @@ impl DeepseekV4 {
                 g / (1.0 + (-g).exp()) * u.clamp(-limit, limit)
             })
             .collect();
-        let a = Tensor::from_host(x.rows(), g.len() / x.rows().max(1), act)?;
+        let a = dev.tensor(x.rows(), g.len() / x.rows().max(1), act)?;
         dev.to_host(m.down.forward(dev, &a)?)
     }
 
     fn rms(&self, norm: &RmsNorm, x: Vec<f32>, rows: usize) -> CResult<Tensor> {
-        let mut t = Tensor::from_host(rows, self.cfg.hidden, x)?;
+        let mut t = self.dev.tensor(rows, self.cfg.hidden, x)?;
         norm.forward_inplace(&self.dev, &mut t)?;
         Ok(t)
     }
@@ -552,42 +548,43 @@ impl CausalLm for DeepseekV4 {
     fn forward(&self, batch: &ForwardBatch, kv: &mut KvPool) -> Result<Vec<f32>, ComputeError> {
         let (dev, c) = (&self.dev, &self.cfg);
         let seqs = batch.attn_seqs();
-        // Checks block tables and ids against the pool once, for every stream.
-        let step = dev.step(&seqs, kv, c.n_heads)?;
+        // Checks block tables and ids against the pool once, for every stream. The CPU arm
+        // only checks: attention here reads the pool through `kv_read_rows`, on any device.
+        let step = Device::Cpu.step(&seqs, kv, c.n_heads)?;
         let rows = step.n_rows();
         let positions = batch.positions();
         let (n, h) = (c.hc_mult, c.hidden);
-        let emb = dev.to_host(dev.embed(&self.embed, batch.tokens, 1.0)?)?;
+        // The first read-back: inside a CUDA decode graph it fails here, before any pool row
+        // is touched, and the engine runs this model's decode steps eagerly.
+        let emb = dev.read_back(&dev.embed(&self.embed, batch.tokens, 1.0)?)?;
         let mut streams = vec![0f32; rows * n * h];
         for (r, e) in emb.chunks_exact(h).enumerate() {
             for j in 0..n {
                 streams[(r * n + j) * h..(r * n + j + 1) * h].copy_from_slice(e);
             }
         }
-        let pool = kv.host_layers_mut()?;
         // A pool made from another model's shapes would index past a stream or mis-size a row.
-        if pool.len() != self.shapes.len() {
+        if kv.num_layers() != self.shapes.len() {
             return Err(ComputeError::Shape {
                 what: "KV pool streams (deepseek_v4's kv_shapes)",
-                got: pool.len(),
+                got: kv.num_layers(),
                 want: self.shapes.len(),
             });
         }
-        if let Some((i, l)) = pool
-            .iter()
-            .enumerate()
-            .find(|(i, l)| l.shape != self.shapes[*i])
-        {
-            return Err(ComputeError::Shape {
-                what: "KV pool stream width (heads × head_dim of kv_shapes)",
-                got: l.shape.n_kv_heads * l.shape.head_dim,
-                want: self.shapes[i].n_kv_heads * self.shapes[i].head_dim,
-            });
+        for (i, want) in self.shapes.iter().enumerate() {
+            let got = kv.layer_shape(i).map_or(0, |l| l.n_kv_heads * l.head_dim);
+            if kv.layer_shape(i) != Some(*want) {
+                return Err(ComputeError::Shape {
+                    what: "KV pool stream width (heads × head_dim of kv_shapes)",
+                    got,
+                    want: want.n_kv_heads * want.head_dim,
+                });
+            }
         }
         for (b, st) in self.layers.iter().zip(&self.streams) {
             let (x, post, comb) = self.hc_pre(&b.attn_hc, &streams, rows)?;
             let x = self.rms(&b.attn_norm, x, rows)?;
-            let a = b.attn.forward(dev, c, st, x, pool, &seqs, &positions)?;
+            let a = b.attn.forward(dev, c, st, x, kv, &seqs, &positions)?;
             self.hc_post(&mut streams, &a, &post, &comb);
             let (x, post, comb) = self.hc_pre(&b.ffn_hc, &streams, rows)?;
             let x = self.rms(&b.ffn_norm, x, rows)?;

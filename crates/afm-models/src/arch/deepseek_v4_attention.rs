@@ -21,10 +21,13 @@
 //! rows for every sequence that shares it.
 //! The window stream's values and `idx_comp` use one position in `ratio`; the raw streams are
 //! kept whole, though only the last two windows' are read again (a place to save memory later).
+//! The pool lives on the model's device; the host code here reads and writes the rows it needs
+//! through `Device::kv_read_rows` / `kv_write_rows`, one call per sequence and stream.
 
 use afm_runtime::attention::AttnSeq;
-use afm_runtime::compute::{ComputeError, Device, Tensor};
-use afm_runtime::kv_store::{LayerKv, LayerKvShape};
+use afm_runtime::compute::{ComputeError, Device, KvPart, KvPool, Tensor};
+use afm_runtime::kv_store::LayerKvShape;
+use rayon::prelude::*;
 
 use super::{top_k, unweighted_rms_norm, AttnKind, Names, V4Config};
 use crate::layers::{Linear, RmsNorm};
@@ -135,66 +138,77 @@ impl Compressor {
         dev: &Device,
         c: &V4Config,
         x: &Tensor,
-        pool: &mut [LayerKv],
+        kv: &mut KvPool,
         (raw, out): (usize, usize),
         seqs: &[AttnSeq],
     ) -> CResult<()> {
-        let kv = dev.to_host(self.kv.forward(dev, x)?)?;
+        let proj = dev.to_host(self.kv.forward(dev, x)?)?;
         let gate = dev.to_host(self.gate.forward(dev, x)?)?;
-        let width = kv.len() / x.rows().max(1);
+        let width = proj.len() / x.rows().max(1);
         for s in seqs {
-            for i in 0..s.len {
-                let r = s.row0 + i;
-                let row = r * width..(r + 1) * width;
-                pool[raw].write(s.block_table, s.pos0 + i, &kv[row.clone()], &gate[row]);
-            }
+            let rows = s.row0 * width..(s.row0 + s.len) * width;
+            let positions: Vec<usize> = (s.pos0..s.pos0 + s.len).collect();
+            let (k, v) = (&proj[rows.clone()], &gate[rows]);
+            dev.kv_write_rows(kv, raw, s.block_table, &positions, Some(k), Some(v))?;
         }
+        let r = self.ratio;
         for s in seqs {
-            for w in s.pos0 / self.ratio..(s.pos0 + s.len) / self.ratio {
-                let row = self.pool_window(c, &pool[raw], s.block_table, w);
-                let pos = (w + 1) * self.ratio - 1;
-                if self.rows_in_values {
-                    // Keep the window key already stored at this position.
-                    let mut key = vec![0f32; row.len()];
-                    read(&pool[out], s.block_table, pos, 0, true, &mut key);
-                    pool[out].write(s.block_table, pos, &key, &row);
-                } else {
-                    pool[out].write(s.block_table, pos, &row, &row);
-                }
+            let closing = s.pos0 / r..(s.pos0 + s.len) / r;
+            if closing.is_empty() {
+                continue;
             }
+            // Raw rows of every window pooled: CSA's reach back one window.
+            let first = if self.overlap {
+                closing.start.saturating_sub(1)
+            } else {
+                closing.start
+            };
+            let lo = first * r;
+            let span: Vec<usize> = (lo..closing.end * r).collect();
+            let raw_kv = dev.kv_read_rows(kv, raw, s.block_table, &span, KvPart::Keys)?;
+            let raw_gate = dev.kv_read_rows(kv, raw, s.block_table, &span, KvPart::Values)?;
+            let mut rows = Vec::with_capacity(closing.len() * self.dim);
+            for w in closing.clone() {
+                rows.extend(self.pool_window(c, &raw_kv, &raw_gate, width, lo, w));
+            }
+            let at: Vec<usize> = closing.map(|w| (w + 1) * r - 1).collect();
+            // The attention's rows share their position with the window key, kept as it is.
+            let keys = (!self.rows_in_values).then_some(rows.as_slice());
+            dev.kv_write_rows(kv, out, s.block_table, &at, keys, Some(&rows))?;
         }
         Ok(())
     }
 
-    fn pool_window(&self, c: &V4Config, raw: &LayerKv, table: &[u32], w: usize) -> Vec<f32> {
+    /// Compressed row `w` from the raw rows `kvs` / `gates` (`width` wide, the first at
+    /// position `lo`).
+    fn pool_window(
+        &self,
+        c: &V4Config,
+        kvs: &[f32],
+        gates: &[f32],
+        width: usize,
+        lo: usize,
+        w: usize,
+    ) -> Vec<f32> {
         let (d, r) = (self.dim, self.ratio);
-        let width = if self.overlap { 2 * d } else { d };
-        // (position, head in the raw stream, offset into the position bias row)
+        // (offset of the raw row's head in `kvs`, offset into the position bias row)
         let mut slots = Vec::with_capacity(2 * r);
         if self.overlap && w > 0 {
-            slots.extend((0..r).map(|j| ((w - 1) * r + j, 0, j * width)));
+            slots.extend((0..r).map(|j| (((w - 1) * r + j - lo) * width, j * width)));
         }
-        let (head, off) = if self.overlap { (1, d) } else { (0, 0) };
-        slots.extend((0..r).map(|j| (w * r + j, head, j * width + off)));
-        let mut kvs = vec![0f32; slots.len() * d];
-        let mut logits = vec![0f32; slots.len() * d];
-        for (k, &(pos, head, bias)) in slots.iter().enumerate() {
-            read(raw, table, pos, head, true, &mut kvs[k * d..(k + 1) * d]);
-            let g = &mut logits[k * d..(k + 1) * d];
-            read(raw, table, pos, head, false, g);
-            for (v, b) in g.iter_mut().zip(&self.pos_bias[bias..bias + d]) {
-                *v += b;
-            }
-        }
+        let head = if self.overlap { d } else { 0 };
+        slots.extend((0..r).map(|j| ((w * r + j - lo) * width + head, j * width + head)));
         let mut row = vec![0f32; d];
+        let mut logits = vec![0f32; slots.len()];
         for (ch, o) in row.iter_mut().enumerate() {
-            let max = (0..slots.len())
-                .map(|k| logits[k * d + ch])
-                .fold(f32::NEG_INFINITY, f32::max);
+            for (l, &(at, bias)) in logits.iter_mut().zip(&slots) {
+                *l = gates[at + ch] + self.pos_bias[bias + ch];
+            }
+            let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
             let (mut num, mut den) = (0f32, 0f32);
-            for k in 0..slots.len() {
-                let e = (logits[k * d + ch] - max).exp();
-                num += e * kvs[k * d + ch];
+            for (l, &(at, _)) in logits.iter().zip(&slots) {
+                let e = (l - max).exp();
+                num += e * kvs[at + ch];
                 den += e;
             }
             *o = num / den;
@@ -288,7 +302,7 @@ impl Attention {
         c: &V4Config,
         st: &Streams,
         x: Tensor,
-        pool: &mut [LayerKv],
+        pool: &mut KvPool,
         seqs: &[AttnSeq],
         positions: &[usize],
     ) -> CResult<Vec<f32>> {
@@ -300,12 +314,14 @@ impl Attention {
         let mut q_res = self.q_a.forward(dev, &x)?;
         self.q_a_norm.forward_inplace(dev, &mut q_res)?;
         let mut q = dev.to_host(self.q_b.forward(dev, &q_res)?)?;
-        for (row, &pos) in q.chunks_exact_mut(heads * hd).zip(positions) {
-            for head in row.chunks_exact_mut(hd) {
-                unweighted_rms_norm(head, c.eps);
-                rope(head, rd, inv, pos, 1.0);
-            }
-        }
+        q.par_chunks_exact_mut(heads * hd)
+            .zip(positions)
+            .for_each(|(row, &pos)| {
+                for head in row.chunks_exact_mut(hd) {
+                    unweighted_rms_norm(head, c.eps);
+                    rope(head, rd, inv, pos, 1.0);
+                }
+            });
         let mut kv = self.kv.forward(dev, &x)?;
         self.kv_norm.forward_inplace(dev, &mut kv)?;
         let mut kv = dev.to_host(kv)?;
@@ -313,10 +329,9 @@ impl Attention {
             rope(row, rd, inv, pos, 1.0);
         }
         for s in seqs {
-            for i in 0..s.len {
-                let row = &kv[(s.row0 + i) * hd..(s.row0 + i + 1) * hd];
-                pool[st.window].write(s.block_table, s.pos0 + i, row, row);
-            }
+            let rows = &kv[s.row0 * hd..(s.row0 + s.len) * hd];
+            let at: Vec<usize> = (s.pos0..s.pos0 + s.len).collect();
+            dev.kv_write_rows(pool, st.window, s.block_table, &at, Some(rows), Some(rows))?;
         }
         if let (Some(comp), Some(raw)) = (&self.comp, st.comp) {
             comp.update(dev, c, &x, pool, (raw, st.window), seqs)?;
@@ -324,19 +339,21 @@ impl Attention {
         let picks = match (&self.idx, st.idx) {
             (Some(idx), Some(ids)) => {
                 idx.comp.update(dev, c, &x, pool, ids, seqs)?;
-                Some(idx.select(dev, c, &x, &q_res, &pool[ids.1], seqs, positions)?)
+                Some(idx.select(dev, c, &x, &q_res, (pool, ids.1), seqs, positions)?)
             }
             _ => None,
         };
         let mut out = vec![0f32; q.len()];
         for s in seqs {
-            self.attend_seq(c, st, pool, s, &q, picks.as_deref(), &mut out);
+            self.attend_seq(dev, c, (pool, st), s, &q, picks.as_deref(), &mut out)?;
         }
-        for (row, &pos) in out.chunks_exact_mut(heads * hd).zip(positions) {
-            for head in row.chunks_exact_mut(hd) {
-                rope(head, rd, inv, pos, -1.0);
-            }
-        }
+        out.par_chunks_exact_mut(heads * hd)
+            .zip(positions)
+            .for_each(|(row, &pos)| {
+                for head in row.chunks_exact_mut(hd) {
+                    rope(head, rd, inv, pos, -1.0);
+                }
+            });
         self.project_out(dev, c, out, positions.len())
     }
 
@@ -344,18 +361,19 @@ impl Attention {
     #[allow(clippy::too_many_arguments)]
     fn attend_seq(
         &self,
+        dev: &Device,
         c: &V4Config,
-        st: &Streams,
-        pool: &[LayerKv],
+        (pool, st): (&KvPool, &Streams),
         s: &AttnSeq,
         q: &[f32],
         picks: Option<&[Vec<usize>]>,
         out: &mut [f32],
-    ) {
+    ) -> CResult<()> {
         let (hd, heads) = (c.head_dim, c.n_heads);
         let end = s.pos0 + s.len;
         let lo = (s.pos0 + 1).saturating_sub(c.window);
-        let window = read_rows(&pool[st.window], s.block_table, lo..end, 1, true);
+        let span: Vec<usize> = (lo..end).collect();
+        let window = dev.kv_read_rows(pool, st.window, s.block_table, &span, KvPart::Keys)?;
         let ratio = c.ratio(self.kind).max(1);
         // CSA reads only the rows the indexer picked for some row of this chunk; `slot[e]` is
         // row e's place in `comp`.
@@ -375,42 +393,41 @@ impl Attention {
         };
         let mut slot = vec![0usize; end / ratio];
         needed.iter().enumerate().for_each(|(k, &e)| slot[e] = k);
-        let comp = read_rows(
-            &pool[st.window],
-            s.block_table,
-            needed.iter().copied(),
-            ratio,
-            false,
-        );
+        let at: Vec<usize> = needed.iter().map(|&e| (e + 1) * ratio - 1).collect();
+        let comp = dev.kv_read_rows(pool, st.window, s.block_table, &at, KvPart::Values)?;
         let row = |e: usize| &comp[slot[e] * hd..(slot[e] + 1) * hd];
         let scale = 1.0 / (hd as f32).sqrt();
-        let mut keys: Vec<&[f32]> = Vec::new();
-        for i in 0..s.len {
-            let (r, t) = (s.row0 + i, s.pos0 + i);
-            keys.clear();
-            let w0 = (t + 1).saturating_sub(c.window);
-            keys.extend((w0..=t).map(|p| &window[(p - lo) * hd..(p - lo + 1) * hd]));
-            let visible = (t + 1) / ratio;
-            match (self.kind, picks) {
-                (AttnKind::Sliding, _) => {}
-                (AttnKind::Csa, Some(p)) => {
-                    keys.extend(p[r].iter().map(|&e| row(e)));
+        let width = heads * hd;
+        // Rows are independent: one task per new token.
+        out[s.row0 * width..(s.row0 + s.len) * width]
+            .par_chunks_exact_mut(width)
+            .enumerate()
+            .for_each(|(i, o_row)| {
+                let (r, t) = (s.row0 + i, s.pos0 + i);
+                let w0 = (t + 1).saturating_sub(c.window);
+                let mut keys: Vec<&[f32]> = (w0..=t)
+                    .map(|p| &window[(p - lo) * hd..(p - lo + 1) * hd])
+                    .collect();
+                let visible = (t + 1) / ratio;
+                match (self.kind, picks) {
+                    (AttnKind::Sliding, _) => {}
+                    (AttnKind::Csa, Some(p)) => keys.extend(p[r].iter().map(|&e| row(e))),
+                    _ => keys.extend((0..visible).map(row)),
                 }
-                _ => keys.extend((0..visible).map(row)),
-            }
-            for h in 0..heads {
-                let qh = &q[(r * heads + h) * hd..(r * heads + h + 1) * hd];
-                let scores: Vec<f32> = keys.iter().map(|k| dot(qh, k) * scale).collect();
-                let sink = self.sinks[h];
-                let max = scores.iter().copied().fold(sink, f32::max);
-                let den = scores.iter().map(|v| (v - max).exp()).sum::<f32>() + (sink - max).exp();
-                let o = &mut out[(r * heads + h) * hd..(r * heads + h + 1) * hd];
-                for (k, sc) in keys.iter().zip(&scores) {
-                    let p = (sc - max).exp() / den;
-                    o.iter_mut().zip(k.iter()).for_each(|(a, b)| *a += p * b);
+                for (h, o) in o_row.chunks_exact_mut(hd).enumerate() {
+                    let qh = &q[(r * heads + h) * hd..(r * heads + h + 1) * hd];
+                    let scores: Vec<f32> = keys.iter().map(|k| dot(qh, k) * scale).collect();
+                    let sink = self.sinks[h];
+                    let max = scores.iter().copied().fold(sink, f32::max);
+                    let den =
+                        scores.iter().map(|v| (v - max).exp()).sum::<f32>() + (sink - max).exp();
+                    for (k, sc) in keys.iter().zip(&scores) {
+                        let p = (sc - max).exp() / den;
+                        o.iter_mut().zip(k.iter()).for_each(|(a, b)| *a += p * b);
+                    }
                 }
-            }
-        }
+            });
+        Ok(())
     }
 
     /// Grouped low-rank output projection: each head group through its `wo_a` rows, then `wo_b`.
@@ -430,13 +447,13 @@ impl Attention {
                 .chunks_exact(width)
                 .flat_map(|row| row[g * gw..(g + 1) * gw].iter().copied())
                 .collect();
-            let yg = dev.to_host(w.forward(dev, &Tensor::from_host(rows, gw, xg)?)?)?;
+            let yg = dev.to_host(w.forward(dev, &dev.tensor(rows, gw, xg)?)?)?;
             for (r, y) in yg.chunks_exact(lr).enumerate() {
                 let dst = (r * c.o_groups + g) * lr;
                 mid[dst..dst + lr].copy_from_slice(y);
             }
         }
-        let mid = Tensor::from_host(rows, c.o_groups * lr, mid)?;
+        let mid = dev.tensor(rows, c.o_groups * lr, mid)?;
         dev.to_host(self.o_b.forward(dev, &mid)?)
     }
 }
@@ -451,7 +468,7 @@ impl Indexer {
         c: &V4Config,
         x: &Tensor,
         q_res: &Tensor,
-        comp: &LayerKv,
+        (pool, comp): (&KvPool, usize),
         seqs: &[AttnSeq],
         positions: &[usize],
     ) -> CResult<Vec<Vec<usize>>> {
@@ -468,53 +485,30 @@ impl Indexer {
         let mut picks = vec![Vec::new(); positions.len()];
         for s in seqs {
             let end = s.pos0 + s.len;
-            let keys = read_rows(comp, s.block_table, 0..end / ratio, ratio, true);
-            for i in 0..s.len {
-                let (r, t) = (s.row0 + i, s.pos0 + i);
-                let visible = (t + 1) / ratio;
-                let scores: Vec<f32> = (0..visible)
-                    .map(|e| {
-                        let k = &keys[e * id..(e + 1) * id];
-                        (0..ih)
-                            .map(|h| {
-                                let qh = &q[(r * ih + h) * id..(r * ih + h + 1) * id];
-                                dot(qh, k).max(0.0) * q_scale * weights[r * ih + h] * w_scale
-                            })
-                            .sum()
-                    })
-                    .collect();
-                picks[r] = top_k(&scores, c.index_topk.min(visible));
-            }
+            let at: Vec<usize> = (0..end / ratio).map(|e| (e + 1) * ratio - 1).collect();
+            let keys = dev.kv_read_rows(pool, comp, s.block_table, &at, KvPart::Keys)?;
+            picks[s.row0..s.row0 + s.len]
+                .par_iter_mut()
+                .enumerate()
+                .for_each(|(i, pick)| {
+                    let (r, t) = (s.row0 + i, s.pos0 + i);
+                    let visible = (t + 1) / ratio;
+                    let scores: Vec<f32> = (0..visible)
+                        .map(|e| {
+                            let k = &keys[e * id..(e + 1) * id];
+                            (0..ih)
+                                .map(|h| {
+                                    let qh = &q[(r * ih + h) * id..(r * ih + h + 1) * id];
+                                    dot(qh, k).max(0.0) * q_scale * weights[r * ih + h] * w_scale
+                                })
+                                .sum()
+                        })
+                        .collect();
+                    *pick = top_k(&scores, c.index_topk.min(visible));
+                });
         }
         Ok(picks)
     }
-}
-
-/// Reads one head's row (keys or values) of the token at `pos`.
-fn read(layer: &LayerKv, table: &[u32], pos: usize, head: usize, keys: bool, out: &mut [f32]) {
-    let bs = layer.block_size();
-    let (block, slot) = (table[pos / bs], pos % bs);
-    if keys {
-        layer.read_keys(block, head, slot, out);
-    } else {
-        layer.read_values(block, head, slot, out);
-    }
-}
-
-/// Head-0 keys (or values) of `entries`, in order, entry `e` at position `(e + 1) · stride − 1`.
-fn read_rows(
-    layer: &LayerKv,
-    table: &[u32],
-    entries: impl ExactSizeIterator<Item = usize>,
-    stride: usize,
-    keys: bool,
-) -> Vec<f32> {
-    let d = layer.shape.head_dim;
-    let mut out = vec![0f32; entries.len() * d];
-    for (row, e) in out.chunks_exact_mut(d).zip(entries) {
-        read(layer, table, (e + 1) * stride - 1, 0, keys, row);
-    }
-    out
 }
 
 fn dot(a: &[f32], b: &[f32]) -> f32 {

@@ -1,6 +1,6 @@
 //! The CUDA arm of device dispatch: each op of `compute` on `crate::cuda`'s kernels, plus five
 //! small kernels that module lacks (scale, bias add, row gather, weighted row add, column
-//! slice), compiled here at open.
+//! slice) and the KV row access of `kv_rows`, compiled here at open.
 //!
 //! Weight types without a CUDA kernel (Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q5_K: llama.cpp's
 //! Q4_K_M files of small models are mostly Q5_0) are dequantized to F16 on the host at load:
@@ -104,6 +104,7 @@ struct Extra {
     gather: CudaFunction,
     index_add: CudaFunction,
     columns: CudaFunction,
+    kv: kv_rows::Kernels,
 }
 
 pub struct CudaDevice {
@@ -120,6 +121,7 @@ pub struct CudaDevice {
 }
 
 mod graphs;
+mod kv_rows;
 
 fn grid(n: usize, threads: u32) -> cudarc::driver::LaunchConfig {
     cudarc::driver::LaunchConfig {
@@ -207,7 +209,8 @@ impl CudaDevice {
             name: Some("compute_extra.cu".into()),
             ..Default::default()
         };
-        let ptx = compile_ptx_with_opts(EXTRA_KERNELS, opts).map_err(|e| CudaError::Compile {
+        let source = format!("{EXTRA_KERNELS}{}", kv_rows::KERNELS);
+        let ptx = compile_ptx_with_opts(source, opts).map_err(|e| CudaError::Compile {
             module: "compute_extra",
             log: format!("{e:?}"),
         })?;
@@ -223,6 +226,7 @@ impl CudaDevice {
             gather: f("gather_rows_f32")?,
             index_add: f("index_add_rows_f32")?,
             columns: f("columns_f32")?,
+            kv: kv_rows::Kernels::load(|n| Ok(f(n)?))?,
         };
         let name = ctx.info().name.clone();
         Ok(Self {

@@ -19,8 +19,10 @@
 mod cuda;
 mod host;
 mod host_compute;
+mod kv_rows;
 mod state_pool;
 
+pub use kv_rows::KvPart;
 pub use state_pool::{LayerStateShape, StatePool, StateSnapshot};
 
 use std::fmt;
@@ -351,13 +353,6 @@ impl KvPool {
 
     pub fn states_mut(&mut self) -> Option<&mut StatePool> {
         self.states.as_mut()
-    }
-
-    /// The host cache's layers, for models whose cache streams no device op serves yet
-    /// (DeepSeek V4's compressor streams, read and written by the model on the CPU). A GPU
-    /// pool answers `WrongDevice`.
-    pub fn host_layers_mut(&mut self) -> Result<&mut [crate::kv_store::LayerKv]> {
-        Ok(&mut self.host_mut("host_layers_mut")?.layers)
     }
 
     // `op` names the operation in the error a GPU build can raise.

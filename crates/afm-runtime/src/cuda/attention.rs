@@ -103,6 +103,12 @@ impl DeviceLayerKv {
         self.dtype
     }
 
+    /// Device addresses of the keys and the values (`compute::kv_rows`: rows read and written
+    /// by host code, DeepSeek V4's streams).
+    pub fn addresses(&self, ctx: &CudaContext) -> (u64, u64) {
+        (self.k.ptr(ctx), self.v.ptr(ctx))
+    }
+
     /// Keys and values of `head` in `block` (`block_size × head_dim` each) as f32, for tests.
     pub fn read_block(
         &self,

@@ -163,6 +163,79 @@ fn cached_attention_with_rope_matches_the_cpu() {
     }
 }
 
+/// Rows written and read from the host (`kv_read_rows` / `kv_write_rows`), and rows the
+/// attention op stored, read back the same way: `[keys | values]` of every read.
+fn kv_rows_steps(d: &Device, dtype: KvDtype) -> Vec<f32> {
+    let (nkv, hd, bs) = (2, 16, 4);
+    let shape = LayerKvShape {
+        n_kv_heads: nkv,
+        head_dim: hd,
+    };
+    let mut kv = d.kv_pool(&[shape, shape], 8, bs, dtype).unwrap();
+    let table = [5u32, 1, 7];
+    let w = nkv * hd;
+    let at: Vec<usize> = (0..10).collect();
+    let (k, v) = (rand_vec(1, 10 * w), rand_vec(2, 10 * w));
+    d.kv_write_rows(&mut kv, 0, &table, &at, Some(&k), Some(&v))
+        .unwrap();
+    // Values only at two positions: the keys stay.
+    d.kv_write_rows(&mut kv, 0, &table, &[3, 8], None, Some(&rand_vec(3, 2 * w)))
+        .unwrap();
+    let seqs = [AttnSeq {
+        row0: 0,
+        len: 5,
+        pos0: 0,
+        block_table: &table,
+    }];
+    let step = d.step(&seqs, &kv, 4).unwrap();
+    let p = AttnParams {
+        n_heads: 4,
+        head_dim: hd,
+        scale: 0.25,
+        window: None,
+        softcap: None,
+    };
+    let (q, ka, va) = (
+        tensor(d, 5, 4 * hd, 4),
+        tensor(d, 5, w, 5),
+        tensor(d, 5, w, 6),
+    );
+    d.attention(&mut kv, 1, &step, &q, &ka, &va, &p).unwrap();
+    let mut out = Vec::new();
+    for (layer, pos) in [(0, vec![9, 0, 3, 8, 4]), (1, vec![4, 2, 0])] {
+        for part in [KvPart::Keys, KvPart::Values] {
+            out.extend(d.kv_read_rows(&kv, layer, &table, &pos, part).unwrap());
+        }
+    }
+    out
+}
+
+#[test]
+fn kv_rows_match_the_cpu() {
+    let Some(g) = gpu() else { return };
+    for (dtype, tol) in [(KvDtype::F32, 0.0), (KvDtype::F16, 1e-3)] {
+        let a = kv_rows_steps(&g, dtype);
+        let b = kv_rows_steps(&Device::Cpu, dtype);
+        close(&format!("kv rows {dtype:?}"), &a, &b, tol);
+    }
+    let mut kv = g
+        .kv_pool(
+            &[LayerKvShape {
+                n_kv_heads: 1,
+                head_dim: 16,
+            }],
+            2,
+            4,
+            KvDtype::F32,
+        )
+        .unwrap();
+    let err = g
+        .kv_write_rows(&mut kv, 0, &[1], &[4], Some(&[0.0; 16]), None)
+        .expect_err("position past the table")
+        .to_string();
+    assert!(err.contains("block table length"), "{err}");
+}
+
 #[test]
 fn weights_without_a_kernel_are_stored_as_f16() {
     let Some(g) = gpu() else { return };
