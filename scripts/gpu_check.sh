@@ -2,14 +2,17 @@
 # The general runtime's models on a GPU against the CPU (issue 9 item 5), and first decode speeds.
 #
 #   scripts/gpu_check.sh build   here, no GPU needed: the CUDA builds of the reference-logits test,
-#                                the compute-dispatch unit tests and examples/device_compare, plus
+#                                the DeepSeek V4 test (tests/deepseek_v4.rs), the compute-dispatch
+#                                unit tests and examples/device_compare, plus
 #                                subsets of the real GGUFs in models/ (scripts/gguf_subset.py),
 #                                all into target/cuda/gpucheck (~40 MB: carry that folder).
 #   scripts/gpu_check.sh run     on the GPU machine, from the repo root (needs python3 with torch,
-#                                transformers and a CUDA device 0). MODELS picks the random models.
+#                                transformers and a CUDA device 0). MODELS picks the random models
+#                                (none: skip them); GGUFS=0 skips the real-GGUF subsets.
 #
 # `run` checks: every dispatch op on the GPU against the CPU; transformers' logits on the tiny
-# fixtures (relative error <= 1e-3 in f32); CPU vs GPU greedy and logits on the real-GGUF subsets and
+# fixtures (relative error <= 1e-3 in f32; DeepSeek V4's own test: prefill, decode, chunks, two
+# sequences, rejected drafts, ratio 128, an f16 pool); CPU vs GPU greedy and logits on the real-GGUF subsets and
 # on real-shape random bf16 models; the engine's GPU decode path (CUDA graphs + device sampling)
 # against its host path on the same requests (graph_check, from `bench/gpu_bench.sh build`).
 # Speed: bench/gpu_bench.sh. GPUCHECK_DIR and CARGO_TARGET_DIR override the folders.
@@ -23,7 +26,7 @@ build)
     export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target/cuda}
     json=$(cargo test --release -p afm-models -p afm-runtime --features afm-runtime/cuda \
         --no-run --message-format=json)
-    for pair in reference_logits:reference_logits afm_runtime:runtime_lib; do
+    for pair in reference_logits:reference_logits deepseek_v4:deepseek_v4 afm_runtime:runtime_lib; do
         exe=$(printf '%s\n' "$json" | python3 -c '
 import json, sys
 for line in sys.stdin:
@@ -35,7 +38,7 @@ for line in sys.stdin:
     done
     cargo build --release -p afm-models --features cuda --example device_compare
     cp "$CARGO_TARGET_DIR/release/examples/device_compare" "$D/"
-    strip --strip-debug "$D"/reference_logits "$D"/runtime_lib "$D"/device_compare
+    strip --strip-debug "$D"/reference_logits "$D"/deepseek_v4 "$D"/runtime_lib "$D"/device_compare
     M=${MODELS_DIR:-models}
     [ -f "$D/qwen2.5-l1-v4k.gguf" ] || python3 scripts/gguf_subset.py "$M/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf" "$D/qwen2.5-l1-v4k.gguf" 1 4096
     [ -f "$D/gemma3-l2-v4k.gguf" ] || python3 scripts/gguf_subset.py "$M/gemma-3-270m-q4_k_m.gguf" "$D/gemma3-l2-v4k.gguf" 2 4096
@@ -52,14 +55,18 @@ run)
     check "$D/runtime_lib" compute --test-threads=1
     echo "== transformers reference logits on the GPU"
     check "$D/reference_logits"
+    echo "== DeepSeek V4 against transformers on the GPU"
+    check "$D/deepseek_v4" --nocapture
     for g in "$D"/*.gguf; do
+        [ "${GGUFS:-1}" = 0 ] && break
         echo "== $g"
         check "$D/device_compare" "$g" cuda 32 32 16 1
         echo "== $g: GPU decode path (graphs + device sampling) vs host path"
         check "$G/graph_check" "$g" cuda
     done
     models=${MODELS:-qwen3-0.6b}
-    [ -d "/tmp/afm-gpucheck/${models%%,*}" ] || python3 scripts/gpu_random_models.py /tmp/afm-gpucheck "$models"
+    [ "$models" = none ] && models=
+    [ -z "$models" ] || [ -d "/tmp/afm-gpucheck/${models%%,*}" ] || python3 scripts/gpu_random_models.py /tmp/afm-gpucheck "$models"
     for m in ${models//,/ }; do
         echo "== $m"
         check "$D/device_compare" "/tmp/afm-gpucheck/$m" cuda 32 32 16 1

@@ -7,15 +7,20 @@
 //! For each stream count N, N greedy requests with distinct pseudo-random prompts are
 //! submitted at once; aggregate decode tok/s counts the tokens that arrive after the last
 //! stream's first token, over the time from then to the last token. TTFT: one request of each
-//! prompt length alone, median of three distinct prompts (prefix caching off). Prints one
-//! `RESULT {json}` line.
+//! prompt length alone, median of three distinct prompts (prefix caching off). Before the
+//! engine starts, one 32-token forward checks that the logits are finite (random weights at
+//! real widths can overflow bf16). Device memory is read after loading (weights), after the
+//! engine starts (+ KV pool) and every 20 ms while it runs (peak). Prints one `RESULT {json}`
+//! line.
 
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use afm_engine::{Engine, EngineConfig, GenerateEvent, GenerateRequest, SamplingParams};
-use afm_models::load_model_on;
 use afm_models::source::resolve_model;
-use afm_runtime::compute::{Device, DeviceChoice};
+use afm_models::{load_model_on, ForwardBatch, LoadedModel, SeqChunk};
+use afm_runtime::compute::{Device, DeviceChoice, StatePool};
 
 /// Reproducible ids below `vocab` (splitmix64).
 fn prompt(seed: u64, n: usize, vocab: usize) -> Vec<u32> {
@@ -54,6 +59,47 @@ fn collect(mut rx: afm_engine::EventReceiver) -> Result<Vec<Instant>, String> {
     Err("engine stopped".into())
 }
 
+/// One forward of a 32-token prompt outside the engine: (all logits finite, max |logit|).
+fn logits_check(m: &LoadedModel) -> (bool, f32) {
+    let tokens = prompt(7, 32, m.model.vocab_size());
+    let table: Vec<u32> = (0..2).collect();
+    let mut kv = m
+        .device
+        .kv_pool(&m.model.kv_shapes(), 2, 16, m.kv_dtype)
+        .expect("KV pool for the logits check");
+    let states = m.model.state_shapes();
+    if !states.is_empty() {
+        kv.attach_states(StatePool::new(&states, 1));
+    }
+    let seq = [SeqChunk {
+        len: tokens.len(),
+        pos0: 0,
+        block_table: &table,
+        logits: true,
+        state_slot: (!states.is_empty()).then_some(0),
+    }];
+    let batch = ForwardBatch {
+        tokens: &tokens,
+        seqs: &seq,
+    };
+    let logits = m
+        .model
+        .forward(&batch, &mut kv)
+        .expect("logits check forward");
+    let max = logits.iter().fold(0f32, |a, v| a.max(v.abs()));
+    (logits.iter().all(|v| v.is_finite()), max)
+}
+
+/// Polls the device's used memory until `stop`, keeping the largest value seen.
+fn watch_peak(dev: Device, stop: Arc<AtomicBool>, peak: Arc<AtomicUsize>) {
+    while !stop.load(Ordering::Relaxed) {
+        if let Ok(Some((free, total))) = dev.memory() {
+            peak.fetch_max(total - free, Ordering::Relaxed);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
@@ -86,6 +132,19 @@ fn main() {
     let model = load_model_on(&loc, &dev).expect("load");
     let load_s = t.elapsed().as_secs_f64();
     let mem_weights = dev.memory().ok().flatten();
+    let (finite, logit_max) = logits_check(&model);
+    eprintln!(
+        "logits check (32-token prefill outside the engine): {}, max |logit| {logit_max:.3}",
+        if finite { "all finite" } else { "NOT FINITE" }
+    );
+    let (stop, peak) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicUsize::new(0)),
+    );
+    let watcher = {
+        let (d, s, p) = (dev.clone(), stop.clone(), peak.clone());
+        std::thread::spawn(move || watch_peak(d, s, p))
+    };
     let vocab = model.model.vocab_size();
     let max_streams = streams.iter().copied().max().unwrap_or(1);
     let max_ttft = ttft_lens.iter().copied().max().unwrap_or(0);
@@ -166,10 +225,21 @@ fn main() {
             len as f64 / m
         ));
     }
+    stop.store(true, Ordering::Relaxed);
+    watcher.join().expect("memory watcher");
     let mem =
         |m: Option<(usize, usize)>| m.map_or("null".to_string(), |(f, t)| format!("{}", t - f));
+    let logit_max = if logit_max.is_finite() {
+        format!("{logit_max:.4}")
+    } else {
+        "null".to_string()
+    };
+    let peak = match peak.load(Ordering::Relaxed) {
+        0 => "null".to_string(),
+        p => p.to_string(),
+    };
     println!(
-        "RESULT {{\"model\":\"{}\",\"device\":\"{}\",\"graphs\":{graphs},\"load_s\":{load_s:.2},\"engine_start_s\":{spawn_s:.2},\"mem_used_start\":{},\"mem_used_weights\":{},\"mem_used_kv\":{},\"prompt\":{plen},\"gen\":{gen},\"decode\":[{}],\"ttft\":[{}]}}",
+        "RESULT {{\"model\":\"{}\",\"device\":\"{}\",\"graphs\":{graphs},\"load_s\":{load_s:.2},\"engine_start_s\":{spawn_s:.2},\"logits_finite\":{finite},\"logit_abs_max\":{logit_max},\"mem_used_start\":{},\"mem_used_weights\":{},\"mem_used_kv\":{},\"mem_used_peak\":{peak},\"prompt\":{plen},\"gen\":{gen},\"decode\":[{}],\"ttft\":[{}]}}",
         a[1],
         dev.describe(),
         mem(mem0),
