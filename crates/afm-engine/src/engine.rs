@@ -18,7 +18,7 @@ use crate::constraint::{Constrained, TokenConstraint};
 use crate::kv_blocks::BlockManager;
 use crate::metrics::EngineMetrics;
 use crate::sampling::Sampler;
-use crate::scheduler::{Scheduler, SchedulerConfig, StepPlan};
+use crate::scheduler::{Scheduler, SchedulerConfig, SnapshotSave, StepPlan};
 use crate::sequence::Sequence;
 use crate::state_slots::{StateSlot, StateSlots};
 
@@ -51,6 +51,9 @@ pub struct EngineConfig {
     pub prewarm: bool,
     /// `--gpu-profile`: every response carries the device profile (else on request).
     pub gpu_profile: bool,
+    /// Hybrid models with prefix caching: recurrent-state snapshots kept for cached prefixes;
+    /// `None` = as many as a quarter of the KV budget holds (at most an eighth of host memory).
+    pub state_snapshots: Option<usize>,
 }
 
 impl Default for EngineConfig {
@@ -69,6 +72,7 @@ impl Default for EngineConfig {
             device_decode: true,
             prewarm: true,
             gpu_profile: false,
+            state_snapshots: None,
         }
     }
 }
@@ -210,16 +214,6 @@ impl Engine {
         };
         let shapes = model.model.kv_shapes();
         let state_shapes = model.model.state_shapes();
-        // A cached prefix restores K/V but not recurrent state (no snapshots yet): off, not wrong.
-        let cfg = if state_shapes.is_empty() || !cfg.prefix_caching {
-            cfg
-        } else {
-            eprintln!("[KVCache] prefix caching off: {} keeps per-sequence recurrent state (Gated DeltaNet) that a cached prefix cannot restore yet", model.arch);
-            EngineConfig {
-                prefix_caching: false,
-                ..cfg
-            }
-        };
         let kv_dtype = match cfg.kv_bits {
             None => model.kv_dtype,
             Some(8) => KvDtype::Q8,
@@ -245,6 +239,12 @@ impl Engine {
             (None, None) => default_kv_budget(&model.device).map_err(memory_err)?,
         };
         let num_blocks = budget / per_block.max(1);
+        let snapshots = state_snapshot_count(&cfg, &state_shapes, budget, num_blocks);
+        // A cached prefix of a hybrid model resumes only from a state snapshot: none, no hits.
+        let cfg = EngineConfig {
+            prefix_caching: cfg.prefix_caching && (state_shapes.is_empty() || snapshots > 0),
+            ..cfg
+        };
         let per_seq = max_context.div_ceil(cfg.block_size);
         if num_blocks < per_seq {
             return Err(EngineError::Config(format!(
@@ -265,7 +265,8 @@ impl Engine {
             .device
             .kv_pool(&shapes, num_blocks, cfg.block_size, kv_dtype)
             .map_err(|e| EngineError::Config(format!("creating the KV cache: {e}")))?;
-        let state_slots = attach_state_pool(&mut kv, &state_shapes, cfg.concurrent.max(1));
+        let state_slots =
+            attach_state_pool(&mut kv, &state_shapes, cfg.concurrent.max(1), snapshots);
         // Decode graphs replay attention-only steps; recurrent state takes the general path.
         let device_decode =
             state_slots.is_none() && device_step::prepare(&model, &mut kv, &cfg, max_context);
@@ -279,7 +280,10 @@ impl Engine {
         if let (true, Some(p)) = (cfg.gpu_profile, &profile) {
             eprintln!("{}", p.startup_line());
         }
-        let blocks = BlockManager::new(num_blocks, cfg.block_size, cfg.prefix_caching);
+        let mut blocks = BlockManager::new(num_blocks, cfg.block_size, cfg.prefix_caching);
+        if !state_shapes.is_empty() {
+            blocks = blocks.with_state_snapshots(snapshots);
+        }
         let sched_cfg = SchedulerConfig {
             max_running: cfg.concurrent.max(1),
             max_waiting: usize::MAX,
@@ -456,7 +460,8 @@ impl Engine {
                 logprob: lp,
             });
         }
-        self.scheduler.complete_step(&plan, &sampled);
+        let saves = self.scheduler.complete_step(&plan, &sampled);
+        self.save_snapshots(&saves);
         for (id, e) in failed {
             self.fail_constraint(id, e);
         }
@@ -555,9 +560,40 @@ impl Engine {
                 }
                 a.state_slot = Some(slot);
             }
-            ids.push(a.state_slot.as_ref().map(StateSlot::id));
+            let id = a.state_slot.as_ref().map(StateSlot::id);
+            if let (Some(snap), Some(slot), Some(states)) = (item.restore, id, self.kv.states_mut())
+            {
+                // A prefix hit resumes from the state at its last block; the model checks
+                // that the restored state holds exactly the chunk's first position.
+                states.restore_snapshot(snap, slot)?;
+            }
+            ids.push(id);
         }
         Ok(ids)
+    }
+
+    /// Fills the snapshots `complete_step` attached to newly cached blocks from the states
+    /// that just reached those blocks' ends; one that cannot be filled is given back unused.
+    fn save_snapshots(&mut self, saves: &[SnapshotSave]) {
+        for save in saves {
+            let slot = self
+                .active
+                .get(&save.seq_id)
+                .and_then(|a| a.state_slot.as_ref())
+                .map(StateSlot::id);
+            let saved = match (slot, self.kv.states_mut()) {
+                (Some(slot), Some(states)) => states.save_snapshot(slot, save.snapshot),
+                _ => Err(ComputeError::Shape {
+                    what: "state slot of a sequence whose snapshot is due",
+                    got: 0,
+                    want: 1,
+                }),
+            };
+            if let Err(e) = saved {
+                eprintln!("[StateCache] snapshot {} not kept: {e}", save.snapshot);
+                self.scheduler.discard_snapshot(save.snapshot);
+            }
+        }
     }
 
     /// A constraint that failed ends its request with an error event.
@@ -633,22 +669,49 @@ impl Engine {
     }
 }
 
-/// Recurrent-state slots for hybrid models, one per sequence that can run at once.
+/// Recurrent-state slots for hybrid models, one per sequence that can run at once, and the
+/// prefix cache's state snapshots.
 fn attach_state_pool(
     kv: &mut KvPool,
     shapes: &[LayerStateShape],
     slots: usize,
+    snapshots: usize,
 ) -> Option<StateSlots> {
     if shapes.is_empty() {
         return None;
     }
-    kv.attach_states(StatePool::new(shapes, slots));
+    kv.attach_states(StatePool::with_snapshots(shapes, slots, snapshots));
+    let mib = StatePool::bytes_per_slot(shapes) as f64 / (1 << 20) as f64;
     eprintln!(
-        "[StateCache] {slots} recurrent-state slots × {:.1} MiB ({} recurrent layers, host memory)",
-        StatePool::bytes_per_slot(shapes) as f64 / (1 << 20) as f64,
+        "[StateCache] {slots} recurrent-state slots × {mib:.1} MiB ({} recurrent layers, host memory)",
         shapes.len()
     );
+    if snapshots > 0 {
+        eprintln!(
+            "[StateCache] {snapshots} prefix-cache state snapshots × {mib:.1} MiB ({:.1} MiB): a cached prefix resumes at the last block boundary holding one",
+            snapshots as f64 * mib
+        );
+    } else {
+        eprintln!("[StateCache] prefix caching off: no memory for a recurrent-state snapshot, and a cached prefix cannot resume without one");
+    }
     Some(StateSlots::new(slots))
+}
+
+/// Snapshots for a hybrid model's prefix cache (0 for other models or without caching): the
+/// configured count, else what a quarter of the KV budget (at most an eighth of host memory)
+/// holds, never more than one per KV block (each belongs to a cached block).
+fn state_snapshot_count(
+    cfg: &EngineConfig,
+    shapes: &[LayerStateShape],
+    kv_budget: usize,
+    num_blocks: usize,
+) -> usize {
+    if shapes.is_empty() || !cfg.prefix_caching {
+        return 0;
+    }
+    let per = StatePool::bytes_per_slot(shapes).max(1);
+    let auto = || (kv_budget / 4).min(available_memory() / 8) / per;
+    cfg.state_snapshots.unwrap_or_else(auto).min(num_blocks)
 }
 
 /// On a GPU: 90% of the memory free after the weights, less 1 GiB for activations and

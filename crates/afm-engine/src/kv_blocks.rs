@@ -24,11 +24,29 @@
 //! A hit is never trusted on the hash alone: the stored token ids must match, and so must the
 //! identity (block id + generation) of the parent block the lookup walked through, so a hit is
 //! exact even when hashes collide or a parent block was evicted and reused.
+//!
+//! Hybrid models (recurrent state beside the K/V, e.g. Gated DeltaNet) also need the state at
+//! the point a hit resumes, so their manager hands out snapshot ids from a fixed pool
+//! ([`with_state_snapshots`](BlockManager::with_state_snapshots)). A snapshot belongs to one
+//! published block and holds the state after that block's last token; it is freed when the
+//! block leaves the prefix cache, or taken from the least recently used idle block when the
+//! pool runs dry. A hit is cut back to the last block holding a snapshot:
+//!
+//! ```text
+//!  cached chain:   [b0][b1][b2][b3]            snapshot on b1 only
+//!  new prompt:      =   =   =   =   x x
+//!  hit:            [b0][b1]                    K/V of 0..8 shared, state restored from b1's
+//!                          ^ kv_tokens = 16: a chunk ends here, so the next request finds
+//!                            a snapshot on b3 (the scheduler's business)
+//! ```
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
 /// Index of a block in the pool (the same id in every layer's storage).
 pub type BlockId = u32;
+
+/// Index of a recurrent-state snapshot (the same id in the state pool's snapshot buffers).
+pub type SnapshotId = u32;
 
 /// The pool cannot supply the blocks a table needs; the scheduler answers by preempting.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -53,6 +71,9 @@ pub struct CacheStats {
     pub blocks_cached: usize,
     /// Blocks referenced by at least one table.
     pub blocks_used: usize,
+    /// Recurrent-state snapshots in the pool / attached to a published block (hybrid models).
+    pub snapshots_total: usize,
+    pub snapshots_held: usize,
 }
 
 /// What a prefix lookup would reuse, without taking references (see [`BlockManager::find_prefix`]).
@@ -62,6 +83,11 @@ pub struct PrefixHit {
     pub tokens: usize,
     /// How many of `blocks` sit idle in the LRU: acquiring them shrinks `num_free` by this much.
     pub idle_blocks: usize,
+    /// Hybrid models: the snapshot of the last hit block, to restore before computing on.
+    pub snapshot: Option<SnapshotId>,
+    /// Tokens of the cached chain matched before cutting back to the last snapshot (equal to
+    /// `tokens` without snapshots); where a later chunk should end to leave one.
+    pub kv_tokens: usize,
 }
 
 /// A block's identity across reuse: the generation changes every time the block is reallocated,
@@ -93,6 +119,8 @@ struct Block {
     published: bool,
     /// Recency stamp, meaningful while the block sits in the LRU.
     lru_stamp: u64,
+    /// Recurrent state after this block's last token (published blocks of hybrid models only).
+    snapshot: Option<SnapshotId>,
 }
 
 /// Chain seed for a sequence's first block.
@@ -120,6 +148,11 @@ pub struct BlockManager {
     next_stamp: u64,
     prefix_cache: HashMap<u64, BlockId>,
     stats: CacheStats,
+    /// Hybrid models: a hit must end on a block holding a state snapshot.
+    needs_snapshots: bool,
+    /// Snapshot ids not attached to any block, and the block each attached one belongs to.
+    snap_free: Vec<SnapshotId>,
+    snap_owner: Vec<Option<BlockId>>,
     /// Swappable so tests can force hash collisions.
     hasher: fn(u64, &[u32]) -> u64,
 }
@@ -137,8 +170,32 @@ impl BlockManager {
             next_stamp: 0,
             prefix_cache: HashMap::new(),
             stats: CacheStats::default(),
+            needs_snapshots: false,
+            snap_free: Vec::new(),
+            snap_owner: Vec::new(),
             hasher: hash_block,
         }
+    }
+
+    /// For a model with recurrent state: hits resume only where one of `num_snapshots`
+    /// state snapshots was kept (see the module notes).
+    pub fn with_state_snapshots(mut self, num_snapshots: usize) -> Self {
+        let n = num_snapshots.min(SnapshotId::MAX as usize);
+        self.needs_snapshots = true;
+        // Lowest id first, so small tests see snapshot 0 first.
+        self.snap_free = (0..n as SnapshotId).rev().collect();
+        self.snap_owner = vec![None; n];
+        self
+    }
+
+    /// Whether hits need a state snapshot (a hybrid model's manager).
+    pub fn needs_snapshots(&self) -> bool {
+        self.needs_snapshots && self.prefix_caching
+    }
+
+    /// The snapshot attached to block `id`, if any. For diagnostics and tests.
+    pub fn snapshot_of(&self, id: BlockId) -> Option<SnapshotId> {
+        self.blocks.get(id as usize).and_then(|b| b.snapshot)
     }
 
     pub fn block_size(&self) -> usize {
@@ -190,7 +247,8 @@ impl BlockManager {
     }
 
     /// The longest cached prefix of `tokens` in full blocks, leaving at least one token to
-    /// compute; pure, so the scheduler can check that admission fits before committing.
+    /// compute (for hybrid models, up to the last block with a state snapshot); pure, so the
+    /// scheduler can check that admission fits before committing.
     pub fn find_prefix(&self, tokens: &[u32]) -> PrefixHit {
         let mut hit = PrefixHit::default();
         if !self.prefix_caching {
@@ -207,20 +265,33 @@ impl BlockManager {
                 break;
             }
             hit.blocks.push(id);
-            hit.tokens += bs;
-            hit.idle_blocks += usize::from(self.blocks[id as usize].refs == 0);
             parent = Some(self.ident(id));
             parent_hash = h;
         }
+        hit.kv_tokens = hit.blocks.len() * bs;
+        if self.needs_snapshots {
+            let resumable = hit
+                .blocks
+                .iter()
+                .rposition(|&id| self.blocks[id as usize].snapshot.is_some());
+            hit.blocks.truncate(resumable.map_or(0, |i| i + 1));
+            hit.snapshot = hit.blocks.last().and_then(|&id| self.snapshot_of(id));
+        }
+        hit.tokens = hit.blocks.len() * bs;
+        hit.idle_blocks = hit
+            .blocks
+            .iter()
+            .filter(|&&id| self.blocks[id as usize].refs == 0)
+            .count();
         hit
     }
 
     /// Longest cached prefix of `tokens` made of full blocks, re-checking token ids and parent
     /// links on every hit. Takes a reference on each returned block. Never returns all of
     /// `tokens`: at least one token remains to compute so the step produces logits.
-    pub fn acquire_prefix(&mut self, tokens: &[u32]) -> (Vec<BlockId>, usize) {
+    pub fn acquire_prefix(&mut self, tokens: &[u32]) -> PrefixHit {
         if !self.prefix_caching {
-            return (Vec::new(), 0);
+            return PrefixHit::default();
         }
         let hit = self.find_prefix(tokens);
         for &id in &hit.blocks {
@@ -233,7 +304,7 @@ impl BlockManager {
         }
         self.stats.hit_tokens += hit.tokens as u64;
         self.stats.miss_tokens += (tokens.len() - hit.tokens) as u64;
-        (hit.blocks, hit.tokens)
+        hit
     }
 
     fn take_ref(&mut self, id: BlockId) {
@@ -283,8 +354,9 @@ impl BlockManager {
         Some(id)
     }
 
-    /// Drop `id` from the prefix-cache map if the map points at it.
+    /// Drop `id` from the prefix-cache map if the map points at it, with its snapshot.
     fn forget(&mut self, id: BlockId) {
+        self.drop_snapshot_of(id);
         let b = &mut self.blocks[id as usize];
         if b.published {
             b.published = false;
@@ -378,11 +450,72 @@ impl BlockManager {
         }
     }
 
+    /// After a sequence's state holds exactly `tokens_in_state` tokens, a block boundary: the
+    /// snapshot id the caller must fill from that state, attached to the block ending there
+    /// (or to the published block it duplicates). `None` when the block is not cached, already
+    /// has a snapshot, or no snapshot can be freed. Call after [`publish_full_blocks`].
+    ///
+    /// [`publish_full_blocks`]: Self::publish_full_blocks
+    pub fn attach_snapshot(
+        &mut self,
+        table: &[BlockId],
+        tokens_in_state: usize,
+    ) -> Option<SnapshotId> {
+        if !self.needs_snapshots()
+            || tokens_in_state == 0
+            || !tokens_in_state.is_multiple_of(self.block_size)
+        {
+            return None;
+        }
+        let &id = table.get(tokens_in_state / self.block_size - 1)?;
+        let canonical = self.blocks[id as usize].chain.as_ref()?.canonical;
+        let target = canonical.id;
+        let b = &self.blocks[target as usize];
+        // A canonical copy evicted meanwhile (other generation) is no hit target any more.
+        if b.generation != canonical.generation || !b.published || b.snapshot.is_some() {
+            return None;
+        }
+        let snap = match self.snap_free.pop() {
+            Some(s) => s,
+            None => self.evict_idle_snapshot()?,
+        };
+        self.snap_owner[snap as usize] = Some(target);
+        self.blocks[target as usize].snapshot = Some(snap);
+        Some(snap)
+    }
+
+    /// Frees a snapshot whose state could not be saved, so no hit resumes from it.
+    pub fn discard_snapshot(&mut self, snap: SnapshotId) {
+        if let Some(Some(owner)) = self.snap_owner.get(snap as usize).copied() {
+            self.drop_snapshot_of(owner);
+        }
+    }
+
+    /// Takes the snapshot of the least recently used idle block that has one.
+    fn evict_idle_snapshot(&mut self) -> Option<SnapshotId> {
+        let victim = self
+            .lru
+            .values()
+            .copied()
+            .find(|&id| self.blocks[id as usize].snapshot.is_some())?;
+        self.drop_snapshot_of(victim);
+        self.snap_free.pop()
+    }
+
+    fn drop_snapshot_of(&mut self, id: BlockId) {
+        if let Some(snap) = self.blocks[id as usize].snapshot.take() {
+            self.snap_owner[snap as usize] = None;
+            self.snap_free.push(snap);
+        }
+    }
+
     pub fn stats(&self) -> CacheStats {
         CacheStats {
             blocks_free: self.free.len(),
             blocks_cached: self.lru.len(),
             blocks_used: self.blocks.len() - self.free.len() - self.lru.len(),
+            snapshots_total: self.snap_owner.len(),
+            snapshots_held: self.snap_owner.len() - self.snap_free.len(),
             ..self.stats
         }
     }
@@ -394,11 +527,17 @@ mod tests {
 
     /// A table for `tokens` with all of them computed and published, as after a finished prefill.
     fn computed(m: &mut BlockManager, tokens: &[u32]) -> Vec<BlockId> {
-        let (mut table, cached) = m.acquire_prefix(tokens);
+        let (mut table, cached) = acquire(m, tokens);
         m.grow(&mut table, tokens.len()).unwrap();
         assert!(cached <= tokens.len());
         m.publish_full_blocks(&table, tokens, tokens.len());
         table
+    }
+
+    /// `acquire_prefix` as (blocks, tokens).
+    fn acquire(m: &mut BlockManager, tokens: &[u32]) -> (Vec<BlockId>, usize) {
+        let hit = m.acquire_prefix(tokens);
+        (hit.blocks, hit.tokens)
     }
 
     fn accounted(m: &BlockManager) -> usize {
@@ -436,7 +575,7 @@ mod tests {
         let a = computed(&mut m, &prompt);
         let mut other = prompt[..8].to_vec();
         other.extend([77, 78, 79]);
-        let (hit, cached) = m.acquire_prefix(&other);
+        let (hit, cached) = acquire(&mut m, &other);
         assert_eq!((hit.as_slice(), cached), (&a[..2], 8));
         assert_eq!(m.ref_count(a[0]), 2);
         assert_eq!(
@@ -445,7 +584,7 @@ mod tests {
             "the partial third block is never shared"
         );
         // The whole 8-token prompt is cached, yet one block is recomputed to get logits.
-        let (hit, cached) = m.acquire_prefix(&prompt[..8]);
+        let (hit, cached) = acquire(&mut m, &prompt[..8]);
         assert_eq!((hit.len(), cached), (1, 4));
         let s = m.stats();
         assert_eq!((s.hit_queries, s.hit_tokens), (2, 12));
@@ -477,7 +616,7 @@ mod tests {
         m.hasher = |_, _| 42; // every block collides
         let a = computed(&mut m, &[1, 2, 3]);
         assert_eq!(
-            m.acquire_prefix(&[9, 9, 9]),
+            acquire(&mut m, &[9, 9, 9]),
             (vec![], 0),
             "same hash, other tokens: miss"
         );
@@ -517,7 +656,7 @@ mod tests {
             "idle blocks still hit"
         );
         // Touch a's prefix again: a becomes most recently used, b is now the oldest.
-        let (mut again, _) = m.acquire_prefix(&[1, 2, 3, 4, 0]);
+        let (mut again, _) = acquire(&mut m, &[1, 2, 3, 4, 0]);
         m.release(&mut again);
         let mut x = Vec::new();
         m.grow(&mut x, 1).unwrap();
@@ -577,7 +716,7 @@ mod tests {
         let mut m = BlockManager::new(4, 2, false);
         let mut a = computed(&mut m, &[1, 2, 3]);
         m.release(&mut a);
-        assert_eq!(m.acquire_prefix(&[1, 2, 3]), (vec![], 0));
+        assert_eq!(acquire(&mut m, &[1, 2, 3]), (vec![], 0));
         assert_eq!(m.stats().blocks_free, 4);
     }
 
@@ -602,5 +741,96 @@ mod tests {
             m.release(table);
         }
         assert_eq!(accounted(&m), 3);
+    }
+
+    fn hybrid(num_blocks: usize, block_size: usize, snapshots: usize) -> BlockManager {
+        BlockManager::new(num_blocks, block_size, true).with_state_snapshots(snapshots)
+    }
+
+    #[test]
+    fn a_hybrid_hit_ends_at_the_last_block_with_a_snapshot() {
+        let mut m = hybrid(8, 2, 2);
+        let tokens: Vec<u32> = (1..=7).collect();
+        let mut a = computed(&mut m, &tokens);
+        let probe = [1, 2, 3, 4, 5, 6, 9];
+        let none = m.find_prefix(&probe);
+        assert_eq!((none.tokens, none.kv_tokens, none.snapshot), (0, 6, None));
+        assert_eq!(m.attach_snapshot(&a, 3), None, "3 is no block boundary");
+        assert_eq!(m.attach_snapshot(&a, 4), Some(0));
+        assert_eq!(m.attach_snapshot(&a, 4), None, "one snapshot per block");
+        let hit = m.find_prefix(&probe);
+        assert_eq!(
+            (
+                hit.blocks.as_slice(),
+                hit.tokens,
+                hit.kv_tokens,
+                hit.snapshot
+            ),
+            (&a[..2], 4, 6, Some(0))
+        );
+        // Idle blocks keep their snapshots; evicting a block frees its snapshot.
+        m.release(&mut a);
+        assert_eq!(m.find_prefix(&probe).snapshot, Some(0));
+        let mut x = Vec::new();
+        m.grow(&mut x, 16).unwrap();
+        let s = m.stats();
+        assert_eq!((s.snapshots_total, s.snapshots_held), (2, 0));
+        assert_eq!(m.find_prefix(&probe).tokens, 0);
+    }
+
+    #[test]
+    fn a_dry_snapshot_pool_takes_from_the_oldest_idle_block_never_a_held_one() {
+        let mut m = hybrid(8, 2, 1);
+        let mut a = computed(&mut m, &[1, 2, 3]);
+        let b = computed(&mut m, &[5, 6, 7]);
+        assert_eq!(m.attach_snapshot(&a, 2), Some(0));
+        assert_eq!(m.attach_snapshot(&b, 2), None, "a still holds its block");
+        let a0 = a[0];
+        m.release(&mut a);
+        assert_eq!(m.attach_snapshot(&b, 2), Some(0), "taken from idle a");
+        assert_eq!(m.snapshot_of(a0), None);
+        assert_eq!(m.find_prefix(&[1, 2, 0]).tokens, 0);
+        assert_eq!(m.find_prefix(&[5, 6, 0]).tokens, 2);
+        m.discard_snapshot(0);
+        assert_eq!(
+            m.find_prefix(&[5, 6, 0]).tokens,
+            0,
+            "a discarded snapshot is gone"
+        );
+        assert_eq!(m.stats().snapshots_held, 0);
+    }
+
+    #[test]
+    fn a_duplicate_block_snapshots_onto_the_published_copy() {
+        let mut m = hybrid(8, 2, 2);
+        let tokens = [1, 2, 3];
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        m.grow(&mut a, 3).unwrap();
+        m.grow(&mut b, 3).unwrap();
+        m.publish_full_blocks(&a, &tokens, 2);
+        m.publish_full_blocks(&b, &tokens, 2);
+        assert!(!m.is_published(b[0]));
+        assert_eq!(m.attach_snapshot(&b, 2), Some(0));
+        assert_eq!(m.snapshot_of(a[0]), Some(0));
+        assert_eq!(m.find_prefix(&[1, 2, 9]).blocks, vec![a[0]]);
+        m.release(&mut a);
+        m.release(&mut b);
+        assert_eq!(accounted(&m), 8);
+    }
+
+    #[test]
+    fn without_state_snapshots_no_snapshot_is_attached() {
+        let mut m = BlockManager::new(4, 2, true);
+        let a = computed(&mut m, &[1, 2, 3]);
+        assert_eq!(m.attach_snapshot(&a, 2), None);
+        assert_eq!(
+            m.find_prefix(&[1, 2, 3]).tokens,
+            2,
+            "plain models hit on K/V alone"
+        );
+        let mut off = BlockManager::new(4, 2, false).with_state_snapshots(2);
+        let b = computed(&mut off, &[1, 2, 3]);
+        assert!(!off.needs_snapshots());
+        assert_eq!(off.attach_snapshot(&b, 2), None);
     }
 }

@@ -16,10 +16,23 @@
 //! preempted by recompute: its blocks are released and it goes back to the front of the waiting
 //! queue with its tokens (prompt and generated) intact. The oldest running sequence can always
 //! grow, because `add` refuses sequences larger than the whole pool, so every sequence finishes.
+//!
+//! Hybrid models (recurrent state, see `kv_blocks`) resume a hit only from a state snapshot,
+//! and the state exists only at the end of a chunk. So a chunk is cut short at the block
+//! boundaries where a snapshot is wanted, and `complete_step` names the snapshots to fill:
+//!
+//! ```text
+//!  prompt of 40, block 16:  [0 ........ 32) [32 .. 40)   snapshot at 32, the prompt's last
+//!                                                        boundary (a resent or extended
+//!                                                        prompt resumes there)
+//!  hit of 16 whose cached
+//!  K/V chain went on to 48: restore@16 [16 .. 48) [48 ..)   snapshot at 48, where the chain
+//!                                                        parted (the next request resumes there)
+//! ```
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 
-use crate::kv_blocks::{BlockId, BlockManager};
+use crate::kv_blocks::{BlockId, BlockManager, SnapshotId};
 use crate::sequence::{SeqState, Sequence};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,6 +93,16 @@ pub struct StepItem {
     pub block_table: Vec<BlockId>,
     /// This chunk reaches the last known token, so the runner samples a next token.
     pub samples: bool,
+    /// Hybrid models: load the sequence's recurrent state from this snapshot before the chunk
+    /// (a prefix hit; the snapshot holds the state after `start` tokens).
+    pub restore: Option<SnapshotId>,
+}
+
+/// A state snapshot to fill from a sequence's state right after the step that planned it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SnapshotSave {
+    pub seq_id: u64,
+    pub snapshot: SnapshotId,
 }
 
 /// The plain data the engine loop hands to the model runner.
@@ -220,7 +243,7 @@ impl Scheduler {
             let slots = (seq.block_table.len() + self.blocks.num_free()) * self.blocks.block_size();
             let fit = slots.saturating_sub(seq.num_computed);
             if fit > 0 {
-                self.grow_and_plan(id, want.min(fit), step);
+                self.grow_and_plan(id, want.min(fit), step, None);
                 return;
             }
             match self.running.last() {
@@ -230,9 +253,11 @@ impl Scheduler {
         }
     }
 
-    /// Grow `id`'s table for `len` more tokens (the caller checked it fits) and add its item.
-    fn grow_and_plan(&mut self, id: u64, len: usize, step: &mut Step) {
+    /// Grow `id`'s table for up to `len` more tokens (the caller checked they fit) and add its
+    /// item, cut at a wanted snapshot boundary.
+    fn grow_and_plan(&mut self, id: u64, len: usize, step: &mut Step, restore: Option<SnapshotId>) {
         let seq = self.seqs.get_mut(&id).expect("caller found this sequence");
+        let len = snapshot_cut(&self.blocks, seq, len);
         let end = seq.num_computed + len;
         self.blocks
             .grow(&mut seq.block_table, end)
@@ -244,6 +269,7 @@ impl Scheduler {
             len,
             block_table: seq.block_table.clone(),
             samples: end == seq.len(),
+            restore,
         });
     }
 
@@ -301,19 +327,22 @@ impl Scheduler {
                 // Nothing to compute; it only waits for the engine's `finish`.
                 continue;
             }
-            let (table, cached) = self.blocks.acquire_prefix(&seq.tokens);
-            seq.block_table = table;
-            seq.num_computed = cached;
+            let hit = self.blocks.acquire_prefix(&seq.tokens);
+            seq.block_table = hit.blocks;
+            seq.num_computed = hit.tokens;
+            seq.snapshot_at = (hit.kv_tokens > hit.tokens).then_some(hit.kv_tokens);
             if seq.num_preemptions == 0 {
-                seq.cached_prompt_tokens = cached.min(seq.prompt_len);
+                seq.cached_prompt_tokens = hit.tokens.min(seq.prompt_len);
             }
-            self.grow_and_plan(id, len, step);
+            self.grow_and_plan(id, len, step, hit.snapshot);
         }
     }
 
     /// Apply a finished step: advance `num_computed` by each item's length, publish newly full
     /// blocks, append each sampled token. Items of sequences finished meanwhile are skipped.
-    pub fn complete_step(&mut self, plan: &StepPlan, sampled: &[(u64, u32)]) {
+    /// Returns the state snapshots to fill now, before the next step moves the states on.
+    pub fn complete_step(&mut self, plan: &StepPlan, sampled: &[(u64, u32)]) -> Vec<SnapshotSave> {
+        let mut saves = Vec::new();
         for item in &plan.items {
             let Some(seq) = self.seqs.get_mut(&item.seq_id) else {
                 continue;
@@ -336,10 +365,26 @@ impl Scheduler {
             };
             self.blocks
                 .publish_full_blocks(&seq.block_table, &seq.tokens, seq.num_computed);
+            // The model's state holds the whole chunk; a recomputed last position does not count.
+            let in_state = item.start + item.len;
+            if seq.num_computed == in_state && snapshot_wanted(&self.blocks, seq, in_state) {
+                if let Some(snapshot) = self.blocks.attach_snapshot(&seq.block_table, in_state) {
+                    saves.push(SnapshotSave {
+                        seq_id: seq.id,
+                        snapshot,
+                    });
+                }
+            }
             if let Some(t) = token {
                 seq.tokens.push(t);
             }
         }
+        saves
+    }
+
+    /// Frees a snapshot that `complete_step` named but whose state could not be saved.
+    pub fn discard_snapshot(&mut self, snapshot: SnapshotId) {
+        self.blocks.discard_snapshot(snapshot);
     }
 
     /// Remove `id` (waiting or running), release its blocks and return it marked `Finished`.
@@ -377,6 +422,33 @@ impl Scheduler {
     pub fn blocks(&self) -> &BlockManager {
         &self.blocks
     }
+}
+
+/// Block boundaries of `seq` where its state is worth a snapshot: the end of the prompt's last
+/// full block, and where the cached K/V chain found at admission parted from it.
+fn snapshot_boundaries(blocks: &BlockManager, seq: &Sequence) -> [Option<usize>; 2] {
+    let bs = blocks.block_size();
+    let prompt_end = Some(seq.prompt_len / bs * bs).filter(|&b| b > 0);
+    [prompt_end, seq.snapshot_at]
+}
+
+fn snapshot_wanted(blocks: &BlockManager, seq: &Sequence, at: usize) -> bool {
+    blocks.needs_snapshots() && snapshot_boundaries(blocks, seq).contains(&Some(at))
+}
+
+/// `len` shortened so the chunk ends at the first wanted snapshot boundary inside it, since a
+/// recurrent state exists only at a chunk's end. Unchanged without snapshots.
+fn snapshot_cut(blocks: &BlockManager, seq: &Sequence, len: usize) -> usize {
+    if !blocks.needs_snapshots() {
+        return len;
+    }
+    let start = seq.num_computed;
+    snapshot_boundaries(blocks, seq)
+        .into_iter()
+        .flatten()
+        .filter(|&b| b > start && b < start + len)
+        .min()
+        .map_or(len, |b| b - start)
 }
 
 #[cfg(test)]
@@ -686,5 +758,68 @@ mod tests {
         assert_eq!(e.s.blocks().stats().blocks_used, 0);
         assert!(!e.s.has_work() && e.s.finish(1).is_none());
         assert!(e.s.schedule().is_empty());
+    }
+
+    #[test]
+    fn hybrid_chunks_end_where_snapshots_are_wanted_and_hits_restore_them() {
+        let blocks = BlockManager::new(32, 4, true).with_state_snapshots(4);
+        let mut s = Scheduler::new(cfg(4, 100, 100), blocks);
+        let run = |s: &mut Scheduler, sampled: u32| {
+            let plan = s.schedule();
+            let picks: Vec<(u64, u32)> = plan
+                .items
+                .iter()
+                .filter(|i| i.samples)
+                .map(|i| (i.seq_id, sampled))
+                .collect();
+            let saves = s.complete_step(&plan, &picks);
+            (plan, saves)
+        };
+        let prompt: Vec<u32> = (1..=10).collect();
+        s.add(Sequence::new(1, prompt.clone(), 2, 1)).unwrap();
+        // The prompt's last boundary (8) ends a chunk, and its state is kept there.
+        let (plan, saves) = run(&mut s, 50);
+        assert_eq!((ids(&plan), plan.items[0].restore), (vec![(1, 0, 8)], None));
+        assert_eq!(
+            saves,
+            vec![SnapshotSave {
+                seq_id: 1,
+                snapshot: 0
+            }]
+        );
+        let (plan, saves) = run(&mut s, 50);
+        assert_eq!((ids(&plan), saves), (vec![(1, 8, 2)], vec![]));
+        s.finish(1).unwrap();
+        // The same prompt resumes from that snapshot.
+        s.add(Sequence::new(2, prompt.clone(), 1, 2)).unwrap();
+        let (plan, _) = run(&mut s, 50);
+        assert_eq!(
+            (ids(&plan), plan.items[0].restore),
+            (vec![(2, 8, 2)], Some(0))
+        );
+        assert_eq!(s.get(2).unwrap().cached_prompt_tokens, 8);
+        s.finish(2).unwrap();
+        // Parting from the chain at 6: K/V matches to 4 with no snapshot there, so it computes
+        // from 0, ends a chunk at 4 (and at 8, its own last boundary) and keeps both.
+        let mut other = prompt[..6].to_vec();
+        other.extend([70, 71, 72, 73]);
+        s.add(Sequence::new(3, other.clone(), 1, 3)).unwrap();
+        let (plan, saves) = run(&mut s, 50);
+        assert_eq!((ids(&plan), plan.items[0].restore), (vec![(3, 0, 4)], None));
+        assert_eq!(
+            saves,
+            vec![SnapshotSave {
+                seq_id: 3,
+                snapshot: 1
+            }]
+        );
+        assert_eq!(ids(&run(&mut s, 50).0), vec![(3, 4, 4)]);
+        s.finish(3).unwrap();
+        s.add(Sequence::new(4, other[..7].to_vec(), 1, 4)).unwrap();
+        let (plan, _) = run(&mut s, 50);
+        assert_eq!(
+            (ids(&plan), plan.items[0].restore),
+            (vec![(4, 4, 3)], Some(1))
+        );
     }
 }

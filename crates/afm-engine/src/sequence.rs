@@ -38,6 +38,9 @@ pub struct Sequence {
     pub state: SeqState,
     /// Times this sequence was preempted and had to recompute.
     pub num_preemptions: u32,
+    /// Hybrid models: a block boundary past the prefix hit where the cached K/V chain went on
+    /// (set at admission); a chunk ends there so a state snapshot can be kept for later hits.
+    pub snapshot_at: Option<usize>,
 }
 
 impl Sequence {
@@ -53,6 +56,7 @@ impl Sequence {
             arrival,
             state: SeqState::Waiting,
             num_preemptions: 0,
+            snapshot_at: None,
         }
     }
 

@@ -4,11 +4,16 @@
 //! A fake KV store stands in for the model: every slot holds a fingerprint of the prefix its
 //! token closes, so a step that reads a cached or earlier-computed position through its block
 //! table sees exactly the K/V its own tokens would have produced, or the test fails.
+//!
+//! Half the setups are hybrid models: each sequence also carries a fake recurrent state (the
+//! fingerprint of the tokens folded in), snapshots are filled from it when `complete_step`
+//! asks, and a chunk must start from its own state or from a restored snapshot holding exactly
+//! the tokens before it. No snapshot may outlive its block or be attached twice.
 
 use std::collections::{BTreeSet, HashMap};
 
 use afm_engine::kv_blocks::{BlockId, BlockManager};
-use afm_engine::scheduler::{AddError, Scheduler, SchedulerConfig, StepPlan};
+use afm_engine::scheduler::{AddError, Scheduler, SchedulerConfig, SnapshotSave, StepPlan};
 use afm_engine::sequence::{SeqState, Sequence};
 use proptest::prelude::*;
 
@@ -52,6 +57,8 @@ struct Setup {
     num_blocks: usize,
     block_size: usize,
     prefix_caching: bool,
+    /// Hybrid model: this many state snapshots.
+    snapshots: Option<usize>,
     cfg: SchedulerConfig,
 }
 
@@ -64,13 +71,24 @@ fn setup() -> impl Strategy<Value = Setup> {
         1..6usize,
         1..17usize,
         1..9usize,
+        prop::option::of(0..5usize),
     )
         .prop_map(
-            |(num_blocks, block_size, prefix_caching, max_running, max_waiting, budget, chunk)| {
+            |(
+                num_blocks,
+                block_size,
+                prefix_caching,
+                max_running,
+                max_waiting,
+                budget,
+                chunk,
+                snapshots,
+            )| {
                 Setup {
                     num_blocks,
                     block_size,
                     prefix_caching,
+                    snapshots,
                     cfg: SchedulerConfig {
                         max_running,
                         max_waiting,
@@ -97,17 +115,28 @@ struct Harness {
     /// Fake KV: one fingerprint per (block, slot).
     kv: Vec<Option<u64>>,
     next_id: u64,
+    /// Hybrid models: each running sequence's fake state (tokens folded in, their fingerprint),
+    /// and the snapshot buffers.
+    hybrid: bool,
+    states: HashMap<u64, (usize, u64)>,
+    snapshots: Vec<Option<(usize, u64)>>,
 }
 
 impl Harness {
     fn new(st: &Setup) -> Self {
-        let blocks = BlockManager::new(st.num_blocks, st.block_size, st.prefix_caching);
+        let mut blocks = BlockManager::new(st.num_blocks, st.block_size, st.prefix_caching);
+        if let Some(n) = st.snapshots {
+            blocks = blocks.with_state_snapshots(n);
+        }
         Self {
             s: Scheduler::new(st.cfg, blocks),
             cfg: st.cfg,
             expected: HashMap::new(),
             kv: vec![None; st.num_blocks * st.block_size],
             next_id: 0,
+            hybrid: st.snapshots.is_some(),
+            states: HashMap::new(),
+            snapshots: vec![None; st.snapshots.unwrap_or(0)],
         }
     }
 
@@ -172,7 +201,13 @@ impl Harness {
             self.s.iter().map(|q| (q.id, q.tokens.clone())).collect();
         let plan = self.s.schedule();
         self.check_plan(&plan, &before);
+        for id in &plan.preempted {
+            self.states.remove(id);
+        }
         self.run_fake_model(&plan);
+        if self.hybrid {
+            self.run_fake_state(&plan);
+        }
         let mut rng = seed;
         let sampled: Vec<(u64, u32)> = plan
             .items
@@ -185,7 +220,8 @@ impl Harness {
                 (i.seq_id, (rng >> 61) as u32)
             })
             .collect();
-        self.s.complete_step(&plan, &sampled);
+        let saves = self.s.complete_step(&plan, &sampled);
+        self.save_snapshots(&saves);
         for &(id, t) in &sampled {
             self.expected
                 .get_mut(&id)
@@ -270,6 +306,47 @@ impl Harness {
         }
     }
 
+    /// The recurrent half of a hybrid model: a chunk continues the sequence's own state, or
+    /// starts from zero at position 0, or from the snapshot its item names.
+    fn run_fake_state(&mut self, plan: &StepPlan) {
+        for item in &plan.items {
+            let tokens = &self.s.get(item.seq_id).expect("live").tokens;
+            let before = (item.start, fingerprint(&tokens[..item.start]));
+            let state = match item.restore {
+                Some(snap) => self.snapshots[snap as usize].expect("restored snapshot was filled"),
+                None if item.start == 0 => before,
+                None => *self
+                    .states
+                    .get(&item.seq_id)
+                    .expect("a chunk past 0 continues a state or restores one"),
+            };
+            assert_eq!(
+                state, before,
+                "seq {} starts at {} from a state of other tokens (restore {:?})",
+                item.seq_id, item.start, item.restore
+            );
+            let end = item.start + item.len;
+            self.states
+                .insert(item.seq_id, (end, fingerprint(&tokens[..end])));
+        }
+    }
+
+    fn save_snapshots(&mut self, saves: &[SnapshotSave]) {
+        assert!(
+            self.hybrid || saves.is_empty(),
+            "snapshots of a plain model"
+        );
+        let bs = self.s.blocks().block_size();
+        for save in saves {
+            let state = self.states[&save.seq_id];
+            assert!(
+                state.0 > 0 && state.0.is_multiple_of(bs),
+                "snapshot off a boundary: {state:?}"
+            );
+            self.snapshots[save.snapshot as usize] = Some(state);
+        }
+    }
+
     fn check_invariants(&self) {
         let blocks = self.s.blocks();
         let (n, bs) = (blocks.num_blocks(), blocks.block_size());
@@ -313,6 +390,15 @@ impl Harness {
             }
         }
         assert_eq!(st.blocks_used, holders.len());
+        // Every snapshot is free or belongs to exactly one published block.
+        let owned: Vec<_> = (0..n as BlockId)
+            .filter_map(|b| blocks.snapshot_of(b).map(|s| (b, s)))
+            .collect();
+        let distinct: BTreeSet<_> = owned.iter().map(|&(_, s)| s).collect();
+        assert_eq!(distinct.len(), owned.len(), "a snapshot on two blocks");
+        assert_eq!(st.snapshots_held, owned.len(), "leaked snapshot: {st:?}");
+        assert!(st.snapshots_held <= st.snapshots_total);
+        assert!(owned.iter().all(|&(b, _)| blocks.is_published(b)));
         assert_eq!(self.expected.len(), self.s.iter().count());
         assert!(self.s.num_running() <= self.cfg.max_running);
         // Preempted sequences return to the queue even when it is full.

@@ -196,7 +196,9 @@ impl Engine {
                 logprob: lp,
             });
         }
-        self.scheduler.complete_step(plan, &sampled);
+        // Graph decode serves attention-only models, which keep no state snapshots.
+        let saves = self.scheduler.complete_step(plan, &sampled);
+        self.save_snapshots(&saves);
         for (id, tok) in sampled {
             self.check_finished(id, tok);
         }

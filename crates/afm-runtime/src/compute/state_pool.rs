@@ -7,6 +7,10 @@
 //! slot s:  seen = tokens folded in so far
 //!          [ layer 0: conv (K−1)·C | ssm H·Dk·Dv ][ layer 1: ... ] ...     one f32 buffer
 //! snapshot: a copy of one slot's buffer and `seen`, restorable into any slot
+//!
+//! prefix snapshots (sized at start-up, ids handed out by the engine's block manager):
+//!  snap n:  seen = the block boundary it was taken at
+//!          [ same layout as a slot ]                                     one more f32 buffer
 //! ```
 //!
 //! Host memory on every device for now: the recurrent ops have no GPU kernel yet (their GPU
@@ -43,11 +47,24 @@ pub struct StatePool {
     per_slot: usize,
     seen: Vec<usize>,
     values: Vec<f32>,
+    /// Prefix-cache snapshots: `seen` and values per id, same layout as a slot.
+    snap_seen: Vec<usize>,
+    snap_values: Vec<f32>,
 }
 
 impl StatePool {
-    /// `num_slots` zeroed slots holding every layer of `layers`.
+    /// `num_slots` zeroed slots holding every layer of `layers`, and no prefix snapshots.
     pub fn new(layers: &[LayerStateShape], num_slots: usize) -> Self {
+        Self::with_snapshots(layers, num_slots, 0)
+    }
+
+    /// Like [`new`](Self::new), plus `num_snapshots` snapshot buffers for the prefix cache
+    /// (allocated zeroed, so pages are touched only when a snapshot is first saved).
+    pub fn with_snapshots(
+        layers: &[LayerStateShape],
+        num_slots: usize,
+        num_snapshots: usize,
+    ) -> Self {
         let mut offsets = Vec::with_capacity(layers.len());
         let mut per_slot = 0;
         for l in layers {
@@ -60,7 +77,49 @@ impl StatePool {
             per_slot,
             seen: vec![0; num_slots],
             values: vec![0.0; per_slot * num_slots],
+            snap_seen: vec![0; num_snapshots],
+            snap_values: vec![0.0; per_slot * num_snapshots],
         }
+    }
+
+    pub fn num_snapshots(&self) -> usize {
+        self.snap_seen.len()
+    }
+
+    fn check_snapshot(&self, snap: u32) -> Result<usize> {
+        let n = snap as usize;
+        if n >= self.snap_seen.len() {
+            return Err(ComputeError::Shape {
+                what: "state snapshot id (below the number of snapshots)",
+                got: n,
+                want: self.snap_seen.len(),
+            });
+        }
+        Ok(n)
+    }
+
+    /// Copies `slot` (its values and token count) into snapshot `snap`.
+    pub fn save_snapshot(&mut self, slot: u32, snap: u32) -> Result<()> {
+        let (s, n, w) = (
+            self.check_slot(slot)?,
+            self.check_snapshot(snap)?,
+            self.per_slot,
+        );
+        self.snap_seen[n] = self.seen[s];
+        self.snap_values[n * w..(n + 1) * w].copy_from_slice(&self.values[s * w..(s + 1) * w]);
+        Ok(())
+    }
+
+    /// Copies snapshot `snap` into `slot`; returns the tokens the slot now holds.
+    pub fn restore_snapshot(&mut self, snap: u32, slot: u32) -> Result<usize> {
+        let (s, n, w) = (
+            self.check_slot(slot)?,
+            self.check_snapshot(snap)?,
+            self.per_slot,
+        );
+        self.seen[s] = self.snap_seen[n];
+        self.values[s * w..(s + 1) * w].copy_from_slice(&self.snap_values[n * w..(n + 1) * w]);
+        Ok(self.seen[s])
     }
 
     /// Bytes one slot takes (for the start-up line and memory budgets).
@@ -172,5 +231,35 @@ mod tests {
             (7.0, 9)
         );
         assert!(p.reset(2).is_err(), "slot beyond the pool is refused");
+    }
+
+    #[test]
+    fn prefix_snapshots_copy_a_slot_and_restore_it_elsewhere() {
+        let shapes = [LayerStateShape { conv: 2, ssm: 3 }];
+        let mut p = StatePool::with_snapshots(&shapes, 2, 3);
+        p.layer_mut(0, 0).unwrap().0[1] = 4.0;
+        p.layer_mut(0, 0).unwrap().1[2] = 6.0;
+        p.set_seen(0, 16).unwrap();
+        p.save_snapshot(0, 2).unwrap();
+        // The sequence moves on; the snapshot keeps the boundary.
+        p.layer_mut(0, 0).unwrap().1[2] = -1.0;
+        p.set_seen(0, 17).unwrap();
+        assert_eq!(p.restore_snapshot(2, 1).unwrap(), 16);
+        let (conv, ssm) = p.layer_mut(1, 0).unwrap();
+        assert_eq!((conv[1], ssm[2]), (4.0, 6.0));
+        assert_eq!(
+            p.layer_mut(0, 0).unwrap().1[2],
+            -1.0,
+            "the source slot is untouched"
+        );
+        assert!(
+            p.save_snapshot(0, 3).is_err(),
+            "snapshot beyond the pool is refused"
+        );
+        assert!(
+            p.restore_snapshot(0, 2).is_err(),
+            "slot beyond the pool is refused"
+        );
+        assert_eq!(StatePool::new(&shapes, 1).num_snapshots(), 0);
     }
 }
