@@ -566,6 +566,7 @@ impl Engine {
                 // A prefix hit resumes from the state at its last block; the model checks
                 // that the restored state holds exactly the chunk's first position.
                 states.restore_snapshot(snap, slot)?;
+                self.metrics.state_restores.fetch_add(1, Ordering::Relaxed);
             }
             ids.push(id);
         }

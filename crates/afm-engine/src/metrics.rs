@@ -18,6 +18,9 @@ pub struct EngineMetrics {
     pub kv_blocks_free: AtomicU64,
     /// Running sequences preempted (blocks released, recomputed later) because KV ran out.
     pub preemptions: AtomicU64,
+    /// Hybrid models: recurrent states restored from a prefix-cache snapshot (admissions with a
+    /// hit, including recomputes after preemption).
+    pub state_restores: AtomicU64,
     /// Sums in microseconds, for averages.
     pub queue_time_us: AtomicU64,
     pub prompt_time_us: AtomicU64,

@@ -234,10 +234,12 @@ async fn greedy_output_is_the_same_with_and_without_the_cache() {
 }
 
 /// Requests sharing prefixes decoded together in 8-token prefill slices, one cancelled
-/// mid-way, in a pool of 12 blocks with 2 snapshots (both evicted and reused): each gives what
-/// it gives alone without the cache.
+/// mid-way, in a pool of 9 blocks with 2 snapshots (blocks and snapshots evicted and reused,
+/// sequences preempted and resumed): each gives what it gives alone without the cache.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn batched_cancelled_and_evicted_requests_keep_their_output() {
+    // Three running sequences of 76 to 97 tokens need 14 blocks with their shared ones.
+    const GEN: usize = 40;
     let per_block = 2 * 2 * 16 * 4 * 16; // K and V, 2 KV heads × 16 dims, f32, 16 tokens
     for arch in ARCHS {
         let r = reference(arch);
@@ -248,26 +250,26 @@ async fn batched_cancelled_and_evicted_requests_keep_their_output() {
         let alone = engine(arch, cfg(false));
         let mut want = Vec::new();
         for p in &prompts {
-            want.push(run(&alone, p, 16).await);
+            want.push(run(&alone, p, GEN).await);
         }
         let e = engine(
             arch,
             EngineConfig {
                 concurrent: 3,
                 prefill_step_size: 16,
-                kv_budget_bytes: Some(12 * per_block),
+                kv_budget_bytes: Some(9 * per_block),
                 state_snapshots: Some(2),
                 ..cfg(true)
             },
         );
         let mut cached = 0;
         for round in 0..2 {
-            let (_, first) = submit(&e, &prompts[0], 16);
+            let (_, first) = submit(&e, &prompts[0], GEN);
             let (got0, _) = collect(first).await;
             same(&format!("{arch} round {round}: request 0"), &want[0], &got0);
             cached += got0.cached;
             let (cid, mut rc) = submit(&e, &t[..45], 40);
-            let rxs: Vec<_> = prompts[1..].iter().map(|p| submit(&e, p, 16).1).collect();
+            let rxs: Vec<_> = prompts[1..].iter().map(|p| submit(&e, p, GEN).1).collect();
             for _ in 0..2 {
                 assert!(matches!(rc.recv().await, Some(GenerateEvent::Token { .. })));
             }
@@ -285,5 +287,13 @@ async fn batched_cancelled_and_evicted_requests_keep_their_output() {
             assert_eq!(reason, FinishReason::Cancelled);
         }
         assert!(cached > 0, "{arch}: some request was served from the cache");
+        let m = e.metrics();
+        let (preempted, restored) = (
+            EngineMetrics::get(&m.preemptions),
+            EngineMetrics::get(&m.state_restores),
+        );
+        eprintln!("{arch}: {preempted} preemptions, {restored} states restored");
+        assert!(preempted > 0, "{arch}: 9 blocks force preemptions");
+        assert!(restored > 0, "{arch}: states restored from snapshots");
     }
 }
