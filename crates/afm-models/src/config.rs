@@ -137,7 +137,16 @@ impl TransformerConfig {
         let f = |k: &str| g.get(&key(k)).and_then(|v| v.as_f64()).map(|v| v as f32);
         let hidden_size = u("embedding_length")?;
         let num_heads = u("attention.head_count")?;
-        let num_layers = u("block_count")?;
+        // llama.cpp appends multi-token-prediction layers after the model's own blocks
+        // (`blk.{n}` .. for `nextn_predict_layers` of them) and counts them in `block_count`.
+        let blocks = u("block_count")?;
+        let nextn = u("nextn_predict_layers").unwrap_or(0);
+        let num_layers = blocks.checked_sub(nextn).ok_or_else(|| {
+            bad(
+                &key("nextn_predict_layers"),
+                &format!("{nextn} is more than block_count {blocks}"),
+            )
+        })?;
         let head_dim = u("attention.key_length").unwrap_or(hidden_size / num_heads.max(1));
         let vocab_size = g
             .tensor("token_embd.weight")
@@ -159,7 +168,9 @@ impl TransformerConfig {
             num_heads,
             num_kv_heads: u("attention.head_count_kv").unwrap_or(num_heads),
             head_dim,
-            intermediate_size: u("feed_forward_length")?,
+            // MoE-only models (qwen35moe, deepseek4) write only the expert width.
+            intermediate_size: u("feed_forward_length")
+                .or_else(|_| u("expert_feed_forward_length"))?,
             rms_eps: f("attention.layer_norm_rms_epsilon").unwrap_or(1e-6),
             rope_theta,
             rope_scaling,

@@ -75,13 +75,13 @@ pub const ARCHITECTURES: &[Architecture] = &[
     Architecture {
         hf_types: &["qwen3_5", "qwen3_5_text"],
         gguf_arch: "qwen35",
-        adjust_gguf: no_adjust,
+        adjust_gguf: qwen3_5::adjust_gguf_config,
         load: |ck, cfg, dev| Ok(Box::new(qwen3_5::Qwen35::load(ck, cfg, dev)?)),
     },
     Architecture {
         hf_types: &["qwen3_5_moe", "qwen3_5_moe_text"],
         gguf_arch: "qwen35moe",
-        adjust_gguf: no_adjust,
+        adjust_gguf: qwen3_5::adjust_gguf_config,
         load: |ck, cfg, dev| Ok(Box::new(qwen3_5::Qwen35::load(ck, cfg, dev)?)),
     },
     Architecture {

@@ -19,7 +19,14 @@
 //! result; the per-token cost (heads · Dk · Dv) is small beside the projections.
 //!
 //! Text-only input makes the multimodal RoPE (mrope) plain 1-D RoPE, which is what this runs.
-//! GGUF (`qwen35`, `qwen35moe`) is refused at load for now.
+//!
+//! A GGUF (`qwen35`, `qwen35moe`, as llama.cpp's converter writes it) feeds the same model:
+//! [`adjust_gguf_config`] restates its metadata as the HF keys, [`gguf_name`] maps the names,
+//! and three of the converter's value changes are taken as stored: norms hold `1 + w` (all but
+//! the DeltaNet's gated norm), `ssm_a` holds `−exp(A_log)`, and the value heads are in tiled
+//! order (head `h` reads key head `h mod k_heads`, not `h / (v_heads / k_heads)`), consistently
+//! across `attn_gate`, `ssm_alpha`/`ssm_beta`, `ssm_a`, `ssm_dt`, the conv's v channels and
+//! `ssm_out`'s columns, so only the key-head lookup changes.
 
 use afm_runtime::attention::AttnParams;
 use afm_runtime::compute::{
@@ -35,6 +42,7 @@ use crate::checkpoint::{Checkpoint, NormNaming};
 use crate::config::TransformerConfig;
 use crate::forward::{CausalLm, ForwardBatch};
 use crate::layers::{matrix, rotary, Embedding, GatedMlp, Linear, RmsNorm};
+use crate::weights::GgufFile;
 use crate::ModelError;
 
 const N: NormNaming = NormNaming::Llama;
@@ -51,6 +59,8 @@ pub struct Qwen35Config {
     pub k_dim: usize,
     pub v_dim: usize,
     pub moe: Option<MoeShape>,
+    /// Value heads in llama.cpp's tiled order (GGUF): head `h` uses key head `h mod k_heads`.
+    pub v_tiled: bool,
 }
 
 fn cfg_err(key: &str, reason: String) -> ModelError {
@@ -76,8 +86,17 @@ impl Qwen35Config {
         if !j.is_object() {
             return Err(cfg_err(
                 "config",
-                "Qwen3.5 needs its HF config.json (GGUF not supported yet)".into(),
+                "Qwen3.5 needs its HF config.json or a qwen35/qwen35moe GGUF".into(),
             ));
+        }
+        if let Some(missing) = j.get(GGUF_MISSING).and_then(Value::as_array) {
+            if !missing.is_empty() {
+                let keys: Vec<&str> = missing.iter().filter_map(Value::as_str).collect();
+                return Err(cfg_err(
+                    "GGUF metadata",
+                    format!("missing {} (a qwen35 GGUF has them)", keys.join(", ")),
+                ));
+            }
         }
         let full_attention = match j.get("layer_types").and_then(Value::as_array) {
             Some(types) => types
@@ -112,7 +131,7 @@ impl Qwen35Config {
             .or_else(|| j.get("partial_rotary_factor"))
             .and_then(Value::as_f64)
             .unwrap_or(0.25);
-        let rotary_dims = (cfg.head_dim as f64 * factor) as usize;
+        let rotary_dims = (cfg.head_dim as f64 * factor).round() as usize;
         if rotary_dims == 0 || !rotary_dims.is_multiple_of(2) || rotary_dims > cfg.head_dim {
             return Err(cfg_err(
                 "partial_rotary_factor",
@@ -148,7 +167,17 @@ impl Qwen35Config {
             k_dim: num(j, "linear_key_head_dim", Some(128))?,
             v_dim: num(j, "linear_value_head_dim", Some(128))?,
             moe,
+            v_tiled: false,
         })
+    }
+
+    /// The key head value head `h` reads.
+    fn key_head(&self, h: usize) -> usize {
+        if self.v_tiled {
+            h % self.k_heads
+        } else {
+            h / (self.v_heads / self.k_heads)
+        }
     }
 
     fn key_width(&self) -> usize {
@@ -170,6 +199,136 @@ impl Qwen35Config {
             ssm: self.v_heads * self.k_dim * self.v_dim,
         }
     }
+}
+
+/// Where [`adjust_gguf_config`] lists the GGUF keys it needed and did not find.
+const GGUF_MISSING: &str = "gguf_missing_keys";
+
+/// llama.cpp's `qwen35` / `qwen35moe` metadata (its converter's `Qwen3_5TextModel`) restated
+/// as the HF keys [`Qwen35Config::from_hf`] reads. Keys it cannot find are listed under
+/// [`GGUF_MISSING`], so the load fails naming them instead of falling back to HF defaults.
+pub fn adjust_gguf_config(cfg: &mut TransformerConfig, g: &GgufFile) {
+    let arch = g.architecture().unwrap_or("qwen35").to_string();
+    let mut missing = Vec::new();
+    let mut uint = |k: &str| {
+        let key = format!("{arch}.{k}");
+        let v = g.get(&key).and_then(|v| v.as_u64());
+        if v.is_none() {
+            missing.push(key);
+        }
+        v.unwrap_or(0)
+    };
+    let (kernel, k_dim) = (uint("ssm.conv_kernel"), uint("ssm.state_size"));
+    let (k_heads, v_heads) = (uint("ssm.group_count"), uint("ssm.time_step_rank"));
+    let inner = uint("ssm.inner_size");
+    let rope_dims = uint("rope.dimension_count");
+    let moe = g.get(&format!("{arch}.expert_count")).is_some();
+    let experts = if moe {
+        serde_json::json!({
+            "num_experts": uint("expert_count"),
+            "num_experts_per_tok": uint("expert_used_count"),
+            "moe_intermediate_size": uint("expert_feed_forward_length"),
+            "shared_expert_intermediate_size": uint("expert_shared_feed_forward_length"),
+        })
+    } else {
+        serde_json::json!({})
+    };
+    let recurrent = g
+        .get(&format!("{arch}.attention.recurrent_layers"))
+        .and_then(|v| v.as_array());
+    let layer_types: Vec<&str> = match recurrent {
+        Some(r) => r
+            .iter()
+            .take(cfg.num_layers)
+            .map(|b| match b.as_bool() {
+                Some(true) => "linear_attention",
+                _ => "full_attention",
+            })
+            .collect(),
+        None => {
+            missing.push(format!("{arch}.attention.recurrent_layers"));
+            Vec::new()
+        }
+    };
+    let mut raw = serde_json::json!({
+        "layer_types": layer_types,
+        "partial_rotary_factor": rope_dims as f64 / cfg.head_dim.max(1) as f64,
+        "linear_conv_kernel_dim": kernel,
+        "linear_key_head_dim": k_dim,
+        "linear_num_key_heads": k_heads,
+        "linear_num_value_heads": v_heads,
+        "linear_value_head_dim": inner / v_heads.max(1),
+        GGUF_MISSING: missing,
+    });
+    if let (Some(r), Some(e)) = (raw.as_object_mut(), experts.as_object()) {
+        r.extend(e.clone());
+    }
+    cfg.raw = raw;
+}
+
+/// An HF name as this file asks for it (`layers.0.linear_attn.A_log`, `mtp.fc.weight`) →
+/// llama.cpp's GGUF name. `n` is the model's own block count: MTP blocks follow it.
+pub fn gguf_name(hf: &str, n: usize) -> String {
+    let (stem, suffix) = match hf.strip_suffix(".weight") {
+        Some(stem) => (stem, ".weight"),
+        None => (hf, ""),
+    };
+    let block = |rest: &str, first: usize| -> Option<(usize, String)> {
+        let (i, tail) = rest.split_once('.')?;
+        Some((first + i.parse::<usize>().ok()?, tail.to_string()))
+    };
+    let (b, tail) = if let Some(r) = stem.strip_prefix("layers.") {
+        block(r, 0)
+    } else if let Some(r) = stem.strip_prefix("mtp.layers.") {
+        block(r, n)
+    } else {
+        stem.strip_prefix("mtp.").map(|r| (n, format!("mtp.{r}")))
+    }
+    .unwrap_or((usize::MAX, String::new()));
+    let short = match tail.as_str() {
+        "input_layernorm" => "attn_norm",
+        "post_attention_layernorm" => "post_attention_norm",
+        "self_attn.q_proj" => "attn_q",
+        "self_attn.k_proj" => "attn_k",
+        "self_attn.v_proj" => "attn_v",
+        "self_attn.o_proj" => "attn_output",
+        "self_attn.q_norm" => "attn_q_norm",
+        "self_attn.k_norm" => "attn_k_norm",
+        "linear_attn.in_proj_qkv" => "attn_qkv",
+        "linear_attn.in_proj_z" => "attn_gate",
+        "linear_attn.in_proj_b" => "ssm_beta",
+        "linear_attn.in_proj_a" => "ssm_alpha",
+        "linear_attn.out_proj" => "ssm_out",
+        "linear_attn.norm" => "ssm_norm",
+        "linear_attn.conv1d" => "ssm_conv1d",
+        "linear_attn.A_log" => "ssm_a",
+        "linear_attn.dt_bias" => "ssm_dt.bias",
+        "mlp.gate_proj" => "ffn_gate",
+        "mlp.up_proj" => "ffn_up",
+        "mlp.down_proj" => "ffn_down",
+        "mlp.gate" => "ffn_gate_inp",
+        "mlp.experts.gate_proj" => "ffn_gate_exps",
+        "mlp.experts.up_proj" => "ffn_up_exps",
+        "mlp.experts.down_proj" => "ffn_down_exps",
+        "mlp.shared_expert.gate_proj" => "ffn_gate_shexp",
+        "mlp.shared_expert.up_proj" => "ffn_up_shexp",
+        "mlp.shared_expert.down_proj" => "ffn_down_shexp",
+        "mlp.shared_expert_gate" => "ffn_gate_inp_shexp",
+        "mtp.fc" => "nextn.eh_proj",
+        "mtp.pre_fc_norm_embedding" => "nextn.enorm",
+        "mtp.pre_fc_norm_hidden" => "nextn.hnorm",
+        "mtp.norm" => "nextn.shared_head_norm",
+        _ => {
+            let top = match stem {
+                "embed_tokens" => "token_embd",
+                "norm" => "output_norm",
+                "lm_head" => "output",
+                _ => return hf.to_string(),
+            };
+            return format!("{top}{suffix}");
+        }
+    };
+    format!("blk.{b}.{short}{suffix}")
 }
 
 /// Gated full attention; `kv_layer` is its layer in the KV pool (full-attention layers only).
@@ -252,13 +411,28 @@ struct Loader<'a> {
 }
 
 impl Loader<'_> {
-    /// Zero-centred RMSNorm: the checkpoint stores `w`, the model multiplies by `1 + w`.
+    /// The checkpoint's name for an HF name.
+    fn name(&self, hf: &str) -> String {
+        match self.ck.is_gguf() {
+            true => gguf_name(hf, self.cfg.num_layers),
+            false => hf.to_string(),
+        }
+    }
+
+    /// Zero-centred RMSNorm: the checkpoint stores `w`, the model multiplies by `1 + w`
+    /// (a GGUF stores `1 + w` already).
     fn norm(&self, name: &str, len: usize) -> Result<RmsNorm, ModelError> {
-        RmsNorm::load(self.ck, self.dev, name, N, len, self.cfg.rms_eps, 1.0)
+        let offset = if self.ck.is_gguf() { 0.0 } else { 1.0 };
+        let (ck, dev, eps) = (self.ck, self.dev, self.cfg.rms_eps);
+        RmsNorm::load(ck, dev, &self.name(name), N, len, eps, offset)
     }
 
     fn lin(&self, name: &str, out: usize, inp: usize) -> Result<Linear, ModelError> {
-        Linear::load(self.ck, self.dev, name, N, out, inp, false)
+        Linear::load(self.ck, self.dev, &self.name(name), N, out, inp, false)
+    }
+
+    fn has(&self, name: &str) -> bool {
+        self.ck.has(&self.name(name), N)
     }
 
     fn attention(&self, p: &str, kv_layer: usize) -> Result<GatedAttention, ModelError> {
@@ -276,8 +450,8 @@ impl Loader<'_> {
 
     fn delta_net(&self, p: &str, state_layer: usize) -> Result<DeltaNet, ModelError> {
         let (h, q) = (self.cfg.hidden_size, self.q);
-        let vec = |m: &str, len: usize| self.ck.vector(&format!("{p}.{m}"), N, len);
-        let conv_name = format!("{p}.conv1d.weight");
+        let vec = |m: &str, len: usize| self.ck.vector(&self.name(&format!("{p}.{m}")), N, len);
+        let conv_name = self.name(&format!("{p}.conv1d.weight"));
         let view = self.ck.view(&conv_name, N)?;
         let want = vec![q.conv_dim(), 1, q.conv_kernel];
         if view.shape != want && view.shape != [q.conv_dim(), q.conv_kernel] {
@@ -293,7 +467,11 @@ impl Loader<'_> {
             in_b: self.lin(&format!("{p}.in_proj_b"), q.v_heads, h)?,
             in_a: self.lin(&format!("{p}.in_proj_a"), q.v_heads, h)?,
             conv: view.to_f32()?,
-            neg_a: vec("A_log", q.v_heads)?.iter().map(|a| -a.exp()).collect(),
+            // llama.cpp's converter stores −exp(A_log) itself.
+            neg_a: match self.ck.is_gguf() {
+                true => vec("A_log", q.v_heads)?,
+                false => vec("A_log", q.v_heads)?.iter().map(|a| -a.exp()).collect(),
+            },
             dt_bias: vec("dt_bias", q.v_heads)?,
             norm: vec("norm.weight", q.v_dim)?,
             out: self.lin(&format!("{p}.out_proj"), h, q.value_width())?,
@@ -303,17 +481,18 @@ impl Loader<'_> {
 
     fn ffn(&self, p: &str) -> Result<Ffn, ModelError> {
         let h = self.cfg.hidden_size;
+        let inter = self.cfg.intermediate_size;
         Ok(match self.q.moe {
-            Some(s) => Ffn::Moe(SparseMoe::load(self.ck, self.dev, p, h, s)?),
-            None => Ffn::Dense(GatedMlp::load(
-                self.ck,
-                self.dev,
-                p,
-                N,
-                h,
-                self.cfg.intermediate_size,
-                Activation::Silu,
-            )?),
+            Some(s) => {
+                let name = |hf: &str| self.name(hf);
+                Ffn::Moe(SparseMoe::load(self.ck, self.dev, p, &name, h, s)?)
+            }
+            None => Ffn::Dense(GatedMlp {
+                gate: self.lin(&format!("{p}.gate_proj"), inter, h)?,
+                up: self.lin(&format!("{p}.up_proj"), inter, h)?,
+                down: self.lin(&format!("{p}.down_proj"), h, inter)?,
+                act: Activation::Silu,
+            }),
         })
     }
 
@@ -330,15 +509,15 @@ impl Loader<'_> {
     /// `first_kv` is the KV layer its first attention layer would use (after the model's).
     /// `mtp.*` sits beside `model.` (or `model.language_model.`), so `self.ck` is unprefixed.
     fn mtp(&self, first_kv: usize) -> Result<Option<Mtp>, ModelError> {
-        if !self.ck.has("mtp.fc.weight", N) {
+        if !self.has("mtp.fc.weight") {
             return Ok(None);
         }
         let h = self.cfg.hidden_size;
         let mut layers = Vec::new();
-        while self.ck.has(
-            &format!("mtp.layers.{}.input_layernorm.weight", layers.len()),
-            N,
-        ) {
+        while self.has(&format!(
+            "mtp.layers.{}.input_layernorm.weight",
+            layers.len()
+        )) {
             let p = format!("mtp.layers.{}", layers.len());
             let attn = self.attention(&format!("{p}.self_attn"), first_kv + layers.len())?;
             layers.push(self.block(&p, Mixer::Full(attn))?);
@@ -360,13 +539,8 @@ impl Qwen35 {
         cfg: &TransformerConfig,
         dev: &Device,
     ) -> Result<Self, ModelError> {
-        if ck.is_gguf() {
-            return Err(cfg_err(
-                "general.architecture",
-                "qwen35/qwen35moe GGUF files are not supported yet; load the HF safetensors directory".into(),
-            ));
-        }
-        let q = Qwen35Config::from_hf(cfg)?;
+        let mut q = Qwen35Config::from_hf(cfg)?;
+        q.v_tiled = ck.is_gguf();
         let l = Loader {
             ck,
             cfg,
@@ -374,8 +548,15 @@ impl Qwen35 {
             dev,
         };
         let h = cfg.hidden_size;
-        let table = matrix(ck, dev, "embed_tokens.weight", N, cfg.vocab_size, h)?;
-        let lm_head = if ck.has("lm_head.weight", N) {
+        let table = matrix(
+            ck,
+            dev,
+            &l.name("embed_tokens.weight"),
+            N,
+            cfg.vocab_size,
+            h,
+        )?;
+        let lm_head = if l.has("lm_head.weight") {
             l.lin("lm_head", cfg.vocab_size, h)?
         } else {
             Linear {
@@ -604,12 +785,11 @@ fn delta_rule(
             l2_normalize(head, 1.0);
         }
     }
-    let group = q.v_heads / q.k_heads;
     let per_head: Vec<Vec<f32>> = ssm
         .par_chunks_mut(kd * vd)
         .enumerate()
         .map(|(h, s)| {
-            let kh = h / group;
+            let kh = q.key_head(h);
             let mut out = vec![0f32; rows * vd];
             let mut delta = vec![0f32; vd];
             for (t, o) in out.chunks_exact_mut(vd).enumerate() {

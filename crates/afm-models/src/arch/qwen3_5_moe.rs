@@ -3,8 +3,9 @@
 //! gate. The rest of the model is `qwen3_5.rs`.
 //!
 //! Experts come fused (`experts.gate_up_proj` `[E, 2I, H]`, `experts.down_proj` `[E, H, I]`,
-//! transformers 5) or one by one (`experts.{e}.gate_proj.weight`, ...); either way each expert is
-//! bound as three matrices sharing the checkpoint's bytes.
+//! transformers 5), stacked one tensor per projection (llama.cpp's `ffn_gate_exps` `[E, I, H]`,
+//! ...) or one by one (`experts.{e}.gate_proj.weight`, ...); each expert is bound as three
+//! matrices sharing the checkpoint's bytes.
 
 use afm_runtime::compute::{Activation, ComputeError, Device, Tensor, Weight};
 use afm_runtime::WeightMatrix;
@@ -88,20 +89,27 @@ fn placed(dev: &Device, name: &str, w: WeightMatrix) -> Result<Weight, ModelErro
 }
 
 impl SparseMoe {
-    /// `prefix` is the MLP's (`layers.3.mlp`).
+    /// `prefix` is the MLP's (`layers.3.mlp`); `name` turns an HF tensor name into the
+    /// checkpoint's own (the identity for safetensors, llama.cpp's names for a GGUF).
     pub fn load(
         ck: &Checkpoint,
         dev: &Device,
         prefix: &str,
+        name: &dyn Fn(&str) -> String,
         hidden: usize,
         s: MoeShape,
     ) -> Result<Self, ModelError> {
         let (e_n, i) = (s.num_experts, s.expert_inter);
-        let fused = format!("{prefix}.experts.gate_up_proj");
+        let nm = |m: &str| name(&format!("{prefix}.{m}"));
+        let lin =
+            |m: &str, out: usize, inp: usize| Linear::load(ck, dev, &nm(m), N, out, inp, false);
+        let fused = nm("experts.gate_up_proj");
+        // llama.cpp's layout: gate, up and down each stacked over the experts.
+        let stacked = nm("experts.gate_proj.weight");
         let mut experts = Vec::with_capacity(e_n);
         for e in 0..e_n {
             let expert = if ck.has(&fused, N) {
-                let down = format!("{prefix}.experts.down_proj");
+                let down = nm("experts.down_proj");
                 Expert {
                     gate: placed(
                         dev,
@@ -119,49 +127,40 @@ impl SparseMoe {
                         expert_rows(ck, &down, [e_n, hidden, i], e, 0, hidden)?,
                     )?,
                 }
-            } else {
-                let lin = |m: &str, out: usize, inp: usize| {
-                    Linear::load(
-                        ck,
-                        dev,
-                        &format!("{prefix}.experts.{e}.{m}"),
-                        N,
-                        out,
-                        inp,
-                        false,
-                    )
-                    .map(|l| l.w)
+            } else if ck.has(&stacked, N) {
+                let part = |m: &str, shape: [usize; 3]| {
+                    let n = nm(m);
+                    placed(dev, &n, expert_rows(ck, &n, shape, e, 0, shape[1])?)
                 };
                 Expert {
-                    gate: lin("gate_proj", i, hidden)?,
-                    up: lin("up_proj", i, hidden)?,
-                    down: lin("down_proj", hidden, i)?,
+                    gate: part("experts.gate_proj.weight", [e_n, i, hidden])?,
+                    up: part("experts.up_proj.weight", [e_n, i, hidden])?,
+                    down: part("experts.down_proj.weight", [e_n, hidden, i])?,
+                }
+            } else {
+                let one = |m: &str, out: usize, inp: usize| {
+                    lin(&format!("experts.{e}.{m}"), out, inp).map(|l| l.w)
+                };
+                Expert {
+                    gate: one("gate_proj", i, hidden)?,
+                    up: one("up_proj", i, hidden)?,
+                    down: one("down_proj", hidden, i)?,
                 }
             };
             experts.push(expert);
         }
+        let si = s.shared_inter;
         Ok(Self {
-            router: Linear::load(ck, dev, &format!("{prefix}.gate"), N, e_n, hidden, false)?,
+            router: lin("gate", e_n, hidden)?,
             experts,
             top_k: s.top_k,
-            shared: GatedMlp::load(
-                ck,
-                dev,
-                &format!("{prefix}.shared_expert"),
-                N,
-                hidden,
-                s.shared_inter,
-                Activation::Silu,
-            )?,
-            shared_gate: Linear::load(
-                ck,
-                dev,
-                &format!("{prefix}.shared_expert_gate"),
-                N,
-                1,
-                hidden,
-                false,
-            )?,
+            shared: GatedMlp {
+                gate: lin("shared_expert.gate_proj", si, hidden)?,
+                up: lin("shared_expert.up_proj", si, hidden)?,
+                down: lin("shared_expert.down_proj", hidden, si)?,
+                act: Activation::Silu,
+            },
+            shared_gate: lin("shared_expert_gate", 1, hidden)?,
         })
     }
 
