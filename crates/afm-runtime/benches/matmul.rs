@@ -39,7 +39,7 @@ fn f16_fields(dtype: DType) -> &'static [usize] {
         DType::Q2K => &[80, 82],
         DType::Q3K => &[108],
         DType::Q6K => &[208],
-        DType::F32 | DType::F16 | DType::BF16 => &[],
+        DType::F32 | DType::F16 | DType::BF16 | DType::Mxfp4 => &[],
     }
 }
 

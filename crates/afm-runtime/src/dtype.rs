@@ -15,10 +15,14 @@ pub enum DType {
     Q4K,
     Q5K,
     Q6K,
+    /// OCP microscaling FP4: 32 E2M1 values and one E8M0 exponent (GGML type 39).
+    Mxfp4,
 }
 
 impl DType {
-    /// Every storage type: the floats, the 32-value block formats, then the K-quants.
+    /// Every storage type: the floats, the 32-value block formats, then the K-quants. MXFP4 is
+    /// left out: it is read (dequantized, dotted by `quant::mxfp4`) but has no encoder here for
+    /// the tests and benches that sweep this list.
     pub const ALL: [DType; 13] = [
         DType::F32,
         DType::F16,
@@ -51,6 +55,7 @@ impl DType {
             13 => DType::Q5K,
             14 => DType::Q6K,
             30 => DType::BF16,
+            39 => DType::Mxfp4,
             _ => return None,
         })
     }
@@ -70,6 +75,7 @@ impl DType {
             DType::Q5K => 13,
             DType::Q6K => 14,
             DType::BF16 => 30,
+            DType::Mxfp4 => 39,
         }
     }
 
@@ -88,6 +94,7 @@ impl DType {
             DType::Q4K => "Q4_K",
             DType::Q5K => "Q5_K",
             DType::Q6K => "Q6_K",
+            DType::Mxfp4 => "MXFP4",
         }
     }
 
@@ -96,6 +103,7 @@ impl DType {
         match self {
             DType::F32 | DType::F16 | DType::BF16 => 1,
             DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0 => 32,
+            DType::Mxfp4 => 32,
             DType::Q2K | DType::Q3K | DType::Q4K | DType::Q5K | DType::Q6K => 256,
         }
     }
@@ -115,6 +123,7 @@ impl DType {
             DType::Q4K => 144,
             DType::Q5K => 176,
             DType::Q6K => 210,
+            DType::Mxfp4 => 17,
         }
     }
 

@@ -38,7 +38,7 @@ fn f16_fields(dtype: DType) -> &'static [usize] {
         DType::Q3K => &[108],
         DType::Q4K | DType::Q5K => &[0, 2],
         DType::Q6K => &[208],
-        DType::F32 | DType::F16 | DType::BF16 => &[],
+        DType::F32 | DType::F16 | DType::BF16 | DType::Mxfp4 => &[],
     }
 }
 

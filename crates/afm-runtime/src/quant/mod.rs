@@ -22,6 +22,7 @@ mod float;
 mod kernel;
 mod kquants;
 mod legacy;
+mod mxfp4;
 #[cfg(target_arch = "x86_64")]
 mod vnni_lanes;
 #[cfg(target_arch = "x86_64")]
@@ -64,6 +65,7 @@ pub fn dequantize_row(dtype: DType, src: &[u8], out: &mut [f32]) {
         DType::Q4K => kquants::dequantize_q4_k(src, out),
         DType::Q5K => kquants::dequantize_q5_k(src, out),
         DType::Q6K => kquants::dequantize_q6_k(src, out),
+        DType::Mxfp4 => mxfp4::dequantize_mxfp4(src, out),
     }
 }
 
