@@ -10,8 +10,13 @@ What it writes, per fixture:
     model-f32.gguf    --outtype f32
     model-q8_0.gguf   --outtype q8_0 (where a tensor's rows are not whole Q8_0 blocks the
                       converter falls back to F16 or F32 itself)
-    check.json        llama.cpp's logits vs transformers' reference (max relative error per
+    llama_cpp.json    llama.cpp's logits vs transformers' reference (max relative error per
                       position, argmax agreement), so afm's tests can state both.
+
+DeepSeek V4 is different (see `deepseek_v4_source`): the converter takes DeepSeek's released
+layout with FP4 experts only, so the script builds a variant of the r128 fixture whose experts
+are MXFP4 values, records transformers' logits for it in deepseek_v4_gguf/reference.json, and
+writes model-mxfp4.gguf (everything F32 but the MXFP4 experts).
 
 The converter runs in this process, unchanged, with two inputs prepared in a temporary copy of
 the fixture (the committed fixture is never touched):
@@ -38,12 +43,20 @@ FIXTURES = ROOT / "tests" / "fixtures" / "tiny"
 DEFAULT_LLAMA_CPP = Path("/tmp/fm/sdist/llama_cpp_python-0.3.36/vendor/llama.cpp")
 MAX_BYTES = 2 * 1024 * 1024
 
-# fixture -> the converter's outtypes to write
-ARCHS: dict[str, tuple[str, ...]] = {
-    "qwen3_5": ("f32", "q8_0"),
-    "qwen3_5_moe": ("f32", "q8_0"),
-    "deepseek_v4": ("f32", "q8_0"),
+# fixture -> (file label, the converter's --outtype) of each file to write. DeepSeek V4's
+# routed experts are MXFP4 whatever the outtype; with f32 sources the rest stays F32.
+ARCHS: dict[str, tuple[tuple[str, str], ...]] = {
+    "qwen3_5": (("f32", "f32"), ("q8_0", "q8_0")),
+    "qwen3_5_moe": (("f32", "f32"), ("q8_0", "q8_0")),
+    "deepseek_v4": (("mxfp4", "f32"),),
 }
+
+
+# llama-cpp-python 0.3.36 loads the tiny deepseek4 file but aborts building its graph
+# (GGML_ASSERT(ggml_nelements(a) == ne0*ne1) in ggml_reshape_2d, from
+# llama_model_deepseek4::graph::build_attention_impl): its DeepSeek V4 graph assumes more of the
+# real shapes than these tiny ones have. transformers stays the reference there.
+LLAMA_CPP_CANNOT_RUN = {"deepseek_v4"}
 
 
 def prepare_source(arch: str, dst: Path) -> int:
@@ -73,6 +86,97 @@ def prepare_source(arch: str, dst: Path) -> int:
     vocab = text["vocab_size"]
     gen_tiny_fixtures.train_sentencepiece(dst, vocab, {"kwargs": {}})
     return vocab
+
+
+def to_mxfp4_grid(w: "torch.Tensor", gguf) -> tuple["torch.Tensor", "torch.Tensor", "torch.Tensor"]:
+    """`w` ([rows, cols], cols a multiple of 32) snapped to gguf-py's MXFP4 quantization:
+    (the values it decodes to, DeepSeek's packed codes [rows, cols/2] with element 2i in the low
+    nibble, DeepSeek's E8M0 scales [rows, cols/32])."""
+    import numpy as np
+    import torch
+
+    rows, cols = w.shape
+    blocks = gguf.quants.quantize(w.numpy().astype(np.float32), gguf.GGMLQuantizationType.MXFP4)
+    blocks = blocks.reshape(rows, cols // 32, 17)
+    values = gguf.quants.dequantize(blocks.reshape(rows, -1), gguf.GGMLQuantizationType.MXFP4)
+    qs = blocks[:, :, 1:]
+    codes = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).reshape(rows, cols)
+    packed = (codes[:, 0::2] | (codes[:, 1::2] << 4)).astype(np.uint8)
+    scale = blocks[:, :, 0].astype(np.uint8)
+    return (torch.from_numpy(np.ascontiguousarray(values.reshape(rows, cols))),
+            torch.from_numpy(packed), torch.from_numpy(np.ascontiguousarray(scale)))
+
+
+def deepseek_v4_source(llama_cpp: Path, hf_dir: Path, dst: Path, out_dir: Path) -> None:
+    """A DeepSeek V4 made for conversion, written in two forms.
+
+    llama.cpp's converter takes DeepSeek's released layout only: unprefixed names and routed
+    experts as packed FP4 codes with E8M0 scales (it repacks them into MXFP4 losslessly), and
+    MXFP4 blocks are 32 wide, so the committed fixtures (experts 8 wide) cannot be converted,
+    and llama.cpp runs compression ratios 0, 4 and 128 only. This builds gen_tiny_deepseek_v4.py's
+    `deepseek_v4_r128` model (the real ratio 128, 144 tokens, 4 mHC streams) with 32-wide
+    experts whose weights are snapped
+    to MXFP4 values, saves it with transformers (hf_dir) to compute reference logits from, and
+    rewrites it in the released layout (dst) for the converter.
+    """
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    for p in (str(llama_cpp / "gguf-py"), str(ROOT / "scripts")):
+        if p not in sys.path:
+            sys.path.insert(0, p)
+    import gguf
+    import gen_tiny_deepseek_v4 as dsv4
+
+    torch.use_deterministic_algorithms(True)
+    torch.set_num_threads(2)
+    config_kwargs, seq_len = dsv4.VARIANTS["deepseek_v4_r128"]
+    config = dict(config_kwargs, moe_intermediate_size=32)
+    dsv4.build_and_save(hf_dir, config)
+    tensors = load_file(hf_dir / "model.safetensors")
+    packed: dict[str, torch.Tensor] = {}
+    for name in [n for n in tensors if ".ffn.experts." in n]:
+        values, codes, scale = to_mxfp4_grid(tensors[name], gguf)
+        tensors[name] = values
+        packed[name] = codes
+        packed[name.removesuffix(".weight") + ".scale"] = scale
+    save_file(tensors, hf_dir / "model.safetensors", metadata={"format": "pt"})
+    reference = dsv4.compute_reference(hf_dir, seq_len)
+    reference["note"] = ("transformers on gen_tiny_deepseek_v4.py's deepseek_v4_r128 model with moe_intermediate_size 32 "
+                         "and every routed expert weight snapped to MXFP4 values (gguf-py's quantizer), "
+                         "so model-mxfp4.gguf holds exactly these weights")
+    (out_dir / "reference.json").write_text(json.dumps(reference, separators=(",", ":")) + "\n")
+
+    released: dict[str, torch.Tensor] = {}
+    top = {"model.embed_tokens.weight": "embed.weight", "model.norm.weight": "norm.weight",
+           "model.hc_head.hc_fn": "hc_head_fn", "model.hc_head.hc_base": "hc_head_base",
+           "model.hc_head.hc_scale": "hc_head_scale"}
+    for name, t in tensors.items():
+        new = top.get(name, name.removeprefix("model."))
+        new = new.replace(".attn.norm.weight", ".attn.kv_norm.weight")
+        if ".ffn.experts." in name:
+            released[new] = packed[name]
+            scale = name.removesuffix(".weight") + ".scale"
+            released[new.removesuffix(".weight") + ".scale"] = packed[scale]
+        else:
+            released[new] = t.contiguous()
+    save_file(released, dst / "model.safetensors", metadata={"format": "pt"})
+    cfg = json.loads((hf_dir / "config.json").read_text())
+    # The released config's spelling of what transformers calls layer_types / mlp_layer_types.
+    kinds = {"sliding_attention": 0, "compressed_sparse_attention": 4,
+             "heavily_compressed_attention": config["compress_rates"]["heavily_compressed_attention"]}
+    cfg["compress_ratios"] = [kinds[t] for t in config["layer_types"]]
+    cfg["num_hash_layers"] = config["mlp_layer_types"].count("hash_moe")
+    # The released config keeps the compressed branch's YaRN under `rope_scaling`, where the
+    # converter reads it (transformers folds it into rope_parameters.compress).
+    yarn = dict(config["rope_parameters"])
+    yarn["type"] = yarn.pop("rope_type")
+    cfg["rope_scaling"] = yarn
+    (dst / "config.json").write_text(json.dumps(cfg, indent=2))
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import gen_tiny_fixtures
+
+    gen_tiny_fixtures.train_sentencepiece(dst, cfg["vocab_size"], {"kwargs": {}})
 
 
 def convert(llama_cpp: Path, src: Path, outtype: str, out: Path) -> None:
@@ -130,22 +234,26 @@ def main() -> None:
     for arch in args.archs:
         out_dir = FIXTURES / f"{arch}_gguf"
         out_dir.mkdir(exist_ok=True)
-        reference = json.loads((FIXTURES / arch / "reference.json").read_text())
         checks = {}
         with tempfile.TemporaryDirectory() as tmp:
             src = Path(tmp) / arch
             src.mkdir()
-            prepare_source(arch, src)
-            for outtype in ARCHS[arch]:
-                out = out_dir / f"model-{outtype}.gguf"
+            if arch == "deepseek_v4":
+                deepseek_v4_source(args.llama_cpp_src, Path(tmp) / "hf", src, out_dir)
+                reference = json.loads((out_dir / "reference.json").read_text())
+            else:
+                prepare_source(arch, src)
+                reference = json.loads((FIXTURES / arch / "reference.json").read_text())
+            for label, outtype in ARCHS[arch]:
+                out = out_dir / f"model-{label}.gguf"
                 convert(args.llama_cpp_src, src, outtype, out)
                 size = out.stat().st_size
                 if size > MAX_BYTES:
                     raise RuntimeError(f"{out}: {size} bytes, over the {MAX_BYTES}-byte fixture limit")
-                if not args.no_check:
-                    checks[outtype] = check_with_llama_cpp(out, reference)
-                    c = checks[outtype]
-                    print(f"{arch} {outtype}: llama.cpp vs transformers max rel err "
+                if not args.no_check and arch not in LLAMA_CPP_CANNOT_RUN:
+                    checks[label] = check_with_llama_cpp(out, reference)
+                    c = checks[label]
+                    print(f"{arch} {label}: llama.cpp vs transformers max rel err "
                           f"{c['max_rel_err']:.2e}, argmax {c['argmax_agree']}/{c['positions']}")
         if checks:
             (out_dir / "llama_cpp.json").write_text(json.dumps(checks) + "\n")

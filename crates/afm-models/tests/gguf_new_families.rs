@@ -1,4 +1,4 @@
-//! GGUF files of the newer families (`qwen35`, `qwen35moe`), written by llama.cpp's
+//! GGUF files of the newer families (`qwen35`, `qwen35moe`, `deepseek4`), written by llama.cpp's
 //! own converter from the committed tiny HF fixtures (`scripts/gen_tiny_gguf.py`), must give the
 //! logits transformers computed for those fixtures: f32 files within the same 1e-3 relative
 //! error as the safetensors, by one prefill, token-by-token decode and mixed chunks. Quantized
@@ -46,9 +46,15 @@ struct Reference {
     logits: Vec<Vec<f32>>,
 }
 
-/// Transformers' logits for the HF fixture the GGUF was converted from.
+/// Transformers' logits for the HF fixture the GGUF was converted from (DeepSeek V4: for the
+/// MXFP4-valued variant the script built, kept beside its GGUF).
 fn reference(arch: &str) -> Reference {
-    let v = json(&fixtures().join(arch).join("reference.json"));
+    let own = fixtures().join(format!("{arch}_gguf/reference.json"));
+    let path = match own.exists() {
+        true => own,
+        false => fixtures().join(arch).join("reference.json"),
+    };
+    let v = json(&path);
     let tokens = v["tokens"]
         .as_array()
         .expect("tokens")
@@ -139,8 +145,13 @@ fn worst_by_plan(m: &LoadedModel, r: &Reference, chunks: &[usize]) -> (usize, f3
 }
 
 fn check_f32(arch: &str) {
+    check_exact(arch, "model-f32.gguf");
+}
+
+/// A file whose weights are exactly the reference's, within `TOL` by every chunk plan.
+fn check_exact(arch: &str, file: &str) {
     let r = reference(arch);
-    let m = load(arch, "model-f32.gguf");
+    let m = load(arch, file);
     let n = r.tokens.len();
     // Prefills of growing length, so early positions are checked too, not only the last.
     let mut worst = (0, 0f32);
@@ -151,10 +162,7 @@ fn check_f32(arch: &str) {
             worst = (end - 1, err);
         }
     }
-    eprintln!(
-        "{arch} gguf f32 prefill: max relative error {:.2e}",
-        worst.1
-    );
+    eprintln!("{arch} {file} prefill: max relative error {:.2e}", worst.1);
     assert!(
         worst.1 <= TOL,
         "{arch} prefill: position {} error {:.2e}",
@@ -163,7 +171,7 @@ fn check_f32(arch: &str) {
     );
     for (name, chunks) in plans(n) {
         let (pos, err) = worst_by_plan(&m, &r, &chunks);
-        eprintln!("{arch} gguf f32 {name}: max relative error {err:.2e}");
+        eprintln!("{arch} {file} {name}: max relative error {err:.2e}");
         assert!(err <= TOL, "{arch} {name}: position {pos} error {err:.2e}");
     }
 }
@@ -241,4 +249,12 @@ fn qwen3_5_gguf_mtp_head_is_loaded_from_the_nextn_block() {
     let mtp = m.mtp().expect("MTP head");
     assert_eq!(mtp.num_layers, 1);
     assert_eq!((mtp.fc.w.rows(), mtp.fc.w.cols()), (32, 64));
+}
+
+/// DeepSeek V4 from llama.cpp's converter: F32 tensors, MXFP4 routed experts holding exactly
+/// the weights transformers ran (afm multiplies them against f32 activations), the I32
+/// hash-routing table, the real HCA ratio 128 over 144 tokens; so the f32 tolerance holds.
+#[test]
+fn deepseek4_mxfp4_gguf_matches_transformers() {
+    check_exact("deepseek_v4", "model-mxfp4.gguf");
 }

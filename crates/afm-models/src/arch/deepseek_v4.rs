@@ -28,8 +28,11 @@
 //! the first read-back refuses inside one).
 //!
 //! Scope: safetensors with DeepSeek's names (`layers.N.attn.wq_a.weight`, with or without
-//! `model.`), f32/f16/bf16 weights (not the released FP8/FP4 tensors). GGUF (`deepseek4`) is
-//! not read yet: llama.cpp's converter writes the experts as MXFP4.
+//! `model.`), f32/f16/bf16 weights (not the released FP8/FP4 tensors). A `deepseek4` GGUF
+//! (llama.cpp's converter) feeds the same code: [`adjust_gguf_config`] restates its metadata,
+//! [`gguf_name`] maps the names, its routed experts come stacked (`ffn_gate_exps` `[E, I, H]`,
+//! MXFP4 as the converter writes them) and its hash table as an I32 tensor. Its main file holds
+//! no MTP.
 
 #[path = "deepseek_v4_attention.rs"]
 mod attention;
@@ -48,7 +51,7 @@ use crate::ModelError;
 
 use attention::{Attention, Streams};
 use config::cfg_err;
-pub use config::{AttnKind, V4Config};
+pub use config::{adjust_gguf_config, AttnKind, V4Config};
 
 const N: NormNaming = NormNaming::Llama;
 
@@ -130,9 +133,80 @@ pub(super) struct Names<'a, 'b> {
     eps: f32,
 }
 
+/// DeepSeek's name (as this file asks for it: `layers.1.attn.compressor.ape`,
+/// `layers.0.attn.wq_a` for a linear's stem, `hc_head_fn`) → llama.cpp's GGUF name (its
+/// converter's `_map_dsv4_tensor_name`). Stems stay stems; the bare parameters, which have no
+/// suffix in DeepSeek's files, gain GGUF's `.weight`.
+pub fn gguf_name(ds: &str) -> String {
+    let (stem, suffix) = match ds.strip_suffix(".weight") {
+        Some(stem) => (stem, ".weight"),
+        None => (ds, ""),
+    };
+    let top = match stem {
+        "embed" => Some("token_embd"),
+        "norm" => Some("output_norm"),
+        "head" => Some("output"),
+        _ => None,
+    };
+    if let Some(t) = top {
+        return format!("{t}{suffix}");
+    }
+    if let Some(part) = stem.strip_prefix("hc_head_") {
+        return format!("output_hc_{part}.weight");
+    }
+    let Some((layer, tail)) = stem.strip_prefix("layers.").and_then(|r| r.split_once('.')) else {
+        return ds.to_string();
+    };
+    // (DeepSeek tail, GGUF short name, whether DeepSeek stores it without a suffix)
+    let (short, bare) = match tail {
+        "attn_norm" => ("attn_norm", false),
+        "ffn_norm" => ("ffn_norm", false),
+        "attn.attn_sink" => ("attn_sinks", true),
+        "attn.wq_a" => ("attn_q_a", false),
+        "attn.q_norm" => ("attn_q_a_norm", false),
+        "attn.wq_b" => ("attn_q_b", false),
+        "attn.wkv" => ("attn_kv", false),
+        "attn.kv_norm" | "attn.norm" => ("attn_kv_a_norm", false),
+        "attn.wo_a" => ("attn_output_a", false),
+        "attn.wo_b" => ("attn_output_b", false),
+        "attn.compressor.ape" => ("attn_compressor_ape", true),
+        "attn.compressor.wkv" => ("attn_compressor_kv", false),
+        "attn.compressor.wgate" => ("attn_compressor_gate", false),
+        "attn.compressor.norm" => ("attn_compressor_norm", false),
+        "attn.indexer.wq_b" => ("indexer.attn_q_b", false),
+        "attn.indexer.weights_proj" => ("indexer.proj", false),
+        "attn.indexer.compressor.ape" => ("indexer_compressor_ape", true),
+        "attn.indexer.compressor.wkv" => ("indexer_compressor_kv", false),
+        "attn.indexer.compressor.wgate" => ("indexer_compressor_gate", false),
+        "attn.indexer.compressor.norm" => ("indexer_compressor_norm", false),
+        "ffn.gate" => ("ffn_gate_inp", false),
+        "ffn.gate.bias" => return format!("blk.{layer}.exp_probs_b.bias"),
+        "ffn.gate.tid2eid" => ("ffn_gate_tid2eid", true),
+        "ffn.shared_experts.w1" => ("ffn_gate_shexp", false),
+        "ffn.shared_experts.w2" => ("ffn_down_shexp", false),
+        "ffn.shared_experts.w3" => ("ffn_up_shexp", false),
+        "ffn.experts.w1" => ("ffn_gate_exps", false),
+        "ffn.experts.w2" => ("ffn_down_exps", false),
+        "ffn.experts.w3" => ("ffn_up_exps", false),
+        "hc_attn_fn" | "hc_attn_base" | "hc_attn_scale" | "hc_ffn_fn" | "hc_ffn_base"
+        | "hc_ffn_scale" => (tail, true),
+        _ => return ds.to_string(),
+    };
+    let suffix = if bare { ".weight" } else { suffix };
+    format!("blk.{layer}.{short}{suffix}")
+}
+
 impl Names<'_, '_> {
+    /// The checkpoint's name for a DeepSeek name.
+    fn resolve(&self, name: &str) -> String {
+        match self.ck.is_gguf() {
+            true => gguf_name(name),
+            false => name.to_string(),
+        }
+    }
+
     pub(super) fn has(&self, name: &str) -> bool {
-        self.ck.has(name, N)
+        self.ck.has(&self.resolve(name), N)
     }
 
     /// A matrix stored without a `.weight` suffix (mHC's `hc_*_fn`).
@@ -142,7 +216,7 @@ impl Names<'_, '_> {
         rows: usize,
         cols: usize,
     ) -> Result<Weight, ModelError> {
-        crate::layers::matrix(self.ck, self.dev, name, N, rows, cols)
+        crate::layers::matrix(self.ck, self.dev, &self.resolve(name), N, rows, cols)
     }
 
     pub(super) fn first(&self, names: &[&str]) -> Result<String, ModelError> {
@@ -158,16 +232,40 @@ impl Names<'_, '_> {
     }
 
     pub(super) fn linear(&self, name: &str, out: usize, inp: usize) -> Result<Linear, ModelError> {
-        Linear::load(self.ck, self.dev, name, N, out, inp, false)
+        Linear::load(self.ck, self.dev, &self.resolve(name), N, out, inp, false)
     }
 
     pub(super) fn norm(&self, name: &str, len: usize) -> Result<RmsNorm, ModelError> {
-        RmsNorm::load(self.ck, self.dev, name, N, len, self.eps, 0.0)
+        RmsNorm::load(
+            self.ck,
+            self.dev,
+            &self.resolve(name),
+            N,
+            len,
+            self.eps,
+            0.0,
+        )
+    }
+
+    /// An integer table (the hash routing's `tid2eid`) with its shape.
+    fn integers(&self, name: &str) -> Result<(Vec<usize>, Vec<i64>), ModelError> {
+        self.ck.integers(&self.resolve(name), N)
+    }
+
+    /// Expert `e`'s `[rows, cols]` slice of a stacked `[E, rows, cols]` tensor (GGUF).
+    fn expert(&self, name: &str, shape: [usize; 3], e: usize) -> Result<Linear, ModelError> {
+        let n = self.resolve(name);
+        let w = super::qwen3_5_moe::expert_rows(self.ck, &n, shape, e, 0, shape[1])?;
+        let w = self
+            .dev
+            .weight(w)
+            .map_err(|source| ModelError::Device { name: n, source })?;
+        Ok(Linear { w, b: None })
     }
 
     /// Any tensor of exactly `shape`, as f32 on the host.
     pub(super) fn host(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, ModelError> {
-        let v = self.ck.view(name, N)?;
+        let v = self.ck.view(&self.resolve(name), N)?;
         let numel: usize = shape.iter().product();
         if v.numel() != numel || (v.shape.as_slice() != shape && shape.len() > 1) {
             return Err(ModelError::Shape {
@@ -200,12 +298,6 @@ impl Names<'_, '_> {
 
 impl DeepseekV4 {
     pub fn load(ck: &Checkpoint, tc: &TransformerConfig, dev: &Device) -> Result<Self, ModelError> {
-        if ck.is_gguf() {
-            return Err(cfg_err(
-                "general.architecture",
-                "deepseek4 GGUF files are not read yet; use the safetensors checkpoint",
-            ));
-        }
         let cfg = V4Config::from_hf(tc)?;
         let unprefixed = ck.unprefixed();
         let top = Names {
@@ -489,7 +581,7 @@ fn load_moe(nm: &Names, c: &V4Config, p: &str, hashed: bool) -> Result<Moe, Mode
     };
     let tid2eid = if hashed {
         let name = format!("{p}.gate.tid2eid");
-        let (shape, ids) = nm.ck.integers(&name, N)?;
+        let (shape, ids) = nm.integers(&name)?;
         if shape != [c.vocab, c.top_k] {
             return Err(ModelError::Shape {
                 name,
@@ -517,7 +609,15 @@ fn load_moe(nm: &Names, c: &V4Config, p: &str, hashed: bool) -> Result<Moe, Mode
         },
         tid2eid,
         experts: (0..c.experts)
-            .map(|e| mlp(&format!("{p}.experts.{e}")))
+            .map(|e| match nm.ck.is_gguf() {
+                // llama.cpp stacks each projection over the experts.
+                true => Ok(ClampedMlp {
+                    gate: nm.expert(&format!("{p}.experts.w1.weight"), [c.experts, i, h], e)?,
+                    up: nm.expert(&format!("{p}.experts.w3.weight"), [c.experts, i, h], e)?,
+                    down: nm.expert(&format!("{p}.experts.w2.weight"), [c.experts, h, i], e)?,
+                }),
+                false => mlp(&format!("{p}.experts.{e}")),
+            })
             .collect::<Result<_, _>>()?,
         shared: mlp(&format!("{p}.shared_experts"))?,
     })

@@ -1,11 +1,110 @@
 //! DeepSeek V4's hyper-parameters beyond [`TransformerConfig`]: the attention schedule, the
 //! compression ratios, mHC, MoE and indexer sizes and the two RoPE tables, read once from
-//! `config.json` (transformers 5 keys and the legacy ones its config folds in).
+//! `config.json` (transformers 5 keys and the legacy ones its config folds in), or from a
+//! `deepseek4` GGUF's metadata restated as those keys by [`adjust_gguf_config`].
 
-use serde_json::Value;
+use serde_json::{json, Map, Value};
 
 use crate::config::TransformerConfig;
+use crate::weights::{GgufFile, GgufValue};
 use crate::ModelError;
+
+/// Where [`adjust_gguf_config`] lists the GGUF keys it needed and did not find.
+const GGUF_MISSING: &str = "gguf_missing_keys";
+
+/// llama.cpp's `deepseek4` metadata (its converter's `DeepseekV4Model`) restated as the
+/// released config's keys, which [`V4Config::from_hf`] reads: per-layer `compress_ratios`,
+/// `num_hash_layers`, the YaRN of the compressed branch under `rope_scaling`. The converter
+/// leaves the MTP module out of the main file (`--mtp` writes it alone), so none is read.
+/// Keys it cannot find are listed under [`GGUF_MISSING`] so the load names them.
+pub fn adjust_gguf_config(cfg: &mut TransformerConfig, g: &GgufFile) {
+    let arch = g.architecture().unwrap_or("deepseek4").to_string();
+    let mut missing = Vec::new();
+    let mut raw = Map::new();
+    let mut copy = |gguf: &str, hf: &str, first_of_array: bool| {
+        let key = format!("{arch}.{gguf}");
+        let v = g.get(&key).and_then(|v| match (v, first_of_array) {
+            (GgufValue::Array(a), true) => a.first(),
+            _ => Some(v),
+        });
+        match v.and_then(gguf_json) {
+            Some(j) => {
+                raw.insert(hf.to_string(), j);
+            }
+            None => missing.push(key),
+        }
+    };
+    for (gguf, hf) in [
+        ("attention.compress_ratios", "compress_ratios"),
+        ("hash_layer_count", "num_hash_layers"),
+        ("rope.dimension_count", "qk_rope_head_dim"),
+        ("attention.q_lora_rank", "q_lora_rank"),
+        ("attention.output_group_count", "o_groups"),
+        ("attention.output_lora_rank", "o_lora_rank"),
+        ("attention.sliding_window", "sliding_window"),
+        ("hyper_connection.count", "hc_mult"),
+        ("hyper_connection.sinkhorn_iterations", "hc_sinkhorn_iters"),
+        ("hyper_connection.epsilon", "hc_eps"),
+        ("expert_count", "n_routed_experts"),
+        ("expert_used_count", "num_experts_per_tok"),
+        ("expert_feed_forward_length", "moe_intermediate_size"),
+        ("expert_weights_scale", "routed_scaling_factor"),
+        ("attention.indexer.head_count", "index_n_heads"),
+        ("attention.indexer.key_length", "index_head_dim"),
+        ("attention.indexer.top_k", "index_topk"),
+        ("attention.compress_rope_freq_base", "compress_rope_theta"),
+        ("rope.freq_base", "rope_theta"),
+    ] {
+        copy(gguf, hf, false);
+    }
+    copy("swiglu_clamp_exp", "swiglu_limit", true);
+    // llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SQRT_SOFTPLUS is 4.
+    let gating = g
+        .get(&format!("{arch}.expert_gating_func"))
+        .and_then(|v| v.as_u64());
+    raw.insert(
+        "scoring_func".into(),
+        json!(match gating {
+            Some(4) => "sqrtsoftplus".to_string(),
+            other => format!("llama.cpp expert_gating_func {other:?}"),
+        }),
+    );
+    let rope = |k: &str| {
+        g.get(&format!("{arch}.rope.scaling.{k}"))
+            .and_then(gguf_json)
+    };
+    if let Some(kind) = rope("type") {
+        let mut yarn = Map::new();
+        yarn.insert("type".into(), kind);
+        for (gguf, hf) in [
+            ("factor", "factor"),
+            (
+                "original_context_length",
+                "original_max_position_embeddings",
+            ),
+            ("yarn_beta_fast", "beta_fast"),
+            ("yarn_beta_slow", "beta_slow"),
+        ] {
+            if let Some(v) = rope(gguf) {
+                yarn.insert(hf.into(), v);
+            }
+        }
+        raw.insert("rope_scaling".into(), Value::Object(yarn));
+    }
+    raw.insert("num_nextn_predict_layers".into(), json!(0));
+    raw.insert(GGUF_MISSING.into(), json!(missing));
+    cfg.raw = Value::Object(raw);
+}
+
+fn gguf_json(v: &GgufValue) -> Option<Value> {
+    Some(match v {
+        GgufValue::Array(a) => Value::Array(a.iter().map(gguf_json).collect::<Option<_>>()?),
+        GgufValue::Bool(b) => json!(b),
+        GgufValue::Str(s) => json!(s),
+        GgufValue::F32(_) | GgufValue::F64(_) => json!(v.as_f64()?),
+        _ => json!(v.as_i64()?),
+    })
+}
 
 /// Which long-range branch a layer adds to its sliding window.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,6 +185,13 @@ impl V4Config {
     /// (`compress_ratios`, `num_hash_layers`, `compress_rate_*`, `qk_rope_head_dim`).
     pub fn from_hf(c: &TransformerConfig) -> Result<Self, ModelError> {
         let raw = &c.raw;
+        if let Some(missing) = get(raw, GGUF_MISSING).and_then(Value::as_array) {
+            if !missing.is_empty() {
+                let keys: Vec<&str> = missing.iter().filter_map(Value::as_str).collect();
+                let why = format!("missing {} (a deepseek4 GGUF has them)", keys.join(", "));
+                return Err(cfg_err("GGUF metadata", why));
+            }
+        }
         let n = c.num_layers;
         let head_dim = c.head_dim;
         let rate = |kind: &str, legacy: &str, default: usize| match get(raw, "compress_rates") {

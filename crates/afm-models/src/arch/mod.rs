@@ -92,10 +92,8 @@ pub const ARCHITECTURES: &[Architecture] = &[
     },
     Architecture {
         hf_types: &["deepseek_v4"],
-        // Not "deepseek4": its GGUFs hold MXFP4 experts, which afm-runtime has no type for, so
-        // they are refused as an unsupported architecture rather than half-loaded.
-        gguf_arch: "",
-        adjust_gguf: no_adjust,
+        gguf_arch: "deepseek4",
+        adjust_gguf: deepseek_v4::adjust_gguf_config,
         load: |ck, cfg, dev| Ok(Box::new(deepseek_v4::DeepseekV4::load(ck, cfg, dev)?)),
     },
 ];

@@ -39,7 +39,7 @@ pub struct SparseMoe {
 }
 
 /// Expert `e`'s rows `r0..r0 + rows` of a stacked `[E, R, C]` tensor, without copying.
-fn expert_rows(
+pub(crate) fn expert_rows(
     ck: &Checkpoint,
     name: &str,
     shape: [usize; 3],

@@ -111,10 +111,47 @@ impl GgufValue {
     }
 }
 
+/// How a tensor's elements are stored.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Storage {
+    /// Floats or a block-quantized weight type.
+    Weight(DType),
+    /// Little-endian signed integers of this many bytes (GGML I8/I16/I32/I64, ids 24..=27),
+    /// e.g. DeepSeek V4's hash-routing table `ffn_gate_tid2eid`.
+    Int(usize),
+}
+
+impl Storage {
+    fn from_ggml_id(id: u32) -> Option<Storage> {
+        Some(match id {
+            24 => Storage::Int(1),
+            25 => Storage::Int(2),
+            26 => Storage::Int(4),
+            27 => Storage::Int(8),
+            _ => Storage::Weight(DType::from_ggml_id(id)?),
+        })
+    }
+
+    /// A row of `n` elements as a weight type does: plain ints are blocks of one.
+    fn as_dtype(self) -> DType {
+        match self {
+            Storage::Weight(d) => d,
+            Storage::Int(_) => DType::F32,
+        }
+    }
+
+    fn row_bytes(self, n: usize) -> Option<usize> {
+        match self {
+            Storage::Weight(d) => d.row_bytes(n),
+            Storage::Int(b) => n.checked_mul(b),
+        }
+    }
+}
+
 /// Where one tensor lives in the map, checked at open.
 struct TensorInfo {
     name: String,
-    dtype: DType,
+    storage: Storage,
     shape: Vec<usize>,
     start: usize,
     len: usize,
@@ -184,15 +221,50 @@ impl GgufFile {
         self.by_name.contains_key(name)
     }
 
-    /// A view into the map. The shape is outermost first: GGUF's dims reversed.
-    pub fn tensor(&self, name: &str) -> Result<TensorView, WeightsError> {
-        let info = self
-            .by_name
+    fn info(&self, name: &str) -> Result<&TensorInfo, WeightsError> {
+        self.by_name
             .get(name)
             .map(|&i| &self.tensors[i])
             .ok_or_else(|| WeightsError::MissingTensor {
                 name: name.to_string(),
-            })?;
+            })
+    }
+
+    /// An integer tensor (I8/I16/I32/I64) as i64 values with its shape, outermost first.
+    pub fn integers(&self, name: &str) -> Result<(Vec<usize>, Vec<i64>), WeightsError> {
+        let info = self.info(name)?;
+        let Storage::Int(width) = info.storage else {
+            return Err(WeightsError::WrongKind {
+                name: name.to_string(),
+                stored: info.storage.as_dtype().name().to_string(),
+                wanted: "an integer table",
+            });
+        };
+        // Placement was checked at open.
+        let bytes = &(*self.data).as_ref()[info.start..info.start + info.len];
+        let values = bytes
+            .chunks_exact(width)
+            .map(|c| {
+                let mut b = [0u8; 8];
+                b[..width].copy_from_slice(c);
+                // Sign-extend from the stored width.
+                let shift = 64 - 8 * width as u32;
+                (i64::from_le_bytes(b) << shift) >> shift
+            })
+            .collect();
+        Ok((info.shape.clone(), values))
+    }
+
+    /// A view into the map. The shape is outermost first: GGUF's dims reversed.
+    pub fn tensor(&self, name: &str) -> Result<TensorView, WeightsError> {
+        let info = self.info(name)?;
+        let Storage::Weight(dtype) = info.storage else {
+            return Err(WeightsError::WrongKind {
+                name: name.to_string(),
+                stored: "an integer table".into(),
+                wanted: "weights",
+            });
+        };
         let bytes =
             WeightBytes::slice_of(self.data.clone(), info.start, info.len).ok_or_else(|| {
                 WeightsError::TensorOutOfBounds {
@@ -204,7 +276,7 @@ impl GgufFile {
             })?;
         Ok(TensorView {
             name: info.name.clone(),
-            dtype: info.dtype,
+            dtype,
             shape: info.shape.clone(),
             bytes,
         })
@@ -424,9 +496,10 @@ fn locate(
         type_id,
         offset,
     } = raw;
-    let Some(dtype) = DType::from_ggml_id(type_id) else {
+    let Some(storage) = Storage::from_ggml_id(type_id) else {
         return Err(WeightsError::UnknownTensorType { name, id: type_id });
     };
+    let dtype = storage.as_dtype();
     let Ok(dims) = dims
         .iter()
         .map(|&d| usize::try_from(d))
@@ -449,7 +522,7 @@ fn locate(
             "row size of tensor {name} with dims {dims:?}"
         )));
     }
-    let Some(row_bytes) = dtype.row_bytes(row) else {
+    let Some(row_bytes) = storage.row_bytes(row) else {
         let (ty, block) = (dtype.name(), dtype.block_elems());
         let why =
             format!("rows of {row} elements are not a whole number of {ty} blocks of {block}");
@@ -481,7 +554,7 @@ fn locate(
     let start = data_start + offset as usize;
     Ok(TensorInfo {
         name,
-        dtype,
+        storage,
         shape,
         start,
         len: size,

@@ -61,6 +61,13 @@ pub enum WeightsError {
     UnknownTensorType { name: String, id: u32 },
     #[error("tensor {name}: dtype {dtype} is not supported here (supported: F32, F16, BF16)")]
     UnsupportedDType { name: String, dtype: String },
+    /// An integer table read as weights, or weights read as an integer table.
+    #[error("tensor {name} is {stored}, read here as {wanted}")]
+    WrongKind {
+        name: String,
+        stored: String,
+        wanted: &'static str,
+    },
     #[error("tensor {name} not found")]
     MissingTensor { name: String },
     #[error("tensor {name} with shape {shape:?}: {why}")]
@@ -250,14 +257,10 @@ impl WeightSource {
         }
     }
 
-    /// An integer tensor as i64 values with its shape (safetensors I64/I32; GGUF answers
-    /// `UnsupportedDType` for now).
+    /// An integer tensor as i64 values with its shape (safetensors I64/I32, GGUF I8..I64).
     pub fn integers(&self, name: &str) -> Result<(Vec<usize>, Vec<i64>), WeightsError> {
         match self {
-            WeightSource::Gguf(_) => Err(WeightsError::UnsupportedDType {
-                name: name.to_string(),
-                dtype: "integer table in GGUF".into(),
-            }),
+            WeightSource::Gguf(f) => f.integers(name),
             WeightSource::Safetensors(s) => s.integers(name),
         }
     }

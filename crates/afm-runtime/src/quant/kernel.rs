@@ -110,7 +110,7 @@ impl RowKernel {
             DType::Q4K => RowKernel::Q8k(kquants::dot_q4_k),
             DType::Q5K => RowKernel::Q8k(kquants::dot_q5_k),
             DType::Q6K => RowKernel::Q8k(kquants::dot_q6_k),
-            DType::Mxfp4 => RowKernel::Q8(super::mxfp4::dot_mxfp4),
+            DType::Mxfp4 => RowKernel::Float(super::mxfp4::dot_mxfp4),
         }
     }
 }

@@ -277,7 +277,7 @@ fn tensor_placement_is_checked() {
 
 #[test]
 fn tensor_types_and_shapes_are_checked() {
-    for id in [15, 39, 1000] {
+    for id in [15, 40, 1000] {
         let t = TestTensor {
             type_id: id,
             ..TestTensor::f32("blk.0.x", &[1], &[0.])
@@ -377,4 +377,42 @@ fn mutated_files_never_panic() {
             }
         }
     }
+}
+
+/// Integer tensors (GGML I8/I16/I32/I64, as llama.cpp writes DeepSeek V4's hash table) read
+/// back as i64 with their sign, outermost dimension first, and are refused as weights.
+#[test]
+fn integer_tensors_read_as_signed_tables() {
+    let int = |name: &str, type_id: u32, dims: &[u64], data: Vec<u8>| TestTensor {
+        name: name.into(),
+        dims: dims.to_vec(),
+        type_id,
+        data,
+        offset: None,
+    };
+    let i32s: Vec<u8> = [0i32, 3, -2, 7, 1, -2_000_000_000]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    let bytes = GgufBuilder::new()
+        .tensor(int("tid2eid", 26, &[2, 3], i32s))
+        .tensor(int("i8", 24, &[3], vec![0xff, 0x7f, 0x80]))
+        .tensor(int("i16", 25, &[1], (-300i16).to_le_bytes().to_vec()))
+        .tensor(int("i64", 27, &[1], i64::MIN.to_le_bytes().to_vec()))
+        .tensor(TestTensor::f32("w", &[2], &[1.0, 2.0]))
+        .build();
+    let g = GgufFile::from_bytes(bytes).expect("valid file");
+    let (shape, ids) = g.integers("tid2eid").expect("I32 table");
+    assert_eq!(shape, vec![3, 2]);
+    assert_eq!(ids, vec![0, 3, -2, 7, 1, -2_000_000_000]);
+    assert_eq!(g.integers("i8").unwrap().1, vec![-1, 127, -128]);
+    assert_eq!(g.integers("i16").unwrap().1, vec![-300]);
+    assert_eq!(g.integers("i64").unwrap().1, vec![i64::MIN]);
+    let as_weights = g.tensor("tid2eid").expect_err("a table is not weights");
+    assert!(
+        as_weights.to_string().contains("integer table"),
+        "{as_weights}"
+    );
+    let as_table = g.integers("w").expect_err("weights are not a table");
+    assert!(as_table.to_string().contains("F32"), "{as_table}");
 }
