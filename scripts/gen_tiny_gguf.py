@@ -179,6 +179,94 @@ def deepseek_v4_source(llama_cpp: Path, hf_dir: Path, dst: Path, out_dir: Path) 
     gen_tiny_fixtures.train_sentencepiece(dst, cfg["vocab_size"], {"kwargs": {}})
 
 
+GEMMA4_SPECIALS = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>", "<|turn>", "<turn|>",
+                   "<|tool_call>", "<tool_call|>", "<|channel>", "<channel|>"]
+
+
+def gemma4_tokenizer(dst: Path) -> None:
+    """A tiny tokenizer in Gemma 4's shape, which llama.cpp's converter turns into
+    `tokenizer.ggml.model = "gemma4"` (its Gemma4Model.set_vocab, via gguf-py's LlamaHfVocab):
+    BPE with byte fallback over the 256 `<0xXX>` tokens, spaces replaced by '▁' by the
+    normalizer, a Replace/ByteFallback/Fuse decoder, Gemma 4's special tokens, trained on the
+    fixtures' corpus plus multilingual lines and newline runs."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import gen_tiny_fixtures
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+    corpus = gen_tiny_fixtures.tokenizer_corpus().splitlines()
+    corpus += ["Hello world!\n\nHello again.", "café naïve résumé", "中文测试，你好世界", "def f(x):\n    return x"] * 20
+    tok = Tokenizer(models.BPE(byte_fallback=True))
+    tok.normalizer = normalizers.Replace(" ", "\u2581")
+    # Lines and newline runs apart, as llama.cpp's gemma4 pre-tokenizer splits them.
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("\n+"), "isolated")
+    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
+    byte_tokens = [f"<0x{b:02X}>" for b in range(256)]
+    trainer = trainers.BpeTrainer(vocab_size=640, special_tokens=GEMMA4_SPECIALS + byte_tokens,
+                                  show_progress=False)
+    tok.train_from_iterator(corpus, trainer)
+    tok.save(str(dst / "tokenizer.json"))
+    (dst / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<bos>", "eos_token": "<eos>",
+        "pad_token": "<pad>", "unk_token": "<unk>", "add_bos_token": True,
+    }))
+
+
+def record_llama_cpp_tokens(path: Path, out: Path) -> None:
+    """llama.cpp's ids and detokenization for the tokenizer tests' strings, as
+    crates/afm-chat/tests/fixtures/record_llamacpp.py records them for the real models."""
+    import ctypes
+
+    import llama_cpp
+
+    sys.path.insert(0, str(ROOT / "crates" / "afm-chat" / "tests" / "fixtures"))
+    from record_llamacpp import MODES, TEXTS, detok
+
+    llm = llama_cpp.Llama(str(path), vocab_only=True, verbose=False)
+    vocab = llm._model.vocab
+    n_vocab = llama_cpp.llama_vocab_n_tokens(vocab)
+    texts = TEXTS + ["<|turn>user\nhi<turn|>\n", "Hello world!\n\nHello again.\n\n\n", "naïve ü 𝕏 ☃"]
+    cases = [{"text": t, "add_special": a, "parse_special": p,
+              "ids": llm.tokenize(t.encode("utf-8"), add_bos=a, special=p)}
+             for t in texts for a, p in MODES]
+    decodes = []
+    for t in texts:
+        ids = llm.tokenize(t.encode("utf-8"), add_bos=True, special=True)
+        for remove_special, unparse_special in [(False, True), (True, False)]:
+            decodes.append({"ids": ids, "skip_special": remove_special,
+                            "text": detok(llm, ids, remove_special, unparse_special)})
+    eog = [i for i in range(n_vocab) if llama_cpp.llama_vocab_is_eog(vocab, i)]
+    del ctypes
+    out.write_text(json.dumps({"gguf": path.name, "llama_cpp_python": llama_cpp.__version__,
+                               "n_vocab": n_vocab, "bos": llama_cpp.llama_vocab_bos(vocab), "eog": eog,
+                               "cases": cases, "decodes": decodes}, ensure_ascii=False, indent=0) + "\n")
+    print(f"gemma4 vocab: {len(cases)} cases, n_vocab {n_vocab}, eog {eog} -> {out}")
+
+
+def gemma4_vocab(llama_cpp: Path) -> None:
+    """tests/fixtures/tiny/gemma4_gguf/vocab.gguf: the converter's --vocab-only output for the
+    gemma4 fixture's config with `gemma4_tokenizer`, and llama.cpp's ids for it."""
+    out_dir = FIXTURES / "gemma4_gguf"
+    out_dir.mkdir(exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "gemma4"
+        src.mkdir()
+        shutil.copy(FIXTURES / "gemma4" / "config.json", src / "config.json")
+        gemma4_tokenizer(src)
+        out = out_dir / "vocab.gguf"
+        argv = sys.argv
+        for p in (str(llama_cpp / "gguf-py"), str(llama_cpp)):
+            if p not in sys.path:
+                sys.path.insert(0, p)
+        import convert_hf_to_gguf as conv
+
+        sys.argv = ["convert_hf_to_gguf.py", str(src), "--vocab-only", "--outfile", str(out)]
+        try:
+            conv.main()
+        finally:
+            sys.argv = argv
+    record_llama_cpp_tokens(out, out_dir / "llama_cpp_tokens.json")
+
+
 def convert(llama_cpp: Path, src: Path, outtype: str, out: Path) -> None:
     """llama.cpp's convert_hf_to_gguf.main() in this process, its vocab step on SentencePiece."""
     for p in (str(llama_cpp / "gguf-py"), str(llama_cpp)):
@@ -225,13 +313,17 @@ def check_with_llama_cpp(path: Path, reference: dict) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--archs", nargs="+", default=list(ARCHS), choices=list(ARCHS))
+    ap.add_argument("--archs", nargs="+", default=list(ARCHS) + ["gemma4_vocab"],
+                    choices=list(ARCHS) + ["gemma4_vocab"])
     ap.add_argument("--llama-cpp-src", type=Path, default=DEFAULT_LLAMA_CPP)
     ap.add_argument("--no-check", action="store_true", help="skip the llama-cpp-python check")
     args = ap.parse_args()
     if not (args.llama_cpp_src / "convert_hf_to_gguf.py").is_file():
         sys.exit(f"{args.llama_cpp_src}: no convert_hf_to_gguf.py (pass --llama-cpp-src)")
     for arch in args.archs:
+        if arch == "gemma4_vocab":
+            gemma4_vocab(args.llama_cpp_src)
+            continue
         out_dir = FIXTURES / f"{arch}_gguf"
         out_dir.mkdir(exist_ok=True)
         checks = {}

@@ -58,9 +58,10 @@ pub(super) fn vocab_spec(g: &GgufFile) -> Result<VocabSpec, ChatError> {
     let model = match model_name {
         "gpt2" => VocabModel::Bpe,
         "llama" => VocabModel::Spm,
+        "gemma4" => VocabModel::Gemma4,
         other => {
             return Err(ChatError::Tokenizer(format!(
-                "tokenizer.ggml.model = {other:?} is not supported (supported: gpt2, llama)"
+                "tokenizer.ggml.model = {other:?} is not supported (supported: gpt2, llama, gemma4)"
             )))
         }
     };
@@ -82,9 +83,11 @@ pub(super) fn vocab_spec(g: &GgufFile) -> Result<VocabSpec, ChatError> {
             )));
         }
     }
-    if model == VocabModel::Bpe {
+    if matches!(model, VocabModel::Bpe | VocabModel::Gemma4) {
         spec.merges = strings(g, "tokenizer.ggml.merges")?.ok_or_else(|| {
-            ChatError::Tokenizer("GGUF BPE vocabulary has no tokenizer.ggml.merges".into())
+            ChatError::Tokenizer(format!(
+                "GGUF {model_name} vocabulary has no tokenizer.ggml.merges"
+            ))
         })?;
     }
     spec.pre = g
@@ -96,6 +99,8 @@ pub(super) fn vocab_spec(g: &GgufFile) -> Result<VocabSpec, ChatError> {
     let (bos, eos, unk) = match model {
         VocabModel::Spm => (Some(1), Some(2), Some(0)),
         VocabModel::Bpe => (Some(11), Some(11), None),
+        // gemma4: no defaults, the file names them.
+        VocabModel::Gemma4 => (None, None, None),
     };
     let pick = |key: &str, default: Option<u32>| {
         let default = default.filter(|&d| (d as usize) < n);

@@ -38,6 +38,8 @@ enum Encoder {
     },
     /// llama.cpp SentencePiece.
     Spm,
+    /// llama.cpp's gemma4 BPE (`encode_gemma4`).
+    Gemma4,
     /// HF tokenizer.json pipeline (BPE model).
     Hf(hf_pipeline::Pipeline),
 }
@@ -145,6 +147,12 @@ impl Tokenizer {
                 add_space_prefix = true;
                 (Encoder::Spm, PieceStyle::Metaspace)
             }
+            (None, VocabModel::Gemma4) => {
+                // llama.cpp forces add_bos for gemma4 whatever the file says.
+                spec.add_bos = Some(true);
+                clean_spaces = true;
+                (Encoder::Gemma4, PieceStyle::Metaspace)
+            }
         };
         let add_bos = spec.add_bos.unwrap_or(add_bos);
         let add_eos = spec.add_eos.unwrap_or(false);
@@ -211,6 +219,7 @@ impl Tokenizer {
                             self.encode_bpe(pre, *ignore_merges, t, &mut out)
                         }
                         Encoder::Spm => self.encode_spm(t, prev_special, &mut out),
+                        Encoder::Gemma4 => self.encode_gemma4(t, &mut out),
                         Encoder::Hf(p) => p.encode(self, t, k == 0, &mut out),
                     }
                     prev_special = false;
@@ -331,6 +340,34 @@ impl Tokenizer {
         self.vocab.eog.extend(ids.into_iter().filter(|&i| i < n));
         self.vocab.eog.sort_unstable();
         self.vocab.eog.dedup();
+    }
+
+    /// llama.cpp's gemma4 BPE session: spaces become '▁', the text splits into runs of
+    /// newlines and runs of anything else; a newline run that is itself a token stays whole,
+    /// every other run is merged from its chars, and a symbol left without a token is spelled
+    /// as `<0xXX>` byte tokens (a byte without one is dropped, as llama.cpp does).
+    fn encode_gemma4(&self, text: &str, out: &mut Vec<u32>) {
+        let text = text.replace(' ', "\u{2581}");
+        let mut rest = text.as_str();
+        while let Some(c) = rest.chars().next() {
+            let newline = c == '\n';
+            let end = rest
+                .find(|ch: char| (ch == '\n') != newline)
+                .unwrap_or(rest.len());
+            let (word, tail) = rest.split_at(end);
+            rest = tail;
+            if newline {
+                if let Some(id) = self.vocab.find(word) {
+                    out.push(id);
+                    continue;
+                }
+            }
+            self.merge_word(word, out, |bytes, out| {
+                for &b in bytes {
+                    out.extend(self.vocab.find(&format!("<0x{b:02X}>")));
+                }
+            });
+        }
     }
 
     fn encode_spm(&self, text: &str, prev_special: bool, out: &mut Vec<u32>) {

@@ -11,6 +11,9 @@ pub enum VocabModel {
     Bpe,
     /// SentencePiece with scores and byte fallback (GGUF `tokenizer.ggml.model = "llama"`).
     Spm,
+    /// SentencePiece-style BPE (GGUF `tokenizer.ggml.model = "gemma4"`): merges over raw UTF-8
+    /// with '▁' for spaces and `<0xXX>` byte fallback, split only at newline runs.
+    Gemma4,
 }
 
 /// A vocabulary in plain form: what GGUF `tokenizer.ggml.*` holds. Build a tokenizer from it with
