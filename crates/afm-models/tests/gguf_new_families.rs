@@ -216,6 +216,12 @@ fn qwen3_5_moe_f32_gguf_matches_transformers() {
     check_f32("qwen3_5_moe");
 }
 
+/// `--fuse-gate-up-exps`: gate and up experts in one `ffn_gate_up_exps` `[E, 2I, H]`.
+#[test]
+fn qwen3_5_moe_fused_gate_up_gguf_matches_transformers() {
+    check_exact("qwen3_5_moe", "model-f32-fused.gguf");
+}
+
 #[test]
 fn qwen3_5_q8_0_gguf_tracks_llama_cpp() {
     // Measured 4e-7: both round activations to Q8_0 blocks before the products.

@@ -451,3 +451,47 @@ fn yarn_inv_freq(
         })
         .collect())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::weights::testfiles::{GgufBuilder, TestTensor};
+
+    /// A deepseek4 GGUF lacking keys is refused naming them (not read with HF's defaults),
+    /// and the keys it has land where the released config keeps them.
+    #[test]
+    fn gguf_metadata_is_restated_or_named_missing() {
+        let u = |v: u32| GgufValue::U32(v);
+        let ratios = GgufValue::Array(vec![u(0), u(4), u(128)]);
+        let bytes = GgufBuilder::new()
+            .kv("general.architecture", GgufValue::Str("deepseek4".into()))
+            .kv("deepseek4.embedding_length", u(32))
+            .kv("deepseek4.attention.head_count", u(2))
+            .kv("deepseek4.block_count", u(3))
+            .kv("deepseek4.expert_feed_forward_length", u(32))
+            .kv("deepseek4.attention.compress_ratios", ratios)
+            .kv("deepseek4.expert_gating_func", u(4))
+            .kv(
+                "deepseek4.swiglu_clamp_exp",
+                GgufValue::Array(vec![GgufValue::F32(7.0); 3]),
+            )
+            .tensor(TestTensor::f32("token_embd.weight", &[32, 2], &[0.0; 64]))
+            .build();
+        let g = GgufFile::from_bytes(bytes).expect("valid file");
+        let mut cfg = TransformerConfig::from_gguf(&g, "deepseek4").expect("base config");
+        adjust_gguf_config(&mut cfg, &g);
+        assert_eq!(cfg.raw["compress_ratios"], json!([0, 4, 128]));
+        assert_eq!(cfg.raw["swiglu_limit"], json!(7.0));
+        assert_eq!(cfg.raw["scoring_func"], json!("sqrtsoftplus"));
+        let msg = V4Config::from_hf(&cfg)
+            .expect_err("keys missing")
+            .to_string();
+        for key in [
+            "deepseek4.hash_layer_count",
+            "deepseek4.hyper_connection.count",
+        ] {
+            assert!(msg.contains(key), "{msg}");
+        }
+        assert!(!msg.contains("compress_ratios"), "{msg}");
+    }
+}

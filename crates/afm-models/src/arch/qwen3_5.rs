@@ -42,8 +42,12 @@ use crate::checkpoint::{Checkpoint, NormNaming};
 use crate::config::TransformerConfig;
 use crate::forward::{CausalLm, ForwardBatch};
 use crate::layers::{matrix, rotary, Embedding, GatedMlp, Linear, RmsNorm};
-use crate::weights::GgufFile;
 use crate::ModelError;
+
+#[path = "qwen3_5_gguf.rs"]
+mod gguf;
+use gguf::GGUF_MISSING;
+pub use gguf::{adjust_gguf_config, gguf_name};
 
 const N: NormNaming = NormNaming::Llama;
 
@@ -199,136 +203,6 @@ impl Qwen35Config {
             ssm: self.v_heads * self.k_dim * self.v_dim,
         }
     }
-}
-
-/// Where [`adjust_gguf_config`] lists the GGUF keys it needed and did not find.
-const GGUF_MISSING: &str = "gguf_missing_keys";
-
-/// llama.cpp's `qwen35` / `qwen35moe` metadata (its converter's `Qwen3_5TextModel`) restated
-/// as the HF keys [`Qwen35Config::from_hf`] reads. Keys it cannot find are listed under
-/// [`GGUF_MISSING`], so the load fails naming them instead of falling back to HF defaults.
-pub fn adjust_gguf_config(cfg: &mut TransformerConfig, g: &GgufFile) {
-    let arch = g.architecture().unwrap_or("qwen35").to_string();
-    let mut missing = Vec::new();
-    let mut uint = |k: &str| {
-        let key = format!("{arch}.{k}");
-        let v = g.get(&key).and_then(|v| v.as_u64());
-        if v.is_none() {
-            missing.push(key);
-        }
-        v.unwrap_or(0)
-    };
-    let (kernel, k_dim) = (uint("ssm.conv_kernel"), uint("ssm.state_size"));
-    let (k_heads, v_heads) = (uint("ssm.group_count"), uint("ssm.time_step_rank"));
-    let inner = uint("ssm.inner_size");
-    let rope_dims = uint("rope.dimension_count");
-    let moe = g.get(&format!("{arch}.expert_count")).is_some();
-    let experts = if moe {
-        serde_json::json!({
-            "num_experts": uint("expert_count"),
-            "num_experts_per_tok": uint("expert_used_count"),
-            "moe_intermediate_size": uint("expert_feed_forward_length"),
-            "shared_expert_intermediate_size": uint("expert_shared_feed_forward_length"),
-        })
-    } else {
-        serde_json::json!({})
-    };
-    let recurrent = g
-        .get(&format!("{arch}.attention.recurrent_layers"))
-        .and_then(|v| v.as_array());
-    let layer_types: Vec<&str> = match recurrent {
-        Some(r) => r
-            .iter()
-            .take(cfg.num_layers)
-            .map(|b| match b.as_bool() {
-                Some(true) => "linear_attention",
-                _ => "full_attention",
-            })
-            .collect(),
-        None => {
-            missing.push(format!("{arch}.attention.recurrent_layers"));
-            Vec::new()
-        }
-    };
-    let mut raw = serde_json::json!({
-        "layer_types": layer_types,
-        "partial_rotary_factor": rope_dims as f64 / cfg.head_dim.max(1) as f64,
-        "linear_conv_kernel_dim": kernel,
-        "linear_key_head_dim": k_dim,
-        "linear_num_key_heads": k_heads,
-        "linear_num_value_heads": v_heads,
-        "linear_value_head_dim": inner / v_heads.max(1),
-        GGUF_MISSING: missing,
-    });
-    if let (Some(r), Some(e)) = (raw.as_object_mut(), experts.as_object()) {
-        r.extend(e.clone());
-    }
-    cfg.raw = raw;
-}
-
-/// An HF name as this file asks for it (`layers.0.linear_attn.A_log`, `mtp.fc.weight`) →
-/// llama.cpp's GGUF name. `n` is the model's own block count: MTP blocks follow it.
-pub fn gguf_name(hf: &str, n: usize) -> String {
-    let (stem, suffix) = match hf.strip_suffix(".weight") {
-        Some(stem) => (stem, ".weight"),
-        None => (hf, ""),
-    };
-    let block = |rest: &str, first: usize| -> Option<(usize, String)> {
-        let (i, tail) = rest.split_once('.')?;
-        Some((first + i.parse::<usize>().ok()?, tail.to_string()))
-    };
-    let (b, tail) = if let Some(r) = stem.strip_prefix("layers.") {
-        block(r, 0)
-    } else if let Some(r) = stem.strip_prefix("mtp.layers.") {
-        block(r, n)
-    } else {
-        stem.strip_prefix("mtp.").map(|r| (n, format!("mtp.{r}")))
-    }
-    .unwrap_or((usize::MAX, String::new()));
-    let short = match tail.as_str() {
-        "input_layernorm" => "attn_norm",
-        "post_attention_layernorm" => "post_attention_norm",
-        "self_attn.q_proj" => "attn_q",
-        "self_attn.k_proj" => "attn_k",
-        "self_attn.v_proj" => "attn_v",
-        "self_attn.o_proj" => "attn_output",
-        "self_attn.q_norm" => "attn_q_norm",
-        "self_attn.k_norm" => "attn_k_norm",
-        "linear_attn.in_proj_qkv" => "attn_qkv",
-        "linear_attn.in_proj_z" => "attn_gate",
-        "linear_attn.in_proj_b" => "ssm_beta",
-        "linear_attn.in_proj_a" => "ssm_alpha",
-        "linear_attn.out_proj" => "ssm_out",
-        "linear_attn.norm" => "ssm_norm",
-        "linear_attn.conv1d" => "ssm_conv1d",
-        "linear_attn.A_log" => "ssm_a",
-        "linear_attn.dt_bias" => "ssm_dt.bias",
-        "mlp.gate_proj" => "ffn_gate",
-        "mlp.up_proj" => "ffn_up",
-        "mlp.down_proj" => "ffn_down",
-        "mlp.gate" => "ffn_gate_inp",
-        "mlp.experts.gate_proj" => "ffn_gate_exps",
-        "mlp.experts.up_proj" => "ffn_up_exps",
-        "mlp.experts.down_proj" => "ffn_down_exps",
-        "mlp.shared_expert.gate_proj" => "ffn_gate_shexp",
-        "mlp.shared_expert.up_proj" => "ffn_up_shexp",
-        "mlp.shared_expert.down_proj" => "ffn_down_shexp",
-        "mlp.shared_expert_gate" => "ffn_gate_inp_shexp",
-        "mtp.fc" => "nextn.eh_proj",
-        "mtp.pre_fc_norm_embedding" => "nextn.enorm",
-        "mtp.pre_fc_norm_hidden" => "nextn.hnorm",
-        "mtp.norm" => "nextn.shared_head_norm",
-        _ => {
-            let top = match stem {
-                "embed_tokens" => "token_embd",
-                "norm" => "output_norm",
-                "lm_head" => "output",
-                _ => return hf.to_string(),
-            };
-            return format!("{top}{suffix}");
-        }
-    };
-    format!("blk.{b}.{short}{suffix}")
 }
 
 /// Gated full attention; `kv_layer` is its layer in the KV pool (full-attention layers only).
