@@ -41,22 +41,24 @@ pub fn adjust_gguf_config(cfg: &mut TransformerConfig, g: &GgufFile) {
     let recurrent = g
         .get(&format!("{arch}.attention.recurrent_layers"))
         .and_then(|v| v.as_array());
-    let layer_types: Vec<&str> = match recurrent {
-        Some(r) => r
-            .iter()
+    // llama.cpp's rule where the per-layer flags are absent: every `full_attention_interval`-th
+    // layer (default 4) is full attention; `Qwen35Config::from_hf` applies the same rule.
+    let interval = g
+        .get(&format!("{arch}.full_attention_interval"))
+        .and_then(|v| v.as_u64())
+        .unwrap_or(4);
+    let layer_types: Option<Vec<&str>> = recurrent.map(|r| {
+        r.iter()
             .take(cfg.num_layers)
             .map(|b| match b.as_bool() {
                 Some(true) => "linear_attention",
                 _ => "full_attention",
             })
-            .collect(),
-        None => {
-            missing.push(format!("{arch}.attention.recurrent_layers"));
-            Vec::new()
-        }
-    };
+            .collect()
+    });
     let mut raw = serde_json::json!({
         "layer_types": layer_types,
+        "full_attention_interval": interval,
         "partial_rotary_factor": rope_dims as f64 / cfg.head_dim.max(1) as f64,
         "linear_conv_kernel_dim": kernel,
         "linear_key_head_dim": k_dim,
@@ -205,10 +207,45 @@ mod tests {
             "qwen35.ssm.group_count",
             "qwen35.ssm.time_step_rank",
             "qwen35.ssm.inner_size",
-            "qwen35.attention.recurrent_layers",
         ] {
             assert!(msg.contains(key), "{msg}");
         }
-        assert!(!msg.contains("conv_kernel"), "{msg}");
+        // Present, or (the layer pattern) derived as llama.cpp derives it.
+        assert!(
+            !msg.contains("conv_kernel") && !msg.contains("recurrent"),
+            "{msg}"
+        );
+    }
+
+    /// Without `attention.recurrent_layers` the pattern comes from `full_attention_interval`,
+    /// as llama.cpp derives it: every interval-th layer is full attention.
+    #[test]
+    fn layer_pattern_falls_back_to_the_interval() {
+        let u = |v: u32| GgufValue::U32(v);
+        let mut b = GgufBuilder::new()
+            .kv("general.architecture", GgufValue::Str("qwen35".into()))
+            .tensor(TestTensor::f32("token_embd.weight", &[32, 2], &[0.0; 64]));
+        for (k, v) in [
+            ("embedding_length", 32),
+            ("attention.head_count", 4),
+            ("attention.key_length", 16),
+            ("block_count", 4),
+            ("feed_forward_length", 64),
+            ("ssm.conv_kernel", 4),
+            ("ssm.state_size", 16),
+            ("ssm.group_count", 2),
+            ("ssm.time_step_rank", 4),
+            ("ssm.inner_size", 64),
+            ("rope.dimension_count", 4),
+            ("full_attention_interval", 2),
+        ] {
+            b = b.kv(&format!("qwen35.{k}"), u(v));
+        }
+        let g = GgufFile::from_bytes(b.build()).expect("valid file");
+        let mut cfg = TransformerConfig::from_gguf(&g, "qwen35").expect("base config");
+        adjust_gguf_config(&mut cfg, &g);
+        let q = Qwen35Config::from_hf(&cfg).expect("complete metadata");
+        assert_eq!(q.full_attention, [false, true, false, true]);
+        assert_eq!((q.rotary_dims, q.k_dim, q.v_dim, q.v_heads), (4, 16, 16, 4));
     }
 }
