@@ -3,15 +3,25 @@
 convert_hf_to_gguf.py, into tests/fixtures/tiny/<arch>_gguf/, and check each file with
 llama.cpp itself (llama-cpp-python) against the fixture's transformers reference logits.
 
-    python3 scripts/gen_tiny_gguf.py [--archs qwen3_5 qwen3_5_moe deepseek_v4] \
-        [--llama-cpp-src /tmp/fm/sdist/llama_cpp_python-0.3.36/vendor/llama.cpp]
+    python3 scripts/gen_tiny_gguf.py [--archs qwen3_5 qwen3_5_moe deepseek_v4 gemma4_vocab] \
+        [--llama-cpp-src /tmp/fm/sdist/llama_cpp_python-0.3.36/vendor/llama.cpp] [--no-check]
+
+Needs torch, transformers 5.24, safetensors, sentencepiece, tokenizers and llama-cpp-python
+0.3.36 (built from the same llama.cpp source). Conversions are deterministic: rerunning gives
+byte-identical GGUFs.
 
 What it writes, per fixture:
-    model-f32.gguf    --outtype f32
-    model-q8_0.gguf   --outtype q8_0 (where a tensor's rows are not whole Q8_0 blocks the
-                      converter falls back to F16 or F32 itself)
-    llama_cpp.json    llama.cpp's logits vs transformers' reference (max relative error per
-                      position, argmax agreement), so afm's tests can state both.
+    model-f32.gguf        --outtype f32
+    model-q8_0.gguf       --outtype q8_0 (where a tensor's rows are not whole Q8_0 blocks the
+                          converter falls back to F16 or F32 itself)
+    model-f32-fused.gguf  (qwen3_5_moe) --fuse-gate-up-exps: one ffn_gate_up_exps per layer
+    llama_cpp.json        llama.cpp's logits vs transformers' reference (max relative error per
+                          position, argmax agreement; the logits of quantized files), so afm's
+                          tests can state both.
+
+gemma4_vocab writes tests/fixtures/tiny/gemma4_gguf/: vocab.gguf (--vocab-only, a tiny tokenizer
+in Gemma 4's shape, `tokenizer.ggml.model = "gemma4"`) and llama_cpp_tokens.json (llama.cpp's ids
+and detokenization for the tokenizer tests' strings).
 
 DeepSeek V4 is different (see `deepseek_v4_source`): the converter takes DeepSeek's released
 layout with FP4 experts only, so the script builds a variant of the r128 fixture whose experts
@@ -276,11 +286,12 @@ def convert(llama_cpp: Path, src: Path, outtype: str, out: Path, extra: tuple[st
             sys.path.insert(0, p)
     import convert_hf_to_gguf as conv
 
-    original = getattr(conv, "_afm_original_get_model_class", conv.get_model_class)
-    conv._afm_original_get_model_class = original
+    original = conv.get_model_class
+    patched: list[tuple[type, object]] = []
 
     def model_class(*args, **kwargs):
         cls = original(*args, **kwargs)
+        patched.append((cls, cls.__dict__.get("set_vocab")))
         cls.set_vocab = cls._set_vocab_sentencepiece
         return cls
 
@@ -290,27 +301,14 @@ def convert(llama_cpp: Path, src: Path, outtype: str, out: Path, extra: tuple[st
     try:
         conv.main()
     finally:
+        # Undo the patch, so a later conversion in this process (gemma4's vocab) is unchanged.
         sys.argv = argv
-
-
-def check_with_llama_cpp(path: Path, reference: dict) -> dict:
-    """llama.cpp's logits over the reference tokens against transformers' (one prefill)."""
-    import numpy as np
-    from llama_cpp import Llama
-
-    tokens = reference["tokens"]
-    llm = Llama(model_path=str(path), n_ctx=256, n_batch=256, n_ubatch=256, n_threads=2,
-                logits_all=True, verbose=False, seed=0)
-    llm.eval(tokens)
-    got = np.array(llm.scores[: len(tokens)], dtype=np.float32)
-    want = np.array(reference["logits"], dtype=np.float32)
-    rel = np.abs(got - want).max(1) / np.abs(want).max(1)
-    return {
-        "max_rel_err": float(rel.max()),
-        "argmax_agree": int((got.argmax(1) == want.argmax(1)).sum()),
-        "positions": len(tokens),
-        "logits": [[round(float(x), 6) for x in row] for row in got],
-    }
+        conv.get_model_class = original
+        for cls, own in patched:
+            if own is None:
+                del cls.set_vocab
+            else:
+                cls.set_vocab = own
 
 
 def main() -> None:
