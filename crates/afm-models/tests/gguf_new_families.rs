@@ -5,12 +5,17 @@
 //! files must agree with transformers' argmax at least as often as llama.cpp's own run of the
 //! same file does (`llama_cpp.json`, recorded by the script) and stay within a stated relative
 //! error of llama.cpp's logits for that file.
+//!
+//! `AFM_TEST_DEVICE=cuda` runs the same checks on a GPU (a `--features afm-runtime/cuda`
+//! build), where MXFP4 weights are stored as F16 (no MXFP4 kernel there); the Q8_0 bounds
+//! against llama.cpp were measured on the CPU.
 
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 use afm_models::source::ModelLocation;
-use afm_models::{load_model, ForwardBatch, LoadedModel, SeqChunk};
-use afm_runtime::compute::{KvPool, StatePool};
+use afm_models::{load_model_on, ForwardBatch, LoadedModel, SeqChunk};
+use afm_runtime::compute::{Device, DeviceChoice, KvPool, StatePool};
 
 const BLOCK: usize = 4;
 const TOL: f32 = 1e-3;
@@ -67,9 +72,20 @@ fn reference(arch: &str) -> Reference {
     }
 }
 
+/// The device under test (`AFM_TEST_DEVICE`, cpu by default), opened once.
+fn device() -> &'static Device {
+    static DEVICE: OnceLock<Device> = OnceLock::new();
+    DEVICE.get_or_init(|| {
+        let name = std::env::var("AFM_TEST_DEVICE").unwrap_or_else(|_| "cpu".into());
+        let choice: DeviceChoice = name.parse().unwrap_or_else(|e| panic!("{e}"));
+        Device::open(choice).unwrap_or_else(|e| panic!("AFM_TEST_DEVICE={name}: {e}"))
+    })
+}
+
 fn load(arch: &str, file: &str) -> LoadedModel {
     let path = fixtures().join(format!("{arch}_gguf")).join(file);
-    load_model(&ModelLocation::Gguf(path)).unwrap_or_else(|e| panic!("{arch} {file}: {e}"))
+    load_model_on(&ModelLocation::Gguf(path), device())
+        .unwrap_or_else(|e| panic!("{arch} {file}: {e}"))
 }
 
 /// max |a − b| / max |b| over one row.
