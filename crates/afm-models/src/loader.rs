@@ -110,6 +110,7 @@ fn load_gguf(path: &Path, loc: &ModelLocation, dev: &Device) -> Result<LoadedMod
         .iter()
         .find(|a| a.gguf_arch == name)
         .ok_or_else(|| unsupported(&name))?;
+    refuse_mtp_only(&g, &name)?;
     let mut config = TransformerConfig::from_gguf(&g, arch.gguf_arch)?;
     (arch.adjust_gguf)(&mut config, &g);
     let source = WeightSource::Gguf(g);
@@ -126,6 +127,26 @@ fn load_gguf(path: &Path, loc: &ModelLocation, dev: &Device) -> Result<LoadedMod
         kv_dtype,
         device: dev.clone(),
     })
+}
+
+/// llama.cpp's converter can write a model's multi-token-prediction layers alone
+/// (`--mtp`: `nextn_predict_layers` set, the trunk's blocks absent); that file is a draft head
+/// for the main GGUF, not a model.
+fn refuse_mtp_only(g: &GgufFile, arch: &str) -> Result<(), ModelError> {
+    let nextn = g
+        .get(&format!("{arch}.nextn_predict_layers"))
+        .and_then(|v| v.as_u64())
+        .unwrap_or(0);
+    if nextn > 0 && !g.contains("blk.0.attn_norm.weight") {
+        return Err(ModelError::Config {
+            key: format!("{arch}.nextn_predict_layers"),
+            reason: format!(
+                "{nextn}, and blk.0 is absent: this GGUF holds only the MTP layers \
+                 (convert_hf_to_gguf.py --mtp); load the main model's GGUF"
+            ),
+        });
+    }
+    Ok(())
 }
 
 fn load_hf(dir: &Path, loc: &ModelLocation, dev: &Device) -> Result<LoadedModel, ModelError> {
@@ -198,4 +219,34 @@ fn kv_dtype_for(ck: &Checkpoint) -> Result<KvDtype, ModelError> {
     } else {
         KvDtype::F16
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::weights::testfiles::{GgufBuilder, ScratchDir, TestTensor};
+    use crate::weights::GgufValue;
+
+    /// A GGUF of MTP layers alone is refused in one line that says what it is.
+    #[test]
+    fn an_mtp_only_gguf_is_refused_naming_it() {
+        let u = |v: u32| GgufValue::U32(v);
+        let bytes = GgufBuilder::new()
+            .kv("general.architecture", GgufValue::Str("qwen35".into()))
+            .kv("qwen35.block_count", u(5))
+            .kv("qwen35.nextn_predict_layers", u(1))
+            .tensor(TestTensor::f32("token_embd.weight", &[2, 2], &[0.0; 4]))
+            .tensor(TestTensor::f32("blk.4.attn_norm.weight", &[2], &[1.0; 2]))
+            .build();
+        let dir = ScratchDir::new("mtp-only");
+        let path = dir.write("mtp-qwen.gguf", &bytes);
+        let err = load_model(&ModelLocation::Gguf(path))
+            .err()
+            .expect("refused");
+        let msg = err.to_string();
+        assert!(
+            msg.contains("only the MTP layers") && !msg.contains('\n'),
+            "{msg}"
+        );
+    }
 }
