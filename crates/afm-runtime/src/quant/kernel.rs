@@ -160,7 +160,7 @@ pub(crate) fn k_lanes_kernel(dtype: DType, isa: Isa) -> Option<super::vnni_lanes
     })
 }
 
-/// AVX2 kernels (every type but MXFP4 has one).
+/// AVX2 kernels (every type has one).
 #[cfg(target_arch = "x86_64")]
 fn avx2(dtype: DType) -> Option<RowKernel> {
     use super::{avx2_float as f, avx2_kquants as k, avx2_legacy as l};
@@ -178,7 +178,7 @@ fn avx2(dtype: DType) -> Option<RowKernel> {
         DType::Q4K => RowKernel::Q8k(k::dot_q4_k),
         DType::Q5K => RowKernel::Q8k(k::dot_q5_k),
         DType::Q6K => RowKernel::Q8k(k::dot_q6_k),
-        DType::Mxfp4 => return None,
+        DType::Mxfp4 => RowKernel::Float(super::mxfp4::avx2::dot_mxfp4),
     })
 }
 

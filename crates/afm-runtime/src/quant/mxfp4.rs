@@ -1,6 +1,7 @@
 //! MXFP4 (OCP microscaling FP4, GGML type 39): decoding, bit-exact with GGML's
-//! `dequantize_row_mxfp4`, and a scalar dot product against f32 activations (llama.cpp's CPU
-//! backend uses Q8_0 activation blocks instead; [`dot_mxfp4`] says why this does not).
+//! `dequantize_row_mxfp4`, and the dot product against f32 activations, portable and AVX2
+//! (llama.cpp's CPU backend uses Q8_0 activation blocks instead; [`dot_mxfp4`] says why this
+//! does not).
 //!
 //! ```text
 //! 17 B per 32 weights: u8 e | u8 qs[16]
@@ -65,6 +66,74 @@ pub(super) fn dot_mxfp4(w: &[u8], x: &[f32], cols: usize, i0: usize, out: &mut [
     }
     for (o, a) in out.iter_mut().zip(&acc) {
         *o = a.iter().sum();
+    }
+}
+
+/// The same product with AVX2: a block's 32 codes go through `pshufb` on [`KVALUES`], are
+/// widened to f32 and scaled (exactly, by a power of two), then meet up to `MAX_TILE` rows.
+#[cfg(target_arch = "x86_64")]
+pub(super) mod avx2 {
+    use super::{e8m0_half, BLOCK_BYTES, KVALUES, QK};
+    use crate::quant::avx2_legacy::hsum;
+    use crate::quant::kernel::with_tile;
+    use std::arch::x86_64::*;
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn widen8(codes: __m128i, d: __m256) -> __m256 {
+        _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(codes)), d)
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn tile<const NB: usize>(w: &[u8], x: &[f32], cols: usize, i0: usize) -> [f32; NB] {
+        let table = _mm_loadu_si128(KVALUES.as_ptr() as *const __m128i);
+        let low = _mm_set1_epi8(0x0f);
+        let xp: [*const f32; NB] = std::array::from_fn(|j| x.as_ptr().add((i0 + j) * cols));
+        let mut acc = [[_mm256_setzero_ps(); 2]; NB];
+        for (k, b) in w.chunks_exact(BLOCK_BYTES).enumerate() {
+            let d = _mm256_set1_ps(e8m0_half(b[0]));
+            let qs = _mm_loadu_si128(b.as_ptr().add(1) as *const __m128i);
+            let lo = _mm_shuffle_epi8(table, _mm_and_si128(qs, low));
+            let hi = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(qs, 4), low));
+            let wv = [
+                widen8(lo, d),
+                widen8(_mm_srli_si128(lo, 8), d),
+                widen8(hi, d),
+                widen8(_mm_srli_si128(hi, 8), d),
+            ];
+            let c = k * QK;
+            for j in 0..NB {
+                for (q, wq) in wv.iter().enumerate() {
+                    let xq = _mm256_loadu_ps(xp[j].add(c + 8 * q));
+                    acc[j][q & 1] = _mm256_fmadd_ps(*wq, xq, acc[j][q & 1]);
+                }
+            }
+        }
+        std::array::from_fn(|j| hsum(_mm256_add_ps(acc[j][0], acc[j][1])))
+    }
+
+    pub(in crate::quant) fn dot_mxfp4(
+        w: &[u8],
+        x: &[f32],
+        cols: usize,
+        i0: usize,
+        out: &mut [f32],
+    ) {
+        assert!(
+            cols.is_multiple_of(QK),
+            "MXFP4 rows are whole blocks of {QK}"
+        );
+        assert_eq!(w.len(), cols / QK * BLOCK_BYTES, "weight row length");
+        assert!(
+            x.len() >= (i0 + out.len()) * cols,
+            "activation rows out of range"
+        );
+        with_tile!(out.len(), NB => {
+            // SAFETY: selected by `RowKernel::for_type` only when AVX2/FMA/F16C are present; the
+            // asserts above keep every load inside `w` and `x`.
+            out.copy_from_slice(&unsafe { tile::<NB>(w, x, cols, i0) });
+        })
     }
 }
 
@@ -146,5 +215,42 @@ mod tests {
         assert_eq!(DType::Mxfp4.row_bytes(64), Some(34));
         assert_eq!(DType::Mxfp4.row_bytes(16), None);
         assert_eq!(DType::from_ggml_id(39), Some(DType::Mxfp4));
+    }
+
+    /// The AVX2 kernel (where this CPU has it) equals the portable one on every tile size, over
+    /// blocks of every code and a spread of exponents.
+    #[test]
+    fn every_kernel_agrees_with_the_portable_one() {
+        let cols = 128;
+        let rows: Vec<Vec<u8>> = (0..3)
+            .map(|r| {
+                (0..cols / QK)
+                    .flat_map(|k| {
+                        let mut b = vec![(110 + 5 * k + r) as u8];
+                        b.extend((0..16).map(|i| ((i * 37 + k * 11 + r * 5) % 256) as u8));
+                        b
+                    })
+                    .collect()
+            })
+            .collect();
+        let x: Vec<f32> = (0..4 * cols)
+            .map(|i| ((i * 29 % 97) as f32 - 48.0) / 5.0)
+            .collect();
+        let RowKernel::Float(best) = RowKernel::for_type(DType::Mxfp4, Isa::best()) else {
+            panic!("MXFP4 dots f32 activations");
+        };
+        for w in &rows {
+            for n in 1..=4 {
+                let (mut want, mut got) = (vec![0f32; n], vec![0f32; n]);
+                dot_mxfp4(w, &x, cols, 0, &mut want);
+                best(w, &x, cols, 0, &mut got);
+                for (g, v) in got.iter().zip(&want) {
+                    assert!(
+                        (g - v).abs() <= 1e-5 * v.abs().max(1.0),
+                        "tile {n}: {g} vs {v}"
+                    );
+                }
+            }
+        }
     }
 }
