@@ -3,14 +3,10 @@
 //! the model's text. Checked, beyond "no panic":
 //! - for call `i`, the `CallArgs` fragments concatenate to `calls()[i].arguments`;
 //! - arguments and ends come only inside a started call;
-//! - with `AFM_FUZZ_CHUNKING=1`: the text, names and arguments do not depend on how the output
-//!   was chunked. Off by default (CI) while a known case stays open: malformed Mistral output
-//!   with a second `[TOOL_CALLS]` inside a call's name parses as a call whole and as text in
-//!   pieces (reproducer: fuzz/known/tool_calls_mistral_abandon).
+//! - the text, names and arguments do not depend on how the output was chunked.
 #![no_main]
 
 use afm_chat::tool_calls::{ParserOptions, ToolCallFormat, ToolCallParser, ToolEvent};
-use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
 use serde_json::json;
@@ -72,11 +68,6 @@ fn run(format: ToolCallFormat, opts: ParserOptions, chunks: &[&str]) -> (String,
     (text, calls)
 }
 
-fn strict_chunking() -> bool {
-    static STRICT: OnceLock<bool> = OnceLock::new();
-    *STRICT.get_or_init(|| std::env::var("AFM_FUZZ_CHUNKING").is_ok_and(|v| v == "1"))
-}
-
 /// Splits `text` at char boundaries into pieces of 1..=8 bytes, driven by `seed`.
 fn chunk(text: &str, mut seed: u32) -> Vec<&str> {
     let mut out = Vec::new();
@@ -107,7 +98,5 @@ fuzz_target!(|data: &[u8]| {
     let text = String::from_utf8_lossy(rest);
     let whole = run(format, opts, &[&text]);
     let pieces = run(format, opts, &chunk(&text, u32::from(*flags) | 0x9e37_0000));
-    if strict_chunking() {
-        assert_eq!(whole, pieces, "chunking changed the result");
-    }
+    assert_eq!(whole, pieces, "chunking changed the result");
 });

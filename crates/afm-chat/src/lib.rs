@@ -28,4 +28,14 @@ pub enum ChatError {
     TemplateRaised(String),
     #[error("chat template output exceeds {limit} bytes")]
     TemplateOutputTooLarge { limit: usize },
+    /// The sandboxed renderer ran out of memory (a template that builds huge values).
+    #[error(
+        "the model's chat template exceeded its memory limit ({limit_mib} MiB) while rendering"
+    )]
+    TemplateMemoryLimit { limit_mib: u64 },
+    #[error("the model's chat template exceeded its time limit ({seconds} s) while rendering")]
+    TemplateTimeLimit { seconds: f64 },
+    /// The sandboxed renderer could not be started or failed otherwise.
+    #[error("chat template renderer: {0}")]
+    TemplateRenderer(String),
 }

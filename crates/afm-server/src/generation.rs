@@ -6,7 +6,6 @@
 //! disconnects, a handler future that is dropped) cancels every engine request it holds.
 
 use std::collections::VecDeque;
-use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -90,7 +89,6 @@ pub fn start(
     let max_context = generator.max_context();
     let eos = text.stop_token_ids();
     let mut streams = Vec::with_capacity(specs.len());
-    let mut ids = Vec::with_capacity(specs.len());
     for spec in specs {
         let prompt_len = spec.prompt_tokens.len();
         if prompt_len >= max_context {
@@ -110,7 +108,6 @@ pub fn start(
         // On error, the submissions made so far are dropped here, which cancels them.
         let (id, rx) = generator.submit_constrained(req, constraints.next())?;
         registration.add(id);
-        ids.push(id);
         let sub = Submission {
             id,
             rx,
@@ -122,9 +119,6 @@ pub fn start(
     Ok(Generation {
         inner: stream::select_all(streams),
         _registration: registration,
-        ids,
-        generator: generator.clone(),
-        deadline: None,
     })
 }
 
@@ -132,31 +126,11 @@ pub fn start(
 pub struct Generation {
     inner: SelectAll<BoxStream<'static, ChoiceEvent>>,
     _registration: Registration,
-    ids: Vec<RequestId>,
-    generator: Arc<dyn Generator>,
-    deadline: Option<Pin<Box<tokio::time::Sleep>>>,
-}
-
-impl Generation {
-    /// Cancels every choice still running `after` from now (`--request-timeout`); each then
-    /// ends as `/cancel` ends it, with `finish_reason: "cancelled"`.
-    pub fn with_deadline(mut self, after: Option<std::time::Duration>) -> Self {
-        self.deadline = after.map(|d| Box::pin(tokio::time::sleep(d)));
-        self
-    }
 }
 
 impl Stream for Generation {
     type Item = ChoiceEvent;
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<ChoiceEvent>> {
-        if let Some(deadline) = &mut self.deadline {
-            if deadline.as_mut().poll(cx).is_ready() {
-                self.deadline = None;
-                for &id in &self.ids {
-                    self.generator.cancel(id);
-                }
-            }
-        }
         self.inner.poll_next_unpin(cx)
     }
 }

@@ -1,6 +1,7 @@
 //! What one client may take from the server: connections (`--max-connections`), time to send
-//! the request head and body (slowloris), a per-request deadline (`--request-timeout`), the
-//! number of chat messages, and how long shutdown waits for in-flight answers.
+//! the request head and body (slowloris), time to take the answer (`--write-timeout`: a client
+//! that stops reading), a per-request deadline (`--request-timeout`), the number of chat
+//! messages, and how long shutdown waits for in-flight answers.
 //!
 //! It owns the accept loop, because axum's `serve` exposes neither a connection cap nor a
 //! header-read timeout. It does not own the body-size limit (routes) or the queue limit
@@ -17,14 +18,19 @@ use afm_api::ApiError;
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::middleware::Next;
+use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
+use futures::stream::{self, BoxStream, Stream, StreamExt};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
+use std::convert::Infallible;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
+use tokio::time::Sleep;
 
+use crate::chat::{done_event, json_event};
 use crate::routes::HttpError;
 use crate::AppState;
 
@@ -37,7 +43,11 @@ pub struct Limits {
     pub header_timeout: Duration,
     /// Time to send the whole request body once the head is in.
     pub body_timeout: Duration,
-    /// A request still running after this is cancelled (`finish_reason: "cancelled"`).
+    /// A connection whose writes make no progress for this long (the client stopped reading)
+    /// is closed, which cancels its requests and frees their KV blocks.
+    pub write_timeout: Duration,
+    /// A request still running after this is cancelled and answered with a timeout error
+    /// (408 JSON, or an SSE error event before `[DONE]`).
     pub request_timeout: Option<Duration>,
     /// Messages in one chat request.
     pub max_messages: usize,
@@ -51,6 +61,7 @@ impl Default for Limits {
             max_connections: 512,
             header_timeout: Duration::from_secs(10),
             body_timeout: Duration::from_secs(30),
+            write_timeout: Duration::from_secs(60),
             request_timeout: Some(Duration::from_secs(1800)),
             max_messages: 4096,
             shutdown_timeout: Duration::from_secs(10),
@@ -70,6 +81,56 @@ pub fn check_messages(count: usize, limits: &Limits) -> Result<(), ApiError> {
         ));
     }
     Ok(())
+}
+
+/// The error of a request that outlived `--request-timeout`.
+fn deadline_error(after: Duration) -> ApiError {
+    ApiError::Timeout(format!(
+        "The request did not finish within {} s (--request-timeout) and was cancelled",
+        after.as_secs_f64()
+    ))
+}
+
+/// Runs a non-streamed answer within `--request-timeout`; past it the answer is dropped (which
+/// cancels its engine requests) and the client gets a 408 timeout error.
+pub async fn within_deadline<T>(
+    after: Option<Duration>,
+    answer: impl Future<Output = Result<T, ApiError>>,
+) -> Result<T, ApiError> {
+    match after {
+        Some(after) => tokio::time::timeout(after, answer)
+            .await
+            .unwrap_or_else(|_| Err(deadline_error(after))),
+        None => answer.await,
+    }
+}
+
+/// A streamed answer within `--request-timeout`: its events until the deadline, then an
+/// OpenAI error event (`{"error": {..., "code": "timeout"}}`) and `[DONE]`. The answer's
+/// stream is dropped at the deadline, which cancels its engine requests.
+pub fn sse_within_deadline(
+    events: impl Stream<Item = Result<Event, Infallible>> + Send + 'static,
+    after: Option<Duration>,
+) -> BoxStream<'static, Result<Event, Infallible>> {
+    let Some(after) = after else {
+        return events.boxed();
+    };
+    let deadline = Box::pin(tokio::time::sleep(after));
+    stream::unfold(Some((events.boxed(), deadline)), move |state| async move {
+        let (mut events, mut deadline) = state?;
+        tokio::select! {
+            // The deadline first: a fast generation must not starve it.
+            biased;
+            _ = deadline.as_mut() => {
+                drop(events);
+                let timed_out = json_event(&deadline_error(after).body());
+                Some((vec![Ok(timed_out), Ok(done_event())], None))
+            }
+            event = events.next() => event.map(|e| (vec![e], Some((events, deadline)))),
+        }
+    })
+    .flat_map(stream::iter)
+    .boxed()
 }
 
 /// Middleware: reads the body within `body_timeout` (408 after it) and at most
@@ -145,6 +206,8 @@ pub async fn serve(
         let io = TokioIo::new(Permitted {
             stream,
             _permit: permit,
+            write_timeout: limits.write_timeout,
+            stalled: None,
         });
         let mut stop = stop_rx.clone();
         let header_timeout = limits.header_timeout;
@@ -210,10 +273,43 @@ async fn refuse(mut stream: TcpStream, limit: usize) {
     .await;
 }
 
-/// A connection that gives its slot back when it closes.
+/// A connection that gives its slot back when it closes, and fails its writes once they
+/// have made no progress for `write_timeout` (hyper then closes it).
 struct Permitted {
     stream: TcpStream,
     _permit: OwnedSemaphorePermit,
+    write_timeout: Duration,
+    /// Since when writes have been blocked (the client's receive window is full).
+    stalled: Option<Pin<Box<Sleep>>>,
+}
+
+impl Permitted {
+    /// `polled` is a write's outcome: progress clears the stall timer; a blocked write starts
+    /// it, and once it runs out the write fails with `TimedOut`.
+    fn bounded<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        polled: Poll<io::Result<T>>,
+    ) -> Poll<io::Result<T>> {
+        if polled.is_ready() {
+            self.stalled = None;
+            return polled;
+        }
+        let timeout = self.write_timeout;
+        let stalled = self
+            .stalled
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+        match stalled.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!(
+                    "the client took nothing for {} s (--write-timeout)",
+                    timeout.as_secs_f64()
+                ),
+            ))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
 }
 
 impl AsyncRead for Permitted {
@@ -232,7 +328,8 @@ impl AsyncWrite for Permitted {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write(cx, buf)
+        let polled = Pin::new(&mut self.stream).poll_write(cx, buf);
+        self.bounded(cx, polled)
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -248,7 +345,8 @@ impl AsyncWrite for Permitted {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+        let polled = Pin::new(&mut self.stream).poll_write_vectored(cx, bufs);
+        self.bounded(cx, polled)
     }
 
     fn is_write_vectored(&self) -> bool {

@@ -21,6 +21,7 @@ use serde_json::json;
 
 use crate::chat::{chat_sse, collect_chat, start_chat};
 use crate::completions::{collect_completion, completion_sse, start_completion};
+use crate::limits::{sse_within_deadline, within_deadline};
 use crate::AppState;
 
 type AppRef = State<Arc<AppState>>;
@@ -126,18 +127,19 @@ async fn chat_completions(
     crate::limits::check_messages(req.messages.len(), &state.config.limits)?;
     let valid = validate_chat(req, &state.config.defaults, &state.model.info)?;
     let stream = valid.generation.stream;
-    let mut job = start_chat(&state, valid)?;
-    job.generation = job
-        .generation
-        .with_deadline(state.config.limits.request_timeout);
+    let job = start_chat(&state, valid)?;
+    let deadline = state.config.limits.request_timeout;
     let downgraded = job.grammar_downgraded;
     let profile = crate::gpu_profile::wanted(&state, &headers);
     let mut resp = if stream {
-        Sse::new(chat_sse(job)).into_response()
-    } else if profile {
-        crate::gpu_profile::with_profile(&state, &collect_chat(job).await?)
+        Sse::new(sse_within_deadline(chat_sse(job), deadline)).into_response()
     } else {
-        Json(collect_chat(job).await?).into_response()
+        let answer = within_deadline(deadline, collect_chat(job)).await?;
+        if profile {
+            crate::gpu_profile::with_profile(&state, &answer)
+        } else {
+            Json(answer).into_response()
+        }
     };
     if downgraded {
         resp.headers_mut().insert(
@@ -157,17 +159,17 @@ async fn completions(
     let req = CompletionRequest::parse(&bytes)?;
     let valid = validate_completion(req, &state.config.defaults, &state.model.info)?;
     let stream = valid.generation.stream;
-    let mut job = start_completion(&state, valid)?;
-    job.generation = job
-        .generation
-        .with_deadline(state.config.limits.request_timeout);
+    let job = start_completion(&state, valid)?;
+    let deadline = state.config.limits.request_timeout;
     let profile = crate::gpu_profile::wanted(&state, &headers);
-    Ok(if stream {
-        Sse::new(completion_sse(job)).into_response()
-    } else if profile {
-        crate::gpu_profile::with_profile(&state, &collect_completion(job).await?)
+    if stream {
+        return Ok(Sse::new(sse_within_deadline(completion_sse(job), deadline)).into_response());
+    }
+    let answer = within_deadline(deadline, collect_completion(job)).await?;
+    Ok(if profile {
+        crate::gpu_profile::with_profile(&state, &answer)
     } else {
-        Json(collect_completion(job).await?).into_response()
+        Json(answer).into_response()
     })
 }
 

@@ -118,7 +118,7 @@ async fn a_body_that_trickles_past_the_deadline_gets_408_json() {
 }
 
 #[tokio::test]
-async fn a_request_past_its_deadline_is_cancelled() {
+async fn a_request_past_its_deadline_gets_a_timeout_error() {
     let s = common::start_with(with_limits(Limits {
         request_timeout: Some(Duration::from_millis(300)),
         ..Limits::default()
@@ -132,28 +132,109 @@ async fn a_request_past_its_deadline_is_cancelled() {
             &json!({"messages": common::user("[slow]"), "max_tokens": 10000}),
         )
         .await;
-    assert_eq!(status, 200, "{body}");
-    assert_eq!(body["choices"][0]["finish_reason"], "cancelled");
-    assert!(body["usage"]["completion_tokens"].as_u64().unwrap() > 0);
+    assert_eq!(status, 408, "{body}");
+    assert_eq!(body["error"]["code"], "timeout", "{body}");
+    let msg = body["error"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("0.3 s") && msg.contains("--request-timeout"),
+        "{msg}"
+    );
     assert!(start.elapsed() < Duration::from_secs(3));
 
-    let events = s
-        .stream(
+    for (path, request) in [
+        (
             "/v1/completions",
-            &json!({"prompt": "[slow]", "max_tokens": 10000, "stream": true}),
-        )
-        .await;
-    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
-    let finish: Vec<Value> = events
-        .iter()
-        .filter_map(|e| serde_json::from_str::<Value>(e).ok())
-        .map(|v| v["choices"][0]["finish_reason"].clone())
-        .filter(|f| !f.is_null())
-        .collect();
-    assert_eq!(finish, [json!("cancelled")]);
+            json!({"prompt": "[slow]", "max_tokens": 10000, "stream": true}),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": common::user("[slow]"), "max_tokens": 10000, "stream": true}),
+        ),
+    ] {
+        let events = s.stream(path, &request).await;
+        assert_eq!(events.last().map(String::as_str), Some("[DONE]"), "{path}");
+        let chunks: Vec<Value> = events
+            .iter()
+            .filter_map(|e| serde_json::from_str::<Value>(e).ok())
+            .collect();
+        // Text arrived, no choice claims to have finished, and the last event is the error.
+        assert!(chunks.len() > 3, "{path}: {events:?}");
+        assert!(
+            chunks
+                .iter()
+                .all(|c| c["choices"][0]["finish_reason"].is_null()),
+            "{path}: {events:?}"
+        );
+        let error = &chunks.last().unwrap()["error"];
+        assert_eq!(error["code"], "timeout", "{path}: {events:?}");
+        assert!(error["message"]
+            .as_str()
+            .unwrap()
+            .contains("--request-timeout"));
+    }
     // Nothing is left running.
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert!(s.state.registry.is_empty());
+    // A request that finishes in time is unaffected.
+    let (status, body) = s
+        .post(
+            "/v1/chat/completions",
+            &json!({"messages": common::user("hi")}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["choices"][0]["finish_reason"], "stop");
+}
+
+#[tokio::test]
+async fn a_client_that_stops_reading_is_dropped_and_its_request_cancelled() {
+    let s = common::start_with(with_limits(Limits {
+        write_timeout: Duration::from_millis(500),
+        ..Limits::default()
+    }))
+    .await;
+    let addr: std::net::SocketAddr = s.base.trim_start_matches("http://").parse().unwrap();
+    // A small receive window, so the server's writes block soon.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut stuck = socket.connect(addr).await.unwrap();
+    // Four choices of 4000 tokens with 20 alternatives each: ~30 MB of events, more than any
+    // socket buffer holds.
+    let body = json!({"messages": common::user("[long]"), "max_tokens": 4000, "n": 4,
+                      "logprobs": true, "top_logprobs": 20, "stream": true})
+    .to_string();
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\n\r\n",
+        body.len()
+    );
+    stuck.write_all(head.as_bytes()).await.unwrap();
+    stuck.write_all(body.as_bytes()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!s.state.registry.is_empty(), "the request never started");
+    // `[long]` writes tokens as fast as it can; the client reads none of them.
+    let start = Instant::now();
+    while !s.state.registry.is_empty() {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the request is still running though its client stopped reading"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The connection was closed: reading drains what was buffered, then ends.
+    let (_, closed) = read_all(&mut stuck, Duration::from_secs(5)).await;
+    assert!(
+        closed,
+        "the connection of a client that stopped reading stays open"
+    );
+    // A client that reads gets its whole answer, however slowly it is produced.
+    let events = s
+        .stream(
+            "/v1/completions",
+            &json!({"prompt": "[slow]", "max_tokens": 40, "stream": true}),
+        )
+        .await;
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
 }
 
 #[tokio::test]

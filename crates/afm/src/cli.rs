@@ -197,9 +197,14 @@ pub struct LimitFlags {
     /// Open connections at once; more are answered 503 and closed.
     #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_connections: u32,
-    /// Seconds a request may run before it is cancelled (finish_reason "cancelled"); 0: no limit.
+    /// Seconds a request may run; past it, it is cancelled and answered with a timeout error
+    /// (408 JSON, or an SSE error event); 0: no limit.
     #[arg(long, value_name = "SECS", default_value_t = 1800)]
     pub request_timeout: u64,
+    /// Seconds a client may leave the answer unread (writes blocked) before its connection is
+    /// closed and its requests cancelled.
+    #[arg(long, value_name = "SECS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
+    pub write_timeout: u64,
     /// Seconds a client has to send a request head (idle keep-alive connections included).
     #[arg(long, value_name = "SECS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
     pub header_timeout: u64,
@@ -221,6 +226,7 @@ impl LimitFlags {
             max_connections: self.max_connections as usize,
             header_timeout: Duration::from_secs(self.header_timeout),
             body_timeout: Duration::from_secs(self.body_timeout),
+            write_timeout: Duration::from_secs(self.write_timeout),
             request_timeout: (self.request_timeout > 0)
                 .then(|| Duration::from_secs(self.request_timeout)),
             max_messages: self.max_messages,

@@ -5,6 +5,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use afm_api::ModelInfo;
+use afm_chat::template::SandboxConfig;
 use afm_chat::{ChatTemplate, Tokenizer};
 use afm_engine::{Engine, EngineConfig};
 use afm_models::source::resolve_model;
@@ -15,6 +16,9 @@ use afm_server::ServedModel;
 use anyhow::{anyhow, Context, Result};
 
 use crate::cli::{KvMemory, ServeArgs};
+
+/// The hidden first argument that makes `afm` a chat-template worker (see main.rs).
+pub const TEMPLATE_WORKER_ARG: &str = "__template-worker";
 
 pub fn load(args: &ServeArgs) -> Result<ServedModel> {
     let location = resolve_model(&args.model).map_err(|e| anyhow!("{e}"))?;
@@ -94,5 +98,12 @@ fn text_side(model: &LoadedModel) -> Result<(Tokenizer, ChatTemplate)> {
             "the model has neither GGUF metadata nor a directory"
         ));
     };
-    Ok((tokenizer, template.unwrap_or_else(ChatTemplate::fallback)))
+    let template = template.unwrap_or_else(ChatTemplate::fallback);
+    // A template from a model file may build values without bound: render it in worker
+    // processes (this binary, `__template-worker`) with memory, CPU and time limits.
+    let exe = std::env::current_exe().context("finding the afm binary for the template worker")?;
+    let template = template
+        .sandboxed(SandboxConfig::new(exe, &[TEMPLATE_WORKER_ARG]))
+        .context("starting the chat template worker")?;
+    Ok((tokenizer, template))
 }

@@ -18,6 +18,13 @@ use clap::Parser;
 use cli::{Cli, Command, ServeArgs};
 
 fn main() -> ExitCode {
+    // Hidden: a sandboxed chat-template renderer, started by the server itself (load.rs).
+    if std::env::args_os()
+        .nth(1)
+        .is_some_and(|a| a == load::TEMPLATE_WORKER_ARG)
+    {
+        return ExitCode::from(afm_chat::template::serve_worker().clamp(0, 255) as u8);
+    }
     std::panic::set_hook(Box::new(|info| {
         eprintln!(
             "afm: internal error: {}",

@@ -5,11 +5,15 @@
 //!
 //! Templates come from model files and may be hostile, so rendering is sandboxed: minijinja has no
 //! file or network access, every render runs on a fuel budget (instructions) and a recursion limit,
-//! and output past a byte limit aborts the render. Not bounded: memory a template builds in
-//! variables before writing it (e.g. repeated string doubling) — fuel limits how many steps it gets.
+//! and output past a byte limit aborts the render. Memory a template builds in variables (a string
+//! doubled in a loop) has no bound in-process; a server renders through [`ChatTemplate::sandboxed`],
+//! in worker processes with a memory, CPU and wall-clock limit (`sandbox.rs`).
 
 mod pyjson;
+pub mod sandbox;
 mod strftime;
+
+pub use sandbox::{serve_worker, SandboxConfig};
 
 use crate::tokenizer::hf::{dir_json, token_content};
 use crate::{ChatError, Tokenizer};
@@ -66,6 +70,8 @@ pub struct ChatTemplate {
     bos_token: String,
     eos_token: String,
     limits: RenderLimits,
+    /// Set by [`ChatTemplate::sandboxed`]: renders go to worker processes.
+    sandbox: Option<sandbox::Sandbox>,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -143,7 +149,15 @@ impl ChatTemplate {
             bos_token: bos_token.into(),
             eos_token: eos_token.into(),
             limits,
+            sandbox: None,
         })
+    }
+
+    /// From now on renders run in worker processes started as `config` says, each bounded in
+    /// memory, CPU and wall-clock time; one worker is started (and the template loaded) here.
+    pub fn sandboxed(mut self, config: SandboxConfig) -> Result<Self, ChatError> {
+        self.sandbox = Some(sandbox::Sandbox::start(&self, config)?);
+        Ok(self)
     }
 
     /// The GGUF's `tokenizer.chat_template`, if it has one.
@@ -212,6 +226,9 @@ impl ChatTemplate {
         add_generation_prompt: bool,
         kwargs: &Map<String, Json>,
     ) -> Result<String, ChatError> {
+        if let Some(sandbox) = &self.sandbox {
+            return sandbox.render(messages, tools, add_generation_prompt, kwargs);
+        }
         let messages: Vec<Json> = messages.iter().map(adapt_message).collect();
         let mut ctx: std::collections::BTreeMap<String, Value> = kwargs
             .iter()

@@ -5,7 +5,9 @@
 //! Qwen XML body (`afm_adaptive_xml` semantics).
 
 use super::emit::Emitter;
-use super::scan::{peek, peek_any, read_until, ws_len, JsonScan, Peek, ScanEnd};
+use super::scan::{
+    partial_suffix_len, peek, peek_any, read_until, ws_len, JsonScan, Peek, ScanEnd,
+};
 use super::xml_calls::{Xml, QWEN};
 use super::{Body, Flow};
 
@@ -455,7 +457,8 @@ enum MSt {
 }
 
 /// Mistral: `[TOOL_CALLS]` then a JSON array/object of calls, or `name[ARGS]{..}` (v11+
-/// tokenizers; `[CALL_ID]id` may sit between). Each `[TOOL_CALLS]` opens a new body.
+/// tokenizers; `[CALL_ID]id` may sit between). Each `[TOOL_CALLS]` opens a new body, and in
+/// `name[ARGS]{..}` form cuts the arguments short wherever it appears (a control token).
 pub(crate) struct Mistral {
     st: MSt,
 }
@@ -466,7 +469,8 @@ impl Mistral {
     }
 
     fn name(&mut self, t: &str, em: &mut Emitter) -> Flow {
-        let ends = ["[ARGS]", "[CALL_ID]", "{"];
+        // A second `[TOOL_CALLS]` before the name ends: no call here (the marker opens one).
+        let ends = ["[ARGS]", "[CALL_ID]", "{", MISTRAL_LIST.closers[0]];
         let hit = ends
             .iter()
             .filter_map(|e| t.find(e).map(|at| (at, *e)))
@@ -479,7 +483,7 @@ impl Mistral {
             };
         };
         let name = t[..at].trim();
-        if name.is_empty() || name.contains(char::is_whitespace) {
+        if name.is_empty() || name.contains(char::is_whitespace) || end == ends[3] {
             return Flow::Reject;
         }
         em.start_call(name);
@@ -502,7 +506,22 @@ impl Mistral {
             *scan = Some(JsonScan::default());
             return Flow::Step(ws);
         };
-        let (n, end) = s.feed(input, MISTRAL_LIST.closers, eof);
+        // `[TOOL_CALLS]` ends the arguments even inside a string: it is also the opener, so
+        // what streams before an abandoned call can then hold no opener, and giving it out as
+        // text equals rescanning it, however the output was chunked.
+        let marker = MISTRAL_LIST.closers[0];
+        let (shown, cut) = match input.find(marker) {
+            Some(at) => (&input[..at], true),
+            None if eof => (input, false),
+            None => (
+                &input[..input.len() - partial_suffix_len(input, &[marker])],
+                false,
+            ),
+        };
+        let (n, end) = match s.feed(shown, MISTRAL_LIST.closers, eof && !cut) {
+            (n, ScanEnd::More) if cut && n == shown.len() => (n, ScanEnd::Stopped),
+            fed => fed,
+        };
         em.json_args(&input[..n]);
         match end {
             ScanEnd::Done => {

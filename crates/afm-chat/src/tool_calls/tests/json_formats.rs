@@ -358,3 +358,27 @@ fn whitespace_between_calls_is_dropped_but_kept_around_text() {
         &[],
     );
 }
+
+#[test]
+fn mistral_second_marker_inside_a_name_gives_the_same_result_in_any_chunking() {
+    // fuzz/seeds/tool_calls/regress_mistral_abandon: `[TOOL_CALLS]` inside a JSON string, then broken
+    // calls; it used to parse as a call whole and as text in pieces. No call is well formed.
+    let input = "[TOOL_CALLS];[{\"n[TOOL_CALLS]\u{fffd}\"[TOOL_CALLS][{][";
+    let out = parse_all_ways(M, &weather_tools(), false, input);
+    assert_eq!(out.text, input);
+    assert!(out.calls.is_empty(), "{out:?}");
+}
+
+#[test]
+fn mistral_marker_inside_string_arguments_cuts_the_call() {
+    // The marker is a control token: it opens the next call even inside a string.
+    let input = r#"[TOOL_CALLS]get_weather[ARGS]{"city": "Ro[TOOL_CALLS]get_time[ARGS]{}"#;
+    expect(
+        M,
+        &[],
+        false,
+        input,
+        r#"[TOOL_CALLS]get_weather[ARGS]{"city": "Ro"#,
+        &[("get_time", json!({}))],
+    );
+}
