@@ -5,7 +5,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use afm_api::ModelInfo;
-use afm_chat::template::SandboxConfig;
+use afm_chat::template::{SandboxConfig, TemplateSandbox};
 use afm_chat::{ChatTemplate, Tokenizer};
 use afm_engine::{Engine, EngineConfig};
 use afm_models::source::resolve_model;
@@ -103,7 +103,10 @@ fn text_side(model: &LoadedModel) -> Result<(Tokenizer, ChatTemplate)> {
     // processes (this binary, `__template-worker`) with memory, CPU and time limits.
     let exe = std::env::current_exe().context("finding the afm binary for the template worker")?;
     let template = template
-        .sandboxed(SandboxConfig::new(exe, &[TEMPLATE_WORKER_ARG]))
+        .sandboxed(&TemplateSandbox::new(SandboxConfig::new(
+            exe,
+            &[TEMPLATE_WORKER_ARG],
+        )))
         .context("starting the chat template worker")?;
     Ok((tokenizer, template))
 }

@@ -12,7 +12,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use afm_chat::template::{RenderLimits, SandboxConfig};
+use std::sync::Arc;
+
+use afm_chat::template::{RenderLimits, SandboxConfig, TemplateSandbox};
 use afm_chat::{ChatError, ChatTemplate};
 use serde_json::{json, Map, Value};
 
@@ -26,8 +28,12 @@ fn fixture() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny/llama/model-f32.gguf")
 }
 
-fn worker() -> SandboxConfig {
+fn config() -> SandboxConfig {
     SandboxConfig::new(env!("CARGO_BIN_EXE_afm"), &["__template-worker"])
+}
+
+fn worker() -> Arc<TemplateSandbox> {
+    TemplateSandbox::new(config())
 }
 
 // ---- a GGUF with one more string key ---------------------------------------------------
@@ -275,7 +281,7 @@ fn sandboxed_renders_equal_in_process_renders_and_cost_little() {
     let here = ChatTemplate::from_source(&src, "", "<|im_end|>").unwrap();
     let there = ChatTemplate::from_source(&src, "", "<|im_end|>")
         .unwrap()
-        .sandboxed(worker())
+        .sandboxed(&worker())
         .unwrap();
     let (messages, tools) = conversation();
     let mut kwargs = Map::new();
@@ -287,10 +293,33 @@ fn sandboxed_renders_equal_in_process_renders_and_cost_little() {
             .unwrap(),
         expected
     );
+    // Two templates sharing one worker: it reloads whichever is asked for.
+    let one = TemplateSandbox::new(SandboxConfig {
+        max_workers: 1,
+        ..config()
+    });
+    let qwen = ChatTemplate::from_source(&src, "", "<|im_end|>")
+        .unwrap()
+        .sandboxed(&one)
+        .unwrap();
+    let plain = ChatTemplate::fallback().sandboxed(&one).unwrap();
+    let plain_expected = ChatTemplate::fallback()
+        .render(&messages, None, true, &Map::new())
+        .unwrap();
+    for _ in 0..3 {
+        assert_eq!(
+            qwen.render(&messages, Some(&tools), true, &kwargs).unwrap(),
+            expected
+        );
+        assert_eq!(
+            plain.render(&messages, None, true, &Map::new()).unwrap(),
+            plain_expected
+        );
+    }
     // The template's own errors come back as they are.
     let bad = ChatTemplate::from_source("{{ raise_exception('no system role') }}", "", "")
         .unwrap()
-        .sandboxed(worker())
+        .sandboxed(&worker())
         .unwrap();
     let err = bad.render(&messages, None, true, &Map::new()).unwrap_err();
     assert!(
@@ -329,10 +358,10 @@ fn sandboxed_renders_equal_in_process_renders_and_cost_little() {
 fn a_worker_past_its_limits_is_replaced_and_the_next_render_works() {
     let memory = ChatTemplate::from_source(HOSTILE, "", "")
         .unwrap()
-        .sandboxed(SandboxConfig {
+        .sandboxed(&TemplateSandbox::new(SandboxConfig {
             memory_bytes: 256 << 20,
-            ..worker()
-        })
+            ..config()
+        }))
         .unwrap();
     let boom = [json!({"role": "user", "content": "boom"})];
     let hi = [json!({"role": "user", "content": "hi"})];
@@ -359,10 +388,10 @@ fn a_worker_past_its_limits_is_replaced_and_the_next_render_works() {
         },
     )
     .unwrap()
-    .sandboxed(SandboxConfig {
+    .sandboxed(&TemplateSandbox::new(SandboxConfig {
         timeout: Duration::from_millis(500),
-        ..worker()
-    })
+        ..config()
+    }))
     .unwrap();
     let t0 = Instant::now();
     let err = slow
@@ -379,7 +408,7 @@ fn a_worker_past_its_limits_is_replaced_and_the_next_render_works() {
 
     // Renders from many threads share the workers.
     let (messages, _) = conversation();
-    let fallback = ChatTemplate::fallback().sandboxed(worker()).unwrap();
+    let fallback = ChatTemplate::fallback().sandboxed(&worker()).unwrap();
     let expected = ChatTemplate::fallback()
         .render(&messages, None, true, &Map::new())
         .unwrap();
@@ -396,7 +425,10 @@ fn a_worker_past_its_limits_is_replaced_and_the_next_render_works() {
 
     // A worker program that is not one fails at load, naming it.
     let err = ChatTemplate::fallback()
-        .sandboxed(SandboxConfig::new("/nonexistent/afm", &[]))
+        .sandboxed(&TemplateSandbox::new(SandboxConfig::new(
+            "/nonexistent/afm",
+            &[],
+        )))
         .unwrap_err();
     assert!(err.to_string().contains("/nonexistent/afm"), "{err}");
 }

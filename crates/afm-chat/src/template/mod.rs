@@ -13,7 +13,7 @@ mod pyjson;
 pub mod sandbox;
 mod strftime;
 
-pub use sandbox::{serve_worker, SandboxConfig};
+pub use sandbox::{serve_worker, SandboxConfig, TemplateSandbox};
 
 use crate::tokenizer::hf::{dir_json, token_content};
 use crate::{ChatError, Tokenizer};
@@ -21,6 +21,7 @@ use afm_models::weights::{GgufFile, GgufValue};
 use minijinja::{Environment, Error, ErrorKind, Value};
 use serde_json::{Map, Value as Json};
 use std::path::Path;
+use std::sync::Arc;
 
 const RAISE_PREFIX: &str = "raise_exception: ";
 
@@ -71,7 +72,7 @@ pub struct ChatTemplate {
     eos_token: String,
     limits: RenderLimits,
     /// Set by [`ChatTemplate::sandboxed`]: renders go to worker processes.
-    sandbox: Option<sandbox::Sandbox>,
+    sandbox: Option<sandbox::Sandboxed>,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -153,10 +154,10 @@ impl ChatTemplate {
         })
     }
 
-    /// From now on renders run in worker processes started as `config` says, each bounded in
-    /// memory, CPU and wall-clock time; one worker is started (and the template loaded) here.
-    pub fn sandboxed(mut self, config: SandboxConfig) -> Result<Self, ChatError> {
-        self.sandbox = Some(sandbox::Sandbox::start(&self, config)?);
+    /// From now on renders run in `sandbox`'s worker processes, each bounded in memory, CPU
+    /// and wall-clock time; one worker is started (and the template loaded) here.
+    pub fn sandboxed(mut self, sandbox: &Arc<TemplateSandbox>) -> Result<Self, ChatError> {
+        self.sandbox = Some(sandbox.adopt(&self)?);
         Ok(self)
     }
 

@@ -8,20 +8,23 @@
 //!
 //! ```text
 //!   server thread ──frame──▶ worker stdin     frame = u32 LE length + JSON
-//!                 ◀─frame─── worker stdout    {"load": ..} once, then {"render": ..} per request
+//!                 ◀─frame─── worker stdout    {"load": ..} when the worker holds another
+//!                                             template, then {"render": ..} per request
 //!                 ◀───────── worker stderr    read only after a death (Rust's
 //!                                             "memory allocation of N bytes failed")
 //! ```
 //!
-//! It owns the pool of workers and the protocol; rendering itself is [`super::ChatTemplate`]'s,
-//! run unchanged inside the worker. Unix only (rlimits, poll).
+//! It owns the pool of workers ([`TemplateSandbox`], shareable by several templates) and the
+//! protocol; rendering itself is [`super::ChatTemplate`]'s, run unchanged inside the worker.
+//! Unix only (rlimits, poll).
 
 use std::ffi::OsString;
 use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::process::{Child, ChildStderr, ChildStdin, ChildStdout, Command, ExitStatus, Stdio};
-use std::sync::{Condvar, Mutex, PoisonError};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
@@ -97,7 +100,7 @@ struct RenderOwned {
 #[serde(rename_all = "snake_case")]
 enum Request<'a> {
     Load(&'a Load),
-    Render(RenderRef<'a>),
+    Render(&'a RenderRef<'a>),
 }
 
 #[derive(Deserialize)]
@@ -138,12 +141,13 @@ impl Reply {
     }
 }
 
-/// The pool of workers for one template.
-pub(crate) struct Sandbox {
+/// A pool of worker processes; templates share it through [`ChatTemplate::sandboxed`].
+pub struct TemplateSandbox {
     config: SandboxConfig,
-    load: Load,
     pool: Mutex<Pool>,
     freed: Condvar,
+    /// Ids for the templates rendered here, so a worker knows which one it holds.
+    next_template: AtomicU64,
 }
 
 struct Pool {
@@ -152,52 +156,60 @@ struct Pool {
     live: usize,
 }
 
-impl Sandbox {
-    /// Starts one worker with the template, so a wrong program or a template the worker cannot
-    /// compile fails here, at load, rather than at the first request.
-    pub(crate) fn start(template: &ChatTemplate, config: SandboxConfig) -> Result<Self, ChatError> {
-        let limits = template.limits;
-        let load = Load {
-            source: template.source.clone(),
-            bos: template.bos_token.clone(),
-            eos: template.eos_token.clone(),
-            max_output_bytes: limits.max_output_bytes,
-            fuel: limits.fuel,
-            max_recursion: limits.max_recursion,
-            memory_bytes: config.memory_bytes,
-            cpu_seconds: config.cpu_seconds,
-        };
-        let sandbox = Sandbox {
+/// A template's side of the sandbox: the pool, and what a worker needs to load it.
+pub(crate) struct Sandboxed {
+    sandbox: Arc<TemplateSandbox>,
+    id: u64,
+    load: Load,
+}
+
+impl TemplateSandbox {
+    pub fn new(config: SandboxConfig) -> Arc<Self> {
+        Arc::new(TemplateSandbox {
             config,
-            load,
             pool: Mutex::new(Pool {
                 idle: Vec::new(),
-                live: 1,
+                live: 0,
             }),
             freed: Condvar::new(),
-        };
-        let first = sandbox.spawn_loaded().inspect_err(|_| sandbox.retire())?;
-        sandbox.give_back(first);
-        Ok(sandbox)
+            next_template: AtomicU64::new(0),
+        })
     }
 
-    pub(crate) fn render(
-        &self,
-        messages: &[Json],
-        tools: Option<&[Json]>,
-        add_generation_prompt: bool,
-        kwargs: &Map<String, Json>,
-    ) -> Result<String, ChatError> {
-        let request = Request::Render(RenderRef {
-            messages,
-            tools,
-            add_generation_prompt,
-            kwargs,
-        });
-        let frame = serde_json::to_vec(&request)
+    /// Registers `template` and loads it into a worker, so a wrong program or a template the
+    /// worker cannot compile fails here, at load, rather than at the first request.
+    pub(crate) fn adopt(self: &Arc<Self>, template: &ChatTemplate) -> Result<Sandboxed, ChatError> {
+        let limits = template.limits;
+        let sandboxed = Sandboxed {
+            sandbox: self.clone(),
+            id: self.next_template.fetch_add(1, Ordering::Relaxed),
+            load: Load {
+                source: template.source.clone(),
+                bos: template.bos_token.clone(),
+                eos: template.eos_token.clone(),
+                max_output_bytes: limits.max_output_bytes,
+                fuel: limits.fuel,
+                max_recursion: limits.max_recursion,
+                memory_bytes: self.config.memory_bytes,
+                cpu_seconds: self.config.cpu_seconds,
+            },
+        };
+        let mut worker = self.take()?;
+        if let Err(e) = self.ensure_loaded(&mut worker, &sandboxed) {
+            return Err(self.end(worker, e));
+        }
+        self.give_back(worker);
+        Ok(sandboxed)
+    }
+
+    fn render(&self, template: &Sandboxed, request: &RenderRef<'_>) -> Result<String, ChatError> {
+        let frame = serde_json::to_vec(&Request::Render(request))
             .map_err(|e| ChatError::Template(format!("encoding the render request: {e}")))?;
         let mut worker = self.take()?;
-        match worker.call(&frame, self.config.timeout, self.reply_limit()) {
+        if let Err(e) = self.ensure_loaded(&mut worker, template) {
+            return Err(self.end(worker, e));
+        }
+        match worker.call(&frame, self.config.timeout, reply_limit(&template.load)) {
             Ok(reply) => {
                 self.give_back(worker);
                 reply.into_result()
@@ -210,12 +222,40 @@ impl Sandbox {
         }
     }
 
-    /// The largest reply a well-behaved worker can send: the output limit, JSON-escaped.
-    fn reply_limit(&self) -> usize {
-        self.load
-            .max_output_bytes
-            .saturating_mul(6)
-            .saturating_add(4096)
+    /// Loads `template` into `worker` unless it holds it already.
+    fn ensure_loaded(&self, worker: &mut Worker, template: &Sandboxed) -> Result<(), Ended> {
+        if worker.loaded == Some(template.id) {
+            return Ok(());
+        }
+        worker.loaded = None;
+        let frame = serde_json::to_vec(&Request::Load(&template.load)).map_err(|e| {
+            Ended::Alive(ChatError::Template(format!("encoding the template: {e}")))
+        })?;
+        match worker.call(&frame, self.config.timeout, reply_limit(&template.load)) {
+            Ok(Reply::Ok(_)) => {
+                worker.loaded = Some(template.id);
+                Ok(())
+            }
+            Ok(refused) => Err(Ended::Alive(refused.into_result().err().unwrap_or_else(
+                || ChatError::TemplateRenderer("the worker did not load the template".into()),
+            ))),
+            Err(failure) => Err(Ended::Dead(failure)),
+        }
+    }
+
+    /// After a failed load: a live worker goes back to the pool, a dead one is buried.
+    fn end(&self, worker: Worker, ended: Ended) -> ChatError {
+        match ended {
+            Ended::Alive(e) => {
+                self.give_back(worker);
+                e
+            }
+            Ended::Dead(failure) => {
+                let e = worker.post_mortem(failure, &self.config);
+                self.retire();
+                e
+            }
+        }
     }
 
     /// An idle worker, else a new one (up to `max_workers`), else the next one freed.
@@ -228,7 +268,7 @@ impl Sandbox {
             if pool.live < self.config.max_workers.max(1) {
                 pool.live += 1;
                 drop(pool);
-                return self.spawn_loaded().inspect_err(|_| self.retire());
+                return self.spawn().inspect_err(|_| self.retire());
             }
             pool = self
                 .freed
@@ -250,7 +290,7 @@ impl Sandbox {
         self.freed.notify_one();
     }
 
-    fn spawn_loaded(&self) -> Result<Worker, ChatError> {
+    fn spawn(&self) -> Result<Worker, ChatError> {
         let c = &self.config;
         let mut child = Command::new(&c.program)
             .args(&c.args)
@@ -271,34 +311,53 @@ impl Sandbox {
                 "the worker's pipes were not set up".into(),
             ));
         };
-        let mut worker = Worker {
+        Ok(Worker {
             child,
             stdin,
             stdout,
             stderr,
-        };
-        let frame = serde_json::to_vec(&Request::Load(&self.load))
-            .map_err(|e| ChatError::Template(format!("encoding the template: {e}")))?;
-        match worker.call(&frame, c.timeout, self.reply_limit()) {
-            Ok(Reply::Ok(_)) => Ok(worker),
-            Ok(refused) => {
-                worker.stop();
-                Err(refused.into_result().err().unwrap_or_else(|| {
-                    ChatError::TemplateRenderer("the worker did not load the template".into())
-                }))
-            }
-            Err(failure) => Err(worker.post_mortem(failure, c)),
-        }
+            loaded: None,
+        })
     }
 }
 
-impl Drop for Sandbox {
+impl Sandboxed {
+    pub(crate) fn render(
+        &self,
+        messages: &[Json],
+        tools: Option<&[Json]>,
+        add_generation_prompt: bool,
+        kwargs: &Map<String, Json>,
+    ) -> Result<String, ChatError> {
+        let request = RenderRef {
+            messages,
+            tools,
+            add_generation_prompt,
+            kwargs,
+        };
+        self.sandbox.render(self, &request)
+    }
+}
+
+/// The largest reply a well-behaved worker can send: the output limit, JSON-escaped.
+fn reply_limit(load: &Load) -> usize {
+    load.max_output_bytes.saturating_mul(6).saturating_add(4096)
+}
+
+impl Drop for TemplateSandbox {
     fn drop(&mut self) {
         let pool = self.pool.get_mut().unwrap_or_else(PoisonError::into_inner);
         for mut worker in pool.idle.drain(..) {
             worker.stop();
         }
     }
+}
+
+/// How loading a template into a worker failed.
+enum Ended {
+    /// The worker answered with an error (the template does not compile there).
+    Alive(ChatError),
+    Dead(Failure),
 }
 
 /// Why a call got no reply.
@@ -315,6 +374,8 @@ struct Worker {
     stdin: ChildStdin,
     stdout: ChildStdout,
     stderr: ChildStderr,
+    /// The id of the template it holds.
+    loaded: Option<u64>,
 }
 
 impl Worker {
