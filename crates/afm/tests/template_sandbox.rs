@@ -233,6 +233,29 @@ fn a_string_doubling_template_costs_one_request_not_the_server() {
         assert_eq!(status, 200, "round {round}: {body}");
         assert!(body["choices"][0]["message"].is_object(), "{body}");
     }
+    // Hostile renders hold no runtime thread: two at once (the runtime has two threads), and
+    // /health still answers meanwhile.
+    let port = server.port;
+    let hostile: Vec<_> = (0..2)
+        .map(|_| std::thread::spawn(move || chat(port, "boom")))
+        .collect();
+    std::thread::sleep(Duration::from_millis(150));
+    let t0 = Instant::now();
+    let (status, _) = http(port, "GET", "/health", "");
+    let health = t0.elapsed();
+    assert_eq!(status, 200);
+    for h in hostile {
+        let (status, body) = h.join().unwrap();
+        assert_eq!(status, 400, "{body}");
+    }
+    eprintln!(
+        "/health answered in {:.1} ms during two hostile renders",
+        health.as_secs_f64() * 1e3
+    );
+    assert!(
+        health < Duration::from_millis(500),
+        "/health took {health:?}"
+    );
     let rss_after = rss_mib(pid);
     eprintln!("server RSS {rss_before} MiB before the hostile requests, {rss_after} MiB after");
     assert!(
