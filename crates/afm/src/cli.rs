@@ -458,10 +458,14 @@ mod tests {
             "0",
             "--shutdown-timeout",
             "3",
+            "--write-timeout",
+            "5",
         ])
         .unwrap();
         let l = a.limits.limits();
         assert_eq!(l.max_connections, 8);
+        assert_eq!(l.write_timeout.as_secs(), 5);
+        assert!(parse(&["afm", "serve", "-m", "m", "--write-timeout", "0"]).is_err());
         assert_eq!(l.request_timeout, None);
         assert_eq!(l.shutdown_timeout.as_secs(), 3);
         assert!(parse(&["afm", "serve", "-m", "m", "--max-connections", "0"]).is_err());

@@ -204,6 +204,21 @@ fn a_string_doubling_template_costs_one_request_not_the_server() {
         gguf_with_string(&src, "tokenizer.chat_template", HOSTILE),
     )
     .unwrap();
+    // `-s` one-shot goes through the same sandbox: one error line, exit 1.
+    let one_shot = Command::new(env!("CARGO_BIN_EXE_afm"))
+        .args(["serve", "-m"])
+        .arg(&model)
+        .args(["-s", "boom", "--max-tokens", "2", "--kv-memory", "64M"])
+        .output()
+        .expect("afm runs");
+    let stderr = String::from_utf8_lossy(&one_shot.stderr);
+    assert_eq!(one_shot.status.code(), Some(1), "{stderr}");
+    let last = stderr.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("afm: error: ") && last.contains("exceeded its memory limit"),
+        "{stderr}"
+    );
+
     let server = start(&model);
     let pid = server.child.id();
 
