@@ -198,7 +198,8 @@ pub(crate) enum Flow {
     /// Not a call after all: the opener and everything consumed are plain text.
     Reject,
     /// A call broke off mid-way (e.g. a block closer inside its arguments) and cannot be
-    /// salvaged: its source goes out as text and it is dropped from `calls()`.
+    /// salvaged: it is dropped from `calls()` and its source is text, read again as for
+    /// `Reject` (it may hold another opener).
     Abandon,
 }
 
@@ -227,6 +228,8 @@ pub struct ToolCallParser {
     /// Source of the open body since its opener (or since its last completed call).
     raw: String,
     opener_len: usize,
+    /// `raw` starts with the opener (no call of this body has completed yet).
+    opener_in_raw: bool,
     /// Whitespace held at a boundary (start of output, after a call): dropped if a call
     /// follows, emitted if text does.
     ws_pending: String,
@@ -246,6 +249,7 @@ impl ToolCallParser {
             pos: 0,
             raw: String::new(),
             opener_len: 0,
+            opener_in_raw: false,
             ws_pending: String::new(),
             at_boundary: true,
             seen_text: false,
@@ -321,6 +325,7 @@ impl ToolCallParser {
         let len = opener.text.len();
         self.raw = self.buf[self.pos..self.pos + len].to_string();
         self.opener_len = len;
+        self.opener_in_raw = true;
         self.pos += len;
         self.mode = Mode::Body(dialects::open_body(opener));
         true
@@ -366,6 +371,7 @@ impl ToolCallParser {
                 if self.em.take_ended() {
                     // A call ended: whitespace held before it lay between calls.
                     self.raw.clear();
+                    self.opener_in_raw = false;
                     self.ws_pending.clear();
                 }
             }
@@ -374,18 +380,32 @@ impl ToolCallParser {
                 self.em.take_ended();
                 self.leave_body();
             }
-            Flow::Reject => {
-                // Only the opener is certain text; what followed may hold another opener.
-                let rest = self.raw.split_off(self.opener_len);
-                let opener = std::mem::take(&mut self.raw);
-                self.buf.replace_range(..self.pos, &rest);
-                self.pos = 0;
-                self.mode = Mode::Text;
-                self.emit_text(&opener);
+            Flow::Reject => self.back_to_text(),
+            Flow::Abandon | Flow::Need => {
+                self.em.abandon();
+                self.back_to_text();
             }
-            Flow::Abandon | Flow::Need => self.abandon(),
         }
         true
+    }
+
+    /// Leaves a body that gave up. Only its opener is certain text; what followed may hold
+    /// another opener, so it is read again. Reading it again (rather than passing on what the
+    /// body had consumed as text) also keeps the outcome independent of chunking, since how
+    /// much a body consumed before giving up depends on how its input arrived.
+    fn back_to_text(&mut self) {
+        let keep = if self.opener_in_raw {
+            self.opener_len
+        } else {
+            0
+        };
+        let rest = self.raw.split_off(keep.min(self.raw.len()));
+        let opener = std::mem::take(&mut self.raw);
+        self.buf.replace_range(..self.pos, &rest);
+        self.pos = 0;
+        self.opener_in_raw = false;
+        self.mode = Mode::Text;
+        self.emit_text(&opener);
     }
 
     fn consume(&mut self, n: usize) {
@@ -398,12 +418,5 @@ impl ToolCallParser {
         self.ws_pending.clear();
         self.mode = Mode::Text;
         self.at_boundary = true;
-    }
-
-    fn abandon(&mut self) {
-        self.em.abandon();
-        let raw = std::mem::take(&mut self.raw);
-        self.mode = Mode::Text;
-        self.emit_text(&raw);
     }
 }

@@ -382,3 +382,17 @@ fn mistral_marker_inside_string_arguments_cuts_the_call() {
         &[("get_time", json!({}))],
     );
 }
+
+#[test]
+fn an_abandoned_call_holding_another_opener_parses_the_same_in_any_chunking() {
+    // fuzz/seeds/tool_calls/regress_hermes_abandon: a broken call whose arguments hold a second
+    // `<tool_call>`. Whole, the body gave up before consuming it and the second call parsed;
+    // in pieces it had consumed it, and everything came out as text.
+    let input =
+        "\u{0}ur\u{0}\u{1}S\u{0}\u{0}\u{0}\u{0}\u{0}\u{0}\u{0}\u{0}\u{0}\u{0}\u{4}S\u{fffd}ure.\
+                 <tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"cnts\"\u{4}Sure.\
+                 <tool_call>\n{\"name\": \"ge\",!\u{fffd}\u{13};\u{1}> doneall>\n\
+                 {\"name\": \"getys\": 2}}\n</tool_call> d";
+    let out = parse_all_ways(ToolCallFormat::Hermes, &weather_tools(), false, input);
+    assert_eq!(out.calls, vec![("ge".to_string(), "{}".to_string())]);
+}
