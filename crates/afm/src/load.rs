@@ -101,7 +101,12 @@ fn text_side(model: &LoadedModel) -> Result<(Tokenizer, ChatTemplate)> {
     let template = template.unwrap_or_else(ChatTemplate::fallback);
     // A template from a model file may build values without bound: render it in worker
     // processes (this binary, `__template-worker`) with memory, CPU and time limits.
-    let exe = std::env::current_exe().context("finding the afm binary for the template worker")?;
+    // Linux: /proc/self/exe runs this very binary even after it was replaced on disk (a
+    // rebuild while serving), where its path would start another build or nothing.
+    let exe = match std::path::PathBuf::from("/proc/self/exe") {
+        p if p.exists() => p,
+        _ => std::env::current_exe().context("finding the afm binary for the template worker")?,
+    };
     let template = template
         .sandboxed(&TemplateSandbox::new(SandboxConfig::new(
             exe,
