@@ -37,11 +37,19 @@ for target in "${TARGETS[@]}"; do
   before=$(ls "fuzz/artifacts/$target" | wc -l)
   echo "== fuzz $target (${SECONDS_PER_TARGET} s)"
   # -timeout: one input taking 10 s is a hang; -rss_limit_mb: 2 GiB is a runaway allocation.
+  set +e
   cargo +nightly fuzz run "${FLAGS[@]}" "$target" "fuzz/corpus/$target" "fuzz/seeds/$target" -- \
     -max_total_time="$SECONDS_PER_TARGET" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
-    2>&1 | grep -E "^(stat::number_of_executed_units|stat::peak_rss_mb|==|INFO: -max_total_time|SUMMARY|.*(panicked|ERROR|Done))" || true
+    2>&1 | grep -E "^(stat::number_of_executed_units|stat::peak_rss_mb|==|INFO: -max_total_time|SUMMARY|No such file|Error:|.*(panicked|ERROR|Done))"
+  status=${PIPESTATUS[0]}
+  set -e
   if [[ $(ls "fuzz/artifacts/$target" | wc -l) -gt $before ]]; then
     echo "fuzz: $target crashed; inputs in fuzz/artifacts/$target/"
+    exit 1
+  fi
+  # A run that ends in error without a crash input did not fuzz (e.g. a missing seed folder).
+  if [[ $status -ne 0 ]]; then
+    echo "fuzz: $target did not run (exit $status)"
     exit 1
   fi
 done
