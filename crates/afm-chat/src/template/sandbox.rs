@@ -562,7 +562,13 @@ fn read_frame(input: &mut impl Read) -> std::io::Result<Option<Vec<u8>>> {
 /// would otherwise write one as large as the limit).
 fn bound_memory(bytes: u64) -> Result<(), ChatError> {
     set_limit(libc::RLIMIT_CORE, 0, 0)?;
-    set_limit(libc::RLIMIT_AS, bytes, bytes)
+    if cfg!(target_os = "linux") {
+        set_limit(libc::RLIMIT_AS, bytes, bytes)
+    } else {
+        // Not enforced (or refused) on some Unixes; the CPU and wall-clock limits still hold.
+        let _ = set_limit(libc::RLIMIT_AS, bytes, bytes);
+        Ok(())
+    }
 }
 
 /// RLIMIT_CPU counts the process's whole life, so each render gets `seconds` more than
