@@ -127,7 +127,7 @@ async fn chat_completions(
     crate::limits::check_messages(req.messages.len(), &state.config.limits)?;
     let valid = validate_chat(req, &state.config.defaults, &state.model.info)?;
     let stream = valid.generation.stream;
-    let job = off_the_runtime(&state, move |state| start_chat(state, valid)).await?;
+    let job = off_the_runtime(&state, |state| start_chat(state, valid))?;
     let deadline = state.config.limits.request_timeout;
     let downgraded = job.grammar_downgraded;
     let profile = crate::gpu_profile::wanted(&state, &headers);
@@ -215,17 +215,19 @@ async fn health(State(state): AppRef) -> Response {
     Json(json!({"status": "ok", "model": state.model.info.id})).into_response()
 }
 
-/// Runs `work` (template rendering, tokenizing) on tokio's blocking pool: a template that
-/// takes its full time or memory budget then holds no runtime thread, so other requests and
-/// `/health` are still served meanwhile.
-async fn off_the_runtime<T: Send + 'static>(
-    state: &Arc<AppState>,
-    work: impl FnOnce(&AppState) -> Result<T, ApiError> + Send + 'static,
+/// Runs `work` (template rendering, tokenizing) so that it holds no runtime thread: a template
+/// that takes its full time or memory budget must not stop other requests and `/health`.
+/// `block_in_place` moves the runtime's other tasks to another thread while this one blocks,
+/// and this request goes on right after on the same thread. A current-thread runtime (tests)
+/// cannot do that; there the work runs inline.
+fn off_the_runtime<T>(
+    state: &AppState,
+    work: impl FnOnce(&AppState) -> Result<T, ApiError>,
 ) -> Result<T, ApiError> {
-    let state = state.clone();
-    tokio::task::spawn_blocking(move || work(&state))
-        .await
-        .map_err(|e| ApiError::Internal(format!("preparing the request failed: {e}")))?
+    match tokio::runtime::Handle::current().runtime_flavor() {
+        tokio::runtime::RuntimeFlavor::MultiThread => tokio::task::block_in_place(|| work(state)),
+        _ => work(state),
+    }
 }
 
 /// Token ids of a text, or of chat messages rendered through the template.
@@ -263,7 +265,7 @@ fn tokenize_body(state: &AppState, body: Body) -> Result<(TokenizeRequest, Vec<u
 }
 
 async fn tokenize(State(state): AppRef, body: Body) -> Result<Json<TokenizeResponse>, HttpError> {
-    let (req, tokens) = off_the_runtime(&state, move |state| tokenize_body(state, body)).await?;
+    let (req, tokens) = off_the_runtime(&state, |state| tokenize_body(state, body))?;
     let token_strs = req.return_token_strs.unwrap_or(false).then(|| {
         tokens
             .iter()
@@ -282,7 +284,7 @@ async fn count_tokens(
     State(state): AppRef,
     body: Body,
 ) -> Result<Json<CountTokensResponse>, HttpError> {
-    let (_, tokens) = off_the_runtime(&state, move |state| tokenize_body(state, body)).await?;
+    let (_, tokens) = off_the_runtime(&state, |state| tokenize_body(state, body))?;
     Ok(Json(CountTokensResponse {
         count: tokens.len(),
         input_tokens: tokens.len(),
