@@ -3,13 +3,15 @@
 shape and format, each number with the ratio afm / llama.cpp (>1: afm faster; for TTFT the
 ratio of the speeds, llama.cpp's time over afm's).
 
-usage: gpu_vs_llamacpp.py RAW_DIR WORK_DIR MODELS TTFT_LENS (e.g. 1024,16384)
+usage: gpu_vs_llamacpp.py bytes GGUF|HF_DIR    bytes read per decoded token (every weight but an
+                                              untied embedding table, which is only gathered; as
+                                              bench/gpu_table.py counts them), gguf-py needed
+       gpu_vs_llamacpp.py table RAW_DIR MODELS TTFT_LENS (e.g. 1024,16384)
 
-RAW_DIR holds what the run wrote: ceilings.json (bench/gpu_ceilings.py), afm-<model>-<q>.json
-(gpu_bench's RESULT line), lb-<model>-<q>.jsonl (llama-bench -o jsonl), bb-<model>-<q>.jsonl
-(llama-batched-bench --output-format jsonl), and the -long variants for the LONG-token TTFT.
-WORK_DIR holds the GGUFs, whose tensor bytes give bytes read per decoded token (every weight but
-an untied embedding table, which is only gathered; as bench/gpu_table.py counts them)."""
+RAW_DIR holds what the run wrote: ceilings.json (bench/gpu_ceilings.py), bytes-<model>-<q>.txt,
+afm-<model>-<q>.json (gpu_bench's RESULT line), lb-<model>-<q>.jsonl (llama-bench -o jsonl),
+bb-<model>-<q>.jsonl (llama-batched-bench --output-format jsonl), and the -long variants for the
+TTFT at the longest prompt."""
 import glob
 import json
 import os
@@ -51,14 +53,19 @@ def weight_bytes(path):
     return total
 
 
-def model_bytes(work, model, quant):
-    for p in (f"{work}/{model}-{quant}.gguf", f"{work}/{model}" if quant == "bf16" else None):
-        if p and os.path.exists(p):
-            try:
-                return weight_bytes(p)
-            except (OSError, KeyError, ValueError, ImportError):
-                continue
-    return None
+def read_text(path):
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return "?"
+
+
+def read_int(path):
+    try:
+        return int(read_text(path))
+    except ValueError:
+        return None
 
 
 def num(v, digits=0):
@@ -69,9 +76,7 @@ def ratio(afm, llama):
     return f"{afm / llama:.2f}" if afm and llama else "-"
 
 
-def main():
-    raw, work, models = sys.argv[1], sys.argv[2], sys.argv[3].split(",")
-    lens = [int(x) for x in sys.argv[4].split(",") if x] if len(sys.argv) > 4 else [1024]
+def table(raw, models, lens):
     ceil = next(iter(lines(f"{raw}/ceilings.json")), None)
     bw = ceil["copy_tb_s"] * 1e12 if ceil else None
     lb_any = next((r for p in sorted(glob.glob(f"{raw}/lb-*.jsonl")) for r in lines(p)), None)
@@ -79,8 +84,9 @@ def main():
         print(f"{ceil['device']}: copy {ceil['copy_tb_s']} TB/s (read + write), bf16 GEMM "
               f"{ceil['gemm_tflops']} TFLOP/s, measured in the same run")
     if lb_any:
-        print(f"llama.cpp build {lb_any.get('build_number')} ({lb_any.get('build_commit')}), "
-              f"{lb_any.get('backends')}, {lb_any.get('gpu_info')}")
+        print(f"llama.cpp: {read_text(f'{raw}/llama_version.txt')} (vendor/llama.cpp), "
+              f"{lb_any.get('backends')}, {lb_any.get('gpu_info')}; afm: "
+              f"{read_text(f'{raw}/afm_commit.txt')[:12]}")
     print()
     print("| shape | weights | measure | afm | llama.cpp | afm / llama.cpp |")
     print("|---|---|---|---|---|---|")
@@ -92,7 +98,7 @@ def main():
             bb = {r["pl"]: r for r in lines(f"{raw}/bb-{key}.jsonl")}
             if not (afm or lb or bb):
                 continue
-            wb = model_bytes(work, m, q)
+            wb = read_int(f"{raw}/bytes-{key}.txt")
             cap = bw / wb if bw and wb else None
             a_dec = {d["streams"]: d["tok_s"] for d in (afm or {}).get("decode", [])}
             a_ttft = {t["prompt"]: t["ttft_ms"] for t in (afm or {}).get("ttft", [])}
@@ -135,4 +141,9 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    if len(sys.argv) == 3 and sys.argv[1] == "bytes":
+        print(weight_bytes(sys.argv[2]))
+    elif len(sys.argv) == 5 and sys.argv[1] == "table":
+        table(sys.argv[2], sys.argv[3].split(","), [int(x) for x in sys.argv[4].split(",") if x])
+    else:
+        sys.exit(__doc__)

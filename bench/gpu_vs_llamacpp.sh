@@ -64,6 +64,8 @@ carry() {
     cp "$bin" "$C/gpu_bench"
     cp "$tok/tokenizer.json" "$tok/tokenizer_config.json" "$C/"
     { git rev-parse HEAD 2>/dev/null || echo unknown; } >"$C/AFM_COMMIT"
+    # e.g. llama_cpp_python-0.3.36, the sdist the source came from
+    basename "$(dirname "$(dirname "$(cd "$src" && pwd)")")" >"$C/LLAMA_VERSION"
     local mib
     mib=$(du -sm "$C" | cut -f1)
     ls -la "$C"
@@ -75,7 +77,8 @@ carry() {
 START=$(date +%s)
 BUDGET=${BUDGET:-530}
 left() { echo $((BUDGET - ($(date +%s) - START))); }
-say() { printf '[%4ds] %s\n' $(($(date +%s) - START)) "$*" | tee -a "$R/steps.log"; }
+# Progress to the run's stdout (fd 3, also from steps whose output goes to a log) and steps.log.
+say() { printf '[%4ds] %s\n' $(($(date +%s) - START)) "$*" | tee -a "$R/steps.log" >&3; }
 
 # capped MAX CMD...: CMD under a timeout of MAX seconds or the time left, whichever is less.
 capped() {
@@ -124,6 +127,14 @@ build_llama() {
             --target llama-bench llama-batched-bench llama-quantize
 }
 
+# weight_bytes KEY: bytes read per decoded token of KEY.gguf into bytes-KEY.txt, here in the
+# background, because gguf-py reads a 151,936-token vocabulary for seconds.
+weight_bytes() {
+    # shellcheck disable=SC2086
+    capped 120 $BG env PYTHONPATH="$W/llama.cpp/gguf-py" python3 bench/gpu_vs_llamacpp.py bytes \
+        "$W/$1.gguf" >"$R/bytes-$1.txt" 2>>"$R/bytes.log" || true
+}
+
 # Background lane: bf16 GGUFs as the models appear, then Q4_K_M once llama-quantize is built.
 gguf_lane() {
     local m
@@ -131,14 +142,16 @@ gguf_lane() {
         await "gen.$m" || continue
         # shellcheck disable=SC2086
         mark "conv.$m" capped 400 $BG python3 "$W/llama.cpp/convert_hf_to_gguf.py" \
-            --outtype bf16 --outfile "$W/$m-bf16.gguf" "$W/$m" >>"$R/convert.log" 2>&1 || true
+            --outtype bf16 --outfile "$W/$m-bf16.gguf" "$W/$m" >>"$R/convert.log" 2>&1 &&
+            weight_bytes "$m-bf16"
     done
     await build || return 0
     for m in ${MODELS//,/ }; do
         await "conv.$m" || continue
         # shellcheck disable=SC2086
         mark "quant.$m" capped 300 $BG "$LB/llama-quantize" "$W/$m-bf16.gguf" \
-            "$W/$m-Q4_K_M.gguf" Q4_K_M "$JOBS" >>"$R/quantize.log" 2>&1 || true
+            "$W/$m-Q4_K_M.gguf" Q4_K_M "$JOBS" >>"$R/quantize.log" 2>&1 &&
+            weight_bytes "$m-Q4_K_M"
     done
 }
 
@@ -195,6 +208,7 @@ run() {
     [ "$DEV" != cpu ] || export AFM_RANDOM_DEVICE=cpu
     [ -f "$C/llama.cpp.tar.gz" ] && [ -x "$C/gpu_bench" ] || die "$C lacks llama.cpp.tar.gz or gpu_bench: carry it (bench/gpu_vs_llamacpp.sh carry here)"
     set +e # the steps go on past a failed one; each says so
+    exec 3>&1
     # A warm machine keeps WORK_DIR: only the llama.cpp build is reused, never old results.
     rm -rf "$R" "$W"/ok.* "$W"/end.* "$W"/*.gguf
     mkdir -p "$O" "$R"
@@ -214,6 +228,8 @@ run() {
     say "start: $(nproc) CPUs, benchmarks on '${BENCH:-all}', background on '${BG:-all}'; afm $(cat "$C/AFM_COMMIT" 2>/dev/null)"
     [ "$DEV" = cpu ] || nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee -a "$R/steps.log"
     df -h "$W" | tail -1 | tee -a "$R/steps.log"
+    cp "$C/AFM_COMMIT" "$R/afm_commit.txt"
+    cp "$C/LLAMA_VERSION" "$R/llama_version.txt"
 
     export W R JOBS BG DEV
     if [ "${REBUILD:-0}" != 1 ] && [ -x "$LB/llama-bench" ] && [ -x "$LB/llama-batched-bench" ] &&
@@ -236,6 +252,8 @@ run() {
         rm -rf "${W:?}/$m"
         mark "gen.$m" capped 240 python3 scripts/gpu_random_models.py "$W" "$m" >>"$R/gen.log" 2>&1 || true
         cp "$C/tokenizer.json" "$C/tokenizer_config.json" "$W/$m/" 2>/dev/null || true
+        # From the safetensors until the bf16 GGUF's count replaces it.
+        python3 bench/gpu_vs_llamacpp.py bytes "$W/$m" >"$R/bytes-$m-bf16.txt" 2>>"$R/bytes.log"
     done
     for m in ${MODELS//,/ }; do
         await "gen.$m" && afm_bench "afm-$m-bf16" "$W/$m" "$STREAMS" "$TTFT"
@@ -281,8 +299,8 @@ run() {
         done
     fi
     say "table"
-    PYTHONPATH=$W/llama.cpp/gguf-py${PYTHONPATH:+:$PYTHONPATH} timeout 20 python3 bench/gpu_vs_llamacpp.py \
-        "$R" "$W" "$MODELS" "$TTFT${LONG:+,$LONG}" | tee "$O/table.md" || true
+    timeout 20 python3 bench/gpu_vs_llamacpp.py table "$R" "$MODELS" "$TTFT${LONG:+,$LONG}" |
+        tee "$O/table.md"
     cp "$R/steps.log" "$O/steps.log"
     tar czf "$O/raw.tar.gz" -C "$W" out
 }
