@@ -17,7 +17,7 @@ import json
 import os
 import sys
 
-NAMES = {"qwen3-0.6b": "Qwen3-0.6B", "qwen3-8b": "Qwen3-8B"}
+NAMES = {"qwen3-0.6b": "Qwen3-0.6B", "qwen3-8b": "Qwen3-8B", "qwen2.5-0.5b": "Qwen2.5-0.5B"}
 
 
 def lines(path):

@@ -63,7 +63,8 @@ carry() {
     rm -rf "$tmp"
     cp "$bin" "$C/gpu_bench"
     cp "$tok/tokenizer.json" "$tok/tokenizer_config.json" "$C/"
-    { git rev-parse HEAD 2>/dev/null || echo unknown; } >"$C/AFM_COMMIT"
+    # The last commit that changed the Rust code gpu_bench is built from (stable across cherry-picks).
+    { git log -1 --format=%H -- crates Cargo.toml Cargo.lock 2>/dev/null || echo unknown; } >"$C/AFM_COMMIT"
     # e.g. llama_cpp_python-0.3.36, the sdist the source came from
     basename "$(dirname "$(dirname "$(cd "$src" && pwd)")")" >"$C/LLAMA_VERSION"
     local mib
@@ -206,6 +207,7 @@ run() {
     NGL=99
     [ "$DEV" != cpu ] || NGL=0
     [ "$DEV" != cpu ] || export AFM_RANDOM_DEVICE=cpu
+    chmod +x "$C/gpu_bench" 2>/dev/null || true
     [ -f "$C/llama.cpp.tar.gz" ] && [ -x "$C/gpu_bench" ] || die "$C lacks llama.cpp.tar.gz or gpu_bench: carry it (bench/gpu_vs_llamacpp.sh carry here)"
     set +e # the steps go on past a failed one; each says so
     exec 3>&1
