@@ -156,6 +156,12 @@ gguf_lane() {
     done
 }
 
+# drop_hf MODEL: once afm has measured it and its bf16 GGUF exists, the safetensors go (disk:
+# the 8B is 16 GB in each form), unless KEEP_HF=1.
+drop_hf() {
+    [ "${KEEP_HF:-0}" = 1 ] || [ ! -e "$W/ok.conv.$1" ] || rm -f "$W/$1"/*.safetensors
+}
+
 # afm_bench NAME MODEL STREAMS TTFT: gpu_bench on cores 0-3, its RESULT line into NAME.json.
 afm_bench() {
     local name=$1
@@ -259,12 +265,13 @@ run() {
     done
     for m in ${MODELS//,/ }; do
         await "gen.$m" && afm_bench "afm-$m-bf16" "$W/$m" "$STREAMS" "$TTFT"
+        drop_hf "$m"
     done
     await build || say "llama.cpp build failed or timed out: tail of build.log:"
     [ -e "$W/ok.build" ] || tail -20 "$R/build.log"
     for m in ${MODELS//,/ }; do
         if await "conv.$m"; then
-            [ "${KEEP_HF:-0}" = 1 ] || rm -f "$W/$m"/*.safetensors
+            drop_hf "$m"
             [ -e "$W/ok.build" ] && llama_bench "$m-bf16" "$W/$m-bf16.gguf"
         else
             say "no bf16 GGUF of $m: tail of convert.log:"
