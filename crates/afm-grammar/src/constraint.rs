@@ -47,10 +47,24 @@ impl GrammarConstraint {
         self.env.tok_trie()
     }
 
+    /// The next mask. End-of-generation ids are allowed only where the grammar accepts:
+    /// some are also ordinary text (Qwen's EOG set holds the plain token `</s>`), and the
+    /// trie walk would offer them inside a string, where the engine would stop mid-call.
     fn compute_mask(&mut self) -> Result<SimpleVob, ConstraintError> {
-        self.matcher
+        let mut mask = self
+            .matcher
             .compute_mask()
-            .map_err(|e| ConstraintError(e.to_string()))
+            .map_err(|e| ConstraintError(e.to_string()))?;
+        let accepting = self
+            .matcher
+            .is_accepting()
+            .map_err(|e| ConstraintError(e.to_string()))?;
+        if !accepting {
+            for &t in self.env.tok_trie().eos_tokens() {
+                mask.disallow_token(t);
+            }
+        }
+        Ok(mask)
     }
 
     /// Inside reasoning: watch for the closing tag.
@@ -133,6 +147,13 @@ impl TokenConstraint for GrammarConstraint {
             .iter()
             .filter(|&&t| mask.is_allowed(t))
             .count();
+        if mask.num_set() == 0 {
+            // Not even EOS: llguidance gave up (e.g. its lexer ran out of fuel). Ending here
+            // would hand the parser a cut-off call, so it is an error instead.
+            return Err(ConstraintError(
+                "the grammar allows no token after this one".into(),
+            ));
+        }
         // Nothing but EOS may follow: the output is complete.
         self.finished = mask.num_set() == eos;
         self.next_mask = Some(mask);

@@ -1,14 +1,13 @@
 //! Output constraints (afm-api's plain data) as llguidance grammars: a JSON schema for
-//! `response_format`, and a Lark grammar with JSON-schema sub-grammars for tool calls in the
-//! model's dialect.
+//! `response_format`, and for tool calls a Lark grammar in the model's dialect (dialects.rs),
+//! with JSON-schema sub-grammars for the arguments.
 //!
 //! ```text
 //!  Hermes, tool_choice required, parallel:
 //!    start: call ("\n" call)*
-//!    call:  "<tool_call>\n" %json{anyOf: [{name: const f, arguments: <f's parameters>}, ..]}
-//!           "\n</tool_call>"
-//!  tool_choice auto with strict tools:   start: calls | /[^<][\s\S]*/   (text or valid calls)
-//!  Llama 3 JSON:  call: %json{anyOf: [{name: const f, parameters: ..}, ..]}, "; " between calls
+//!    call:  "<tool_call>" "\n" %json{anyOf: [{name: const f, arguments: <f's parameters>}, ..]}
+//!           "\n" "</tool_call>"
+//!  tool_choice auto with strict tools:   start: calls | TEXT   (TEXT: no opener anywhere)
 //! ```
 
 use afm_api::{OutputConstraint, ToolDef};
@@ -16,18 +15,22 @@ use afm_chat::tool_calls::ToolCallFormat;
 use llguidance::api::TopLevelGrammar;
 use serde_json::{json, Map, Value};
 
+use crate::dialects::tool_lark;
+use crate::lark::Markers;
 use crate::GrammarError;
 
 /// JSON as models write it (`{"a": 1, "b": [2, 3]}`), with no free whitespace: free
 /// whitespace lets a small model pad an answer with newlines until `max_tokens`.
-fn json_options() -> Value {
+pub(crate) fn json_options() -> Value {
     json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "})
 }
 
-/// The grammar for `constraint`, with tool calls written in `format`.
+/// The grammar for `constraint`, with tool calls written in `format` using the vocabulary's
+/// `markers`.
 pub fn grammar_for(
     constraint: &OutputConstraint,
     format: ToolCallFormat,
+    markers: &Markers,
 ) -> Result<TopLevelGrammar, GrammarError> {
     match constraint {
         OutputConstraint::JsonObject => Ok(json_grammar(json!({"type": "object"}))),
@@ -44,7 +47,9 @@ pub fn grammar_for(
             tools,
             required,
             parallel,
-        } => tool_grammar(tools, *required, *parallel, format),
+        } => Ok(TopLevelGrammar::from_lark(tool_lark(
+            tools, *required, *parallel, format, markers,
+        )?)),
     }
 }
 
@@ -63,71 +68,8 @@ fn with_options(schema: Value) -> Value {
     }
 }
 
-fn tool_grammar(
-    tools: &[ToolDef],
-    required: bool,
-    parallel: bool,
-    format: ToolCallFormat,
-) -> Result<TopLevelGrammar, GrammarError> {
-    let d = match format {
-        ToolCallFormat::Hermes => Dialect {
-            open: "<tool_call>\n",
-            close: "\n</tool_call>",
-            separator: "\n",
-            args_key: "arguments",
-            text: r"/[^<][\s\S]*/",
-        },
-        ToolCallFormat::Llama3Json => Dialect {
-            open: "",
-            close: "",
-            separator: "; ",
-            args_key: "parameters",
-            text: r"/[^{][\s\S]*/",
-        },
-        other => return Err(GrammarError::UnsupportedFormat(format!("{other:?}"))),
-    };
-    let (open, close, args_key) = (d.open, d.close, d.args_key);
-    let body = call_schema(tools, args_key);
-    let body = serde_json::to_string(&body).map_err(|e| GrammarError::Schema {
-        param: "tools".into(),
-        message: e.to_string(),
-    })?;
-    let calls = if parallel {
-        format!("call ({} call)*", lark_string(d.separator))
-    } else {
-        "call".to_string()
-    };
-    // A dialect without markers (Llama's bare JSON) has a call that is just the object.
-    let mut call = String::from("body");
-    if !open.is_empty() {
-        call = format!("{} {call}", lark_string(open));
-    }
-    if !close.is_empty() {
-        call = format!("{call} {}", lark_string(close));
-    }
-    let mut lark = format!("calls: {calls}\ncall: {call}\nbody: %json {body}\n");
-    if required {
-        lark.insert_str(0, "start: calls\n");
-    } else {
-        // Text that does not start a call, or calls: either way no malformed call.
-        lark.insert_str(0, &format!("start: calls | TEXT\nTEXT: {}\n", d.text));
-    }
-    Ok(TopLevelGrammar::from_lark(lark))
-}
-
-/// How calls are written in one dialect.
-struct Dialect {
-    open: &'static str,
-    close: &'static str,
-    /// Between parallel calls.
-    separator: &'static str,
-    args_key: &'static str,
-    /// Text that cannot be mistaken for the start of a call (a Lark regex).
-    text: &'static str,
-}
-
 /// `{"name": <one of the tools>, "<args_key>": <that tool's parameters>}`.
-fn call_schema(tools: &[ToolDef], args_key: &str) -> Value {
+pub(crate) fn call_schema(tools: &[ToolDef], args_key: &str) -> Value {
     let one = |i: usize, t: &ToolDef| {
         let prefix = if tools.len() == 1 {
             format!("/properties/{args_key}")
@@ -170,11 +112,6 @@ fn rebase_refs(schema: &Value, prefix: &str) -> Value {
         Value::Array(a) => Value::Array(a.iter().map(|v| rebase_refs(v, prefix)).collect()),
         other => other.clone(),
     }
-}
-
-/// A Lark string literal.
-fn lark_string(s: &str) -> String {
-    serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into())
 }
 
 #[cfg(test)]

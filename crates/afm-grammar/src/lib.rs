@@ -13,7 +13,11 @@
 //! ```
 
 mod constraint;
+mod dialects;
+mod gemma;
 mod grammars;
+mod lark;
+mod params;
 #[cfg(test)]
 mod tests;
 mod vocab;
@@ -28,6 +32,7 @@ use llguidance::{Matcher, ParserFactory};
 
 pub use constraint::{GrammarConstraint, Reasoning};
 pub use grammars::grammar_for;
+pub use lark::Markers;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum GrammarError {
@@ -37,9 +42,13 @@ pub enum GrammarError {
     /// The schema or grammar does not compile; `param` names the request field it came from.
     #[error("{param}: {message}")]
     Schema { param: String, message: String },
-    /// Strict tool calls in this dialect have no grammar yet (served best effort).
+    /// Strict tool calls in this dialect have no grammar (served best effort).
     #[error("no tool-call grammar for the {0} dialect")]
     UnsupportedFormat(String),
+    /// A tool's schema cannot be written in the dialect's argument syntax (served best
+    /// effort), e.g. a top-level `anyOf` where the dialect writes one element per parameter.
+    #[error("tools cannot be enforced in the {dialect} dialect: {reason}")]
+    Inexpressible { dialect: String, reason: String },
 }
 
 /// The model's grammar compiler: shared by every request.
@@ -47,6 +56,7 @@ pub struct Grammars {
     factory: ParserFactory,
     env: TokEnv,
     think: Option<u32>,
+    markers: Markers,
 }
 
 impl Grammars {
@@ -63,6 +73,7 @@ impl Grammars {
             factory,
             env,
             think: tokenizer.token_id("<think>"),
+            markers: Markers::from_tokenizer(tokenizer),
         })
     }
 
@@ -77,7 +88,7 @@ impl Grammars {
             OutputConstraint::JsonObject => "response_format".into(),
             OutputConstraint::ToolCalls { .. } => "tools".into(),
         };
-        self.build(grammar_for(constraint, format)?, param)
+        self.build(grammar_for(constraint, format, &self.markers)?, param)
     }
 
     /// Compiles a grammar in llguidance's Lark dialect.

@@ -184,7 +184,7 @@ fn hermes_tool_call_names_an_allowed_tool_with_valid_arguments() {
 }
 
 #[test]
-fn bad_schemas_and_dialects_without_a_grammar_are_reported() {
+fn bad_schemas_and_the_none_dialect_are_reported() {
     let tok = tokenizer();
     let g = Grammars::new(&tok).expect("trie");
     let bad = schema(json!({"type": "string", "pattern": "(["}));
@@ -203,7 +203,7 @@ fn bad_schemas_and_dialects_without_a_grammar_are_reported() {
         parallel: true,
     };
     assert!(matches!(
-        g.compile(&tools, ToolCallFormat::Gemma),
+        g.compile(&tools, ToolCallFormat::None),
         Err(GrammarError::UnsupportedFormat(_))
     ));
 }

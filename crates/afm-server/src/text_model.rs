@@ -117,7 +117,13 @@ impl TextModel for ChatText {
         };
         let compiled = match grammars.compile(output, format) {
             Ok(c) => c,
-            Err(GrammarError::UnsupportedFormat(_)) => return Ok(None),
+            // No grammar for this dialect or these tools: best effort, marked downgraded.
+            Err(e @ (GrammarError::UnsupportedFormat(_) | GrammarError::Inexpressible { .. })) => {
+                if std::env::var("AFM_DEBUG").is_ok_and(|v| v == "1") {
+                    eprintln!("[Grammar] downgraded: {e}");
+                }
+                return Ok(None);
+            }
             Err(GrammarError::Schema { param, message }) => {
                 return Err(ApiError::invalid(
                     &param,

@@ -1,0 +1,553 @@
+//! Strict tool calls in every dialect afm parses, checked the way a client sees them: random
+//! walks through the grammar's allowed tokens (uniform picks, steered toward closing what is
+//! open so walks end) on real vocabularies (SmolLM2's, Qwen 2.5's when models/ has it) and on
+//! a vocabulary whose dialect markers are special tokens; every walk's text goes through
+//! afm-chat's streaming parser for that dialect in random chunks, and must come out as calls of
+//! the declared tools (exactly one without parallel calls) whose arguments satisfy the tool's
+//! schema. With `tool_choice: auto` the text is either such calls or plain text.
+
+use std::path::{Path, PathBuf};
+
+use afm_api::{OutputConstraint, ToolDef};
+use afm_chat::tool_calls::{ParserOptions, ToolCallFormat, ToolCallParser, ToolEvent};
+use afm_chat::{Tokenizer, VocabModel, VocabSpec};
+use afm_engine::TokenConstraint;
+use afm_grammar::{GrammarError, Grammars};
+use serde_json::{json, Value};
+
+const DIALECTS: [ToolCallFormat; 10] = [
+    ToolCallFormat::Hermes,
+    ToolCallFormat::Llama3Json,
+    ToolCallFormat::Mistral,
+    ToolCallFormat::QwenXml,
+    ToolCallFormat::Gemma,
+    ToolCallFormat::Glm4,
+    ToolCallFormat::KimiK2,
+    ToolCallFormat::MinimaxM2,
+    ToolCallFormat::DeepSeekV3,
+    ToolCallFormat::DeepSeekV4Dsml,
+];
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// Tools whose schemas cover what tool definitions use: bounded and unbounded strings,
+/// enums, a pattern, a format, bounded numbers, booleans, nullable values, arrays, a nested
+/// object, optional parameters and a tool without parameters.
+fn tools() -> Vec<Value> {
+    let f = |name: &str, parameters: Value| json!({"type": "function", "function": {"name": name, "parameters": parameters}});
+    vec![
+        f(
+            "get_weather",
+            json!({"type": "object", "properties": {
+                "city": {"type": "string", "minLength": 1, "maxLength": 24},
+                "unit": {"enum": ["celsius", "fahrenheit"]},
+                "days": {"type": "integer", "minimum": 1, "maximum": 14}},
+                "required": ["city", "unit"], "additionalProperties": false}),
+        ),
+        f(
+            "search",
+            json!({"type": "object", "properties": {
+                "query": {"type": "string", "minLength": 1, "maxLength": 40},
+                "tags": {"type": "array", "items": {"type": "string", "maxLength": 8},
+                         "maxItems": 3},
+                "filters": {"type": "object", "properties": {
+                    "lang": {"enum": ["en", "fr"]}, "safe": {"type": "boolean"}},
+                    "required": ["safe"], "additionalProperties": false},
+                "limit": {"type": ["integer", "null"], "minimum": 1, "maximum": 50}},
+                "required": ["query"], "additionalProperties": false}),
+        ),
+        f(
+            "set_code",
+            json!({"type": "object", "properties": {
+                "code": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{2}$"},
+                "when": {"type": "string", "format": "date"},
+                "note": {"type": ["string", "null"]},
+                "ratio": {"type": "number", "minimum": 0, "maximum": 1}},
+                "required": ["code", "ratio"], "additionalProperties": false}),
+        ),
+        f("ping", json!({"type": "object", "properties": {}})),
+    ]
+}
+
+fn tool_defs(tools: &[Value]) -> Vec<ToolDef> {
+    tools
+        .iter()
+        .map(|t| ToolDef {
+            name: t["function"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
+            parameters: t["function"]["parameters"].clone(),
+        })
+        .collect()
+}
+
+/// A char-level vocabulary whose dialect markers are control tokens, as in the models that
+/// use each dialect (Kimi's and DeepSeek's section tokens, Gemma 4's `<|"|>`, Mistral's
+/// `[ARGS]`, ...).
+fn special_vocabulary() -> Tokenizer {
+    const MARKERS: [&str; 24] = [
+        "<|tool_call>",
+        "<tool_call|>",
+        "<|\"|>",
+        "<|tool_calls_section_begin|>",
+        "<|tool_call_begin|>",
+        "<|tool_call_argument_begin|>",
+        "<|tool_call_end|>",
+        "<|tool_calls_section_end|>",
+        "<｜tool▁calls▁begin｜>",
+        "<｜tool▁call▁begin｜>",
+        "<｜tool▁sep｜>",
+        "<｜tool▁call▁end｜>",
+        "<｜tool▁calls▁end｜>",
+        "[TOOL_CALLS]",
+        "[ARGS]",
+        "<minimax:tool_call>",
+        "</minimax:tool_call>",
+        "<｜DSML｜function_calls>",
+        "</｜DSML｜function_calls>",
+        "<arg_key>",
+        "</arg_key>",
+        "<arg_value>",
+        "</arg_value>",
+        "<|python_tag|>",
+    ];
+    let mut tokens: Vec<String> = ["<unk>", "<s>", "</s>"].map(String::from).to_vec();
+    tokens.extend(MARKERS.iter().map(|s| s.to_string()));
+    let mut types = vec![2, 3, 3];
+    types.resize(tokens.len(), 3);
+    tokens.extend((0x21u8..0x7f).map(|b| (b as char).to_string()));
+    tokens.extend(
+        [
+            "\u{2581}",
+            "\n",
+            "｜",
+            "é",
+            "parameter",
+            "function",
+            "celsius",
+        ]
+        .map(String::from),
+    );
+    types.resize(tokens.len(), 1);
+    let mut spec = VocabSpec::new(VocabModel::Spm, tokens);
+    spec.token_types = types;
+    spec.unk = Some(0);
+    spec.bos = Some(1);
+    spec.eos = Some(2);
+    Tokenizer::from_spec(spec).expect("a valid vocabulary")
+}
+
+/// xorshift64*: reproducible walks without a dependency.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+    fn chance(&mut self, p: f64) -> bool {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64 > 1.0 - p
+    }
+}
+
+/// What closes things the walk may be inside of: element closers of every dialect, string
+/// delimiters, JSON closers.
+const CLOSERS: [&str; 17] = [
+    "\n</parameter>\n",
+    "</parameter>\n",
+    "</arg_value>",
+    "</｜DSML｜parameter>\n",
+    "<|\"|>",
+    "\"",
+    "}",
+    "]",
+    "\n</tool_call>",
+    "</function>",
+    "<tool_call|>",
+    ",",
+    "</invoke>\n</minimax:tool_call>",
+    "<|tool_calls_section_end|>",
+    "<｜tool▁calls▁end｜>",
+    "</｜DSML｜invoke>\n</｜DSML｜function_calls>",
+    "</｜DSML｜invoke>\n</｜DSML｜tool_calls>",
+];
+
+struct Walker<'a> {
+    tok: &'a Tokenizer,
+    bytes: Vec<Vec<u8>>,
+    eos: Vec<u32>,
+}
+
+impl<'a> Walker<'a> {
+    fn new(tok: &'a Tokenizer) -> Self {
+        let bytes = (0..tok.vocab_size() as u32)
+            .map(|id| tok.token_bytes(id))
+            .collect();
+        Walker {
+            tok,
+            bytes,
+            eos: tok.eos_ids().to_vec(),
+        }
+    }
+
+    /// Allowed tokens that continue closing something: a token that is a prefix of what is
+    /// left of a closer whose start the text already ends with (possibly nothing yet); those
+    /// that continue the furthest-along closer win, so a closer once begun gets finished.
+    fn closing(&self, out: &[u8], allowed: &[u32]) -> Vec<u32> {
+        let mut found: Vec<(usize, u32)> = Vec::new();
+        for c in CLOSERS.iter().map(|c| c.as_bytes()) {
+            let done = (0..c.len())
+                .rev()
+                .find(|&k| out.ends_with(&c[..k]))
+                .unwrap_or(0);
+            let rest = &c[done..];
+            for &id in allowed {
+                let b = &self.bytes[id as usize];
+                if !b.is_empty() && rest.starts_with(b) {
+                    found.push((done, id));
+                }
+            }
+        }
+        let top = found.iter().map(|f| f.0).max().unwrap_or(0);
+        found
+            .into_iter()
+            .filter(|f| f.0 == top)
+            .map(|f| f.1)
+            .collect()
+    }
+
+    /// One walk; Err(text so far) if it did not end within the step budget.
+    fn walk(&self, c: &mut dyn TokenConstraint, rng: &mut Rng) -> Result<String, String> {
+        let n = self.tok.vocab_size();
+        let mut out: Vec<u8> = Vec::new();
+        for step in 0..4000 {
+            let mut bits = vec![0u32; n.div_ceil(32)];
+            assert!(c.allowed(&mut bits).expect("mask"), "constrained");
+            let allowed: Vec<u32> = (0..n as u32)
+                .filter(|&i| bits[i as usize / 32] & (1 << (i % 32)) != 0)
+                .collect();
+            assert!(
+                !allowed.is_empty(),
+                "dead end after {:?}",
+                String::from_utf8_lossy(&out)
+            );
+            let eos = allowed.iter().find(|t| self.eos.contains(t)).copied();
+            let text: Vec<u32> = allowed
+                .iter()
+                .copied()
+                .filter(|t| !self.eos.contains(t))
+                .collect();
+            let pick = match eos {
+                Some(e) if text.is_empty() || rng.chance(0.5) => e,
+                _ => {
+                    let steer = (step as f64 / 40.0).min(0.85);
+                    let closing = match rng.chance(steer) {
+                        true => self.closing(&out, &text),
+                        false => Vec::new(),
+                    };
+                    match closing.is_empty() {
+                        true => text[rng.below(text.len())],
+                        false => closing[rng.below(closing.len())],
+                    }
+                }
+            };
+            c.commit(pick).expect("commit");
+            if self.eos.contains(&pick) {
+                return Ok(String::from_utf8(out).expect("utf-8"));
+            }
+            out.extend_from_slice(&self.bytes[pick as usize]);
+            if c.is_finished() {
+                return Ok(String::from_utf8(out).expect("utf-8"));
+            }
+        }
+        Err(String::from_utf8_lossy(&out).into_owned())
+    }
+}
+
+/// The parser's reading of `text`, fed in random chunks: (plain text, calls as (name, args)).
+fn parse(
+    format: ToolCallFormat,
+    tools: &[Value],
+    text: &str,
+    rng: &mut Rng,
+) -> (String, Vec<(String, String)>) {
+    let mut p = ToolCallParser::new(format, tools, ParserOptions::default());
+    let mut events = Vec::new();
+    let mut rest = text;
+    while !rest.is_empty() {
+        let mut cut = (1 + rng.below(12)).min(rest.len());
+        while !rest.is_char_boundary(cut) {
+            cut += 1;
+        }
+        events.extend(p.push(&rest[..cut]));
+        rest = &rest[cut..];
+    }
+    events.extend(p.finish());
+    let mut plain = String::new();
+    let mut streamed: Vec<String> = Vec::new();
+    for e in events {
+        match e {
+            ToolEvent::Text(t) => plain.push_str(&t),
+            ToolEvent::CallStart { index, .. } => {
+                streamed.resize(streamed.len().max(index + 1), String::new())
+            }
+            ToolEvent::CallArgs { index, fragment } => streamed[index].push_str(&fragment),
+            ToolEvent::CallEnd { .. } => {}
+        }
+    }
+    let calls: Vec<(String, String)> = p
+        .calls()
+        .iter()
+        .map(|c| (c.name.clone(), c.arguments.clone()))
+        .collect();
+    let whole: Vec<&String> = calls.iter().map(|c| &c.1).collect();
+    assert_eq!(
+        streamed.iter().collect::<Vec<_>>(),
+        whole,
+        "streamed = whole: {text:?}"
+    );
+    (plain, calls)
+}
+
+/// The JSON Schema subset the tools above use; returns the first violation.
+fn violation(v: &Value, s: &Value, path: &str) -> Option<String> {
+    let bad = |what: &str| Some(format!("{path}: {what} (value {v})"));
+    if let Some(e) = s.get("enum").and_then(Value::as_array) {
+        if !e.contains(v) {
+            return bad("not in enum");
+        }
+    }
+    if let Some(t) = s.get("type") {
+        let types: Vec<&str> = match t {
+            Value::String(t) => vec![t.as_str()],
+            Value::Array(ts) => ts.iter().filter_map(Value::as_str).collect(),
+            _ => vec![],
+        };
+        let is = |t: &str| match t {
+            "string" => v.is_string(),
+            "integer" => v.is_i64() || v.is_u64(),
+            "number" => v.is_number(),
+            "boolean" => v.is_boolean(),
+            "null" => v.is_null(),
+            "object" => v.is_object(),
+            "array" => v.is_array(),
+            _ => false,
+        };
+        if !types.iter().any(|t| is(t)) {
+            return bad(&format!("not of type {t}"));
+        }
+    }
+    let num = |k: &str| s.get(k).and_then(Value::as_f64);
+    if let Some(x) = v.as_f64() {
+        if num("minimum").is_some_and(|m| x < m) || num("maximum").is_some_and(|m| x > m) {
+            return bad("out of bounds");
+        }
+    }
+    if let Some(text) = v.as_str() {
+        let chars = text.chars().count() as f64;
+        if num("minLength").is_some_and(|m| chars < m)
+            || num("maxLength").is_some_and(|m| chars > m)
+        {
+            return bad("length out of bounds");
+        }
+        if let Some(p) = s.get("pattern").and_then(Value::as_str) {
+            let re = fancy_regex::Regex::new(p).expect("pattern");
+            if !re.is_match(text).unwrap_or(false) {
+                return bad("does not match the pattern");
+            }
+        }
+        if s.get("format").and_then(Value::as_str) == Some("date") {
+            let re = fancy_regex::Regex::new(r"^\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])$");
+            if !re.expect("date").is_match(text).unwrap_or(false) {
+                return bad("not a date");
+            }
+        }
+    }
+    if let Some(items) = v.as_array() {
+        if num("maxItems").is_some_and(|m| items.len() as f64 > m) {
+            return bad("too many items");
+        }
+        if let Some(is) = s.get("items") {
+            if let Some(e) = items
+                .iter()
+                .find_map(|i| violation(i, is, &format!("{path}[]")))
+            {
+                return Some(e);
+            }
+        }
+    }
+    if let Some(o) = v.as_object() {
+        let props = s.get("properties").and_then(Value::as_object);
+        for r in s
+            .get("required")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            if !r.as_str().is_some_and(|r| o.contains_key(r)) {
+                return bad(&format!("missing {r}"));
+            }
+        }
+        for (k, x) in o {
+            match props.and_then(|p| p.get(k)) {
+                Some(ps) => {
+                    if let Some(e) = violation(x, ps, &format!("{path}.{k}")) {
+                        return Some(e);
+                    }
+                }
+                None if s.get("additionalProperties") == Some(&json!(false)) => {
+                    return bad(&format!("undeclared {k}"))
+                }
+                None => {}
+            }
+        }
+    }
+    None
+}
+
+fn check_calls(format: ToolCallFormat, tools: &[Value], calls: &[(String, String)], text: &str) {
+    for (name, args) in calls {
+        let tool = tools
+            .iter()
+            .find(|t| t["function"]["name"] == name.as_str())
+            .unwrap_or_else(|| panic!("{format:?}: undeclared tool {name} in {text:?}"));
+        let v: Value = serde_json::from_str(args).unwrap_or_else(|e| {
+            panic!("{format:?}: arguments {args:?} are not JSON ({e}): {text:?}")
+        });
+        assert!(v.is_object(), "{format:?}: {args} in {text:?}");
+        if let Some(e) = violation(&v, &tool["function"]["parameters"], name) {
+            panic!("{format:?}: {e}\n{text:?}");
+        }
+    }
+}
+
+/// `walks` walks per mode; returns how many ended (all that end must be valid).
+fn run(tok: &Tokenizer, format: ToolCallFormat, walks: usize, seed: u64) {
+    let g = Grammars::new(tok).expect("trie");
+    let tools = tools();
+    let walker = Walker::new(tok);
+    let mut rng = Rng(seed);
+    for (required, parallel) in [(true, true), (true, false), (false, true)] {
+        let c = OutputConstraint::ToolCalls {
+            tools: tool_defs(&tools),
+            required,
+            parallel,
+        };
+        let compiled = g
+            .compile(&c, format)
+            .unwrap_or_else(|e| panic!("{format:?} compiles: {e}"));
+        let mut ended = 0;
+        for _ in 0..walks {
+            let mut con = compiled.constraint(false, false);
+            let text = match walker.walk(con.as_mut(), &mut rng) {
+                Ok(text) => text,
+                Err(partial) => {
+                    let tail: String = partial.chars().rev().take(300).collect();
+                    let tail: String = tail.chars().rev().collect();
+                    eprintln!("{format:?}: a walk did not end: …{tail:?}");
+                    continue;
+                }
+            };
+            ended += 1;
+            let (plain, calls) = parse(format, &tools, &text, &mut rng);
+            if required || !calls.is_empty() {
+                assert!(!calls.is_empty(), "{format:?}: no call in {text:?}");
+                assert!(
+                    plain.trim().is_empty(),
+                    "{format:?}: text {plain:?} around calls in {text:?}"
+                );
+            } else {
+                assert_eq!(plain, text, "{format:?}: auto text read as text");
+            }
+            if !parallel {
+                assert_eq!(calls.len(), 1, "{format:?}: one call: {text:?}");
+            }
+            check_calls(format, &tools, &calls, &text);
+        }
+        assert!(
+            ended * 10 >= walks * 9,
+            "{format:?}: only {ended}/{walks} walks ended"
+        );
+    }
+}
+
+fn smollm2() -> Tokenizer {
+    Tokenizer::from_hf_dir(&root().join("tests/fixtures/tokenizer/smollm2")).expect("tokenizer")
+}
+
+#[test]
+fn every_dialect_on_smollm2_text_markers() {
+    let tok = smollm2();
+    for (i, f) in DIALECTS.into_iter().enumerate() {
+        run(&tok, f, 24, 0x9e37_79b9 + i as u64);
+    }
+}
+
+#[test]
+fn every_dialect_with_special_token_markers() {
+    let tok = special_vocabulary();
+    for (i, f) in DIALECTS.into_iter().enumerate() {
+        run(&tok, f, 24, 0x51_7cc1 + i as u64);
+    }
+}
+
+#[test]
+fn qwen_xml_and_glm_on_qwen25() {
+    let dir = root().join("models/hf/qwen25");
+    if !Path::new(&dir).join("tokenizer.json").exists() {
+        eprintln!("skipped: {} not fetched", dir.display());
+        return;
+    }
+    let tok = Tokenizer::from_hf_dir(&dir).expect("tokenizer");
+    for (i, f) in [
+        ToolCallFormat::QwenXml,
+        ToolCallFormat::Hermes,
+        ToolCallFormat::Glm4,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        run(&tok, f, 16, 77 + i as u64);
+    }
+}
+
+#[test]
+fn schemas_a_dialect_cannot_honour_are_served_best_effort() {
+    let tok = smollm2();
+    let g = Grammars::new(&tok).expect("trie");
+    let tool = |parameters: Value| OutputConstraint::ToolCalls {
+        tools: vec![ToolDef {
+            name: "f".into(),
+            parameters,
+        }],
+        required: true,
+        parallel: false,
+    };
+    // A top-level union has no element-per-parameter form; JSON dialects take it as is.
+    let union = tool(json!({"anyOf": [{"type": "object"}, {"type": "null"}]}));
+    assert!(matches!(
+        g.compile(&union, ToolCallFormat::QwenXml),
+        Err(GrammarError::Inexpressible { .. })
+    ));
+    assert!(g.compile(&union, ToolCallFormat::KimiK2).is_ok());
+    // Qwen reads an untyped `$ref` value as a string: an object behind it cannot be written.
+    let hidden = tool(json!({"$defs": {"o": {"type": "object"}},
+                             "properties": {"x": {"$ref": "#/$defs/o"}}, "required": ["x"]}));
+    assert!(matches!(
+        g.compile(&hidden, ToolCallFormat::QwenXml),
+        Err(GrammarError::Inexpressible { .. })
+    ));
+    assert!(g.compile(&hidden, ToolCallFormat::Glm4).is_ok());
+    assert!(matches!(
+        g.compile(&tool(json!({})), ToolCallFormat::None),
+        Err(GrammarError::UnsupportedFormat(_))
+    ));
+}
