@@ -186,3 +186,85 @@ def test_strict_without_the_switch_is_downgraded(real):
     raw = real.client().chat.completions.with_raw_response.create(
         model=MODEL, messages=ASK, tools=TOOLS, tool_choice="required", max_tokens=8)
     assert raw.headers["x-grammar-constraints"] == "downgraded"
+
+
+# Strict tools in the other call dialects: SmolLM2 forced to each with --tool-call-parser, so
+# every marker is plain text; the grammar makes the model write the dialect's exact syntax and
+# afm's parser for that dialect must read back valid calls (no downgrade).
+DIALECTS = ("qwen3_xml", "gemma", "kimi_k2", "deepseek_v4")
+DIALECT_TOOLS = TOOLS + [
+    {"type": "function", "function": {
+        "name": "book_room", "description": "Book a hotel room",
+        "parameters": {"type": "object", "properties": {
+            "hotel": {"type": "string", "minLength": 1, "maxLength": 24},
+            "nights": {"type": "integer", "minimum": 1, "maximum": 9},
+            "guests": {"type": "array", "items": {"type": "string", "maxLength": 12},
+                       "minItems": 1, "maxItems": 3},
+            "breakfast": {"type": "boolean"}},
+            "required": ["hotel", "nights", "guests"], "additionalProperties": False}}},
+]
+DIALECT_PARAMS = {t["function"]["name"]: t["function"]["parameters"] for t in DIALECT_TOOLS}
+BOOK = [{"role": "user", "content": "Book two nights at the Ritz for Ann and Bob."}]
+
+
+@pytest.fixture(scope="module", params=DIALECTS)
+def dialect(request):
+    if not SMOLLM2.exists():
+        pytest.skip(f"{SMOLLM2} not fetched (scripts/fetch_models.sh smollm2)")
+    binary = _binary("AFM_BIN", "afm", ["-p", "afm"])
+    port = _free_port()
+    cmd = [str(binary), "mlx", "-m", str(SMOLLM2), "-p", str(port), "--max-context", "2048",
+           "--enable-grammar-constraints", "--tool-call-parser", request.param]
+    server = _start(cmd, f"http://127.0.0.1:{port}", 300)
+    server.dialect = request.param
+    yield server
+    server.proc.terminate()
+    server.proc.wait(10)
+
+
+def check_dialect_call(name, arguments):
+    assert name in DIALECT_PARAMS, name
+    jsonschema.validate(json.loads(arguments), DIALECT_PARAMS[name],
+                        cls=jsonschema.Draft202012Validator)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_dialect_required_calls_are_valid(dialect, seed):
+    raw = dialect.client().chat.completions.with_raw_response.create(
+        model=MODEL, messages=BOOK, tools=DIALECT_TOOLS, tool_choice="required",
+        temperature=1.0, seed=seed, max_tokens=400)
+    assert "x-grammar-constraints" not in raw.headers, dialect.dialect
+    choice = raw.parse().choices[0]
+    assert choice.finish_reason == "tool_calls", (dialect.dialect, choice.message)
+    assert choice.message.tool_calls, (dialect.dialect, choice.message)
+    for call in choice.message.tool_calls:
+        check_dialect_call(call.function.name, call.function.arguments)
+
+
+def test_dialect_named_single_call_streamed_and_not(dialect):
+    named = {"type": "function", "function": {"name": "book_room"}}
+    kw = dict(model=MODEL, messages=BOOK, tools=DIALECT_TOOLS, tool_choice=named,
+              temperature=1.0, seed=11, max_tokens=400, parallel_tool_calls=False)
+    raw = dialect.client().chat.completions.with_raw_response.create(**kw)
+    assert "x-grammar-constraints" not in raw.headers
+    r = raw.parse()
+    assert r.choices[0].finish_reason == "tool_calls", (dialect.dialect, r.choices[0].message)
+    (call,) = r.choices[0].message.tool_calls
+    assert call.function.name == "book_room"
+    check_dialect_call(call.function.name, call.function.arguments)
+    raw = dialect.client().chat.completions.with_raw_response.create(stream=True, **kw)
+    assert "x-grammar-constraints" not in raw.headers
+    calls, finishes = {}, []
+    for chunk in raw.parse():
+        if not chunk.choices:
+            continue
+        for d in chunk.choices[0].delta.tool_calls or []:
+            c = calls.setdefault(d.index, {"name": d.function.name, "arguments": ""})
+            c["arguments"] += d.function.arguments or ""
+        if chunk.choices[0].finish_reason:
+            finishes.append(chunk.choices[0].finish_reason)
+    assert finishes == ["tool_calls"], dialect.dialect
+    assert [c["name"] for c in calls.values()] == ["book_room"]
+    check_dialect_call("book_room", calls[0]["arguments"])
+    # Same seed, same grammar: the stream carries the same call.
+    assert json.loads(calls[0]["arguments"]) == json.loads(call.function.arguments)

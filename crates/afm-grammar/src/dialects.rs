@@ -317,6 +317,7 @@ fn elements(
     let ctx = Ctx {
         root: &tool.parameters,
         markers: m,
+        guard_json: true,
     };
     let mut out = Vec::new();
     for p in params(tool)? {

@@ -59,9 +59,11 @@ impl<'a> Syntax<'a> {
         if !plain_name(&tool.name) {
             return Err(format!("tool name {:?} cannot be written", tool.name));
         }
+        // Scalars only go through %json here: no string can hide a closer.
         let ctx = Ctx {
             root: &tool.parameters,
             markers: self.markers,
+            guard_json: false,
         };
         let mut members = Vec::new();
         for p in params(tool)? {

@@ -183,6 +183,9 @@ pub fn json_type(v: &Value) -> &'static str {
 pub struct Ctx<'a> {
     pub root: &'a Value,
     pub markers: &'a Markers,
+    /// JSON values sit inside an element whose closer the parser looks for in the raw text
+    /// (XML dialects): strings in them must not spell a closing tag.
+    pub guard_json: bool,
 }
 
 impl Ctx<'_> {
@@ -209,8 +212,14 @@ impl Ctx<'_> {
                 s.entry(defs).or_insert_with(|| d.clone());
             }
         }
-        s.insert("x-guidance".into(), crate::grammars::json_options());
-        let text = serde_json::to_string(&Value::Object(s)).map_err(|e| e.to_string())?;
+        let mut s = Value::Object(s);
+        if self.guard_json {
+            s = guard_strings(&s, 0);
+        }
+        if let Value::Object(o) = &mut s {
+            o.insert("x-guidance".into(), crate::grammars::json_options());
+        }
+        let text = serde_json::to_string(&s).map_err(|e| e.to_string())?;
         Ok(lark.rule(&format!("%json {text}")))
     }
 
@@ -414,4 +423,50 @@ impl Ctx<'_> {
         let value = self.json_value(lark, schema)?;
         Ok((false, format!("{value} {}", self.markers.seq(closer))))
     }
+}
+
+/// Strings with no `</` in them: a JSON value inside an XML element then never holds a closing
+/// tag the parser could take for the element's end (GLM ends a call at any `</tool_call>`).
+const NO_CLOSING_TAG: &str = "^(?:[^<]|<+[^</])*<*$";
+
+/// `schema` with every string it admits (at any depth, `$defs` included) limited to
+/// [`NO_CLOSING_TAG`]; an existing `pattern` is kept beside it under `allOf`.
+fn guard_strings(schema: &Value, depth: usize) -> Value {
+    let Value::Object(o) = schema else {
+        return schema.clone();
+    };
+    if depth > MAX_DEPTH {
+        return schema.clone();
+    }
+    let each = |v: &Value| guard_strings(v, depth + 1);
+    let mut out = Map::new();
+    for (k, v) in o {
+        let g = match (k.as_str(), v) {
+            ("properties" | "$defs" | "definitions" | "patternProperties", Value::Object(m)) => {
+                Value::Object(m.iter().map(|(k, v)| (k.clone(), each(v))).collect())
+            }
+            ("items" | "additionalProperties" | "additionalItems" | "contains", _) => each(v),
+            ("prefixItems" | "anyOf" | "oneOf" | "allOf", Value::Array(a)) => {
+                Value::Array(a.iter().map(each).collect())
+            }
+            _ => v.clone(),
+        };
+        out.insert(k.clone(), g);
+    }
+    let typed_string = match o.get("type") {
+        None => !["$ref", "enum", "const", "anyOf", "oneOf", "allOf"]
+            .iter()
+            .any(|k| o.contains_key(*k)),
+        Some(Value::String(t)) => t == "string",
+        Some(Value::Array(ts)) => ts.iter().any(|t| t == "string"),
+        Some(_) => false,
+    };
+    if !typed_string || o.contains_key("enum") || o.contains_key("const") {
+        return Value::Object(out);
+    }
+    if o.contains_key("pattern") {
+        return json!({"allOf": [Value::Object(out), {"pattern": NO_CLOSING_TAG}]});
+    }
+    out.insert("pattern".into(), json!(NO_CLOSING_TAG));
+    Value::Object(out)
 }
