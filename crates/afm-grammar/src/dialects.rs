@@ -340,7 +340,7 @@ fn qwen_call(lark: &mut Lark, tool: &ToolDef, m: &Markers) -> Result<String, Str
         trimmed: false,
     };
     let params = elements(lark, tool, m, &mut |lark, ctx, name, schema| {
-        let head = lit(&format!("<parameter={name}>\n"));
+        let head = ctx.markers.atom(&format!("<parameter={name}>\n"));
         let closer = ["\n</parameter>\n"];
         let (_, value) = ctx.element(lark, schema, Reading::Unmarked, &raw, &closer)?;
         Ok(format!("{head} {value}"))
@@ -356,13 +356,13 @@ fn minimax_call(lark: &mut Lark, tool: &ToolDef, m: &Markers) -> Result<String, 
         trimmed: true,
     };
     let params = elements(lark, tool, m, &mut |lark, ctx, name, schema| {
-        let head = lit(&format!("<parameter name=\"{name}\">"));
+        let head = ctx.markers.atom(&format!("<parameter name=\"{name}\">"));
         let closer = ["</parameter>\n"];
         let (_, value) = ctx.element(lark, schema, Reading::Unmarked, &raw, &closer)?;
         Ok(format!("{head} {value}"))
     })?;
-    let open = lit(&format!("<invoke name=\"{}\">\n", tool.name));
-    Ok(format!("{open} {params} {}", lit("</invoke>")))
+    let open = m.atom(&format!("<invoke name=\"{}\">\n", tool.name));
+    Ok(format!("{open} {params} {}", m.atom("</invoke>")))
 }
 
 fn dsml_call(lark: &mut Lark, tool: &ToolDef, m: &Markers) -> Result<String, String> {
@@ -374,10 +374,10 @@ fn dsml_call(lark: &mut Lark, tool: &ToolDef, m: &Markers) -> Result<String, Str
         let closer = ["</｜DSML｜parameter>", "\n"];
         let (is_raw, value) = ctx.element(lark, schema, Reading::PlainOrJson, &raw, &closer)?;
         let head = format!("<｜DSML｜parameter name=\"{name}\" string=\"{is_raw}\">");
-        Ok(format!("{} {value}", lit(&head)))
+        Ok(format!("{} {value}", ctx.markers.atom(&head)))
     })?;
-    let open = lit(&format!("<｜DSML｜invoke name=\"{}\">\n", tool.name));
-    Ok(format!("{open} {params} {}", lit("</｜DSML｜invoke>")))
+    let open = m.atom(&format!("<｜DSML｜invoke name=\"{}\">\n", tool.name));
+    Ok(format!("{open} {params} {}", m.atom("</｜DSML｜invoke>")))
 }
 
 fn glm_call(lark: &mut Lark, tool: &ToolDef, m: &Markers) -> Result<String, String> {

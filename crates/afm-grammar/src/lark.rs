@@ -34,15 +34,47 @@ impl Markers {
         self.special.get(text).copied()
     }
 
-    /// `text` as a Lark atom: its special token, or the literal.
-    pub fn atom(&self, text: &str) -> String {
-        match self.token(text) {
-            Some(id) => format!("<[{id}]>"),
-            None => lit(text),
+    /// `text` split into special tokens (longest first, anywhere in it) and the text between
+    /// them: a marker may be one token (`<|tool_call_begin|>`), or a token plus text.
+    pub fn pieces<'t>(&self, text: &'t str) -> Vec<(Option<u32>, &'t str)> {
+        let mut out = Vec::new();
+        let (mut i, mut plain) = (0, 0);
+        while i < text.len() {
+            let hit = (i + 1..=text.len())
+                .rev()
+                .filter(|&j| text.is_char_boundary(j))
+                .find_map(|j| self.token(&text[i..j]).map(|id| (j, id)));
+            match hit {
+                Some((j, id)) => {
+                    if plain < i {
+                        out.push((None, &text[plain..i]));
+                    }
+                    out.push((Some(id), &text[i..j]));
+                    (i, plain) = (j, j);
+                }
+                None => i += text[i..].chars().next().map_or(1, char::len_utf8),
+            }
         }
+        if plain < text.len() {
+            out.push((None, &text[plain..]));
+        }
+        out
     }
 
-    /// Markers and text in order, each as its atom.
+    /// `text` as Lark atoms: its special tokens as `<[id]>`, the rest as literals.
+    pub fn atom(&self, text: &str) -> String {
+        let atoms: Vec<String> = self
+            .pieces(text)
+            .into_iter()
+            .map(|(id, t)| match id {
+                Some(id) => format!("<[{id}]>"),
+                None => lit(t),
+            })
+            .collect();
+        atoms.join(" ")
+    }
+
+    /// Markers and text in order, each as its atoms.
     pub fn seq(&self, parts: &[&str]) -> String {
         let atoms: Vec<String> = parts
             .iter()
@@ -166,16 +198,21 @@ impl Lark {
     /// comment); from its first special token on, the closer is written as atoms.
     pub fn text_then(&mut self, body: &str, closer: &[&str], markers: &Markers) -> String {
         let t = self.terminal(body);
-        let split = closer
+        let joined = closer.concat();
+        let pieces = markers.pieces(&joined);
+        let split = pieces
             .iter()
-            .position(|c| markers.token(c).is_some())
-            .unwrap_or(closer.len());
-        let text = closer[..split].concat();
+            .position(|p| p.0.is_some())
+            .unwrap_or(pieces.len());
+        let text: String = pieces[..split].iter().map(|p| p.1).collect();
         let mut out = vec![match text.is_empty() {
             true => t,
             false => self.terminal(&format!("{t} {}", lit(&text))),
         }];
-        out.extend(closer[split..].iter().map(|c| markers.atom(c)));
+        out.extend(pieces[split..].iter().map(|p| match p.0 {
+            Some(id) => format!("<[{id}]>"),
+            None => lit(p.1),
+        }));
         out.join(" ")
     }
 
@@ -185,5 +222,37 @@ impl Lark {
         let mut out = self.lines.join("\n");
         out.push('\n');
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn markers_split_into_special_tokens_and_text() {
+        let m = Markers {
+            special: [
+                ("<｜DSML｜".to_string(), 7),
+                ("<|tool_call>".to_string(), 9),
+            ]
+            .into_iter()
+            .collect(),
+        };
+        assert_eq!(
+            m.pieces("\n<｜DSML｜invoke name=\"f\">"),
+            vec![
+                (None, "\n"),
+                (Some(7), "<｜DSML｜"),
+                (None, "invoke name=\"f\">")
+            ]
+        );
+        assert_eq!(m.atom("<|tool_call>"), "<[9]>");
+        assert_eq!(m.atom("<tool_call>"), "\"<tool_call>\"");
+        let mut lark = Lark::default();
+        // Text after the body joins its terminal; from the first token on, atoms.
+        let v = lark.text_then("/a/", &["\n", "<|tool_call>", "x"], &m);
+        assert_eq!(v, "T2 <[9]> \"x\"");
+        assert!(lark.finish("x").contains("T2: T1 \"\\n\""));
     }
 }

@@ -84,6 +84,12 @@ pub fn params(tool: &ToolDef) -> Result<Vec<Param<'_>>, Unsupported> {
         Value::Object(o) => o,
         _ => return Err(format!("{}: parameters is not an object schema", tool.name)),
     };
+    if o.get("type").is_some_and(|t| t != "object") {
+        return Err(format!(
+            "{}: parameters of type {}, not an object",
+            tool.name, o["type"]
+        ));
+    }
     for (k, v) in o {
         let ok = match k.as_str() {
             "type" => v == "object",

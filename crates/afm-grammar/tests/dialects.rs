@@ -86,7 +86,7 @@ fn tool_defs(tools: &[Value]) -> Vec<ToolDef> {
 
 /// A char-level vocabulary whose dialect markers are control tokens, as in the models that
 /// use each dialect (Kimi's and DeepSeek's section tokens, Gemma 4's `<|"|>`, Mistral's
-/// `[ARGS]`, ...).
+/// `[ARGS]`, ...); `<｜DSML｜` alone is one, so DSML tags are a token followed by text.
 fn special_vocabulary() -> Tokenizer {
     const MARKERS: [&str; 24] = [
         "<|tool_call>",
@@ -106,7 +106,7 @@ fn special_vocabulary() -> Tokenizer {
         "[ARGS]",
         "<minimax:tool_call>",
         "</minimax:tool_call>",
-        "<｜DSML｜function_calls>",
+        "<｜DSML｜",
         "</｜DSML｜function_calls>",
         "<arg_key>",
         "</arg_key>",
