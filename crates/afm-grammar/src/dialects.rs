@@ -45,6 +45,26 @@ struct Turn {
     sep: String,
 }
 
+impl Turn {
+    fn new(call: String) -> Self {
+        Turn {
+            call,
+            sections: Vec::new(),
+            sep: String::new(),
+        }
+    }
+
+    fn sep(mut self, sep: String) -> Self {
+        self.sep = sep;
+        self
+    }
+
+    fn section(mut self, open: String, close: String) -> Self {
+        self.sections.push((open, close));
+        self
+    }
+}
+
 /// The Lark grammar for strict tool calls in `format`.
 pub fn tool_lark(
     tools: &[ToolDef],
@@ -53,156 +73,14 @@ pub fn tool_lark(
     format: ToolCallFormat,
     markers: &Markers,
 ) -> Result<String, GrammarError> {
-    let unsupported = |reason: String| GrammarError::Inexpressible {
-        dialect: format.name().to_string(),
-        reason,
-    };
     if tools.is_empty() {
-        return Err(unsupported("no tools".into()));
+        return Err(GrammarError::Inexpressible {
+            dialect: format.name().to_string(),
+            reason: "no tools".into(),
+        });
     }
     let mut lark = Lark::default();
-    let mut calls = Vec::new();
-    let m = markers;
-    let shared = |call: String| Turn {
-        call,
-        sections: Vec::new(),
-        sep: String::new(),
-    };
-    let turn = match format {
-        ToolCallFormat::Hermes => Turn {
-            sep: lit("\n"),
-            ..shared(json_call(
-                &mut lark,
-                tools,
-                "arguments",
-                &["<tool_call>", "\n"],
-                &["\n", "</tool_call>"],
-                m,
-            )?)
-        },
-        ToolCallFormat::Llama3Json => Turn {
-            sep: lit("; "),
-            ..shared(json_call(&mut lark, tools, "parameters", &[], &[], m)?)
-        },
-        ToolCallFormat::Mistral if m.token("[ARGS]").is_some() => {
-            for t in tools {
-                let args = args_json(&mut lark, t)?;
-                let head = m.seq(&["[TOOL_CALLS]", &t.name, "[ARGS]"]);
-                calls.push(format!("{head} {args}"));
-            }
-            shared(lark.rule(&calls.join(" | ")))
-        }
-        ToolCallFormat::Mistral => Turn {
-            sections: vec![(m.seq(&["[TOOL_CALLS]", "["]), lit("]"))],
-            sep: lit(", "),
-            ..shared(json_call(&mut lark, tools, "arguments", &[], &[], m)?)
-        },
-        ToolCallFormat::KimiK2 => {
-            let index = lark.terminal(&rx("[0-9]{1,3}"));
-            for t in tools {
-                let args = args_json(&mut lark, t)?;
-                let head = m.seq(&["<|tool_call_begin|>", &format!("functions.{}:", t.name)]);
-                let mid = m.seq(&["<|tool_call_argument_begin|>"]);
-                let end = m.seq(&["<|tool_call_end|>"]);
-                calls.push(format!("{head} {index} {mid} {args} {end}"));
-            }
-            Turn {
-                sections: vec![(
-                    m.seq(&["<|tool_calls_section_begin|>"]),
-                    m.seq(&["<|tool_calls_section_end|>"]),
-                )],
-                ..shared(lark.rule(&calls.join(" | ")))
-            }
-        }
-        ToolCallFormat::DeepSeekV3 => {
-            for t in tools {
-                let args = args_json(&mut lark, t)?;
-                let v3 = format!(
-                    "{} {args} {}",
-                    m.seq(&[
-                        "function",
-                        "<｜tool▁sep｜>",
-                        &format!("{}\n```json\n", t.name)
-                    ]),
-                    lit("\n```")
-                );
-                // V3.1 puts the name first; a tool named `function` would read as V3.
-                let v31 = format!("{} {args}", m.seq(&[&t.name, "<｜tool▁sep｜>"]));
-                let body = match t.name.as_str() {
-                    "function" => v3,
-                    _ => format!("({v3}) | ({v31})"),
-                };
-                let (open, close) = (
-                    m.atom("<｜tool▁call▁begin｜>"),
-                    m.atom("<｜tool▁call▁end｜>"),
-                );
-                calls.push(format!("{open} ({body}) {close}"));
-            }
-            Turn {
-                sections: vec![(
-                    m.atom("<｜tool▁calls▁begin｜>"),
-                    m.atom("<｜tool▁calls▁end｜>"),
-                )],
-                sep: format!("{}?", lit("\n")),
-                ..shared(lark.rule(&calls.join(" | ")))
-            }
-        }
-        ToolCallFormat::QwenXml => {
-            for t in tools {
-                calls.push(qwen_call(&mut lark, t, m).map_err(unsupported)?);
-            }
-            Turn {
-                sep: lit("\n"),
-                ..shared(lark.rule(&calls.join(" | ")))
-            }
-        }
-        ToolCallFormat::MinimaxM2 => {
-            for t in tools {
-                calls.push(minimax_call(&mut lark, t, m).map_err(unsupported)?);
-            }
-            Turn {
-                sections: vec![(
-                    m.seq(&["<minimax:tool_call>", "\n"]),
-                    m.seq(&["\n", "</minimax:tool_call>"]),
-                )],
-                sep: lit("\n"),
-                ..shared(lark.rule(&calls.join(" | ")))
-            }
-        }
-        ToolCallFormat::DeepSeekV4Dsml => {
-            for t in tools {
-                calls.push(dsml_call(&mut lark, t, m).map_err(unsupported)?);
-            }
-            let section = |tag: &str| {
-                (
-                    m.seq(&[&format!("<｜DSML｜{tag}>"), "\n"]),
-                    m.seq(&["\n", &format!("</｜DSML｜{tag}>")]),
-                )
-            };
-            Turn {
-                sections: vec![section("function_calls"), section("tool_calls")],
-                sep: lit("\n"),
-                ..shared(lark.rule(&calls.join(" | ")))
-            }
-        }
-        ToolCallFormat::Glm4 => {
-            for t in tools {
-                calls.push(glm_call(&mut lark, t, m).map_err(unsupported)?);
-            }
-            Turn {
-                sep: lit("\n"),
-                ..shared(lark.rule(&calls.join(" | ")))
-            }
-        }
-        ToolCallFormat::Gemma => {
-            let g = crate::gemma::Syntax::for_vocabulary(m);
-            for t in tools {
-                calls.push(g.call(&mut lark, t).map_err(unsupported)?);
-            }
-            shared(lark.rule(&calls.join(" | ")))
-        }
-        ToolCallFormat::None => return Err(GrammarError::UnsupportedFormat("none".into())),
-    };
+    let turn = turn(&mut lark, tools, format, markers)?;
     let mut body = match parallel {
         true if turn.sep.is_empty() => format!("{}+", turn.call),
         true => format!("{c} ({} {c})*", turn.sep, c = turn.call),
@@ -222,6 +100,139 @@ pub fn tool_lark(
         false => format!("{calls} | {}", lark.terminal(&free_text(format))),
     };
     Ok(lark.finish(&start))
+}
+
+/// The dialect's call, section and separator.
+fn turn(
+    lark: &mut Lark,
+    tools: &[ToolDef],
+    format: ToolCallFormat,
+    m: &Markers,
+) -> Result<Turn, GrammarError> {
+    let xml = |r: Result<String, String>| {
+        r.map_err(|reason| GrammarError::Inexpressible {
+            dialect: format.name().to_string(),
+            reason,
+        })
+    };
+    let nl = || lit("\n");
+    Ok(match format {
+        ToolCallFormat::Hermes => {
+            let (open, close) = (["<tool_call>", "\n"], ["\n", "</tool_call>"]);
+            Turn::new(json_call(lark, tools, "arguments", &open, &close, m)?).sep(nl())
+        }
+        ToolCallFormat::Llama3Json => {
+            Turn::new(json_call(lark, tools, "parameters", &[], &[], m)?).sep(lit("; "))
+        }
+        ToolCallFormat::Mistral if m.token("[ARGS]").is_some() => {
+            Turn::new(each(lark, tools, |l, t| mistral_call(l, t, m))?)
+        }
+        ToolCallFormat::Mistral => Turn::new(json_call(lark, tools, "arguments", &[], &[], m)?)
+            .section(m.seq(&["[TOOL_CALLS]", "["]), lit("]"))
+            .sep(lit(", ")),
+        ToolCallFormat::KimiK2 => {
+            let index = lark.terminal(&rx("[0-9]{1,3}"));
+            Turn::new(each(lark, tools, |l, t| kimi_call(l, t, m, &index))?).section(
+                m.atom("<|tool_calls_section_begin|>"),
+                m.atom("<|tool_calls_section_end|>"),
+            )
+        }
+        ToolCallFormat::DeepSeekV3 => Turn::new(each(lark, tools, |l, t| deepseek_call(l, t, m))?)
+            .section(
+                m.atom("<｜tool▁calls▁begin｜>"),
+                m.atom("<｜tool▁calls▁end｜>"),
+            )
+            .sep(format!("{}?", nl())),
+        ToolCallFormat::QwenXml => {
+            Turn::new(each(lark, tools, |l, t| xml(qwen_call(l, t, m)))?).sep(nl())
+        }
+        ToolCallFormat::MinimaxM2 => {
+            Turn::new(each(lark, tools, |l, t| xml(minimax_call(l, t, m)))?)
+                .section(
+                    m.seq(&["<minimax:tool_call>", "\n"]),
+                    m.seq(&["\n", "</minimax:tool_call>"]),
+                )
+                .sep(nl())
+        }
+        ToolCallFormat::DeepSeekV4Dsml => {
+            let tag = |open: &str, tag: &str| match open {
+                "" => m.seq(&["\n", &format!("</｜DSML｜{tag}>")]),
+                _ => m.seq(&[&format!("<｜DSML｜{tag}>"), "\n"]),
+            };
+            Turn::new(each(lark, tools, |l, t| xml(dsml_call(l, t, m)))?)
+                .section(tag("o", "function_calls"), tag("", "function_calls"))
+                .section(tag("o", "tool_calls"), tag("", "tool_calls"))
+                .sep(nl())
+        }
+        ToolCallFormat::Glm4 => {
+            Turn::new(each(lark, tools, |l, t| xml(glm_call(l, t, m)))?).sep(nl())
+        }
+        ToolCallFormat::Gemma => {
+            let g = crate::gemma::Syntax::for_vocabulary(m);
+            Turn::new(each(lark, tools, |l, t| xml(g.call(l, t)))?)
+        }
+        ToolCallFormat::None => return Err(GrammarError::UnsupportedFormat("none".into())),
+    })
+}
+
+/// One call of any of `tools`: a rule with one alternative per tool.
+fn each(
+    lark: &mut Lark,
+    tools: &[ToolDef],
+    mut call: impl FnMut(&mut Lark, &ToolDef) -> Result<String, GrammarError>,
+) -> Result<String, GrammarError> {
+    let mut alts = Vec::with_capacity(tools.len());
+    for t in tools {
+        alts.push(call(lark, t)?);
+    }
+    Ok(lark.rule(&alts.join(" | ")))
+}
+
+/// Mistral v11+: `[TOOL_CALLS]name[ARGS]{..}`, each call with its own `[TOOL_CALLS]`.
+fn mistral_call(lark: &mut Lark, t: &ToolDef, m: &Markers) -> Result<String, GrammarError> {
+    let args = args_json(lark, t)?;
+    Ok(format!(
+        "{} {args}",
+        m.seq(&["[TOOL_CALLS]", &t.name, "[ARGS]"])
+    ))
+}
+
+fn kimi_call(
+    lark: &mut Lark,
+    t: &ToolDef,
+    m: &Markers,
+    index: &str,
+) -> Result<String, GrammarError> {
+    let args = args_json(lark, t)?;
+    let head = m.seq(&["<|tool_call_begin|>", &format!("functions.{}:", t.name)]);
+    let mid = m.atom("<|tool_call_argument_begin|>");
+    Ok(format!(
+        "{head} {index} {mid} {args} {}",
+        m.atom("<|tool_call_end|>")
+    ))
+}
+
+/// DeepSeek V3/R1 (`function<｜tool▁sep｜>name` and a json fence) or V3.1 (`name<｜tool▁sep｜>`
+/// and bare JSON): either form, as the model was trained.
+fn deepseek_call(lark: &mut Lark, t: &ToolDef, m: &Markers) -> Result<String, GrammarError> {
+    let args = args_json(lark, t)?;
+    let head = m.seq(&[
+        "function",
+        "<｜tool▁sep｜>",
+        &format!("{}\n```json\n", t.name),
+    ]);
+    let v3 = format!("{head} {args} {}", lit("\n```"));
+    let v31 = format!("{} {args}", m.seq(&[&t.name, "<｜tool▁sep｜>"]));
+    // A tool named `function` would read as V3's header.
+    let body = match t.name.as_str() {
+        "function" => v3,
+        _ => format!("({v3}) | ({v31})"),
+    };
+    let (open, close) = (
+        m.atom("<｜tool▁call▁begin｜>"),
+        m.atom("<｜tool▁call▁end｜>"),
+    );
+    Ok(format!("{open} ({body}) {close}"))
 }
 
 /// Text the parser reads as text only: none of the dialect's openers anywhere (afm-chat's

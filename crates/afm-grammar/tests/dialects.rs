@@ -487,7 +487,7 @@ fn smollm2() -> Tokenizer {
 fn every_dialect_on_smollm2_text_markers() {
     let tok = smollm2();
     for (i, f) in DIALECTS.into_iter().enumerate() {
-        run(&tok, f, 24, 0x9e37_79b9 + i as u64);
+        run(&tok, f, 16, 0x9e37_79b9 + i as u64);
     }
 }
 
@@ -495,7 +495,7 @@ fn every_dialect_on_smollm2_text_markers() {
 fn every_dialect_with_special_token_markers() {
     let tok = special_vocabulary();
     for (i, f) in DIALECTS.into_iter().enumerate() {
-        run(&tok, f, 24, 0x51_7cc1 + i as u64);
+        run(&tok, f, 16, 0x51_7cc1 + i as u64);
     }
 }
 
