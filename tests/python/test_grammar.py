@@ -268,3 +268,26 @@ def test_dialect_named_single_call_streamed_and_not(dialect):
     check_dialect_call("book_room", calls[0]["arguments"])
     # Same seed, same grammar: the stream carries the same call.
     assert json.loads(calls[0]["arguments"]) == json.loads(call.function.arguments)
+
+
+OPENERS = {"qwen3_xml": ("<tool_call>", "<function="), "gemma": ("<|tool_call>",),
+           "kimi_k2": ("<|tool_call_begin|>", "<|tool_calls_section_begin|>"),
+           "deepseek_v4": ("<｜DSML｜",)}
+
+
+def test_dialect_auto_with_strict_tools_is_text_or_valid_calls(dialect):
+    strict = [{**t, "function": {**t["function"], "strict": True}} for t in DIALECT_TOOLS]
+    for seed in SEEDS:
+        raw = dialect.client().chat.completions.with_raw_response.create(
+            model=MODEL, messages=BOOK, tools=strict, temperature=1.0, seed=seed,
+            max_tokens=150)
+        assert "x-grammar-constraints" not in raw.headers
+        choice = raw.parse().choices[0]
+        if choice.message.tool_calls:
+            assert choice.finish_reason == "tool_calls"
+            for call in choice.message.tool_calls:
+                check_dialect_call(call.function.name, call.function.arguments)
+        else:
+            # Text that could be read as a call is not offered: no opener anywhere.
+            assert choice.finish_reason in ("stop", "length")
+            assert not any(o in (choice.message.content or "") for o in OPENERS[dialect.dialect])

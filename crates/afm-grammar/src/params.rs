@@ -80,7 +80,8 @@ pub struct Param<'a> {
 /// (and `required`); nothing else at the top level can be honoured parameter by parameter.
 pub fn params(tool: &ToolDef) -> Result<Vec<Param<'_>>, Unsupported> {
     let o = match &tool.parameters {
-        Value::Null => return Ok(Vec::new()),
+        // No schema, or `true`: any arguments, so none at all is valid.
+        Value::Null | Value::Bool(true) => return Ok(Vec::new()),
         Value::Object(o) => o,
         _ => return Err(format!("{}: parameters is not an object schema", tool.name)),
     };
