@@ -368,7 +368,11 @@ fn has_bare_anchor(p: &str) -> bool {
 
 /// The formats afm writes in raw text (others are refused: best effort).
 fn format(f: &str) -> Result<String, Unsupported> {
-    const DATE: &str = "[0-9]{4}-(?:0[1-9]|1[0-2])-(?:0[1-9]|[12][0-9]|3[01])";
+    // Days per month, and 29 February only in leap years (RFC 3339 full-date).
+    const DATE: &str = "(?:[0-9]{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])|\
+                        (?:0[469]|11)-(?:0[1-9]|[12][0-9]|30)|02-(?:0[1-9]|1[0-9]|2[0-8]))|\
+                        (?:[0-9]{2}(?:0[48]|[2468][048]|[13579][26])|\
+                        (?:[02468][048]|[13579][26])00)-02-29)";
     const TIME: &str = "(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\\.[0-9]{1,6})?\
                         (?:Z|[+\\-](?:[01][0-9]|2[0-3]):[0-5][0-9])";
     let r = match f {

@@ -32,7 +32,8 @@ fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-/// Tools whose schemas cover what tool definitions use: bounded and unbounded strings,
+/// Tools whose schemas cover what tool definitions use (tests/python/test_grammar_walks.py
+/// keeps a copy to validate against): bounded and unbounded strings,
 /// enums, a pattern, a format, bounded numbers, booleans, nullable values, arrays, a nested
 /// object, optional parameters and a tool without parameters.
 fn tools() -> Vec<Value> {
@@ -426,7 +427,29 @@ fn check_calls(format: ToolCallFormat, tools: &[Value], calls: &[(String, String
         if let Some(e) = violation(&v, &tool["function"]["parameters"], name) {
             panic!("{format:?}: {e}\n{text:?}");
         }
+        record(format, name, &v, text);
     }
+}
+
+/// With `AFM_WALKS_OUT=<file>`, every call is also appended there as a JSON line, so that
+/// tests/python/test_grammar_walks.py can check it with the `jsonschema` package.
+fn record(format: ToolCallFormat, name: &str, arguments: &Value, text: &str) {
+    let Some(path) = std::env::var_os("AFM_WALKS_OUT") else {
+        return;
+    };
+    use std::io::Write;
+    // The tests run on several threads: one whole line per write, one writer at a time.
+    static FILE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let line = json!({"dialect": format.name(), "name": name, "arguments": arguments,
+                      "text": text});
+    let _one = FILE.lock().unwrap_or_else(|e| e.into_inner());
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .expect("walks file");
+    f.write_all(format!("{line}\n").as_bytes())
+        .expect("written");
 }
 
 /// `walks` walks per mode; returns how many ended (all that end must be valid).
