@@ -11,6 +11,10 @@
 //!  Grammars::compile(constraint, fmt)  once per request: the grammar, checked (400 if bad)
 //!  Compiled::constraint(reasoning)     once per choice: its own matcher
 //! ```
+//!
+//! Files: grammars.rs (response formats, dispatch), dialects.rs (one tool-call layout per
+//! dialect), params.rs (argument values for the XML-like dialects), gemma.rs (Gemma's value
+//! syntax), lark.rs (Lark text and the vocabulary's markers), constraint.rs, vocab.rs.
 
 mod constraint;
 mod dialects;
