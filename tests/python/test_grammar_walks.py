@@ -35,6 +35,14 @@ PARAMS = {
         "ratio": {"type": "number", "minimum": 0, "maximum": 1}},
         "required": ["code", "ratio"], "additionalProperties": False},
     "ping": {"type": "object", "properties": {}},
+    "pay": {"type": "object", "properties": {"payment": {"oneOf": [
+        {"type": "object", "properties": {"method": {"const": "card"},
+            "last4": {"type": "string", "pattern": "^[0-9]{4}$"}},
+         "required": ["method", "last4"], "additionalProperties": False},
+        {"type": "object", "properties": {"method": {"const": "cash"},
+            "amount": {"type": "integer", "minimum": 1, "maximum": 1000}},
+         "required": ["method", "amount"], "additionalProperties": False}]}},
+        "required": ["payment"], "additionalProperties": False},
 }
 DIALECTS = {"hermes", "llama3_json", "mistral", "qwen3_xml", "gemma", "glm4", "kimi_k2",
             "minimax_m2", "deepseek_v3", "deepseek_v4"}

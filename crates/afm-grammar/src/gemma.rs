@@ -134,7 +134,7 @@ impl<'a> Syntax<'a> {
             let Some(alts) = o.get(key).and_then(Value::as_array) else {
                 continue;
             };
-            if key == "oneOf" && alts.len() > 1 && !distinct_types(alts) {
+            if key == "oneOf" && alts.len() > 1 && !distinct_types(alts) && !discriminated(alts) {
                 return Err("oneOf whose members may overlap".into());
             }
             let mut out = Vec::new();
@@ -349,4 +349,29 @@ fn distinct_types(alts: &[Value]) -> bool {
         seen.push(t);
     }
     true
+}
+
+/// Objects told apart by one required property whose `const` differs in each (a tagged union,
+/// `{"method": {"const": "card"}, ..}`): no value can match two of them.
+fn discriminated(alts: &[Value]) -> bool {
+    let tag_of = |a: &Value, key: &str| -> Option<Value> {
+        let required = a.get("required")?.as_array()?;
+        if !required.iter().any(|r| r == key) {
+            return None;
+        }
+        let p = a.get("properties")?.get(key)?;
+        match (p.get("const"), p.get("enum").and_then(Value::as_array)) {
+            (Some(c), _) => Some(c.clone()),
+            (None, Some(e)) if e.len() == 1 => Some(e[0].clone()),
+            _ => None,
+        }
+    };
+    let Some(first) = alts.first().and_then(|a| a.get("properties")?.as_object()) else {
+        return false;
+    };
+    first.keys().any(|key| {
+        let tags: Vec<Option<Value>> = alts.iter().map(|a| tag_of(a, key)).collect();
+        tags.iter().all(Option::is_some)
+            && tags.iter().enumerate().all(|(i, t)| !tags[..i].contains(t))
+    })
 }
