@@ -655,11 +655,7 @@ impl Device {
         check("gated_act up columns", up.cols, gate.cols)?;
         match self {
             Device::Cpu => {
-                let f = match act {
-                    Activation::Silu => crate::ops::silu,
-                    Activation::GeluTanh => crate::ops::gelu_tanh,
-                };
-                crate::ops::gated_act(gate.host_mut("gated_act")?, up.host("gated_act")?, f);
+                crate::ops::gated_act(gate.host_mut("gated_act")?, up.host("gated_act")?, act);
                 Ok(())
             }
             #[cfg(feature = "cuda")]
