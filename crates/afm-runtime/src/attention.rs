@@ -87,9 +87,11 @@ pub fn paged_attention(q: &[f32], kv: &LayerKv, seqs: &[AttnSeq], p: &AttnParams
     }
 }
 
-/// One (sequence, KV head)'s keys (transposed: `keys_t[c][j]`, `stride` ≥ positions, a
-/// multiple of 16, zero-padded; and as read, `keys[j][d]`) and values (`[j][d]`) for
-/// positions `base..ctx`.
+/// One (sequence, KV head)'s keys and values for positions `base..ctx`: values as read
+/// (`values[j][d]`), and keys laid out for the order the chunk is summed in
+/// (`single_order`): as read, `keys[j][d]`, and for one new token (32 lanes) with a head size
+/// that is not a multiple of 8 also transposed, `keys_t[c][j]` (`stride` ≥ positions, a
+/// multiple of 16, zero-padded).
 struct HeadKv {
     base: usize,
     stride: usize,
@@ -98,13 +100,18 @@ struct HeadKv {
     values: Vec<f32>,
 }
 
+/// Whether a chunk of `len` new tokens is summed in `ggml_vec_dot_f16`'s 32-lane order (one
+/// new token, or a head size tinyBLAS does not take) rather than tinyBLAS's 8 lanes.
+fn single_order(len: usize, d: usize) -> bool {
+    len == 1 || !d.is_multiple_of(8)
+}
+
 impl HeadKv {
     fn read(kv: &LayerKv, s: &AttnSeq, kh: usize, d: usize, window: Option<usize>) -> Self {
         let bs = kv.block_size();
         let ctx = s.pos0 + s.len;
         let base = window.map_or(0, |w| (s.pos0 + 1).saturating_sub(w));
         let n = ctx - base;
-        let stride = n.div_ceil(KEY_TILE) * KEY_TILE;
         let mut keys = vec![0f32; n * d];
         let mut values = vec![0f32; n * d];
         for_each_span(base, ctx - 1, bs, |b, s0, s1| {
@@ -113,20 +120,37 @@ impl HeadKv {
             kv.read_keys(s.block_table[b], kh, s0, &mut keys[at..at + len]);
             kv.read_values(s.block_table[b], kh, s0, &mut values[at..at + len]);
         });
-        let mut keys_t = vec![0f32; d * stride];
-        for (j, k) in keys.chunks_exact(d.max(1)).enumerate() {
-            for (c, &v) in k.iter().enumerate() {
-                keys_t[c * stride + j] = v;
-            }
+        if !single_order(s.len, d) || d.is_multiple_of(8) {
+            return Self {
+                base,
+                stride: 0,
+                keys_t: Vec::new(),
+                keys,
+                values,
+            };
         }
+        let stride = n.div_ceil(KEY_TILE) * KEY_TILE;
+        // `keys` stays allocated (unused) until the step ends: freeing it here let the
+        // allocator hand pages back and fault them in again, ~30% of a decode step's attention.
         Self {
             base,
             stride,
-            keys_t,
+            keys_t: transpose(&keys, d, stride),
             keys,
             values,
         }
     }
+}
+
+/// `rows[j][c]` (`d` columns) as `out[c][j]`, rows of `stride`, zero-padded.
+fn transpose(rows: &[f32], d: usize, stride: usize) -> Vec<f32> {
+    let mut out = vec![0f32; d * stride];
+    for (j, r) in rows.chunks_exact(d.max(1)).enumerate() {
+        for (c, &v) in r.iter().enumerate() {
+            out[c * stride + j] = v;
+        }
+    }
+    out
 }
 
 /// Keys per score tile (two 8-lane vectors).
@@ -226,10 +250,12 @@ fn attend_rows_impl<const FMA: bool>(
         let sw = span.div_ceil(KEY_TILE) * KEY_TILE;
         // One new token: llama.cpp's `ggml_vec_dot_f16` order; a prompt chunk: tinyBLAS's
         // (which takes only head sizes that are a multiple of 8).
-        let single = s.len == 1 || !d.is_multiple_of(8);
+        let single = single_order(s.len, d);
         for j0 in (lo..hi).step_by(KEY_TILE) {
-            let tile = if single {
-                qk_tile::<FMA, 32>(&qs, d, &kv.keys_t, kv.stride, j0)
+            let tile = if single && d.is_multiple_of(8) {
+                qk_rows32::<FMA>(&qs, d, &kv.keys, j0, mt)
+            } else if single {
+                qk_tile32::<FMA>(&qs, d, &kv.keys_t, kv.stride, j0, mt)
             } else {
                 qk_tile8::<FMA>(&qs, d, &kv.keys, j0)
             };
@@ -255,7 +281,7 @@ fn attend_rows_impl<const FMA: bool>(
             scores[t * sw..(t + 1) * sw].fill(0.0);
         }
         let o = if single {
-            pv_tile::<FMA, 32>(&scores, sw, &kv.values, d, lo, span, kv.base)
+            pv_tile32::<FMA>(&scores, sw, &kv.values, d, lo, span, kv.base, mt)
         } else {
             pv_tile::<FMA, 8>(&scores, sw, &kv.values, d, lo, span, kv.base)
         };
@@ -305,8 +331,9 @@ fn reduce<const NL: usize>(a: [f32; NL]) -> f32 {
 }
 
 /// Scores of the `Q_TILE` queries in `qs` (`[Q_TILE][d]`) against keys `j0..j0+16`, in
-/// llama.cpp's order for `NL` lanes (see `reduce`).
-#[inline(always)]
+/// llama.cpp's order for `NL` lanes (see `reduce`): the plain statement of the order, which
+/// the tests hold `qk_tile32` and `qk_tile8` to.
+#[cfg(test)]
 fn qk_tile<const FMA: bool, const NL: usize>(
     qs: &[f32],
     d: usize,
@@ -330,6 +357,168 @@ fn qk_tile<const FMA: bool, const NL: usize>(
     std::array::from_fn(|t| {
         std::array::from_fn(|l| reduce::<NL>(std::array::from_fn(|i| acc[t][i][l])))
     })
+}
+
+/// `qk_tile::<FMA, 32>` for the first `mt` queries, with keys as vector lanes (`keys_t`): lane
+/// `i`'s chain (head-dimension elements `i, i + 32, …`) runs eight keys at a time, and the 32
+/// chains meet in `reduce::<32>`'s tree as they finish — the same order with a few registers
+/// instead of `[4][32][16]` accumulators in memory. (Helpers are `inline(always)` fns, not
+/// closures: a closure is not compiled with the caller's FMA feature, and `mul_add` in it
+/// became a libm call.)
+#[inline(always)]
+fn qk_tile32<const FMA: bool>(
+    qs: &[f32],
+    d: usize,
+    keys_t: &[f32],
+    stride: usize,
+    j0: usize,
+    mt: usize,
+) -> [[f32; KEY_TILE]; Q_TILE] {
+    let mut out = [[0f32; KEY_TILE]; Q_TILE];
+    for (t, o) in out.iter_mut().enumerate().take(mt) {
+        let q = &qs[t * d..(t + 1) * d];
+        for h in (0..KEY_TILE).step_by(8) {
+            let k = &keys_t[j0 + h..];
+            // reduce::<32>: x_l = (a_l + a_16+l) + (a_8+l + a_24+l), then
+            // ((x0 + x4) + (x1 + x5)) + ((x2 + x6) + (x3 + x7)).
+            let mut x = [[0f32; 8]; 8];
+            for (l, xl) in x.iter_mut().enumerate() {
+                let (a0, a16) = (
+                    chain32::<FMA>(q, k, stride, l),
+                    chain32::<FMA>(q, k, stride, 16 + l),
+                );
+                let (a8, a24) = (
+                    chain32::<FMA>(q, k, stride, 8 + l),
+                    chain32::<FMA>(q, k, stride, 24 + l),
+                );
+                *xl = add8(add8(a0, a16), add8(a8, a24));
+            }
+            let lo = add8(add8(x[0], x[4]), add8(x[1], x[5]));
+            let hi = add8(add8(x[2], x[6]), add8(x[3], x[7]));
+            o[h..h + 8].copy_from_slice(&add8(lo, hi));
+        }
+    }
+    out
+}
+
+/// `qk_tile::<FMA, 32>` for the first `mt` queries with keys as read (`keys[j][d]`, `d` a
+/// multiple of 8): per query–key pair, four 8-lane accumulators hold the 32 lanes (lane `i` in
+/// accumulator `i / 8`), then `reduce::<32>` — no transposed copy of the keys.
+#[inline(always)]
+fn qk_rows32<const FMA: bool>(
+    qs: &[f32],
+    d: usize,
+    keys: &[f32],
+    j0: usize,
+    mt: usize,
+) -> [[f32; KEY_TILE]; Q_TILE] {
+    let n = keys.len() / d.max(1);
+    let mut out = [[0f32; KEY_TILE]; Q_TILE];
+    for j in j0..(j0 + KEY_TILE).min(n) {
+        let k = &keys[j * d..(j + 1) * d];
+        for (t, o) in out.iter_mut().enumerate().take(mt) {
+            let q = &qs[t * d..(t + 1) * d];
+            let mut a = [[0f32; 8]; 4];
+            for c in (0..d).step_by(32) {
+                for (m, am) in a.iter_mut().enumerate() {
+                    if c + 8 * m < d {
+                        let (qc, kc) = (&q[c + 8 * m..][..8], &k[c + 8 * m..][..8]);
+                        for l in 0..8 {
+                            am[l] = madd::<FMA>(qc[l], kc[l], am[l]);
+                        }
+                    }
+                }
+            }
+            let x = add8(add8(a[0], a[2]), add8(a[1], a[3]));
+            o[j - j0] = ((x[0] + x[4]) + (x[1] + x[5])) + ((x[2] + x[6]) + (x[3] + x[7]));
+        }
+    }
+    out
+}
+
+/// Lane `lane`'s FMA chain of a 32-lane dot for eight keys: `Σ q[c]·k[c·stride + 0..8]` over
+/// `c = lane, lane + 32, …`.
+#[inline(always)]
+fn chain32<const FMA: bool>(q: &[f32], k: &[f32], stride: usize, lane: usize) -> [f32; 8] {
+    let mut a = [0f32; 8];
+    let mut c = lane;
+    while c < q.len() {
+        let kc = &k[c * stride..][..8];
+        for l in 0..8 {
+            a[l] = madd::<FMA>(q[c], kc[l], a[l]);
+        }
+        c += 32;
+    }
+    a
+}
+
+#[inline(always)]
+fn add8(x: [f32; 8], y: [f32; 8]) -> [f32; 8] {
+    std::array::from_fn(|l| x[l] + y[l])
+}
+
+/// `pv_tile::<FMA, 32>` for the first `mt` weight rows, with value columns as vector lanes:
+/// lane `i`'s chain (the positions `base + lo + j ≡ i mod 32`, in order) runs eight columns at
+/// a time, and the 32 chains meet in `reduce::<32>`'s tree as they finish — the same order
+/// with a few registers instead of `[4][32][16]` accumulators in memory.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn pv_tile32<const FMA: bool>(
+    w: &[f32],
+    sw: usize,
+    values: &[f32],
+    d: usize,
+    lo: usize,
+    span: usize,
+    base: usize,
+    mt: usize,
+) -> Vec<f32> {
+    let mut out = vec![0f32; Q_TILE * d];
+    // Local index j of the first position in lane 0.
+    let first = (32 - (base + lo) % 32) % 32;
+    for t in 0..mt {
+        let wt = &w[t * sw..t * sw + span];
+        for c0 in (0..d).step_by(8) {
+            let cols = (d - c0).min(8);
+            let v = &values[lo * d + c0..];
+            let mut x = [[0f32; 8]; 8];
+            for (l, xl) in x.iter_mut().enumerate() {
+                // No closure around the chains: it would not get the caller's FMA feature.
+                let j0 = |lane: usize| (first + lane) % 32;
+                let a0 = pv_chain32::<FMA>(wt, v, d, j0(l), cols);
+                let a8 = pv_chain32::<FMA>(wt, v, d, j0(8 + l), cols);
+                let a16 = pv_chain32::<FMA>(wt, v, d, j0(16 + l), cols);
+                let a24 = pv_chain32::<FMA>(wt, v, d, j0(24 + l), cols);
+                *xl = add8(add8(a0, a16), add8(a8, a24));
+            }
+            let lo4 = add8(add8(x[0], x[4]), add8(x[1], x[5]));
+            let hi4 = add8(add8(x[2], x[6]), add8(x[3], x[7]));
+            out[t * d + c0..t * d + c0 + cols].copy_from_slice(&add8(lo4, hi4)[..cols]);
+        }
+    }
+    out
+}
+
+/// One lane's chain of `pv_tile32`: `Σ w[j]·v[j·d + 0..cols]` over `j = j0, j0 + 32, …`.
+#[inline(always)]
+fn pv_chain32<const FMA: bool>(w: &[f32], v: &[f32], d: usize, j0: usize, cols: usize) -> [f32; 8] {
+    let mut a = [0f32; 8];
+    let mut j = j0;
+    while j < w.len() {
+        let vj = &v[j * d..];
+        if cols == 8 {
+            let vj = &vj[..8];
+            for l in 0..8 {
+                a[l] = madd::<FMA>(w[j], vj[l], a[l]);
+            }
+        } else {
+            for l in 0..cols {
+                a[l] = madd::<FMA>(w[j], vj[l], a[l]);
+            }
+        }
+        j += 32;
+    }
+    a
 }
 
 /// `qk_tile::<FMA, 8>` with the lanes as vector lanes: each query–key pair is one 8-lane
@@ -539,6 +728,62 @@ mod tests {
                                 "{dtype:?} row {r} head {h}: {a} vs {b}"
                             );
                         }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The register-friendly 32-lane tiles (one new token) sum in exactly the order of the
+    /// plain per-lane statement (`qk_tile`, `pv_tile`), bit for bit: head sizes below, at
+    /// and above 32, windows that start off a lane boundary, partial query tiles.
+    #[test]
+    fn single_token_tiles_keep_the_32_lane_order() {
+        let val = |i: usize| ((i * 2_654_435_761) % 1999) as f32 / 997.0 - 1.0;
+        for d in [20, 64, 96, 256] {
+            for (n, base) in [(7usize, 0usize), (45, 0), (70, 5), (33, 37)] {
+                let stride = n.div_ceil(KEY_TILE) * KEY_TILE;
+                let keys: Vec<f32> = (0..n * d).map(|i| val(i + 11)).collect();
+                let values: Vec<f32> = (0..n * d).map(|i| val(3 * i + 5)).collect();
+                let keys_t = transpose(&keys, d, stride);
+                let qs: Vec<f32> = (0..Q_TILE * d).map(|i| val(7 * i + 1)).collect();
+                for mt in 1..=Q_TILE {
+                    for j0 in (0..n).step_by(KEY_TILE) {
+                        let want = qk_tile::<true, 32>(&qs, d, &keys_t, stride, j0);
+                        let got = qk_tile32::<true>(&qs, d, &keys_t, stride, j0, mt);
+                        if d % 8 == 0 {
+                            let rows = qk_rows32::<true>(&qs, d, &keys, j0, mt);
+                            for t in 0..mt {
+                                for l in 0..KEY_TILE.min(n - j0) {
+                                    assert_eq!(
+                                        want[t][l].to_bits(),
+                                        rows[t][l].to_bits(),
+                                        "rows: d {d} n {n} query {t} key {}",
+                                        j0 + l
+                                    );
+                                }
+                            }
+                        }
+                        for t in 0..mt {
+                            let same = want[t]
+                                .iter()
+                                .zip(&got[t])
+                                .all(|(a, b)| a.to_bits() == b.to_bits());
+                            assert!(same, "scores d {d} n {n} query {t} keys {j0}..");
+                        }
+                    }
+                    let lo = (n / 3) / KEY_TILE * KEY_TILE;
+                    let span = n - lo;
+                    let sw = span.div_ceil(KEY_TILE) * KEY_TILE;
+                    let w: Vec<f32> = (0..Q_TILE * sw).map(|i| val(5 * i + 2).abs()).collect();
+                    let want = pv_tile::<true, 32>(&w, sw, &values, d, lo, span, base);
+                    let got = pv_tile32::<true>(&w, sw, &values, d, lo, span, base, mt);
+                    for i in 0..mt * d {
+                        assert_eq!(
+                            want[i].to_bits(),
+                            got[i].to_bits(),
+                            "values d {d} n {n} base {base} output {i}"
+                        );
                     }
                 }
             }

@@ -136,9 +136,9 @@ impl LayerKv {
         match &self.store {
             Store::Quant(q) => q.read_keys(block, head, s0, out),
             Store::F32 { k, .. } => out.copy_from_slice(&k[o..o + out.len()]),
-            Store::F16 { k, .. } => k[o..o + out.len()]
-                .reinterpret_cast::<f16>()
-                .convert_to_f32_slice(out),
+            Store::F16 { k, .. } => {
+                crate::ops::f16_to_f32(k[o..o + out.len()].reinterpret_cast::<f16>(), out)
+            }
         }
     }
 
@@ -147,9 +147,9 @@ impl LayerKv {
         match &self.store {
             Store::Quant(q) => q.read_values(block, head, s0, out),
             Store::F32 { v, .. } => out.copy_from_slice(&v[o..o + out.len()]),
-            Store::F16 { v, .. } => v[o..o + out.len()]
-                .reinterpret_cast::<f16>()
-                .convert_to_f32_slice(out),
+            Store::F16 { v, .. } => {
+                crate::ops::f16_to_f32(v[o..o + out.len()].reinterpret_cast::<f16>(), out)
+            }
         }
     }
 
