@@ -457,10 +457,10 @@ fn add8(x: [f32; 8], y: [f32; 8]) -> [f32; 8] {
     std::array::from_fn(|l| x[l] + y[l])
 }
 
-/// `pv_tile::<FMA, 32>` for the first `mt` weight rows, with value columns as vector lanes:
-/// lane `i`'s chain (the positions `base + lo + j ≡ i mod 32`, in order) runs eight columns at
-/// a time, and the 32 chains meet in `reduce::<32>`'s tree as they finish — the same order
-/// with a few registers instead of `[4][32][16]` accumulators in memory.
+/// `pv_tile::<FMA, 32>` for the first `mt` weight rows: lane `i`'s chain (the positions
+/// `base + lo + j ≡ i mod 32`, in order) runs over up to 64 value columns at once in registers,
+/// its result goes to a small buffer, and the 32 lanes then meet in `reduce::<32>`'s tree
+/// column by column — the same order without `[4][32][16]` accumulators updated in memory.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn pv_tile32<const FMA: bool>(
@@ -473,48 +473,70 @@ fn pv_tile32<const FMA: bool>(
     base: usize,
     mt: usize,
 ) -> Vec<f32> {
+    const COLS: usize = 64;
     let mut out = vec![0f32; Q_TILE * d];
+    let mut lanes = [[0f32; COLS]; 32];
     // Local index j of the first position in lane 0.
     let first = (32 - (base + lo) % 32) % 32;
     for t in 0..mt {
         let wt = &w[t * sw..t * sw + span];
-        for c0 in (0..d).step_by(8) {
-            let cols = (d - c0).min(8);
+        for c0 in (0..d).step_by(COLS) {
+            let cols = (d - c0).min(COLS);
             let v = &values[lo * d + c0..];
-            let mut x = [[0f32; 8]; 8];
-            for (l, xl) in x.iter_mut().enumerate() {
-                // No closure around the chains: it would not get the caller's FMA feature.
-                let j0 = |lane: usize| (first + lane) % 32;
-                let a0 = pv_chain32::<FMA>(wt, v, d, j0(l), cols);
-                let a8 = pv_chain32::<FMA>(wt, v, d, j0(8 + l), cols);
-                let a16 = pv_chain32::<FMA>(wt, v, d, j0(16 + l), cols);
-                let a24 = pv_chain32::<FMA>(wt, v, d, j0(24 + l), cols);
-                *xl = add8(add8(a0, a16), add8(a8, a24));
+            for (i, lane) in lanes.iter_mut().enumerate() {
+                let j0 = (first + i) % 32;
+                *lane = if cols == COLS {
+                    pv_chain::<FMA, COLS>(wt, v, d, j0)
+                } else {
+                    pv_chain_short::<FMA, COLS>(wt, v, d, j0, cols)
+                };
             }
-            let lo4 = add8(add8(x[0], x[4]), add8(x[1], x[5]));
-            let hi4 = add8(add8(x[2], x[6]), add8(x[3], x[7]));
-            out[t * d + c0..t * d + c0 + cols].copy_from_slice(&add8(lo4, hi4)[..cols]);
+            let o = &mut out[t * d + c0..t * d + c0 + cols];
+            for (c, oc) in o.iter_mut().enumerate() {
+                let a = |i: usize| lanes[i][c];
+                let x = |l: usize| (a(l) + a(16 + l)) + (a(8 + l) + a(24 + l));
+                *oc = ((x(0) + x(4)) + (x(1) + x(5))) + ((x(2) + x(6)) + (x(3) + x(7)));
+            }
         }
     }
     out
 }
 
-/// One lane's chain of `pv_tile32`: `Σ w[j]·v[j·d + 0..cols]` over `j = j0, j0 + 32, …`.
+/// One lane's chain of `pv_tile32`: `Σ w[j]·v[j·d + 0..N]` over `j = j0, j0 + 32, …`.
 #[inline(always)]
-fn pv_chain32<const FMA: bool>(w: &[f32], v: &[f32], d: usize, j0: usize, cols: usize) -> [f32; 8] {
-    let mut a = [0f32; 8];
+fn pv_chain<const FMA: bool, const N: usize>(
+    w: &[f32],
+    v: &[f32],
+    d: usize,
+    j0: usize,
+) -> [f32; N] {
+    let mut a = [0f32; N];
     let mut j = j0;
     while j < w.len() {
-        let vj = &v[j * d..];
-        if cols == 8 {
-            let vj = &vj[..8];
-            for l in 0..8 {
-                a[l] = madd::<FMA>(w[j], vj[l], a[l]);
-            }
-        } else {
-            for l in 0..cols {
-                a[l] = madd::<FMA>(w[j], vj[l], a[l]);
-            }
+        let vj = &v[j * d..][..N];
+        for l in 0..N {
+            a[l] = madd::<FMA>(w[j], vj[l], a[l]);
+        }
+        j += 32;
+    }
+    a
+}
+
+/// `pv_chain` over the first `cols` (< N) columns only.
+#[inline(always)]
+fn pv_chain_short<const FMA: bool, const N: usize>(
+    w: &[f32],
+    v: &[f32],
+    d: usize,
+    j0: usize,
+    cols: usize,
+) -> [f32; N] {
+    let mut a = [0f32; N];
+    let mut j = j0;
+    while j < w.len() {
+        let vj = &v[j * d..][..cols];
+        for l in 0..cols {
+            a[l] = madd::<FMA>(w[j], vj[l], a[l]);
         }
         j += 32;
     }
