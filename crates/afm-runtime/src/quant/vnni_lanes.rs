@@ -51,13 +51,13 @@ fn value_offset(dtype: DType) -> i32 {
 }
 
 impl Q8Lanes {
-    /// The first `⌊n/8⌋·8` rows of `x` regrouped for weights of `dtype`; the rest stay with
-    /// the one-row kernels.
-    pub fn from_rows(x: &Q8Rows, dtype: DType) -> Self {
+    /// The rows of `x` regrouped for weights of `dtype` into `groups` groups of eight: the
+    /// first `8·groups` rows, zero rows past the end of `x` (their outputs are 0 and dropped);
+    /// rows after the groups stay with the one-row kernels.
+    pub fn from_rows(x: &Q8Rows, dtype: DType, groups: usize) -> Self {
         let cols = x.cols;
         let blocks = cols / Q8_BLOCK;
         let n = x.qs.len().checked_div(cols).unwrap_or(0);
-        let groups = n / LANES;
         let offset = value_offset(dtype);
         let mut l = Self {
             blocks,
@@ -67,7 +67,7 @@ impl Q8Lanes {
             init: vec![0i32; if offset == 0 { 0 } else { groups * blocks * 64 }],
         };
         for g in 0..groups {
-            for lane in 0..LANES {
+            for lane in (0..LANES).filter(|lane| g * LANES + lane < n) {
                 let row = g * LANES + lane;
                 let src = &x.qs[row * cols..(row + 1) * cols];
                 for k in 0..blocks {
@@ -276,12 +276,11 @@ pub struct Q8kLanes {
 }
 
 impl Q8kLanes {
-    /// The first `⌊n/8⌋·8` rows of `x` regrouped; the rest stay with the one-row kernels.
-    pub fn from_rows(x: &Q8kRows) -> Self {
+    /// The rows of `x` regrouped into `groups` groups of eight, as `Q8Lanes::from_rows` does.
+    pub fn from_rows(x: &Q8kRows, groups: usize) -> Self {
         let cols = x.cols;
         let blocks = cols / Q8K_BLOCK;
         let n = x.qs.len().checked_div(cols).unwrap_or(0);
-        let groups = n / LANES;
         let sb = groups * blocks;
         let mut l = Self {
             blocks,
@@ -294,7 +293,7 @@ impl Q8kLanes {
         let pair =
             |a: i32, b: i32| (a as i16 as u16 as u32 | ((b as i16 as u16 as u32) << 16)) as i32;
         for g in 0..groups {
-            for lane in 0..LANES {
+            for lane in (0..LANES).filter(|lane| g * LANES + lane < n) {
                 let row = g * LANES + lane;
                 let src = &x.qs[row * cols..(row + 1) * cols];
                 for k in 0..blocks {
