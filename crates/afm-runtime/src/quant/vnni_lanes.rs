@@ -7,10 +7,14 @@
 //! per group of 8 rows, per 32-value block k:
 //!   qs:   [dword i = 0..8][lane = row 0..8][4 bytes]   256 B  (values 4i..4i+4 of each row)
 //!   ds:   [d of rows 0..8][s = d·Σq of rows 0..8]       16 f32
-//!   init: [dword i][lane] offset·Σ(values 4i..4i+4)    8×8 i32 (Q4_0, Q5_0, Q8_0 only)
 //! ```
 //! Dword i of the weight block, broadcast to every lane, meets the activation dwords i of the
-//! eight rows in one `vpdpbusd`. The 32-weight formats keep `vnni_legacy`'s summation order
+//! eight rows in one `vpdpbusd`. For the formats with a minimum (Q4_1, Q5_1) the weights are
+//! the unsigned operand and `qs` the signed one. For the offset formats (Q4_0, Q5_0, Q8_0:
+//! `w = u − o`) `qs` holds `q + 128` as the unsigned operand and the signed weights meet it:
+//! `Σ(q+128)·w − 128·Σw = Σq·w`, the correction `−128·Σw` computed once per weight dword
+//! (`vpdpbusd` of `u` with −128, from `512·o`) — not a per-row offset sum read from memory,
+//! which doubled the bytes each activation dword cost. The 32-weight formats keep `vnni_legacy`'s summation order
 //! bit for bit (docs/DECISIONS.md): dword i's exact i32 is the per-row kernel's lane i, scaled
 //! by `d_w·d_x` into its own FMA chain, the eight chains summed in `hsum`'s order at the end,
 //! then `Σ m·s_x`. Q4_K and Q6_K keep `avx2_kquants`' order: a superblock's exact integer
@@ -37,17 +41,12 @@ pub struct Q8Lanes {
     groups: usize,
     qs: Vec<i8>,
     ds: Vec<f32>,
-    init: Vec<i32>,
 }
 
-/// The signed value of a stored `q` is `q + offset` for these formats (`Block::values`).
-fn value_offset(dtype: DType) -> i32 {
-    match dtype {
-        DType::Q4_0 => -8,
-        DType::Q5_0 => -16,
-        DType::Q8_0 => -128,
-        _ => 0,
-    }
+/// Whether weights of `dtype` are stored with an offset (`Block::OFFSET`), so the lanes hold
+/// `q + 128` (see the module header).
+fn offset_format(dtype: DType) -> bool {
+    matches!(dtype, DType::Q4_0 | DType::Q5_0 | DType::Q8_0)
 }
 
 impl Q8Lanes {
@@ -58,13 +57,13 @@ impl Q8Lanes {
         let cols = x.cols;
         let blocks = cols / Q8_BLOCK;
         let n = x.qs.len().checked_div(cols).unwrap_or(0);
-        let offset = value_offset(dtype);
+        // `q + 128` as an unsigned byte is `q` with its top bit flipped.
+        let flip = if offset_format(dtype) { i8::MIN } else { 0 };
         let mut l = Self {
             blocks,
             groups,
-            qs: vec![0i8; groups * blocks * 256],
+            qs: vec![flip; groups * blocks * 256],
             ds: vec![0f32; groups * blocks * 16],
-            init: vec![0i32; if offset == 0 { 0 } else { groups * blocks * 64 }],
         };
         for g in 0..groups {
             for lane in (0..LANES).filter(|lane| g * LANES + lane < n) {
@@ -75,10 +74,8 @@ impl Q8Lanes {
                     for i in 0..8 {
                         let at = blk * 256 + 32 * i + 4 * lane;
                         let from = &src[k * Q8_BLOCK + 4 * i..][..4];
-                        l.qs[at..at + 4].copy_from_slice(from);
-                        if offset != 0 {
-                            let sum: i32 = from.iter().map(|&v| v as i32).sum();
-                            l.init[blk * 64 + 8 * i + lane] = offset * sum;
+                        for (q, &v) in l.qs[at..at + 4].iter_mut().zip(from) {
+                            *q = v ^ flip;
                         }
                     }
                     let [d, s] = x.ds[row * blocks + k];
@@ -188,27 +185,42 @@ unsafe fn tile<B: Dwords, const G: usize>(w: &[u8], x: &Q8Lanes, g0: usize, out:
     let mut summs = [_mm256_setzero_ps(); G];
     let qs = x.qs.as_ptr().add(g0 * blocks * 256);
     let ds = x.ds.as_ptr().add(g0 * blocks * 16);
+    // Offset formats (module header): `w = u − o` signed, correction `512·o − 128·Σu`.
+    let o = (-B::OFFSET) as i32;
+    let (o_bytes, c0, m128) = (
+        _mm256_set1_epi8(o as i8),
+        _mm256_set1_epi32(512 * o),
+        _mm256_set1_epi8(i8::MIN),
+    );
     for k in 0..blocks {
         let p = w.as_ptr().add(k * B::BYTES);
         let sc = B::scales(p);
         let dw = _mm256_broadcastss_ps(sc);
         let u = B::dwords(p);
+        let (signed, corr): ([__m256i; 8], [__m256i; 8]) = if B::HAS_MIN {
+            (u, [_mm256_setzero_si256(); 8])
+        } else {
+            (
+                std::array::from_fn(|i| _mm256_sub_epi8(u[i], o_bytes)),
+                std::array::from_fn(|i| _mm256_dpbusd_epi32(c0, u[i], m128)),
+            )
+        };
         for (g, acc_g) in acc.iter_mut().enumerate() {
-            let blk = (g0 + g) * blocks + k;
-            let xq = qs.add((blk - g0 * blocks) * 256) as *const __m256i;
-            let prod = _mm256_mul_ps(dw, _mm256_loadu_ps(ds.add((blk - g0 * blocks) * 16)));
+            let blk = g * blocks + k;
+            let xq = qs.add(blk * 256) as *const __m256i;
+            let prod = _mm256_mul_ps(dw, _mm256_loadu_ps(ds.add(blk * 16)));
             for (i, a) in acc_g.iter_mut().enumerate() {
-                let init = if B::HAS_MIN {
-                    _mm256_setzero_si256()
+                let xi = _mm256_loadu_si256(xq.add(i));
+                let lanes = if B::HAS_MIN {
+                    _mm256_dpbusd_epi32(_mm256_setzero_si256(), u[i], xi)
                 } else {
-                    _mm256_loadu_si256(x.init.as_ptr().add(blk * 64 + 8 * i) as *const __m256i)
+                    _mm256_dpbusd_epi32(corr[i], xi, signed[i])
                 };
-                let lanes = _mm256_dpbusd_epi32(init, u[i], _mm256_loadu_si256(xq.add(i)));
                 *a = _mm256_fmadd_ps(prod, _mm256_cvtepi32_ps(lanes), *a);
             }
             if B::HAS_MIN {
                 let mw = _mm256_broadcastss_ps(_mm_movehdup_ps(sc));
-                let sx = _mm256_loadu_ps(ds.add((blk - g0 * blocks) * 16 + 8));
+                let sx = _mm256_loadu_ps(ds.add(blk * 16 + 8));
                 summs[g] = _mm256_add_ps(summs[g], _mm256_mul_ps(mw, sx));
             }
         }
