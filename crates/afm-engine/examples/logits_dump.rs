@@ -2,8 +2,10 @@
 //! with another engine (scripts/compare_llamacpp_logits.py feeds llama.cpp the same ids).
 //!
 //! `logits_dump <model> <ids, comma-separated> <out.f32>` — writes `[len][vocab]` little-endian
-//! f32. The whole sequence is one forward in which every token is a one-token span of the same
-//! sequence, so each row attends causally to everything before it.
+//! f32. Row p comes from a prefill of the first p + 1 tokens as one chunk, so every row is computed
+//! in the batched (prompt) order, as llama.cpp's batched replay computes its rows; one forward of
+//! one-token spans would take the single-token decode order instead (a different float
+//! summation, see docs/DECISIONS.md). The quadratic cost is nothing at these lengths.
 
 use afm_models::source::resolve_model;
 use afm_models::{load_model, ForwardBatch, SeqChunk};
@@ -26,25 +28,27 @@ fn main() {
         .device
         .kv_pool(&m.model.kv_shapes(), table.len(), BLOCK, m.kv_dtype)
         .expect("KV pool");
-    let spans: Vec<SeqChunk> = (0..tokens.len())
-        .map(|p| SeqChunk {
-            len: 1,
-            pos0: p,
+    let mut logits = Vec::new();
+    for p in 0..tokens.len() {
+        let span = [SeqChunk {
+            len: p + 1,
+            pos0: 0,
             block_table: &table,
             logits: true,
             state_slot: None,
-        })
-        .collect();
-    let logits = m
-        .model
-        .forward(
-            &ForwardBatch {
-                tokens: &tokens,
-                seqs: &spans,
-            },
-            &mut kv,
-        )
-        .expect("forward");
+        }];
+        let row = m
+            .model
+            .forward(
+                &ForwardBatch {
+                    tokens: &tokens[..=p],
+                    seqs: &span,
+                },
+                &mut kv,
+            )
+            .expect("forward");
+        logits.extend(row);
+    }
     let bytes: Vec<u8> = logits.iter().flat_map(|v| v.to_le_bytes()).collect();
     std::fs::write(&args[3], bytes).expect("write");
 }
