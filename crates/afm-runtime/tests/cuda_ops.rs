@@ -196,14 +196,14 @@ fn activations_add_and_softcap_match_cpu() {
     let mut rng = Rng(4);
     let (n, ff) = (7, 1000);
     let gu = rng.vec(n * 2 * ff, 6.0);
-    for (act, f) in [
-        (Activation::Silu, ops::silu as fn(f32) -> f32),
-        (Activation::GeluTanh, ops::gelu_tanh),
+    for (act, host) in [
+        (Activation::Silu, afm_runtime::compute::Activation::Silu),
+        (Activation::GeluTanh, afm_runtime::compute::Activation::GeluTanh),
     ] {
         let mut want = Vec::new();
         for r in 0..n {
             let mut g = gu[r * 2 * ff..r * 2 * ff + ff].to_vec();
-            ops::gated_act(&mut g, &gu[r * 2 * ff + ff..(r + 1) * 2 * ff], f);
+            ops::gated_act(&mut g, &gu[r * 2 * ff + ff..(r + 1) * 2 * ff], host);
             want.extend(g);
         }
         let gd = c.upload(&gu).unwrap();
