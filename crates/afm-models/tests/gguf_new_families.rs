@@ -212,6 +212,22 @@ fn check_quantized(arch: &str, file: &str, max_rel_to_llama_cpp: f32) {
         "{arch} {file}: argmax agrees with transformers {agree}/{n} (llama.cpp {llama_agree}/{n}); \
          max relative error vs transformers {vs_hf:.2e}, vs llama.cpp {vs_llama:.2e}"
     );
+    if !device().is_cpu() {
+        // The GPU kernels quantize activations to 16 bits, not to Q8_0's 8, so they cannot
+        // follow llama.cpp's rounding; they must be no farther from transformers than llama.cpp
+        // is, and find its argmax within one position of llama.cpp's count (this random model's
+        // near-ties fall either way).
+        let llama_vs_hf = (0..n).fold(0f32, |w, p| w.max(rel_err(&llama_logits[p], &r.logits[p])));
+        assert!(
+            vs_hf <= llama_vs_hf,
+            "{arch} {file}: {vs_hf:.2e} from transformers, llama.cpp {llama_vs_hf:.2e}"
+        );
+        assert!(
+            agree + 1 >= llama_agree,
+            "{arch} {file}: argmax agrees at {agree}/{n}, llama.cpp at {llama_agree}/{n}"
+        );
+        return;
+    }
     assert!(
         agree >= llama_agree,
         "{arch} {file}: argmax agrees at {agree}/{n}, llama.cpp at {llama_agree}/{n}"
