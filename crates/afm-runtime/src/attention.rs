@@ -48,31 +48,56 @@ pub fn paged_attention(q: &[f32], kv: &LayerKv, seqs: &[AttnSeq], p: &AttnParams
     let heads: Vec<(usize, usize)> = (0..seqs.len())
         .flat_map(|s| (0..n_kv).map(move |h| (s, h)))
         .collect();
-    let loaded: Vec<HeadKv> = heads
-        .par_iter()
-        .map(|&(si, kh)| HeadKv::read(kv, &seqs[si], kh, d, p.window))
-        .collect();
     // Query rows per task: enough tasks to balance the threads, few enough to keep the
     // per-task overhead small.
     let total_rows: usize = seqs.iter().map(|s| s.len).sum::<usize>() * n_kv;
     let per_task = (total_rows / (8 * rayon::current_num_threads().max(1))).clamp(1, 64);
-    let tasks: Vec<(usize, usize, usize)> = heads
-        .iter()
-        .enumerate()
-        .flat_map(|(hi, &(si, _))| {
-            (0..seqs[si].len)
-                .step_by(per_task)
-                .map(move |r0| (hi, r0, (r0 + per_task).min(seqs[si].len)))
-        })
-        .collect();
     let half = kv.dtype() == KvDtype::F16;
-    let results: Vec<Vec<f32>> = tasks
-        .par_iter()
-        .map(|&(hi, r0, r1)| {
-            let (si, kh) = heads[hi];
-            attend_rows(q, &loaded[hi], &seqs[si], kh, group, r0..r1, half, p)
-        })
-        .collect();
+    let tasks: Vec<(usize, usize, usize)>;
+    let results: Vec<Vec<f32>>;
+    if seqs.iter().all(|s| s.len <= per_task) {
+        // One task per (sequence, KV head) (decode): it reads its keys and values into this
+        // thread's reused scratch and attends at once, so the f32 copy stays in cache and no
+        // per-step buffers are allocated and zero-filled.
+        tasks = heads
+            .iter()
+            .enumerate()
+            .map(|(hi, &(si, _))| (hi, 0, seqs[si].len))
+            .collect();
+        results = heads
+            .par_iter()
+            .map(|&(si, kh)| {
+                SCRATCH.with(|sc| {
+                    let mut sc = sc.borrow_mut();
+                    let head = sc.fill(kv, &seqs[si], kh, d, p.window);
+                    attend_rows(q, &head, &seqs[si], kh, group, 0..seqs[si].len, half, p)
+                })
+            })
+            .collect();
+    } else {
+        let mut loaded: Vec<KvScratch> = heads.iter().map(|_| KvScratch::default()).collect();
+        let views: Vec<HeadKv> = loaded
+            .par_iter_mut()
+            .zip(&heads)
+            .map(|(sc, &(si, kh))| sc.fill(kv, &seqs[si], kh, d, p.window))
+            .collect();
+        tasks = heads
+            .iter()
+            .enumerate()
+            .flat_map(|(hi, &(si, _))| {
+                (0..seqs[si].len)
+                    .step_by(per_task)
+                    .map(move |r0| (hi, r0, (r0 + per_task).min(seqs[si].len)))
+            })
+            .collect();
+        results = tasks
+            .par_iter()
+            .map(|&(hi, r0, r1)| {
+                let (si, kh) = heads[hi];
+                attend_rows(q, &views[hi], &seqs[si], kh, group, r0..r1, half, p)
+            })
+            .collect();
+    }
     // Scatter: each result is `[row][head in group][head_dim]`.
     for (&(hi, r0, r1), res) in tasks.iter().zip(&results) {
         let (si, kh) = heads[hi];
@@ -87,17 +112,40 @@ pub fn paged_attention(q: &[f32], kv: &LayerKv, seqs: &[AttnSeq], p: &AttnParams
     }
 }
 
+thread_local! {
+    /// Each worker thread's buffers for decode attention (see `paged_attention`).
+    static SCRATCH: std::cell::RefCell<KvScratch> = std::cell::RefCell::new(KvScratch::default());
+}
+
 /// One (sequence, KV head)'s keys and values for positions `base..ctx`: values as read
 /// (`values[j][d]`), and keys laid out for the order the chunk is summed in
 /// (`single_order`): as read, `keys[j][d]`, and for one new token (32 lanes) with a head size
 /// that is not a multiple of 8 also transposed, `keys_t[c][j]` (`stride` ≥ positions, a
 /// multiple of 16, zero-padded).
-struct HeadKv {
+struct HeadKv<'a> {
     base: usize,
     stride: usize,
+    keys_t: &'a [f32],
+    keys: &'a [f32],
+    values: &'a [f32],
+}
+
+/// Buffers a [`HeadKv`] is read into; they only grow, so a thread reuses them step after step
+/// (freeing them let the allocator hand pages back and fault them in again, and zero-filling
+/// fresh ones was ~5% of a decode step).
+#[derive(Default)]
+struct KvScratch {
     keys_t: Vec<f32>,
     keys: Vec<f32>,
     values: Vec<f32>,
+}
+
+/// `v[..n]`, growing `v` first if it is shorter (old contents are left to be overwritten).
+fn grown(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
+    if v.len() < n {
+        v.resize(n, 0.0);
+    }
+    &mut v[..n]
 }
 
 /// Whether a chunk of `len` new tokens is summed in `ggml_vec_dot_f16`'s 32-lane order (one
@@ -106,14 +154,21 @@ fn single_order(len: usize, d: usize) -> bool {
     len == 1 || !d.is_multiple_of(8)
 }
 
-impl HeadKv {
-    fn read(kv: &LayerKv, s: &AttnSeq, kh: usize, d: usize, window: Option<usize>) -> Self {
+impl KvScratch {
+    fn fill(
+        &mut self,
+        kv: &LayerKv,
+        s: &AttnSeq,
+        kh: usize,
+        d: usize,
+        window: Option<usize>,
+    ) -> HeadKv<'_> {
         let bs = kv.block_size();
         let ctx = s.pos0 + s.len;
         let base = window.map_or(0, |w| (s.pos0 + 1).saturating_sub(w));
         let n = ctx - base;
-        let mut keys = vec![0f32; n * d];
-        let mut values = vec![0f32; n * d];
+        let keys = grown(&mut self.keys, n * d);
+        let values = grown(&mut self.values, n * d);
         for_each_span(base, ctx - 1, bs, |b, s0, s1| {
             let at = (b * bs + s0 - base) * d;
             let len = (s1 - s0) * d;
@@ -121,36 +176,44 @@ impl HeadKv {
             kv.read_values(s.block_table[b], kh, s0, &mut values[at..at + len]);
         });
         if !single_order(s.len, d) || d.is_multiple_of(8) {
-            return Self {
+            return HeadKv {
                 base,
                 stride: 0,
-                keys_t: Vec::new(),
-                keys,
-                values,
+                keys_t: &[],
+                keys: &self.keys[..n * d],
+                values: &self.values[..n * d],
             };
         }
         let stride = n.div_ceil(KEY_TILE) * KEY_TILE;
-        // `keys` stays allocated (unused) until the step ends: freeing it here let the
-        // allocator hand pages back and fault them in again, ~30% of a decode step's attention.
-        Self {
+        let keys_t = grown(&mut self.keys_t, d * stride);
+        // The padding past `n` must be zero.
+        keys_t.fill(0.0);
+        transpose_into(&self.keys[..n * d], d, stride, keys_t);
+        HeadKv {
             base,
             stride,
-            keys_t: transpose(&keys, d, stride),
-            keys,
-            values,
+            keys_t: &self.keys_t[..d * stride],
+            keys: &self.keys[..n * d],
+            values: &self.values[..n * d],
         }
     }
 }
 
 /// `rows[j][c]` (`d` columns) as `out[c][j]`, rows of `stride`, zero-padded.
+#[cfg(test)]
 fn transpose(rows: &[f32], d: usize, stride: usize) -> Vec<f32> {
     let mut out = vec![0f32; d * stride];
+    transpose_into(rows, d, stride, &mut out);
+    out
+}
+
+/// `rows[j][c]` (`d` columns) into `out[c][j]` (rows of `stride`); the rest of `out` is left.
+fn transpose_into(rows: &[f32], d: usize, stride: usize, out: &mut [f32]) {
     for (j, r) in rows.chunks_exact(d.max(1)).enumerate() {
         for (c, &v) in r.iter().enumerate() {
             out[c * stride + j] = v;
         }
     }
-    out
 }
 
 /// Keys per score tile (two 8-lane vectors).
@@ -253,11 +316,11 @@ fn attend_rows_impl<const FMA: bool>(
         let single = single_order(s.len, d);
         for j0 in (lo..hi).step_by(KEY_TILE) {
             let tile = if single && d.is_multiple_of(8) {
-                qk_rows32::<FMA>(&qs, d, &kv.keys, j0, mt)
+                qk_rows32::<FMA>(&qs, d, kv.keys, j0, mt)
             } else if single {
-                qk_tile32::<FMA>(&qs, d, &kv.keys_t, kv.stride, j0, mt)
+                qk_tile32::<FMA>(&qs, d, kv.keys_t, kv.stride, j0, mt)
             } else {
-                qk_tile8::<FMA>(&qs, d, &kv.keys, j0)
+                qk_tile8::<FMA>(&qs, d, kv.keys, j0)
             };
             for (t, row) in tile.iter().enumerate() {
                 scores[t * sw + j0 - lo..][..KEY_TILE].copy_from_slice(row);
@@ -281,9 +344,9 @@ fn attend_rows_impl<const FMA: bool>(
             scores[t * sw..(t + 1) * sw].fill(0.0);
         }
         let o = if single {
-            pv_tile32::<FMA>(&scores, sw, &kv.values, d, lo, span, kv.base, mt)
+            pv_tile32::<FMA>(&scores, sw, kv.values, d, lo, span, kv.base, mt)
         } else {
-            pv_tile::<FMA, 8>(&scores, sw, &kv.values, d, lo, span, kv.base)
+            pv_tile::<FMA, 8>(&scores, sw, kv.values, d, lo, span, kv.base)
         };
         for t in 0..mt {
             res[(m0 + t) * d..(m0 + t + 1) * d].copy_from_slice(&o[t * d..(t + 1) * d]);
