@@ -67,6 +67,10 @@ pub fn paged_attention(q: &[f32], kv: &LayerKv, seqs: &[AttnSeq], p: &AttnParams
         results = heads
             .par_iter()
             .map(|&(si, kh)| {
+                let s = &seqs[si];
+                if let Some(head) = half_head(kv, s, kh, d, p.window) {
+                    return attend_rows(q, &head, s, kh, group, 0..s.len, half, p);
+                }
                 SCRATCH.with(|sc| {
                     let mut sc = sc.borrow_mut();
                     let head = sc.fill(kv, &seqs[si], kh, d, p.window);
@@ -128,6 +132,70 @@ struct HeadKv<'a> {
     keys_t: &'a [f32],
     keys: &'a [f32],
     values: &'a [f32],
+    /// One new token, a head size that is a multiple of 8 and an f16 cache: keys and values
+    /// read straight from the cache's blocks (`keys`, `values` then empty).
+    half: Option<(HalfRows<'a>, HalfRows<'a>)>,
+}
+
+/// Rows `j` (positions `base + j`) of `d` values, read eight columns at a time as f32.
+trait Rows {
+    fn len(&self) -> usize;
+    /// Columns `c..c + 8` of row `j`; `SIMD`: the caller has AVX2 and F16C.
+    fn at8<const SIMD: bool>(&self, j: usize, c: usize) -> [f32; 8];
+}
+
+/// f32 rows stored contiguously, `[j][d]`.
+struct F32Rows<'a> {
+    data: &'a [f32],
+    d: usize,
+}
+
+impl Rows for F32Rows<'_> {
+    #[inline(always)]
+    fn len(&self) -> usize {
+        self.data.len() / self.d.max(1)
+    }
+
+    #[inline(always)]
+    fn at8<const SIMD: bool>(&self, j: usize, c: usize) -> [f32; 8] {
+        let mut o = [0f32; 8];
+        o.copy_from_slice(&self.data[j * self.d + c..][..8]);
+        o
+    }
+}
+
+/// One KV head's f16 rows across a sequence's blocks: row `j` is slot `(first + j) % bs` of
+/// `blocks[(first + j) / bs]`. Widening f16 to f32 is exact, so sums over these rows are the
+/// same as over a converted copy.
+struct HalfRows<'a> {
+    blocks: Vec<&'a [f16]>,
+    bs: usize,
+    d: usize,
+    first: usize,
+    n: usize,
+}
+
+impl Rows for HalfRows<'_> {
+    #[inline(always)]
+    fn len(&self) -> usize {
+        self.n
+    }
+
+    #[inline(always)]
+    fn at8<const SIMD: bool>(&self, j: usize, c: usize) -> [f32; 8] {
+        let p = self.first + j;
+        let src = &self.blocks[p / self.bs][(p % self.bs) * self.d + c..][..8];
+        #[cfg(target_arch = "x86_64")]
+        if SIMD {
+            use std::arch::x86_64::*;
+            // SAFETY: `src` holds 8 f16 (16 bytes); `SIMD` callers run with F16C enabled.
+            return unsafe {
+                let h = _mm_loadu_si128(src.as_ptr() as *const __m128i);
+                std::mem::transmute::<__m256, [f32; 8]>(_mm256_cvtph_ps(h))
+            };
+        }
+        std::array::from_fn(|l| src[l].to_f32())
+    }
 }
 
 /// Buffers a [`HeadKv`] is read into; they only grow, so a thread reuses them step after step
@@ -182,6 +250,7 @@ impl KvScratch {
                 keys_t: &[],
                 keys: &self.keys[..n * d],
                 values: &self.values[..n * d],
+                half: None,
             };
         }
         let stride = n.div_ceil(KEY_TILE) * KEY_TILE;
@@ -195,8 +264,47 @@ impl KvScratch {
             keys_t: &self.keys_t[..d * stride],
             keys: &self.keys[..n * d],
             values: &self.values[..n * d],
+            half: None,
         }
     }
+}
+
+/// `HeadKv` reading one new token's keys and values straight from an f16 cache, when that is
+/// the order it is summed in (32 lanes, head size a multiple of 8); `None` otherwise.
+fn half_head<'a>(
+    kv: &'a LayerKv,
+    s: &AttnSeq,
+    kh: usize,
+    d: usize,
+    window: Option<usize>,
+) -> Option<HeadKv<'a>> {
+    if s.len != 1 || !d.is_multiple_of(8) || kv.dtype() != KvDtype::F16 {
+        return None;
+    }
+    let bs = kv.block_size();
+    let ctx = s.pos0 + 1;
+    let base = window.map_or(0, |w| (s.pos0 + 1).saturating_sub(w));
+    let (mut keys, mut values) = (Vec::new(), Vec::new());
+    for &b in &s.block_table[base / bs..=(ctx - 1) / bs] {
+        let (k, v) = kv.f16_head(b, kh)?;
+        keys.push(k);
+        values.push(v);
+    }
+    let rows = |blocks| HalfRows {
+        blocks,
+        bs,
+        d,
+        first: base % bs,
+        n: ctx - base,
+    };
+    Some(HeadKv {
+        base,
+        stride: 0,
+        keys_t: &[],
+        keys: &[],
+        values: &[],
+        half: Some((rows(keys), rows(values))),
+    })
 }
 
 /// `rows[j][c]` (`d` columns) as `out[c][j]`, rows of `stride`, zero-padded.
@@ -237,14 +345,14 @@ fn attend_rows(
 ) -> Vec<f32> {
     #[cfg(target_arch = "x86_64")]
     if crate::quant::Isa::best() != crate::quant::Isa::Scalar {
-        // SAFETY: `Isa::best` detected AVX2 and FMA.
+        // SAFETY: `Isa::best` detected AVX2, FMA and F16C.
         return unsafe { attend_rows_avx2(q, kv, s, kh, group, rows, half, p) };
     }
     attend_rows_impl::<false>(q, kv, s, kh, group, rows, half, p)
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn attend_rows_avx2(
     q: &[f32],
@@ -315,7 +423,9 @@ fn attend_rows_impl<const FMA: bool>(
         // (which takes only head sizes that are a multiple of 8).
         let single = single_order(s.len, d);
         for j0 in (lo..hi).step_by(KEY_TILE) {
-            let tile = if single && d.is_multiple_of(8) {
+            let tile = if let Some((keys, _)) = &kv.half {
+                qk_rows32_by::<FMA, _>(&qs, d, keys, j0, mt)
+            } else if single && d.is_multiple_of(8) {
                 qk_rows32::<FMA>(&qs, d, kv.keys, j0, mt)
             } else if single {
                 qk_tile32::<FMA>(&qs, d, kv.keys_t, kv.stride, j0, mt)
@@ -343,7 +453,9 @@ fn attend_rows_impl<const FMA: bool>(
         for t in mt..Q_TILE {
             scores[t * sw..(t + 1) * sw].fill(0.0);
         }
-        let o = if single {
+        let o = if let Some((_, values)) = &kv.half {
+            pv_tile32_by::<FMA, _>(&scores, sw, values, d, lo, span, kv.base, mt)
+        } else if single {
             pv_tile32::<FMA>(&scores, sw, kv.values, d, lo, span, kv.base, mt)
         } else {
             pv_tile::<FMA, 8>(&scores, sw, kv.values, d, lo, span, kv.base)
@@ -475,23 +587,38 @@ fn qk_rows32<const FMA: bool>(
     j0: usize,
     mt: usize,
 ) -> [[f32; KEY_TILE]; Q_TILE] {
-    let n = keys.len() / d.max(1);
+    qk_rows32_by::<FMA, _>(qs, d, &F32Rows { data: keys, d }, j0, mt)
+}
+
+/// `qk_rows32` over any [`Rows`]: each 8 columns of a key are read once for all `mt` queries
+/// (each query's chains still run over the columns in order).
+#[inline(always)]
+fn qk_rows32_by<const FMA: bool, R: Rows>(
+    qs: &[f32],
+    d: usize,
+    keys: &R,
+    j0: usize,
+    mt: usize,
+) -> [[f32; KEY_TILE]; Q_TILE] {
+    let n = keys.len();
     let mut out = [[0f32; KEY_TILE]; Q_TILE];
     for j in j0..(j0 + KEY_TILE).min(n) {
-        let k = &keys[j * d..(j + 1) * d];
-        for (t, o) in out.iter_mut().enumerate().take(mt) {
-            let q = &qs[t * d..(t + 1) * d];
-            let mut a = [[0f32; 8]; 4];
-            for c in (0..d).step_by(32) {
-                for (m, am) in a.iter_mut().enumerate() {
-                    if c + 8 * m < d {
-                        let (qc, kc) = (&q[c + 8 * m..][..8], &k[c + 8 * m..][..8]);
+        let mut a = [[[0f32; 8]; 4]; Q_TILE];
+        for c in (0..d).step_by(32) {
+            for m in 0..4 {
+                if c + 8 * m < d {
+                    let kc = keys.at8::<FMA>(j, c + 8 * m);
+                    for (t, at) in a.iter_mut().enumerate().take(mt) {
+                        let qc = &qs[t * d + c + 8 * m..][..8];
                         for l in 0..8 {
-                            am[l] = madd::<FMA>(qc[l], kc[l], am[l]);
+                            at[m][l] = madd::<FMA>(qc[l], kc[l], at[m][l]);
                         }
                     }
                 }
             }
+        }
+        for (t, o) in out.iter_mut().enumerate().take(mt) {
+            let a = &a[t];
             let x = add8(add8(a[0], a[2]), add8(a[1], a[3]));
             o[j - j0] = ((x[0] + x[4]) + (x[1] + x[5])) + ((x[2] + x[6]) + (x[3] + x[7]));
         }
@@ -563,6 +690,71 @@ fn pv_tile32<const FMA: bool>(
         }
     }
     out
+}
+
+/// `pv_tile32` over any [`Rows`] (`d` a multiple of 8): the same chains and tree.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn pv_tile32_by<const FMA: bool, R: Rows>(
+    w: &[f32],
+    sw: usize,
+    values: &R,
+    d: usize,
+    lo: usize,
+    span: usize,
+    base: usize,
+    mt: usize,
+) -> Vec<f32> {
+    const COLS: usize = 64;
+    let mut out = vec![0f32; Q_TILE * d];
+    let mut lanes = [[0f32; COLS]; 32];
+    let first = (32 - (base + lo) % 32) % 32;
+    for t in 0..mt {
+        let wt = &w[t * sw..t * sw + span];
+        for c0 in (0..d).step_by(COLS) {
+            let cols = (d - c0).min(COLS);
+            for (i, lane) in lanes.iter_mut().enumerate() {
+                let j0 = (first + i) % 32;
+                *lane = if cols == COLS {
+                    pv_chain_by::<FMA, R, COLS>(wt, values, lo, c0, j0, COLS)
+                } else {
+                    pv_chain_by::<FMA, R, COLS>(wt, values, lo, c0, j0, cols)
+                };
+            }
+            let o = &mut out[t * d + c0..t * d + c0 + cols];
+            for (c, oc) in o.iter_mut().enumerate() {
+                let a = |i: usize| lanes[i][c];
+                let x = |l: usize| (a(l) + a(16 + l)) + (a(8 + l) + a(24 + l));
+                *oc = ((x(0) + x(4)) + (x(1) + x(5))) + ((x(2) + x(6)) + (x(3) + x(7)));
+            }
+        }
+    }
+    out
+}
+
+/// `pv_chain` over [`Rows`]: `Σ w[j]·values[lo + j][c0..c0 + cols]` over `j = j0, j0 + 32, …`
+/// (`cols` ≤ N, a multiple of 8).
+#[inline(always)]
+fn pv_chain_by<const FMA: bool, R: Rows, const N: usize>(
+    w: &[f32],
+    values: &R,
+    lo: usize,
+    c0: usize,
+    j0: usize,
+    cols: usize,
+) -> [f32; N] {
+    let mut a = [0f32; N];
+    let mut j = j0;
+    while j < w.len() {
+        for c in (0..cols).step_by(8) {
+            let vj = values.at8::<FMA>(lo + j, c0 + c);
+            for l in 0..8 {
+                a[c + l] = madd::<FMA>(w[j], vj[l], a[c + l]);
+            }
+        }
+        j += 32;
+    }
+    a
 }
 
 /// One lane's chain of `pv_tile32`: `Σ w[j]·v[j·d + 0..N]` over `j = j0, j0 + 32, …`.
@@ -869,6 +1061,75 @@ mod tests {
                             got[i].to_bits(),
                             "values d {d} n {n} base {base} output {i}"
                         );
+                    }
+                }
+            }
+        }
+    }
+
+    /// Decode with an f16 cache reads keys and values straight from the blocks; its output is
+    /// bit for bit the output over a converted f32 copy (the path prefill and other caches
+    /// take): head sizes of one and of one and a half 64-column passes, blocks that split the
+    /// context off a lane boundary, windows, several sequences.
+    #[test]
+    fn f16_decode_from_blocks_equals_converted_copy() {
+        let val = |i: usize| ((i * 2_654_435_761) % 1999) as f32 / 997.0 - 1.0;
+        for (d, bs) in [(64, 16), (96, 5), (8, 7)] {
+            let (n_kv, group) = (2, 3);
+            let shape = LayerKvShape {
+                n_kv_heads: n_kv,
+                head_dim: d,
+            };
+            let mut cache = KvCache::new(&[shape], 40, bs, KvDtype::F16);
+            let tables: [Vec<u32>; 2] = [
+                (0..20).map(|i| (i * 7 % 40) as u32).collect(),
+                (0..20).map(|i| (39 - i) as u32).collect(),
+            ];
+            let ctxs = [70usize, 33];
+            for (si, table) in tables.iter().enumerate() {
+                for p in 0..ctxs[si] {
+                    let k: Vec<f32> = (0..n_kv * d).map(|i| val(i + 1000 * p + si)).collect();
+                    let v: Vec<f32> = (0..n_kv * d).map(|i| val(3 * i + 777 * p + si)).collect();
+                    cache.layers[0].write(table, p, &k, &v);
+                }
+            }
+            let n_heads = n_kv * group;
+            let q: Vec<f32> = (0..2 * n_heads * d).map(|i| val(5 * i + 3)).collect();
+            let seqs: Vec<AttnSeq> = (0..2)
+                .map(|si| AttnSeq {
+                    row0: si,
+                    len: 1,
+                    pos0: ctxs[si] - 1,
+                    block_table: &tables[si],
+                })
+                .collect();
+            for window in [None, Some(37), Some(9)] {
+                let p = AttnParams {
+                    n_heads,
+                    head_dim: d,
+                    scale: 0.3,
+                    window,
+                    softcap: None,
+                };
+                let mut out = vec![0.0; 2 * n_heads * d];
+                paged_attention(&q, &cache.layers[0], &seqs, &p, &mut out);
+                for (si, s) in seqs.iter().enumerate() {
+                    for kh in 0..n_kv {
+                        let layer = &cache.layers[0];
+                        assert!(half_head(layer, s, kh, d, window).is_some());
+                        let mut sc = KvScratch::default();
+                        let head = sc.fill(layer, s, kh, d, window);
+                        let want = attend_rows(&q, &head, s, kh, group, 0..1, true, &p);
+                        for g in 0..group {
+                            let at = (si * n_heads + kh * group + g) * d;
+                            for c in 0..d {
+                                assert_eq!(
+                                    out[at + c].to_bits(),
+                                    want[g * d + c].to_bits(),
+                                    "d {d} bs {bs} window {window:?} seq {si} head {kh}/{g} col {c}"
+                                );
+                            }
+                        }
                     }
                 }
             }

@@ -156,6 +156,20 @@ impl LayerKv {
     pub fn block_size(&self) -> usize {
         self.block_size
     }
+
+    /// With an f16 cache, `head`'s keys and values in `block` as stored (`[slot][head_dim]`
+    /// each, every slot of the block), for attention to read without a converted copy.
+    pub fn f16_head(&self, block: u32, head: usize) -> Option<(&[f16], &[f16])> {
+        let o = self.offset(block, 0, head);
+        let len = self.block_size * self.shape.head_dim;
+        match &self.store {
+            Store::F16 { k, v } => Some((
+                k[o..o + len].reinterpret_cast::<f16>(),
+                v[o..o + len].reinterpret_cast::<f16>(),
+            )),
+            Store::F32 { .. } | Store::Quant(_) => None,
+        }
+    }
 }
 
 fn quant_shape(shape: LayerKvShape, num_blocks: usize, block_size: usize) -> QuantShape {
