@@ -198,7 +198,10 @@ fn activations_add_and_softcap_match_cpu() {
     let gu = rng.vec(n * 2 * ff, 6.0);
     for (act, host) in [
         (Activation::Silu, afm_runtime::compute::Activation::Silu),
-        (Activation::GeluTanh, afm_runtime::compute::Activation::GeluTanh),
+        (
+            Activation::GeluTanh,
+            afm_runtime::compute::Activation::GeluTanh,
+        ),
     ] {
         let mut want = Vec::new();
         for r in 0..n {
