@@ -361,15 +361,8 @@ fn run(tok: &Tokenizer, format: ToolCallFormat, walks: usize, seed: u64) {
             .unwrap_or_else(|e| panic!("{format:?} compiles: {e}"));
         let mut ended = 0;
         for _ in 0..walks {
-            let mut con = compiled.constraint(false, false);
-            let text = match walker.walk(con.as_mut(), &mut rng) {
-                Ok(text) => text,
-                Err(partial) => {
-                    let tail: String = partial.chars().rev().take(300).collect();
-                    let tail: String = tail.chars().rev().collect();
-                    eprintln!("{format:?}: a walk did not end: …{tail:?}");
-                    continue;
-                }
+            let Some(text) = walker.walk_once(&compiled, &mut rng, &format!("{format:?}")) else {
+                continue;
             };
             ended += 1;
             let (plain, calls) = parse(format, &tools, &text, &mut rng);

@@ -80,15 +80,8 @@ fn every_fixture_schema_walked_on_smollm2_is_one_json_value() {
         let mut rng = Rng(0x5eed_0000 + i as u64);
         let mut ended = 0;
         for _ in 0..WALKS {
-            let mut con = compiled.constraint(false, false);
-            let text = match walker.walk(con.as_mut(), &mut rng) {
-                Ok(text) => text,
-                Err(partial) => {
-                    let tail: String = partial.chars().rev().take(300).collect();
-                    let tail: String = tail.chars().rev().collect();
-                    eprintln!("{name}: a walk did not end: …{tail:?}");
-                    continue;
-                }
+            let Some(text) = walker.walk_once(&compiled, &mut rng, &name) else {
+                continue;
             };
             ended += 1;
             let value: Value = serde_json::from_str(&text)

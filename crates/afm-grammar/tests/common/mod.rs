@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use afm_chat::Tokenizer;
 use afm_engine::TokenConstraint;
+use afm_grammar::Compiled;
 
 /// The workspace root.
 pub fn root() -> PathBuf {
@@ -99,6 +100,21 @@ impl<'a> Walker<'a> {
             .filter(|f| f.0 == top)
             .map(|f| f.1)
             .collect()
+    }
+
+    /// One walk through a fresh constraint of `compiled` (no reasoning gate): its text, or `None`
+    /// after printing the tail of a walk that did not end (`label` names the grammar).
+    pub fn walk_once(&self, compiled: &Compiled, rng: &mut Rng, label: &str) -> Option<String> {
+        let mut con = compiled.constraint(false, false);
+        match self.walk(con.as_mut(), rng) {
+            Ok(text) => Some(text),
+            Err(partial) => {
+                let tail: String = partial.chars().rev().take(300).collect();
+                let tail: String = tail.chars().rev().collect();
+                eprintln!("{label}: a walk did not end: …{tail:?}");
+                None
+            }
+        }
     }
 
     /// One walk; Err(text so far) if it did not end within the step budget.
