@@ -149,42 +149,9 @@ pub struct RawText<'a> {
     pub trimmed: bool,
 }
 
-/// The JSON types afm-chat's parser sees in a schema (its `schema::types_of`, kept in step):
-/// `type`, then `anyOf`/`oneOf` members; failing those, `object` for `properties` or the
-/// first `enum` member's type. No `$ref` resolution.
-pub fn parser_types(schema: &Value) -> Vec<&str> {
-    let mut out = Vec::new();
-    match schema.get("type") {
-        Some(Value::String(t)) => out.push(t.as_str()),
-        Some(Value::Array(ts)) => out.extend(ts.iter().filter_map(Value::as_str)),
-        _ => {}
-    }
-    for key in ["anyOf", "oneOf"] {
-        if let Some(alts) = schema.get(key).and_then(Value::as_array) {
-            alts.iter().for_each(|a| out.extend(parser_types(a)));
-        }
-    }
-    if out.is_empty() {
-        if schema.get("properties").is_some() {
-            out.push("object");
-        } else if let Some(first) = schema.get("enum").and_then(|e| e.get(0)) {
-            out.push(json_type(first));
-        }
-    }
-    out
-}
-
-pub fn json_type(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "boolean",
-        Value::Number(n) if n.is_i64() || n.is_u64() => "integer",
-        Value::Number(_) => "number",
-        Value::String(_) => "string",
-        Value::Array(_) => "array",
-        Value::Object(_) => "object",
-    }
-}
+/// The JSON types afm-chat's parser sees in a schema: its own reading, so the grammar and the
+/// parser cannot drift apart.
+pub use afm_chat::tool_calls::{json_type, types_of as parser_types};
 
 /// Schema context: the tool's whole parameters schema, for `$ref`s.
 pub struct Ctx<'a> {

@@ -29,6 +29,7 @@ mod xml_calls;
 mod tests;
 
 use emit::Emitter;
+pub use schema::{json_type, types_of};
 
 /// The tool-call dialects afm can parse.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

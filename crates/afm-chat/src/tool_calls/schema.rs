@@ -115,8 +115,10 @@ fn edit_distance(a: &str, b: &str) -> usize {
     row[b.len()]
 }
 
-/// The JSON types a schema allows (empty: anything).
-pub(crate) fn types_of(schema: &Value) -> Vec<&str> {
+/// The JSON types a schema allows (empty: anything): `type`, then `anyOf`/`oneOf` members;
+/// failing those, `object` for `properties` or the first `enum` member's type. No `$ref`
+/// resolution. afm-grammar types the values it lets a model write by this same reading.
+pub fn types_of(schema: &Value) -> Vec<&str> {
     let mut out = Vec::new();
     match schema.get("type") {
         Some(Value::String(t)) => out.push(t.as_str()),
@@ -143,7 +145,8 @@ pub(crate) fn is_plain_string(schema: &Value) -> bool {
     types_of(schema) == ["string"]
 }
 
-fn json_type(v: &Value) -> &'static str {
+/// The JSON type name of a value (`integer` for whole numbers).
+pub fn json_type(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",
         Value::Bool(_) => "boolean",
