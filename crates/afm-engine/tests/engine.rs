@@ -8,20 +8,12 @@ use std::time::Duration;
 
 use afm_engine::*;
 use afm_models::source::ModelLocation;
+use common::{collect, request, smollm2_path};
 
-fn model_path() -> PathBuf {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(
-        p.exists(),
-        "{} is missing: run scripts/fetch_models.sh smollm2",
-        p.display()
-    );
-    p
-}
+mod common;
 
 fn engine(cfg: EngineConfig) -> EngineHandle {
-    let m = afm_models::load_model(&ModelLocation::Gguf(model_path())).expect("load");
+    let m = afm_models::load_model(&ModelLocation::Gguf(smollm2_path())).expect("load");
     Engine::spawn(
         m,
         EngineConfig {
@@ -31,29 +23,6 @@ fn engine(cfg: EngineConfig) -> EngineHandle {
         },
     )
     .expect("spawn")
-}
-
-fn request(prompt: Vec<u32>, max_tokens: usize) -> GenerateRequest {
-    GenerateRequest {
-        prompt_tokens: prompt,
-        sampling: SamplingParams::default(),
-        max_tokens,
-        stop_token_ids: vec![],
-        top_logprobs: None,
-    }
-}
-
-/// Drains a request's events: (tokens, finish reason, stats).
-async fn collect(mut rx: EventReceiver) -> (Vec<u32>, FinishReason, GenerationStats) {
-    let mut toks = Vec::new();
-    while let Some(ev) = rx.recv().await {
-        match ev {
-            GenerateEvent::Token { id, .. } => toks.push(id),
-            GenerateEvent::Finished { reason, stats } => return (toks, reason, stats),
-            GenerateEvent::Error { message } => panic!("engine error: {message}"),
-        }
-    }
-    panic!("event stream ended without Finished");
 }
 
 fn prompts() -> Vec<Vec<u32>> {

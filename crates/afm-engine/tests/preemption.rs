@@ -2,43 +2,15 @@
 //! long requests never crash the engine, none is cut short, and each one's greedy output equals
 //! what it produces alone with room to spare.
 
-use std::path::PathBuf;
-
 use afm_engine::*;
 use afm_models::source::ModelLocation;
+use common::{collect, request, smollm2_path};
+
+mod common;
 
 fn engine(cfg: EngineConfig) -> EngineHandle {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(
-        p.exists(),
-        "{} is missing: run scripts/fetch_models.sh smollm2",
-        p.display()
-    );
-    let m = afm_models::load_model(&ModelLocation::Gguf(p)).expect("load");
+    let m = afm_models::load_model(&ModelLocation::Gguf(smollm2_path())).expect("load");
     Engine::spawn(m, cfg).expect("spawn")
-}
-
-fn request(prompt: Vec<u32>, max_tokens: usize) -> GenerateRequest {
-    GenerateRequest {
-        prompt_tokens: prompt,
-        sampling: SamplingParams::default(),
-        max_tokens,
-        stop_token_ids: vec![],
-        top_logprobs: None,
-    }
-}
-
-async fn collect(mut rx: EventReceiver) -> (Vec<u32>, FinishReason, GenerationStats) {
-    let mut toks = Vec::new();
-    while let Some(ev) = rx.recv().await {
-        match ev {
-            GenerateEvent::Token { id, .. } => toks.push(id),
-            GenerateEvent::Finished { reason, stats } => return (toks, reason, stats),
-            GenerateEvent::Error { message } => panic!("engine error: {message}"),
-        }
-    }
-    panic!("event stream ended without Finished");
 }
 
 /// Six different 90-token prompts of ordinary vocabulary ids.
