@@ -9,6 +9,9 @@ use rayon::prelude::*;
 
 use crate::kv_store::{KvDtype, LayerKv};
 
+#[cfg(target_arch = "x86_64")]
+mod decode_f16;
+
 /// One sequence's share of a step: `len` new tokens at rows `row0..row0+len` of `q`,
 /// at positions `pos0..pos0+len`, reading keys through `block_table`.
 #[derive(Debug, Clone, Copy)]
@@ -137,54 +140,60 @@ struct HeadKv<'a> {
     half: Option<(HalfRows<'a>, HalfRows<'a>)>,
 }
 
-/// Rows `j` (positions `base + j`) of `d` values, read eight columns at a time as f32.
+/// Rows `j` (positions `base + j`) of `d` values. A row is looked up once and then read eight
+/// columns at a time, so per-row address arithmetic stays out of the column loops.
 trait Rows {
+    type Row<'r>: Row
+    where
+        Self: 'r;
     fn len(&self) -> usize;
-    /// Columns `c..c + 8` of row `j`; `SIMD`: the caller has AVX2 and F16C.
-    fn at8<const SIMD: bool>(&self, j: usize, c: usize) -> [f32; 8];
+    fn row(&self, j: usize) -> Self::Row<'_>;
 }
 
-/// f32 rows stored contiguously, `[j][d]`.
-struct F32Rows<'a> {
-    data: &'a [f32],
-    d: usize,
+/// One row's values, read as f32.
+trait Row: Copy {
+    /// Columns `c..c + 8`; `SIMD`: the caller has AVX2 and F16C.
+    fn at8<const SIMD: bool>(self, c: usize) -> [f32; 8];
+    /// The row's bytes.
+    fn bytes(self) -> (*const u8, usize);
 }
 
-impl Rows for F32Rows<'_> {
-    #[inline(always)]
-    fn len(&self) -> usize {
-        self.data.len() / self.d.max(1)
+/// Asks for `row`'s cache lines ahead of use: decode attention reads each (sequence, head)'s
+/// keys and values once per step from blocks scattered in a cache far larger than the CPU's,
+/// and the loads, not the arithmetic, were its cost (each block is a new 2 KiB stream the
+/// hardware prefetcher has not learned).
+#[inline(always)]
+fn prefetch(row: impl Row) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::*;
+        let (p, n) = row.bytes();
+        let mut at = 0;
+        while at < n {
+            // SAFETY: prefetching is a hint; the address is inside `row`.
+            unsafe { _mm_prefetch(p.add(at) as *const i8, _MM_HINT_T0) };
+            at += 64;
+        }
     }
+}
 
+impl Row for &[f32] {
     #[inline(always)]
-    fn at8<const SIMD: bool>(&self, j: usize, c: usize) -> [f32; 8] {
+    fn at8<const SIMD: bool>(self, c: usize) -> [f32; 8] {
         let mut o = [0f32; 8];
-        o.copy_from_slice(&self.data[j * self.d + c..][..8]);
+        o.copy_from_slice(&self[c..c + 8]);
         o
     }
-}
 
-/// One KV head's f16 rows across a sequence's blocks: row `j` is slot `(first + j) % bs` of
-/// `blocks[(first + j) / bs]`. Widening f16 to f32 is exact, so sums over these rows are the
-/// same as over a converted copy.
-struct HalfRows<'a> {
-    blocks: Vec<&'a [f16]>,
-    bs: usize,
-    d: usize,
-    first: usize,
-    n: usize,
-}
-
-impl Rows for HalfRows<'_> {
-    #[inline(always)]
-    fn len(&self) -> usize {
-        self.n
+    fn bytes(self) -> (*const u8, usize) {
+        (self.as_ptr() as *const u8, std::mem::size_of_val(self))
     }
+}
 
+impl Row for &[f16] {
     #[inline(always)]
-    fn at8<const SIMD: bool>(&self, j: usize, c: usize) -> [f32; 8] {
-        let p = self.first + j;
-        let src = &self.blocks[p / self.bs][(p % self.bs) * self.d + c..][..8];
+    fn at8<const SIMD: bool>(self, c: usize) -> [f32; 8] {
+        let src = &self[c..c + 8];
         #[cfg(target_arch = "x86_64")]
         if SIMD {
             use std::arch::x86_64::*;
@@ -195,6 +204,69 @@ impl Rows for HalfRows<'_> {
             };
         }
         std::array::from_fn(|l| src[l].to_f32())
+    }
+
+    fn bytes(self) -> (*const u8, usize) {
+        (self.as_ptr() as *const u8, std::mem::size_of_val(self))
+    }
+}
+
+/// f32 rows stored contiguously, `[j][d]`.
+struct F32Rows<'a> {
+    data: &'a [f32],
+    d: usize,
+}
+
+impl Rows for F32Rows<'_> {
+    type Row<'r>
+        = &'r [f32]
+    where
+        Self: 'r;
+
+    #[inline(always)]
+    fn len(&self) -> usize {
+        self.data.len() / self.d.max(1)
+    }
+
+    #[inline(always)]
+    fn row(&self, j: usize) -> &[f32] {
+        &self.data[j * self.d..(j + 1) * self.d]
+    }
+}
+
+/// One KV head's f16 rows across a sequence's blocks: row `j` is slot `(first + j) % bs` of
+/// `blocks[(first + j) / bs]`, by a shift and a mask when `bs` is a power of two (a `div` per
+/// row was a large share of decode attention). Widening f16 to f32 is exact, so sums over
+/// these rows are the same as over a converted copy.
+struct HalfRows<'a> {
+    blocks: Vec<&'a [f16]>,
+    bs: usize,
+    /// `log2(bs)` when `bs` is a power of two.
+    shift: Option<u32>,
+    d: usize,
+    first: usize,
+    n: usize,
+}
+
+impl Rows for HalfRows<'_> {
+    type Row<'r>
+        = &'r [f16]
+    where
+        Self: 'r;
+
+    #[inline(always)]
+    fn len(&self) -> usize {
+        self.n
+    }
+
+    #[inline(always)]
+    fn row(&self, j: usize) -> &[f16] {
+        let p = self.first + j;
+        let (b, slot) = match self.shift {
+            Some(shift) => (p >> shift, p & (self.bs - 1)),
+            None => (p / self.bs, p % self.bs),
+        };
+        &self.blocks[b][slot * self.d..(slot + 1) * self.d]
     }
 }
 
@@ -278,10 +350,10 @@ fn half_head<'a>(
     d: usize,
     window: Option<usize>,
 ) -> Option<HeadKv<'a>> {
+    let bs = kv.block_size();
     if s.len != 1 || !d.is_multiple_of(8) || kv.dtype() != KvDtype::F16 {
         return None;
     }
-    let bs = kv.block_size();
     let ctx = s.pos0 + 1;
     let base = window.map_or(0, |w| (s.pos0 + 1).saturating_sub(w));
     let (mut keys, mut values) = (Vec::new(), Vec::new());
@@ -293,6 +365,7 @@ fn half_head<'a>(
     let rows = |blocks| HalfRows {
         blocks,
         bs,
+        shift: bs.is_power_of_two().then(|| bs.trailing_zeros()),
         d,
         first: base % bs,
         n: ctx - base,
@@ -345,6 +418,16 @@ fn attend_rows(
 ) -> Vec<f32> {
     #[cfg(target_arch = "x86_64")]
     if crate::quant::Isa::best() != crate::quant::Isa::Scalar {
+        let d = p.head_dim;
+        if let (Some((keys, values)), true) = (&kv.half, decode_f16::fits(d)) {
+            // One new token (`half_head`): its query heads are one run of `q`.
+            let at = ((s.row0 + rows.start) * p.n_heads + kh * group) * d;
+            let q = &q[at..at + group * d];
+            // SAFETY: `Isa::best` detected AVX2, FMA and F16C; `fits(d)`.
+            return unsafe {
+                decode_f16::attend(q, group, d, keys, values, kv.base, p.scale, p.softcap)
+            };
+        }
         // SAFETY: `Isa::best` detected AVX2, FMA and F16C.
         return unsafe { attend_rows_avx2(q, kv, s, kh, group, rows, half, p) };
     }
@@ -423,7 +506,11 @@ fn attend_rows_impl<const FMA: bool>(
         // (which takes only head sizes that are a multiple of 8).
         let single = single_order(s.len, d);
         for j0 in (lo..hi).step_by(KEY_TILE) {
-            let tile = if let Some((keys, _)) = &kv.half {
+            let tile = if let Some((keys, values)) = &kv.half {
+                for j in j0 + KEY_TILE..(j0 + 2 * KEY_TILE).min(keys.len()) {
+                    prefetch(keys.row(j));
+                    prefetch(values.row(j));
+                }
                 qk_rows32_by::<FMA, _>(&qs, d, keys, j0, mt)
             } else if single && d.is_multiple_of(8) {
                 qk_rows32::<FMA>(&qs, d, kv.keys, j0, mt)
@@ -603,11 +690,12 @@ fn qk_rows32_by<const FMA: bool, R: Rows>(
     let n = keys.len();
     let mut out = [[0f32; KEY_TILE]; Q_TILE];
     for j in j0..(j0 + KEY_TILE).min(n) {
+        let key = keys.row(j);
         let mut a = [[[0f32; 8]; 4]; Q_TILE];
         for c in (0..d).step_by(32) {
             for m in 0..4 {
                 if c + 8 * m < d {
-                    let kc = keys.at8::<FMA>(j, c + 8 * m);
+                    let kc = key.at8::<FMA>(c + 8 * m);
                     for (t, at) in a.iter_mut().enumerate().take(mt) {
                         let qc = &qs[t * d + c + 8 * m..][..8];
                         for l in 0..8 {
@@ -746,8 +834,9 @@ fn pv_chain_by<const FMA: bool, R: Rows, const N: usize>(
     let mut a = [0f32; N];
     let mut j = j0;
     while j < w.len() {
+        let row = values.row(lo + j);
         for c in (0..cols).step_by(8) {
-            let vj = values.at8::<FMA>(lo + j, c0 + c);
+            let vj = row.at8::<FMA>(c0 + c);
             for l in 0..8 {
                 a[c + l] = madd::<FMA>(w[j], vj[l], a[c + l]);
             }
@@ -1069,12 +1158,13 @@ mod tests {
 
     /// Decode with an f16 cache reads keys and values straight from the blocks; its output is
     /// bit for bit the output over a converted f32 copy (the path prefill and other caches
-    /// take): head sizes of one and of one and a half 64-column passes, blocks that split the
-    /// context off a lane boundary, windows, several sequences.
+    /// take): head sizes of one, one and a half and two 64-column passes (the AVX2 kernel of
+    /// `decode_f16`) and of 8, blocks that split the context off a lane boundary, windows,
+    /// several sequences.
     #[test]
     fn f16_decode_from_blocks_equals_converted_copy() {
         let val = |i: usize| ((i * 2_654_435_761) % 1999) as f32 / 997.0 - 1.0;
-        for (d, bs) in [(64, 16), (96, 5), (8, 7)] {
+        for (d, bs) in [(64, 16), (96, 5), (8, 7), (128, 16), (32, 4)] {
             let (n_kv, group) = (2, 3);
             let shape = LayerKvShape {
                 n_kv_heads: n_kv,

@@ -151,42 +151,71 @@ impl WeightMatrix {
     /// `matmul` with the kernels of a given instruction set (tests and benchmarks compare
     /// them); an `isa` this CPU lacks falls back to scalar.
     pub fn matmul_with(&self, isa: Isa, x: &[f32], n: usize, out: &mut [f32]) {
+        Self::many_with(&[self], isa, x, n, &mut [out]);
+    }
+
+    /// `matmul` of one input by several matrices (a layer's Q, K and V; gate and up):
+    /// `outs[m]` is `[n, ms[m].rows]`. Matrices of one type and width share the quantized
+    /// input and one parallel pass, so the input is quantized once and the threads meet once,
+    /// not once per matrix; each output is the one `matmul` gives.
+    pub fn matmul_many(ms: &[&WeightMatrix], x: &[f32], n: usize, outs: &mut [&mut [f32]]) {
+        assert_eq!(ms.len(), outs.len(), "matmul_many: one output per matrix");
+        let shared = ms
+            .windows(2)
+            .all(|p| p[0].dtype == p[1].dtype && p[0].cols == p[1].cols);
+        let float = ms
+            .iter()
+            .any(|m| matches!(m.dtype, DType::F32 | DType::F16 | DType::BF16));
+        if !shared || (!float && F32_ACTIVATIONS.load(Ordering::Relaxed)) {
+            for (m, out) in ms.iter().zip(outs.iter_mut()) {
+                m.matmul(x, n, out);
+            }
+            return;
+        }
+        Self::many_with(ms, Isa::best(), x, n, outs)
+    }
+
+    /// `matmul_many` of matrices that share type and width, with `isa`'s kernels.
+    fn many_with(ms: &[&WeightMatrix], isa: Isa, x: &[f32], n: usize, outs: &mut [&mut [f32]]) {
+        let Some(first) = ms.first() else {
+            return;
+        };
+        let (dtype, cols) = (first.dtype, first.cols);
         assert_eq!(
             x.len(),
-            n * self.cols,
-            "matmul: x must be n={n} rows of {} values",
-            self.cols
+            n * cols,
+            "matmul: x must be n={n} rows of {cols} values"
         );
-        assert_eq!(
-            out.len(),
-            n * self.rows,
-            "matmul: out must be n={n} rows of {} values",
-            self.rows
-        );
-        if n == 0 || self.rows == 0 {
+        for (m, out) in ms.iter().zip(outs.iter()) {
+            assert_eq!(
+                out.len(),
+                n * m.rows,
+                "matmul: out must be n={n} rows of {} values",
+                m.rows
+            );
+        }
+        if n == 0 || ms.iter().all(|m| m.rows == 0) {
             return;
         }
-        if self.cols == 0 {
-            out.fill(0.0);
+        if cols == 0 {
+            outs.iter_mut().for_each(|o| o.fill(0.0));
             return;
         }
-        let cols = self.cols;
-        match RowKernel::for_type(self.dtype, isa) {
-            RowKernel::Float(k) => self.drive(n, 4 * cols, Lanes::NONE, out, |w, i0, o| {
+        match RowKernel::for_type(dtype, isa) {
+            RowKernel::Float(k) => drive(ms, n, 4 * cols, Lanes::NONE, outs, |w, i0, o| {
                 k(w, x, cols, i0, o)
             }),
             RowKernel::Q8(k) => {
-                let a = Q8Rows::quantize_for_weight(x, cols, self.dtype, isa);
+                let a = Q8Rows::quantize_for_weight(x, cols, dtype, isa);
                 #[cfg(target_arch = "x86_64")]
-                if let Some(lk) = quant::lanes_kernel(self.dtype, isa).filter(|_| n >= LANES_MIN_N)
-                {
-                    let l = quant::Q8Lanes::from_rows(&a, self.dtype, lane_groups(n));
+                if let Some(lk) = quant::lanes_kernel(dtype, isa).filter(|_| n >= LANES_MIN_N) {
+                    let l = quant::Q8Lanes::from_rows(&a, dtype, lane_groups(n));
                     let lanes = Lanes {
                         rows: l.rows(),
                         tile: quant::LANES * quant::MAX_GROUPS_32,
                         weight_rows: 1,
                     };
-                    return self.drive(n, cols, lanes, out, |w, i0, o| {
+                    return drive(ms, n, cols, lanes, outs, |w, i0, o| {
                         if i0 < lanes.rows {
                             lk(w, &l, i0 / quant::LANES, o)
                         } else {
@@ -194,21 +223,19 @@ impl WeightMatrix {
                         }
                     });
                 }
-                self.drive(n, cols, Lanes::NONE, out, |w, i0, o| k(w, &a, i0, o))
+                drive(ms, n, cols, Lanes::NONE, outs, |w, i0, o| k(w, &a, i0, o))
             }
             RowKernel::Q8k(k) => {
                 let a = Q8kRows::quantize(x, cols, isa);
                 #[cfg(target_arch = "x86_64")]
-                if let Some(lk) =
-                    quant::k_lanes_kernel(self.dtype, isa).filter(|_| n >= LANES_MIN_N)
-                {
+                if let Some(lk) = quant::k_lanes_kernel(dtype, isa).filter(|_| n >= LANES_MIN_N) {
                     let l = quant::Q8kLanes::from_rows(&a, lane_groups(n));
                     let lanes = Lanes {
                         rows: l.rows(),
                         tile: quant::LANES * quant::MAX_GROUPS,
                         weight_rows: quant::MAX_ROWS,
                     };
-                    return self.drive(n, cols, lanes, out, |w, i0, o| {
+                    return drive(ms, n, cols, lanes, outs, |w, i0, o| {
                         if i0 < lanes.rows {
                             lk(w, &l, i0 / quant::LANES, o)
                         } else {
@@ -216,7 +243,7 @@ impl WeightMatrix {
                         }
                     });
                 }
-                self.drive(n, cols, Lanes::NONE, out, |w, i0, o| k(w, &a, i0, o))
+                drive(ms, n, cols, Lanes::NONE, outs, |w, i0, o| k(w, &a, i0, o))
             }
         }
     }
@@ -235,63 +262,84 @@ impl WeightMatrix {
             }
         }
     }
+}
 
-    /// Run `kernel(weight_rows, i0, out_tile)` over every weight row and activation tile,
-    /// weight-row chunks in parallel. `act_row_bytes` sizes the cache blocking. Activation
-    /// rows below `lanes.rows` (whole groups of 8, the last maybe padded past `n`) go to a lanes kernel in tiles of up to
-    /// `lanes.tile` rows × `lanes.weight_rows` weight rows (`out_tile` row-major by weight
-    /// row); the rest to the one-row kernels, one weight row and up to `MAX_TILE` rows a call.
-    fn drive<K>(&self, n: usize, act_row_bytes: usize, lanes: Lanes, out: &mut [f32], kernel: K)
-    where
-        K: Fn(&[u8], usize, &mut [f32]) + Sync,
-    {
-        let (rows, rb, w) = (self.rows, self.row_bytes(), self.bytes.as_slice());
+/// Run `kernel(weight_rows, i0, out_tile)` over every weight row of every matrix in `ms` and
+/// every activation tile, weight-row chunks (of all matrices together) in parallel.
+/// `act_row_bytes` sizes the cache blocking. Activation rows below `lanes.rows` (whole groups
+/// of 8, the last maybe padded past `n`) go to a lanes kernel in tiles of up to `lanes.tile`
+/// rows × `lanes.weight_rows` weight rows (`out_tile` row-major by weight row); the rest to
+/// the one-row kernels, one weight row and up to `MAX_TILE` rows a call.
+fn drive<K>(
+    ms: &[&WeightMatrix],
+    n: usize,
+    act_row_bytes: usize,
+    lanes: Lanes,
+    outs: &mut [&mut [f32]],
+    kernel: K,
+) where
+    K: Fn(&[u8], usize, &mut [f32]) + Sync,
+{
+    // Each chunk of a matrix's weight rows owns the matching column range of every output
+    // row: pieces are (matrix, chunk, output row's columns), grouped by (matrix, chunk).
+    let mut pieces: Vec<(usize, usize, &mut [f32])> = Vec::new();
+    for (mi, (m, out)) in ms.iter().zip(outs.iter_mut()).enumerate() {
+        if m.rows == 0 {
+            continue;
+        }
+        let chunk = chunk_rows(m.rows, n, m.row_bytes());
+        let at = pieces.len();
+        pieces.extend(
+            out.chunks_exact_mut(m.rows)
+                .flat_map(|row| row.chunks_mut(chunk).enumerate())
+                .map(|(c, o)| (mi, c, o)),
+        );
+        // Stable: activation rows stay in order within a chunk.
+        pieces[at..].sort_by_key(|p| p.1);
+    }
+    let act_block =
+        (ACT_BLOCK_BYTES / act_row_bytes.max(1)).clamp(LANE_TILE, 64) / LANE_TILE * LANE_TILE;
+    let weight_rows = lanes.weight_rows.max(1);
+    pieces.par_chunks_mut(n).for_each(|outs| {
+        let m = ms[outs[0].0];
+        let (rows, rb, w) = (m.rows, m.row_bytes(), m.bytes.as_slice());
         let chunk = chunk_rows(rows, n, rb);
-        // Each chunk of weight rows owns the matching column range of every output row.
-        let mut pieces: Vec<(usize, &mut [f32])> = out
-            .chunks_exact_mut(rows)
-            .flat_map(|row| row.chunks_mut(chunk).enumerate())
-            .collect();
-        pieces.sort_by_key(|p| p.0); // stable: activation rows stay in order within a chunk
-        let act_block =
-            (ACT_BLOCK_BYTES / act_row_bytes.max(1)).clamp(LANE_TILE, 64) / LANE_TILE * LANE_TILE;
-        let weight_rows = lanes.weight_rows.max(1);
-        pieces.par_chunks_mut(n).for_each(|outs| {
-            let r0 = outs[0].0 * chunk;
-            let r1 = (r0 + chunk).min(rows);
-            let mut tile = [0f32; LANE_TILE * LANE_ROWS];
-            for b0 in (0..n).step_by(act_block) {
-                let b1 = (b0 + act_block).min(n);
-                for r in (r0..r1).step_by(weight_rows) {
-                    let rw = (r1 - r).min(weight_rows);
-                    let mut i0 = b0;
-                    while i0 < b1 {
-                        if i0 < lanes.rows {
-                            // `nb` real rows; the kernel runs whole groups (`lane_groups` pads).
-                            let nb = (lanes.rows.min(b1) - i0).min(lanes.tile);
-                            let nbk = nb.div_ceil(LANE_GROUP) * LANE_GROUP;
-                            kernel(&w[r * rb..(r + rw) * rb], i0, &mut tile[..rw * nbk]);
-                            for (q, t) in tile[..rw * nbk].chunks_exact(nbk).enumerate() {
-                                for (j, &v) in t[..nb].iter().enumerate() {
-                                    outs[i0 + j].1[r + q - r0] = v;
-                                }
-                            }
-                            i0 += nb;
-                            continue;
-                        }
-                        let nb = (b1 - i0).min(MAX_TILE);
-                        for q in r..r + rw {
-                            kernel(&w[q * rb..(q + 1) * rb], i0, &mut tile[..nb]);
-                            for (j, &v) in tile[..nb].iter().enumerate() {
-                                outs[i0 + j].1[q - r0] = v;
+        let r0 = outs[0].1 * chunk;
+        let r1 = (r0 + chunk).min(rows);
+        let mut tile = [0f32; LANE_TILE * LANE_ROWS];
+        for b0 in (0..n).step_by(act_block) {
+            let b1 = (b0 + act_block).min(n);
+            for r in (r0..r1).step_by(weight_rows) {
+                let rw = (r1 - r).min(weight_rows);
+                let mut i0 = b0;
+                while i0 < b1 {
+                    if i0 < lanes.rows {
+                        // `nb` real rows; the kernel runs whole groups (`lane_groups` pads).
+                        let nb = (lanes.rows.min(b1) - i0).min(lanes.tile);
+                        let nbk = nb.div_ceil(LANE_GROUP) * LANE_GROUP;
+                        kernel(&w[r * rb..(r + rw) * rb], i0, &mut tile[..rw * nbk]);
+                        // Per activation row, its `rw` outputs are one run.
+                        for (j, o) in outs[i0..i0 + nb].iter_mut().enumerate() {
+                            let dst = &mut o.2[r - r0..r - r0 + rw];
+                            for (q, d) in dst.iter_mut().enumerate() {
+                                *d = tile[q * nbk + j];
                             }
                         }
                         i0 += nb;
+                        continue;
                     }
+                    let nb = (b1 - i0).min(MAX_TILE);
+                    for q in r..r + rw {
+                        kernel(&w[q * rb..(q + 1) * rb], i0, &mut tile[..nb]);
+                        for (o, &v) in outs[i0..i0 + nb].iter_mut().zip(&tile[..nb]) {
+                            o.2[q - r0] = v;
+                        }
+                    }
+                    i0 += nb;
                 }
             }
-        });
-    }
+        }
+    });
 }
 
 /// How `drive` hands activation rows to a lanes kernel (`quant::vnni_lanes`).

@@ -874,7 +874,46 @@ impl Device {
                 }
             }
         }
+        if matches!(self, Device::Cpu) && ws.len() > 1 {
+            return self.host_linear_many(x, ws);
+        }
         ws.iter().map(|(w, b)| self.linear(x, w, *b)).collect()
+    }
+
+    /// `linear_many` on the CPU: one [`WeightMatrix::matmul_many`] (the input quantized once,
+    /// one parallel pass), then each bias.
+    fn host_linear_many(
+        &self,
+        x: &Tensor,
+        ws: &[(&Weight, Option<&Vector>)],
+    ) -> Result<Vec<Tensor>> {
+        for (w, b) in ws {
+            check("linear input width (the weight's columns)", x.cols, w.cols)?;
+            if let Some(b) = b {
+                check("linear bias length (the weight's rows)", b.len, w.rows)?;
+            }
+        }
+        let xs = x.host("linear")?;
+        let ms = ws
+            .iter()
+            .map(|(w, _)| w.host("linear"))
+            .collect::<Result<Vec<_>>>()?;
+        let mut ys: Vec<Vec<f32>> = ms.iter().map(|m| vec![0.0; x.rows * m.rows()]).collect();
+        let mut outs: Vec<&mut [f32]> = ys.iter_mut().map(|y| y.as_mut_slice()).collect();
+        WeightMatrix::matmul_many(&ms, xs, x.rows, &mut outs);
+        ys.into_iter()
+            .zip(ws)
+            .map(|(mut y, (w, b))| {
+                if let Some(b) = b {
+                    crate::ops::add_bias(&mut y, b.host("linear bias")?);
+                }
+                Ok(Tensor {
+                    rows: x.rows,
+                    cols: w.rows,
+                    data: Data::Host(y),
+                })
+            })
+            .collect()
     }
 
     /// `act(x·gateᵀ) · (x·upᵀ)`, the first half of a gated MLP: one launch on a GPU where the
@@ -899,8 +938,17 @@ impl Device {
                 }
             }
         }
-        let mut g = self.linear(x, gate, None)?;
-        let u = self.linear(x, up, None)?;
+        // One output per weight, so both are there.
+        let mut gu = self
+            .linear_many(x, &[(gate, None), (up, None)])?
+            .into_iter();
+        let (Some(mut g), Some(u)) = (gu.next(), gu.next()) else {
+            return Err(ComputeError::Shape {
+                what: "gated_linear outputs",
+                got: 0,
+                want: 2,
+            });
+        };
         self.gated_act(act, &mut g, &u)?;
         Ok(g)
     }
