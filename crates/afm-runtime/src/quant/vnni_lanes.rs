@@ -119,6 +119,13 @@ unsafe fn dwords(q: __m256i) -> [__m256i; 8] {
 
 /// The eight dwords of a weight block's values, each broadcast to every lane.
 trait Dwords: Block {
+    /// Dwords 4..8 are 16 times the values (high nibbles left in place, saving a shift per
+    /// dword), so their lanes' integer sums are 16 times too and `tile` scales them by
+    /// `prod / 16`. Exact: 16·Σ stays far below 2²⁴, so its conversion is 16 times the
+    /// conversion of Σ, `prod / 16` is exact (a power of two, nowhere near subnormal), and
+    /// the FMA sees the same product `prod · Σ` (only for formats without an offset, whose
+    /// values are not shifted before the product).
+    const HIGH_X16: bool = false;
     /// Through `dwords(values)` unless the stored bytes can be broadcast directly.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
@@ -158,10 +165,22 @@ impl Dwords for Q4_0 {
     }
 }
 impl Dwords for Q4_1 {
+    const HIGH_X16: bool = true;
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     unsafe fn dwords(p: *const u8) -> [__m256i; 8] {
-        nibble_dwords(p.add(4))
+        // Dwords 4..8 keep their nibbles in the high half (16·q, no shift): `HIGH_X16`.
+        let (qs, m4, h4) = (p.add(4), _mm256_set1_epi8(0x0F), _mm256_set1_epi8(-16));
+        let raw: [__m256i; 4] = std::array::from_fn(|i| {
+            _mm256_set1_epi32((qs.add(4 * i) as *const i32).read_unaligned())
+        });
+        std::array::from_fn(|i| {
+            if i < 4 {
+                _mm256_and_si256(raw[i], m4)
+            } else {
+                _mm256_and_si256(raw[i - 4], h4)
+            }
+        })
     }
 }
 impl Dwords for Q8_0 {
@@ -241,6 +260,11 @@ unsafe fn tile<B: Dwords, const G: usize>(w: &[u8], x: &Q8Lanes, g0: usize, out:
             let blk = g * blocks + k;
             let xq = qs.add(blk * 256) as *const __m256i;
             let prod = _mm256_mul_ps(dw, _mm256_loadu_ps(ds.add(blk * 16)));
+            let prod_hi = if B::HIGH_X16 {
+                _mm256_mul_ps(prod, _mm256_set1_ps(1.0 / 16.0))
+            } else {
+                prod
+            };
             for (i, a) in acc_g.iter_mut().enumerate() {
                 let xi = _mm256_loadu_si256(xq.add(i));
                 let lanes = if B::HAS_MIN {
@@ -248,7 +272,8 @@ unsafe fn tile<B: Dwords, const G: usize>(w: &[u8], x: &Q8Lanes, g0: usize, out:
                 } else {
                     _mm256_dpbusd_epi32(corr[i], xi, signed[i])
                 };
-                *a = _mm256_fmadd_ps(prod, _mm256_cvtepi32_ps(lanes), *a);
+                let p = if i < 4 { prod } else { prod_hi };
+                *a = _mm256_fmadd_ps(p, _mm256_cvtepi32_ps(lanes), *a);
             }
             if B::HAS_MIN {
                 let mw = _mm256_broadcastss_ps(_mm_movehdup_ps(sc));
