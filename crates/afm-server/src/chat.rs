@@ -13,6 +13,7 @@ use axum::response::sse::Event;
 use futures::stream::{self, Stream, StreamExt};
 
 use crate::generation::{self, ChoiceEvent, ChoiceSpec, Generation};
+use crate::gpu_profile::Profiler;
 use crate::reasoning::ReasoningSplitter;
 use crate::tool_calls::{message_tool_calls, ToolSpec};
 use crate::usage::{new_id, unix_now, UsageAcc};
@@ -231,7 +232,10 @@ pub async fn collect_chat(mut job: ChatJob) -> Result<ChatCompletion, ApiError> 
 
 /// The SSE body: a role chunk per choice, content deltas, a finish chunk per choice, the usage
 /// chunk (unless `include_usage` is false), then `[DONE]`.
-pub fn chat_sse(job: ChatJob) -> impl Stream<Item = Result<Event, Infallible>> + Send {
+pub fn chat_sse(
+    job: ChatJob,
+    profile: Option<Profiler>,
+) -> impl Stream<Item = Result<Event, Infallible>> + Send {
     let shape = ChunkShape {
         id: job.id,
         created: job.created,
@@ -254,6 +258,7 @@ pub fn chat_sse(job: ChatJob) -> impl Stream<Item = Result<Event, Infallible>> +
         include_usage: job.include_usage,
         logprobs: job.logprobs,
         shape,
+        profile,
     };
     let body = stream::unfold(Some(state), |state| async move {
         let mut st = state?;
@@ -310,6 +315,7 @@ struct SseState {
     include_usage: bool,
     logprobs: bool,
     shape: ChunkShape,
+    profile: Option<Profiler>,
 }
 
 impl SseState {
@@ -351,17 +357,21 @@ impl SseState {
 
     fn tail(&self) -> Vec<Event> {
         let mut events = Vec::with_capacity(2);
-        if self.include_usage {
+        if self.include_usage || self.profile.is_some() {
             let usage = self.usage.usage();
-            events.push(json_event(&ChatCompletionChunk {
+            let chunk = ChatCompletionChunk {
                 id: self.shape.id.clone(),
                 object: "chat.completion.chunk".into(),
                 created: self.shape.created,
                 model: self.shape.model.clone(),
                 choices: Vec::new(),
-                timings: Some(usage.timings()),
-                usage: Some(usage),
-            }));
+                timings: self.include_usage.then(|| usage.timings()),
+                usage: self.include_usage.then(|| usage.clone()),
+            };
+            events.push(match &self.profile {
+                Some(p) => json_event(&p.chunk(&chunk, &usage)),
+                None => json_event(&chunk),
+            });
         }
         events.push(done_event());
         events

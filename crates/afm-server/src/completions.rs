@@ -15,6 +15,7 @@ use serde_json::{Map, Value};
 
 use crate::chat::{done_event, json_event, seeded};
 use crate::generation::{self, ChoiceEvent, ChoiceSpec, Generation};
+use crate::gpu_profile::Profiler;
 use crate::usage::{new_id, unix_now, UsageAcc};
 use crate::AppState;
 
@@ -154,7 +155,10 @@ pub async fn collect_completion(mut job: CompletionJob) -> Result<Completion, Ap
 }
 
 /// SSE: the echo (if any) first, then text deltas, a finish chunk per choice, usage, `[DONE]`.
-pub fn completion_sse(job: CompletionJob) -> impl Stream<Item = Result<Event, Infallible>> + Send {
+pub fn completion_sse(
+    job: CompletionJob,
+    profile: Option<Profiler>,
+) -> impl Stream<Item = Result<Event, Infallible>> + Send {
     let st = CompletionSse {
         offsets: job.echoes.iter().map(String::len).collect(),
         usage: UsageAcc::new(job.started),
@@ -163,6 +167,7 @@ pub fn completion_sse(job: CompletionJob) -> impl Stream<Item = Result<Event, In
         model: job.model,
         logprobs: job.logprobs,
         include_usage: job.include_usage,
+        profile,
     };
     let head: Vec<Event> = job
         .echoes
@@ -198,6 +203,7 @@ struct CompletionSse {
     include_usage: bool,
     offsets: Vec<usize>,
     usage: UsageAcc,
+    profile: Option<Profiler>,
 }
 
 impl CompletionSse {
@@ -253,17 +259,21 @@ impl CompletionSse {
 
     fn tail(&self) -> Vec<Event> {
         let mut events = Vec::with_capacity(2);
-        if self.include_usage {
+        if self.include_usage || self.profile.is_some() {
             let usage = self.usage.usage();
-            events.push(json_event(&Completion {
+            let chunk = Completion {
                 id: self.id.clone(),
                 object: "text_completion".into(),
                 created: self.created,
                 model: self.model.clone(),
                 choices: Vec::new(),
-                timings: Some(usage.timings()),
-                usage: Some(usage),
-            }));
+                timings: self.include_usage.then(|| usage.timings()),
+                usage: self.include_usage.then(|| usage.clone()),
+            };
+            events.push(match &self.profile {
+                Some(p) => json_event(&p.chunk(&chunk, &usage)),
+                None => json_event(&chunk),
+            });
         }
         events.push(done_event());
         events

@@ -1,6 +1,10 @@
 //! `afm_profile` in responses: added when the server runs with `--gpu-profile` or the request
 //! carries `X-AFM-Profile: true`, on a generator with a device profile (a GPU engine). The
 //! request's rates come from the response's own `usage`, so the profile and the usage agree.
+//! A streamed response carries it in its last chunk before `[DONE]` (the usage chunk when the
+//! client asked for usage, else a chunk with no choices).
+
+use std::sync::Arc;
 
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
@@ -24,13 +28,43 @@ pub fn wanted(state: &AppState, headers: &HeaderMap) -> bool {
 
 /// The response JSON with `afm_profile` added (the plain response if it cannot be built).
 pub fn with_profile(state: &AppState, body: &impl Serialize) -> Response {
-    let (Ok(mut v), Some(p)) = (
-        serde_json::to_value(body),
-        state.model.generator.device_profile(),
-    ) else {
-        return Json(serde_json::to_value(body).unwrap_or(Value::Null)).into_response();
+    let Ok(mut v) = serde_json::to_value(body) else {
+        return Json(Value::Null).into_response();
     };
-    let u = &v["usage"];
+    let profile = report(state, &v["usage"]);
+    insert(&mut v, profile);
+    Json(v).into_response()
+}
+
+/// Makes a stream's `afm_profile`: the server state the device profile lives in.
+#[derive(Clone)]
+pub struct Profiler(Arc<AppState>);
+
+impl Profiler {
+    /// A profiler when this request's response carries a profile (`wanted`).
+    pub fn for_request(state: &Arc<AppState>, headers: &HeaderMap) -> Option<Self> {
+        wanted(state, headers).then(|| Self(Arc::clone(state)))
+    }
+
+    /// `chunk` (a stream's last chunk) as JSON with `afm_profile` from `usage` added.
+    pub fn chunk(&self, chunk: &impl Serialize, usage: &impl Serialize) -> Value {
+        let mut v = serde_json::to_value(chunk).unwrap_or(Value::Null);
+        let usage = serde_json::to_value(usage).unwrap_or(Value::Null);
+        let profile = report(&self.0, &usage);
+        insert(&mut v, profile);
+        v
+    }
+}
+
+fn insert(v: &mut Value, profile: Option<Value>) {
+    if let (Value::Object(m), Some(r)) = (v, profile) {
+        m.insert("afm_profile".into(), r);
+    }
+}
+
+/// The profile of a request whose `usage` (as JSON) is given; logged with `--gpu-profile`.
+fn report(state: &AppState, u: &Value) -> Option<Value> {
+    let p = state.model.generator.device_profile()?;
     let n = |x: &Value| x.as_u64().unwrap_or(0) as usize;
     let cached = n(&u["prompt_tokens_details"]["cached_tokens"]);
     let report = p.report(
@@ -50,8 +84,5 @@ pub fn with_profile(state: &AppState, body: &impl Serialize) -> Response {
             report.memory_peak_bytes as f64 / (1u64 << 30) as f64
         );
     }
-    if let (Value::Object(m), Ok(r)) = (&mut v, serde_json::to_value(&report)) {
-        m.insert("afm_profile".into(), r);
-    }
-    Json(v).into_response()
+    serde_json::to_value(&report).ok()
 }

@@ -132,7 +132,8 @@ async fn chat_completions(
     let downgraded = job.grammar_downgraded;
     let profile = crate::gpu_profile::wanted(&state, &headers);
     let mut resp = if stream {
-        Sse::new(sse_within_deadline(chat_sse(job), deadline)).into_response()
+        let profiler = crate::gpu_profile::Profiler::for_request(&state, &headers);
+        Sse::new(sse_within_deadline(chat_sse(job, profiler), deadline)).into_response()
     } else {
         let answer = within_deadline(deadline, collect_chat(job)).await?;
         if profile {
@@ -163,7 +164,10 @@ async fn completions(
     let deadline = state.config.limits.request_timeout;
     let profile = crate::gpu_profile::wanted(&state, &headers);
     if stream {
-        return Ok(Sse::new(sse_within_deadline(completion_sse(job), deadline)).into_response());
+        let profiler = crate::gpu_profile::Profiler::for_request(&state, &headers);
+        return Ok(
+            Sse::new(sse_within_deadline(completion_sse(job, profiler), deadline)).into_response(),
+        );
     }
     let answer = within_deadline(deadline, collect_completion(job)).await?;
     Ok(if profile {
