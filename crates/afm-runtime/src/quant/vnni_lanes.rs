@@ -126,6 +126,10 @@ trait Dwords: Block {
     /// the FMA sees the same product `prod · Σ` (only for formats without an offset, whose
     /// values are not shifted before the product).
     const HIGH_X16: bool = false;
+    /// The stored values are signed bytes (Q8_0): `tile` broadcasts each dword straight from
+    /// the block as the signed operand (an embedded broadcast) and corrects the `q + 128`
+    /// activations by `−128·Σw` computed from the same dword.
+    const RAW_SIGNED: bool = false;
     /// Through `dwords(values)` unless the stored bytes can be broadcast directly.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
@@ -184,6 +188,7 @@ impl Dwords for Q4_1 {
     }
 }
 impl Dwords for Q8_0 {
+    const RAW_SIGNED: bool = true;
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     unsafe fn dwords(p: *const u8) -> [__m256i; 8] {
@@ -243,6 +248,28 @@ unsafe fn tile<B: Dwords, const G: usize>(w: &[u8], x: &Q8Lanes, g0: usize, out:
         let p = w.as_ptr().add(k * B::BYTES);
         let sc = B::scales(p);
         let dw = _mm256_broadcastss_ps(sc);
+        if B::RAW_SIGNED {
+            // Q8_0: Σ(q_x + 128)·w − 128·Σw = Σq_x·w, `w` read once per dword.
+            let c128 = _mm256_set1_epi8(i8::MIN);
+            let zero = _mm256_setzero_si256();
+            let ws: [__m256i; 8] = std::array::from_fn(|i| {
+                _mm256_set1_epi32((p.add(2 + 4 * i) as *const i32).read_unaligned())
+            });
+            let neg: [__m256i; 8] = std::array::from_fn(|i| {
+                _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, c128, ws[i]))
+            });
+            for (g, acc_g) in acc.iter_mut().enumerate() {
+                let blk = g * blocks + k;
+                let xq = qs.add(blk * 256) as *const __m256i;
+                let prod = _mm256_mul_ps(dw, _mm256_loadu_ps(ds.add(blk * 16)));
+                for (i, a) in acc_g.iter_mut().enumerate() {
+                    let xi = _mm256_loadu_si256(xq.add(i));
+                    let lanes = _mm256_dpbusd_epi32(neg[i], xi, ws[i]);
+                    *a = _mm256_fmadd_ps(prod, _mm256_cvtepi32_ps(lanes), *a);
+                }
+            }
+            continue;
+        }
         let u = if G == 1 {
             B::dwords(p)
         } else {
