@@ -586,6 +586,238 @@ fn prefill_attention_1000_tokens() {
     });
 }
 
+/// One attention-prologue scenario: the step's rows of each sequence (positions
+/// `pos0 .. pos0 + len`) get per-head Q/K RMSNorm (when `norm`), RoPE and the K/V write.
+struct PrologueCase {
+    n_heads: usize,
+    n_kv: usize,
+    d: usize,
+    dtype: KvDtype,
+    norm: bool,
+    rope: (Rope, usize, RopeStyle),
+    /// (first position, new tokens) per sequence.
+    seqs: Vec<(usize, usize)>,
+}
+
+/// The fused prologue against the CPU sequence (`ops::rms_norm` per head, `Rope::apply`,
+/// `LayerKv::write`) and, bit for bit, against the separate GPU kernels it replaces.
+fn check_prologue(case: PrologueCase) {
+    let c = ctx();
+    let (bs, d, nh, nkv) = (16, case.d, case.n_heads, case.n_kv);
+    let mut rng = Rng(7000 + d as u64 + nh as u64 * 10 + case.seqs.len() as u64);
+    let shape = LayerKvShape {
+        n_kv_heads: nkv,
+        head_dim: d,
+    };
+    let need: Vec<usize> = case
+        .seqs
+        .iter()
+        .map(|&(p, l)| (p + l).div_ceil(bs))
+        .collect();
+    let num_blocks = need.iter().sum::<usize>() + 3;
+    let mut ids: Vec<u32> = (0..num_blocks as u32).collect();
+    rng.shuffle(&mut ids);
+    let mut tables = Vec::new();
+    let mut at = 0;
+    for &n in &need {
+        tables.push(ids[at..at + n].to_vec());
+        at += n;
+    }
+    let mut seqs = Vec::new();
+    let mut positions = Vec::new();
+    for (s, &(p, l)) in case.seqs.iter().enumerate() {
+        seqs.push(AttnSeq {
+            row0: positions.len(),
+            len: l,
+            pos0: p,
+            block_table: &tables[s],
+        });
+        positions.extend((p..p + l).map(|x| x as i32));
+    }
+    let rows = positions.len();
+    let (qw, kw) = (nh * d, nkv * d);
+    let (q, k, v) = (
+        rng.vec(rows * qw, 2.0),
+        rng.vec(rows * kw, 2.0),
+        rng.vec(rows * kw, 1.0),
+    );
+    let (qn, kn): (Vec<f32>, Vec<f32>) = (
+        (0..d).map(|_| 1.0 + rng.sym(0.5)).collect(),
+        (0..d).map(|_| 1.0 + rng.sym(0.5)).collect(),
+    );
+    let eps = 1e-6;
+    let (rope, dims, style) = &case.rope;
+    let max_pos = positions.iter().max().map_or(1, |&p| p as usize + 1);
+
+    // CPU: the ops the models ran before the fused op, in order.
+    let (mut qc, mut kc) = (q.clone(), k.clone());
+    if case.norm {
+        ops::rms_norm(&mut qc, &qn, eps);
+        ops::rms_norm(&mut kc, &kn, eps);
+    }
+    for (t, &p) in positions.iter().enumerate() {
+        rope.apply(&mut qc[t * qw..(t + 1) * qw], d, p as usize);
+        rope.apply(&mut kc[t * kw..(t + 1) * kw], d, p as usize);
+    }
+    let mut cpu = KvCache::new(&[shape], num_blocks, bs, case.dtype);
+    for sq in &seqs {
+        for i in 0..sq.len {
+            let r = sq.row0 + i;
+            let (kr, vr) = (&kc[r * kw..(r + 1) * kw], &v[r * kw..(r + 1) * kw]);
+            cpu.layers[0].write(sq.block_table, sq.pos0 + i, kr, vr);
+        }
+    }
+
+    let table = RopeTable::from_cpu(&c, rope, *dims, *style, max_pos).unwrap();
+    let pd = c.upload(&positions).unwrap();
+    let (qnd, knd) = (c.upload(&qn).unwrap(), c.upload(&kn).unwrap());
+    let (qnv, knv) = (qnd.slice(0..d), knd.slice(0..d));
+    let vd = c.upload(&v).unwrap();
+    // GPU, fused.
+    let mut fused = DeviceKvCache::new(&c, &[shape], num_blocks, bs, case.dtype).unwrap();
+    let batch = AttnBatch::new(&c, &fused, &seqs, nh).unwrap();
+    let (mut qf, mut kf) = (c.upload(&q).unwrap(), c.upload(&k).unwrap());
+    let norms = case.norm.then_some((&qnv, &knv, eps));
+    c.attn_prologue(
+        &mut fused, 0, &batch, &table, &pd, &mut qf, nh, &mut kf, &vd, norms,
+    )
+    .unwrap();
+    // GPU, the separate kernels.
+    let mut sep = DeviceKvCache::new(&c, &[shape], num_blocks, bs, case.dtype).unwrap();
+    let (mut qs, mut ks) = (c.upload(&q).unwrap(), c.upload(&k).unwrap());
+    if case.norm {
+        c.rms_norm_in_place(&mut qs, &qnd, eps).unwrap();
+        c.rms_norm_in_place(&mut ks, &knd, eps).unwrap();
+    }
+    c.rope(&table, &mut qs, &pd, nh, d, qw).unwrap();
+    c.rope(&table, &mut ks, &pd, nkv, d, kw).unwrap();
+    c.kv_write(&mut sep, 0, &batch, &ks, kw, &vd, kw).unwrap();
+
+    let what = format!(
+        "prologue heads {nh}/{nkv} d {d} {:?} norm {} {style:?} dims {dims} seqs {:?}",
+        case.dtype, case.norm, case.seqs
+    );
+    let (gq, gk) = (c.download(&qf).unwrap(), c.download(&kf).unwrap());
+    // Without norms RoPE alone is bit-exact with the CPU; the norms sum in f32, the CPU in f64.
+    let tol = if case.norm { 1e-5 } else { 0.0 };
+    assert_close(&format!("{what}: q"), &gq, &qc, tol);
+    assert_close(&format!("{what}: k"), &gk, &kc, tol);
+    assert_eq!(
+        gq,
+        c.download(&qs).unwrap(),
+        "{what}: q moved from the separate kernels"
+    );
+    assert_eq!(
+        gk,
+        c.download(&ks).unwrap(),
+        "{what}: k moved from the separate kernels"
+    );
+    let cache_tol = match (case.dtype, case.norm) {
+        (KvDtype::F32, false) => 0.0,
+        (KvDtype::F32, true) => 1e-5,
+        _ => 1e-3, // an f16 rounding may flip where the norms differ in the last bit
+    };
+    let (mut got, mut want) = (Vec::new(), Vec::new());
+    for t in &tables {
+        for &b in t {
+            for h in 0..nkv {
+                let (kd, vd) = fused.layers[0]
+                    .read_block(&c, &fused, b as usize, h)
+                    .unwrap();
+                let (ks, vs) = sep.layers[0].read_block(&c, &sep, b as usize, h).unwrap();
+                assert_eq!((&kd, &vd), (&ks, &vs), "{what}: stored K/V moved");
+                let mut kcpu = vec![0f32; bs * d];
+                let mut vcpu = vec![0f32; bs * d];
+                cpu.layers[0].read_keys(b, h, 0, &mut kcpu);
+                cpu.layers[0].read_values(b, h, 0, &mut vcpu);
+                got.extend(kd.iter().chain(&vd));
+                want.extend(kcpu.iter().chain(&vcpu));
+            }
+        }
+    }
+    assert_close(&format!("{what}: cache"), &got, &want, cache_tol);
+}
+
+#[test]
+fn attn_prologue_matches_cpu_and_separate_kernels() {
+    let neox = |d: usize, theta: f32| {
+        (
+            Rope::new(d, theta, 1.0, RopeStyle::Neox),
+            d,
+            RopeStyle::Neox,
+        )
+    };
+    // Qwen3-0.6B's attention: GQA 16/8, head_dim 128, Q/K norms; a decode batch of three
+    // (one at a block's first slot, one in its last) and a prefill chunk over three blocks.
+    for dtype in [KvDtype::F16, KvDtype::F32] {
+        check_prologue(PrologueCase {
+            n_heads: 16,
+            n_kv: 8,
+            d: 128,
+            dtype,
+            norm: true,
+            rope: neox(128, 1e6),
+            seqs: vec![(16, 1), (31, 1), (999, 1), (5, 40)],
+        });
+    }
+    // Llama/Qwen 2 (no norms), head_dim 64, GQA 4:1; GGUF llama's interleaved pairs.
+    for (norm, rope) in [
+        (false, neox(64, 1e4)),
+        (
+            false,
+            (
+                Rope::new(64, 1e4, 1.0, RopeStyle::Interleaved),
+                64,
+                RopeStyle::Interleaved,
+            ),
+        ),
+        (true, neox(64, 1e4)),
+    ] {
+        check_prologue(PrologueCase {
+            n_heads: 8,
+            n_kv: 2,
+            d: 64,
+            dtype: KvDtype::F32,
+            norm,
+            rope,
+            seqs: vec![(0, 37), (100, 20), (500, 1)],
+        });
+    }
+    // Gemma 3's head_dim 256; partial rotary (dims < head_dim); more heads than one block's
+    // warps take; Llama 3 scaling.
+    check_prologue(PrologueCase {
+        n_heads: 8,
+        n_kv: 4,
+        d: 256,
+        dtype: KvDtype::F16,
+        norm: true,
+        rope: neox(256, 1e4),
+        seqs: vec![(0, 3), (17, 1)],
+    });
+    check_prologue(PrologueCase {
+        n_heads: 12,
+        n_kv: 4,
+        d: 128,
+        dtype: KvDtype::F32,
+        norm: true,
+        rope: neox(64, 1e6),
+        seqs: vec![(7, 9), (63, 2)],
+    });
+    check_prologue(PrologueCase {
+        n_heads: 32,
+        n_kv: 8,
+        d: 128,
+        dtype: KvDtype::F16,
+        norm: false,
+        rope: (
+            Rope::llama3(128, 5e5, 8.0, 1.0, 4.0, 8192.0, RopeStyle::Neox),
+            128,
+            RopeStyle::Neox,
+        ),
+        seqs: vec![(8190, 4), (0, 1)],
+    });
+}
+
 #[test]
 fn argmax_picks_the_first_maximum() {
     let c = ctx();

@@ -4,7 +4,9 @@
 //! llama.cpp's GGUF stores `1 + w`, so the offset is folded in at load.
 
 use afm_runtime::attention::AttnParams;
-use afm_runtime::compute::{Activation, ComputeError, Device, KvPool, Rotary, Step, Tensor};
+use afm_runtime::compute::{
+    Activation, ComputeError, Device, KvPool, QkNorm, Rotary, Step, Tensor,
+};
 use afm_runtime::kv_store::LayerKvShape;
 use afm_runtime::ops::{Rope, RopeStyle};
 
@@ -128,15 +130,18 @@ impl Gemma3 {
         let mut q = b.q.forward(dev, x)?;
         let mut k = b.k.forward(dev, x)?;
         let v = b.v.forward(dev, x)?;
-        b.q_norm.forward_inplace(dev, &mut q)?;
-        b.k_norm.forward_inplace(dev, &mut k)?;
         let rope = if b.sliding {
             &self.rope_local
         } else {
             &self.rope_global
         };
-        dev.rope(rope, &mut q, hd, step)?;
-        dev.rope(rope, &mut k, hd, step)?;
+        // Head norms, RoPE and the K/V store: one launch on a GPU.
+        let norm = QkNorm {
+            q: &b.q_norm.w,
+            k: &b.k_norm.w,
+            eps: b.q_norm.eps,
+        };
+        dev.attn_prologue(rope, Some(norm), &mut q, &mut k, &v, kv, layer, step, hd)?;
         let params = AttnParams {
             n_heads: self.cfg.num_heads,
             head_dim: hd,
@@ -148,7 +153,7 @@ impl Gemma3 {
             },
             softcap: self.cfg.attn_logit_softcap,
         };
-        let o = dev.attention(kv, layer, step, &q, &k, &v, &params)?;
+        let o = dev.attend(kv, layer, step, &q, &params)?;
         b.o.forward(dev, &o)
     }
 }

@@ -3,7 +3,9 @@
 //! model with one option each, so they build it through [`LlamaOptions`].
 
 use afm_runtime::attention::AttnParams;
-use afm_runtime::compute::{Activation, ComputeError, Device, KvPool, Rotary, Step, Tensor};
+use afm_runtime::compute::{
+    Activation, ComputeError, Device, KvPool, QkNorm, Rotary, Step, Tensor,
+};
 use afm_runtime::kv_store::LayerKvShape;
 use afm_runtime::ops::{Rope, RopeStyle};
 
@@ -161,12 +163,16 @@ impl Llama {
             got: n,
             want: 3,
         })?;
-        if let (Some(qn), Some(kn)) = (&a.q_norm, &a.k_norm) {
-            qn.forward_inplace(dev, &mut q)?;
-            kn.forward_inplace(dev, &mut k)?;
-        }
-        dev.rope(&self.rope, &mut q, hd, step)?;
-        dev.rope(&self.rope, &mut k, hd, step)?;
+        // Head norms, RoPE and the K/V store: one launch on a GPU.
+        let norm = match (&a.q_norm, &a.k_norm) {
+            (Some(qn), Some(kn)) => Some(QkNorm {
+                q: &qn.w,
+                k: &kn.w,
+                eps: qn.eps,
+            }),
+            _ => None,
+        };
+        dev.attn_prologue(&self.rope, norm, &mut q, &mut k, &v, kv, layer, step, hd)?;
         let params = AttnParams {
             n_heads: self.cfg.num_heads,
             head_dim: hd,
@@ -174,7 +180,7 @@ impl Llama {
             window: None,
             softcap: None,
         };
-        let o = dev.attention(kv, layer, step, &q, &k, &v, &params)?;
+        let o = dev.attend(kv, layer, step, &q, &params)?;
         a.o.forward(dev, &o)
     }
 }

@@ -120,6 +120,7 @@ pub struct CudaDevice {
     weight_bytes: std::sync::atomic::AtomicUsize,
 }
 
+mod attn_step;
 mod graphs;
 mod kv_rows;
 

@@ -15,6 +15,7 @@
 //! Values made for one device must be used with that device; mixing is an error, not a copy.
 //! `#[cfg(feature = "cuda")]` lives in this module and its `cuda` child only.
 
+mod attn_step;
 #[cfg(feature = "cuda")]
 mod cuda;
 mod host;
@@ -22,6 +23,7 @@ mod host_compute;
 mod kv_rows;
 mod state_pool;
 
+pub use attn_step::QkNorm;
 pub use kv_rows::KvPart;
 pub use state_pool::{LayerStateShape, StatePool, StateSnapshot};
 

@@ -70,7 +70,12 @@ fn kernel_names(module: &str) -> Vec<String> {
             v
         }
         "attention" => {
-            let mut v = fixed(&["attn_reduce", "kv_write_f32", "kv_write_f16"]);
+            let mut v = fixed(&[
+                "kv_write_f32",
+                "kv_write_f16",
+                "attn_prologue_f32",
+                "attn_prologue_f16",
+            ]);
             for d in [16, 32, 64, 128, 256, 512] {
                 for gh in [1, 2, 4] {
                     if (d == 256 && gh == 4) || (d == 512 && gh > 1) {
@@ -139,6 +144,8 @@ pub struct Workspace {
     pub half_w: Option<CudaSlice<u16>>,
     pub half_x: Option<CudaSlice<u16>>,
     pub attn: Option<CudaSlice<f32>>,
+    /// Split-K arrival counters of paged attention, zero between launches (see attention.cu).
+    pub attn_done: Option<CudaSlice<i32>>,
     pub sample: Option<CudaSlice<f32>>,
 }
 
@@ -153,6 +160,20 @@ pub(super) fn scratch<T: DeviceRepr>(
         *slot = None; // free first, so peak memory stays one buffer
                       // SAFETY: scratch contents are always written by a kernel before they are read.
         *slot = Some(unsafe { stream.alloc::<T>(n.max(1)) }?);
+    }
+    let buf = slot.as_mut().expect("set just above");
+    Ok(buf.device_ptr_mut(stream).0)
+}
+
+/// [`scratch`] for buffers that must start zeroed (kernels leave them zeroed again).
+pub(super) fn scratch_zeroed<T: DeviceRepr + ValidAsZeroBits>(
+    stream: &Arc<CudaStream>,
+    slot: &mut Option<CudaSlice<T>>,
+    n: usize,
+) -> Result<u64> {
+    if slot.as_ref().is_none_or(|b| b.len() < n) {
+        *slot = None;
+        *slot = Some(stream.alloc_zeros::<T>(n.max(1))?);
     }
     let buf = slot.as_mut().expect("set just above");
     Ok(buf.device_ptr_mut(stream).0)
@@ -254,6 +275,7 @@ impl CudaContext {
             at(&w.half_w, st),
             at(&w.half_x, st),
             at(&w.attn, st),
+            at(&w.attn_done, st),
             at(&w.sample, st),
         ]
     }

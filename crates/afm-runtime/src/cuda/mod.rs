@@ -7,8 +7,9 @@
 //! - `matmul`: weights on the device ([`DeviceWeight`]) and `out = x · Wᵀ` for f32/f16/bf16
 //!   (cuBLAS) and Q8_0/Q4_K/Q6_K (own GEMV kernels reading GGML blocks; dequantize + cuBLAS
 //!   for large batches).
-//! - `attention`: the paged KV cache on the device, the KV write and paged attention (decode
-//!   with a split over the key range for long contexts, and prefill).
+//! - `attention`: the paged KV cache on the device, the KV write, the attention prologue (head
+//!   norms, RoPE and the KV write in one launch) and paged attention (decode with a split over
+//!   the key range for long contexts, merged in the same launch, and prefill).
 //! - `sampling`: greedy and top-k/top-p/min-p sampling without copying logits to the host.
 //!
 //! Activations are f32 row-major `[rows][features]` buffers ([`CudaSlice<f32>`]), as on the CPU.

@@ -83,6 +83,16 @@ impl RopeTable {
     pub fn max_pos(&self) -> usize {
         self.max_pos
     }
+
+    /// Rotated dimensions per head.
+    pub fn dims(&self) -> usize {
+        self.dims
+    }
+
+    /// The table's device address and whether pairs are NeoX halves (else interleaved).
+    pub(super) fn kernel_table(&self, ctx: &CudaContext) -> (u64, bool) {
+        (ctx.ptr(&self.cs), self.style == RopeStyle::Neox)
+    }
 }
 
 impl CudaContext {

@@ -327,3 +327,26 @@ fn fused_decode_ops_match_the_cpu() {
         });
     }
 }
+
+/// The fused attention step (`attn_prologue` + `attend`: one prologue launch) on the GPU
+/// against the separate ops on the CPU, and bit for bit against the separate ops on the GPU.
+#[test]
+fn fused_attention_step_matches_the_cpu_and_the_separate_kernels() {
+    let Some(g) = gpu() else { return };
+    for shape in [(16, 8, 128), (8, 2, 64), (8, 4, 256), (4, 4, 32)] {
+        for norm in [true, false] {
+            for (dtype, tol) in [(KvDtype::F32, 1e-5), (KvDtype::F16, 2e-3)] {
+                let what = format!("heads/kv/head_dim {shape:?} norm {norm} {dtype:?}");
+                let fused = attention_layer_steps(&g, true, norm, dtype, shape);
+                let cpu = attention_layer_steps(&Device::Cpu, false, norm, dtype, shape);
+                close(&what, &fused, &cpu, tol);
+                let sep = attention_layer_steps(&g, false, norm, dtype, shape);
+                let moved = fused.iter().zip(&sep).filter(|(a, b)| a != b).count();
+                assert_eq!(
+                    moved, 0,
+                    "{what}: {moved} values moved from the separate kernels"
+                );
+            }
+        }
+    }
+}

@@ -11,8 +11,11 @@
 //   decode  (QB = 1):       P = 16/GH partitions share the keys of one query
 //   prefill (QB = 16/GH):   every group walks all keys of its own query (P = 1)
 // Each group keeps an online softmax (max m, sum l, acc); partitions merge in shared memory.
-// With n_splits > 1 (long contexts, few blocks), blocks write (acc, m, l) per split and
-// attn_reduce combines them: the "split-K" flash-decoding path.
+// With n_splits > 1 (long contexts, few blocks), blocks write (acc, m, l) per split and the
+// last block of each (head chunk, tile) to finish combines them: the "split-K" flash-decoding
+// path, in one launch. `done` counts finished splits per (head chunk, tile); the merging block
+// sets its counter back to 0, so the counters are zero again for the next launch (CUDA graph
+// replays included) without a memset.
 
 struct AttnArgs {
     int n_heads, n_kv_heads, block_size, max_blocks;
@@ -48,11 +51,40 @@ __device__ __forceinline__ float word_elem(const u32 (&w)[W], int i) {
     else return __uint_as_float(w[i]);
 }
 
+#define MAX_SPLITS 128
+
+// Combines the n_splits partials of one (row, head) at `w` (each [acc D | m | l]):
+// out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M). Every thread of the block calls it
+// (it has barriers). The split weights go to shared memory once, then each thread sums one
+// dimension over the splits. Partials are read past L1 (__ldcg): other blocks wrote them.
+__device__ void merge_splits(const float* w, float* out, int n_splits, int D, float* sw,
+                             float* sh) {
+    float m = NEG_INF;
+    for (int sp = threadIdx.x; sp < n_splits; sp += blockDim.x)
+        m = fmaxf(m, __ldcg(w + sp * (D + 2) + D));
+    const float M = block_max(m, sh);
+    float l = 0.f;
+    for (int sp = threadIdx.x; sp < n_splits; sp += blockDim.x) {
+        const float mm = __ldcg(w + sp * (D + 2) + D);
+        const float e = mm == NEG_INF ? 0.f : __expf(mm - M);
+        sw[sp] = e;
+        l += __ldcg(w + sp * (D + 2) + D + 1) * e;
+    }
+    const float L = block_sum(l, sh);  // its barriers also publish sw
+    for (int dd = threadIdx.x; dd < D; dd += blockDim.x) {
+        float O = 0.f;
+#pragma unroll 4
+        for (int sp = 0; sp < n_splits; sp++) O += __ldcg(w + sp * (D + 2) + dd) * sw[sp];
+        out[dd] = O / L;
+    }
+}
+
 template <bool HALF, int D, int GH>
 __device__ void attn_impl(const float* __restrict__ q, const u32* __restrict__ kc,
                           const u32* __restrict__ vc, const int* __restrict__ tables,
                           const int* __restrict__ seqs, const int* __restrict__ tiles,
-                          float* __restrict__ out, float* __restrict__ ws, const AttnArgs a) {
+                          float* __restrict__ out, float* __restrict__ ws, int* __restrict__ done,
+                          const AttnArgs a) {
     constexpr int NG = 16, DL = D / 8;
     constexpr int W = HALF ? DL / 2 : DL;           // 32-bit words per lane per row
     constexpr int KC = W * 4 <= 32 ? 4 : (W * 4 <= 64 ? 2 : 1);  // keys per step
@@ -170,13 +202,36 @@ __device__ void attn_impl(const float* __restrict__ q, const u32* __restrict__ k
             if (dd == 0) { wp[D] = M; wp[D + 1] = L; }
         }
     }
+    if (a.n_splits == 1) return;
+
+    // Split-K: publish this split's partials; the last split of this (head chunk, tile) to
+    // arrive merges them all (threadFenceReduction's pattern).
+    __shared__ int last;
+    __shared__ float sw[MAX_SPLITS], sh[32];
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int* c = done + (i64)blockIdx.y * gridDim.x + blockIdx.x;
+        last = atomicAdd(c, 1) == a.n_splits - 1;
+        if (last) *c = 0;  // every split has counted: ready for the next launch
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    for (int pair = 0; pair < qb * GH; pair++) {
+        const int pq = pair / GH, ph = pair % GH;
+        if (pq >= nq) continue;  // the same for every thread: the barriers inside stay matched
+        const int r = row0 + q_off + pq, hh = h0 + ph;
+        merge_splits(ws + ((i64)r * a.n_heads + hh) * a.n_splits * (D + 2),
+                     out + (i64)r * a.out_stride + hh * D, a.n_splits, D, sw, sh);
+    }
 }
 
 #define ATTN(HALF, NAME, D, GH)                                                                \
     extern "C" __global__ void __launch_bounds__(128) attn_##NAME##_##D##_##GH(                \
         const float* q, const u32* kc, const u32* vc, const int* tables, const int* seqs,      \
-        const int* tiles, float* out, float* ws, const AttnArgs a) {                          \
-        attn_impl<HALF, D, GH>(q, kc, vc, tables, seqs, tiles, out, ws, a);                    \
+        const int* tiles, float* out, float* ws, int* done, const AttnArgs a) {               \
+        attn_impl<HALF, D, GH>(q, kc, vc, tables, seqs, tiles, out, ws, done, a);              \
     }
 #define ATTN_D(D) ATTN(false, f32, D, 1) ATTN(false, f32, D, 2) ATTN(true, f16, D, 1) ATTN(true, f16, D, 2)
 #define ATTN_D4(D) ATTN_D(D) ATTN(false, f32, D, 4) ATTN(true, f16, D, 4)
@@ -188,35 +243,6 @@ ATTN_D4(128)
 ATTN_D(256)
 // Gemma 4's global layers; one query head per block keeps the 64 values per lane in registers.
 ATTN(false, f32, 512, 1) ATTN(true, f16, 512, 1)
-
-// Combines the splits of one (row, head): out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M).
-// 128 threads: the split weights are computed once into shared memory, then each thread sums
-// one dimension over the splits (independent loads, not a serial chain per split).
-#define MAX_SPLITS 128
-extern "C" __global__ void __launch_bounds__(128)
-    attn_reduce(const float* ws, float* out, int n_heads, int n_splits, int D, int out_stride) {
-    __shared__ float sw[MAX_SPLITS];
-    __shared__ float sh[32];
-    const int rh = blockIdx.x, r = rh / n_heads, h = rh % n_heads;
-    const float* w = ws + (i64)rh * n_splits * (D + 2);
-    float m = NEG_INF;
-    for (int sp = threadIdx.x; sp < n_splits; sp += blockDim.x) m = fmaxf(m, w[sp * (D + 2) + D]);
-    const float M = block_max(m, sh);
-    float l = 0.f;
-    for (int sp = threadIdx.x; sp < n_splits; sp += blockDim.x) {
-        const float mm = w[sp * (D + 2) + D];
-        const float e = mm == NEG_INF ? 0.f : __expf(mm - M);
-        sw[sp] = e;
-        l += w[sp * (D + 2) + D + 1] * e;
-    }
-    const float L = block_sum(l, sh);  // its barriers also publish sw
-    for (int dd = threadIdx.x; dd < D; dd += blockDim.x) {
-        float O = 0.f;
-#pragma unroll 4
-        for (int sp = 0; sp < n_splits; sp++) O += w[sp * (D + 2) + dd] * sw[sp];
-        out[(i64)r * out_stride + h * D + dd] = O / L;
-    }
-}
 
 // Stores each new token's K and V rows ([n_kv_heads * D] at k + t*k_stride) into its slot.
 template <bool HALF>
@@ -253,3 +279,101 @@ __device__ void kv_write_impl(const float* k, const float* v, void* kc, void* vc
     }
 KV_WRITE(kv_write_f32, false)
 KV_WRITE(kv_write_f16, true)
+
+// The attention prologue of one layer in one launch: per-head RMSNorm of q and k (when qw and
+// kw are given), RoPE on both, and the step's K and V stored in their cache slots. Each value
+// gets the arithmetic of the separate kernels (rms_norm_warp, rope, kv_write), so outputs do
+// not move. Grid (rows, ceil((n_heads + n_kv_heads) / PRO_WARPS)): warp w of block y takes
+// head y * PRO_WARPS + w of q's heads followed by k's, normalizes it into shared memory,
+// rotates it there and writes it back (and k's to the cache); the blocks of a row also share
+// the copy of its V.
+struct PrologueArgs {
+    int n_heads, n_kv_heads, D, dims;
+    int neox, max_pos, block_size, max_blocks;
+    int q_stride, k_stride, v_stride;
+    float eps;
+};
+
+#define PRO_WARPS 8
+#define PRO_MAX_D 512
+
+template <bool HALF>
+__device__ __forceinline__ void store_kv(void* c, i64 at, float x) {
+    if (HALF) ((u16*)c)[at] = f2h(x);
+    else ((float*)c)[at] = x;
+}
+
+template <bool HALF>
+__device__ void attn_prologue_impl(float* q, float* k, const float* v, void* kc, void* vc,
+                                   const float* qw, const float* kw, const int* pos,
+                                   const float* cs, const int* tables, const int* seqs,
+                                   const int* row_seq, const PrologueArgs a) {
+    __shared__ float buf[PRO_WARPS][PRO_MAX_D];
+    const int t = blockIdx.x, s = row_seq[t], D = a.D;
+    const bool store = seqs[s * 4 + 1] != 0;  // padding of a CUDA-graph batch stores nothing
+    i64 blk = 0;
+    int slot = 0;
+    if (store) {
+        const int p = seqs[s * 4 + 2] + t - seqs[s * 4];
+        blk = tables[(i64)s * a.max_blocks + p / a.block_size];
+        slot = p % a.block_size;
+    }
+    if (store) {
+        const int nv = a.n_kv_heads * D;
+        for (int e = blockIdx.y * blockDim.x + threadIdx.x; e < nv; e += gridDim.y * blockDim.x) {
+            const int hh = e / D, dd = e % D;
+            store_kv<HALF>(vc, ((blk * a.n_kv_heads + hh) * a.block_size + slot) * D + dd,
+                           v[(i64)t * a.v_stride + e]);
+        }
+    }
+
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int head = blockIdx.y * PRO_WARPS + warp;
+    if (head >= a.n_heads + a.n_kv_heads) return;  // whole warps: no block barrier follows
+    const bool is_q = head < a.n_heads;
+    const int hh = is_q ? head : head - a.n_heads;
+    float* x = is_q ? q + (i64)t * a.q_stride + hh * D : k + (i64)t * a.k_stride + hh * D;
+    const float* w = is_q ? qw : kw;
+    float* sb = buf[warp];
+    if (w) {  // rms_norm_warp on one head
+        float ss = 0.f;
+        for (int i = lane; i < D; i += 32) {
+            float xv = x[i];
+            ss += xv * xv;
+        }
+        ss = warp_sum(ss);
+        const float inv = 1.0f / sqrtf(ss / (float)D + a.eps);
+        for (int i = lane; i < D; i += 32) sb[i] = x[i] * (inv * w[i]);
+    } else {
+        for (int i = lane; i < D; i += 32) sb[i] = x[i];
+    }
+    __syncwarp();
+    const int p = pos[t];
+    if (p >= 0 && p < a.max_pos) {  // rope on one head
+        const int half = a.dims / 2;
+        for (int i = lane; i < half; i += 32) {
+            const float c = cs[((i64)p * half + i) * 2], sn = cs[((i64)p * half + i) * 2 + 1];
+            const int ia = a.neox ? i : 2 * i, ib = a.neox ? i + half : 2 * i + 1;
+            const float x0 = sb[ia], x1 = sb[ib];
+            sb[ia] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, sn));
+            sb[ib] = __fadd_rn(__fmul_rn(x0, sn), __fmul_rn(x1, c));
+        }
+    }
+    __syncwarp();
+    const i64 dst = ((blk * a.n_kv_heads + hh) * a.block_size + slot) * D;
+    for (int i = lane; i < D; i += 32) {
+        const float y = sb[i];
+        x[i] = y;
+        if (!is_q && store) store_kv<HALF>(kc, dst + i, y);
+    }
+}
+
+#define ATTN_PROLOGUE(NAME, HALF)                                                              \
+    extern "C" __global__ void __launch_bounds__(PRO_WARPS * 32)                               \
+        NAME(float* q, float* k, const float* v, void* kc, void* vc, const float* qw,          \
+             const float* kw, const int* pos, const float* cs, const int* tables,              \
+             const int* seqs, const int* row_seq, const PrologueArgs a) {                      \
+        attn_prologue_impl<HALF>(q, k, v, kc, vc, qw, kw, pos, cs, tables, seqs, row_seq, a); \
+    }
+ATTN_PROLOGUE(attn_prologue_f32, false)
+ATTN_PROLOGUE(attn_prologue_f16, true)

@@ -1,0 +1,105 @@
+//! The CUDA arm of `compute::attn_step`: the attention prologue in one launch
+//! (`CudaContext::attn_prologue`) and attention against the cache without a store.
+
+use super::{alloc, check, vector, view, view_mut, wrong, CudaDevice, Result};
+use crate::attention::AttnParams;
+use crate::compute::{ComputeError, KvData, KvPool, QkNorm, Step, StepData, Tensor};
+use crate::cuda::{CudaSlice, RopeTable};
+
+impl CudaDevice {
+    /// Shapes were checked by `Device::attn_prologue`, except against the cache and table.
+    #[allow(clippy::too_many_arguments)]
+    pub(in crate::compute) fn attn_prologue(
+        &self,
+        t: &RopeTable,
+        norm: Option<QkNorm>,
+        q: &mut Tensor,
+        k: &mut Tensor,
+        v: &Tensor,
+        kv: &mut KvPool,
+        layer: usize,
+        step: &Step,
+        head_dim: usize,
+    ) -> Result<()> {
+        let KvData::Cuda(cache) = &mut kv.data else {
+            return Err(wrong("attn_prologue", "cpu", "cuda"));
+        };
+        let StepData::Cuda { positions, attn } = &step.data else {
+            return Err(wrong("attn_prologue", "cpu", "cuda"));
+        };
+        let shape = cache.layers[layer].shape;
+        check(
+            "attention prologue head_dim (the cache's)",
+            head_dim,
+            shape.head_dim,
+        )?;
+        check(
+            "attention key width (the cache's)",
+            k.cols,
+            shape.n_kv_heads * shape.head_dim,
+        )?;
+        if let Some(&p) = step.positions.iter().find(|&&p| p >= t.max_pos()) {
+            return Err(ComputeError::Shape {
+                what: "position (below the rotary table's length, the model's context)",
+                got: p,
+                want: t.max_pos(),
+            });
+        }
+        if q.rows == 0 {
+            return Ok(());
+        }
+        let ctx = self.lock();
+        let n_heads = q.cols / head_dim;
+        let vv = view(v, "attn_prologue")?;
+        let norms = match norm {
+            Some(nm) => Some((
+                vector(nm.q, "attn_prologue q_norm")?,
+                vector(nm.k, "attn_prologue k_norm")?,
+                nm.eps,
+            )),
+            None => None,
+        };
+        let mut qv = view_mut(q, "attn_prologue")?;
+        let mut kv_ = view_mut(k, "attn_prologue")?;
+        let pos = positions.slice(0..step.n_rows());
+        ctx.attn_prologue(
+            cache,
+            layer,
+            attn,
+            t,
+            &pos,
+            &mut qv,
+            n_heads,
+            &mut kv_,
+            &vv,
+            norms.as_ref().map(|(a, b, e)| (a, b, *e)),
+        )?;
+        Ok(())
+    }
+
+    pub(in crate::compute) fn attend(
+        &self,
+        kv: &KvPool,
+        layer: usize,
+        step: &Step,
+        q: &Tensor,
+        p: &AttnParams,
+    ) -> Result<CudaSlice<f32>> {
+        let KvData::Cuda(cache) = &kv.data else {
+            return Err(wrong("attend", "cpu", "cuda"));
+        };
+        let StepData::Cuda { attn, .. } = &step.data else {
+            return Err(wrong("attend", "cpu", "cuda"));
+        };
+        let mut ctx = self.lock();
+        let n = q.rows * q.cols;
+        let mut out = alloc(&ctx, n)?;
+        if n == 0 {
+            return Ok(out);
+        }
+        let qv = view(q, "attend")?;
+        let mut ov = out.slice_mut(0..n);
+        ctx.paged_attention(cache, layer, attn, &qv, q.cols, p, &mut ov, q.cols, None)?;
+        Ok(out)
+    }
+}

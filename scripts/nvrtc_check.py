@@ -1,0 +1,119 @@
+#!/usr/bin/env python3
+"""Compiles every CUDA kernel module with NVRTC, as the runtime does, on a machine without a GPU.
+
+    python3 scripts/nvrtc_check.py [--arch compute_90] [--lib PATH/libnvrtc.so.13]
+
+Each crates/afm-runtime/src/cuda/kernels/*.cu is compiled the way cuda/context.rs's
+compile_kernels does: kernels/common.cuh's text, a newline, then the module's text, named
+"<module>.cu", with the options "--std=c++17" and "--gpu-architecture=<arch>" (the runtime picks
+the device's own; compute_90 is the H200's). common.cuh is never compiled alone: it is part of
+every module. No include paths are given, as none are at run time.
+
+Prints each module's result and NVRTC's log; exits 1 if any module fails (warnings alone pass,
+but are printed). Needs only libnvrtc (found by --lib, $AFM_NVRTC_LIB, or the pip wheel
+nvidia-cuda-nvrtc under this Python's site-packages).
+"""
+
+import argparse
+import ctypes
+import glob
+import os
+import sys
+import sysconfig
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+KERNELS = os.path.join(ROOT, "crates/afm-runtime/src/cuda/kernels")
+COMMON = "common.cuh"
+
+
+def find_lib(given):
+    cands = [given, os.environ.get("AFM_NVRTC_LIB")]
+    site = sysconfig.get_paths()["purelib"]
+    cands += sorted(glob.glob(os.path.join(site, "nvidia/cu*/lib/libnvrtc.so.*")), reverse=True)
+    cands += sorted(glob.glob(os.path.join(site, "nvidia/cuda_nvrtc/lib/libnvrtc.so.*")), reverse=True)
+    cands += ["/root/.pyenv/versions/3.11.7/lib/python3.11/site-packages/nvidia/cu13/lib/libnvrtc.so.13"]
+    for c in cands:
+        # libnvrtc-builtins sits next to libnvrtc; skip it and anything absent.
+        if c and os.path.isfile(c) and "builtins" not in os.path.basename(c):
+            return c
+    sys.exit("nvrtc_check: libnvrtc not found (pass --lib or set AFM_NVRTC_LIB)")
+
+
+class Nvrtc:
+    def __init__(self, path):
+        # Load the builtins library first from the same folder, so the dlopen inside finds it.
+        for b in glob.glob(os.path.join(os.path.dirname(path), "libnvrtc-builtins.so*")):
+            ctypes.CDLL(b, mode=ctypes.RTLD_GLOBAL)
+            break
+        self.lib = ctypes.CDLL(path)
+        self.lib.nvrtcGetErrorString.restype = ctypes.c_char_p
+        major, minor = ctypes.c_int(), ctypes.c_int()
+        self.check(self.lib.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor)), "nvrtcVersion")
+        self.version = f"{major.value}.{minor.value}"
+
+    def check(self, rc, what):
+        if rc != 0:
+            msg = self.lib.nvrtcGetErrorString(rc).decode()
+            raise RuntimeError(f"{what}: {msg}")
+
+    def compile(self, source, name, options):
+        """Returns (ok, log, ptx_bytes)."""
+        prog = ctypes.c_void_p()
+        self.check(
+            self.lib.nvrtcCreateProgram(
+                ctypes.byref(prog), source.encode(), name.encode(), 0, None, None
+            ),
+            "nvrtcCreateProgram",
+        )
+        try:
+            opts = (ctypes.c_char_p * len(options))(*[o.encode() for o in options])
+            rc = self.lib.nvrtcCompileProgram(prog, len(options), opts)
+            size = ctypes.c_size_t()
+            self.check(self.lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size)), "log size")
+            log = ctypes.create_string_buffer(size.value)
+            self.check(self.lib.nvrtcGetProgramLog(prog, log), "log")
+            ptx = b""
+            if rc == 0:
+                self.check(self.lib.nvrtcGetPTXSize(prog, ctypes.byref(size)), "ptx size")
+                buf = ctypes.create_string_buffer(size.value)
+                self.check(self.lib.nvrtcGetPTX(prog, buf), "ptx")
+                ptx = buf.value
+            return rc == 0, log.value.decode(errors="replace").strip(), ptx
+        finally:
+            self.lib.nvrtcDestroyProgram(ctypes.byref(prog))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--arch", default="compute_90")
+    ap.add_argument("--lib")
+    ap.add_argument("--dir", default=KERNELS, help="folder of the .cu files and common.cuh")
+    args = ap.parse_args()
+    nv = Nvrtc(find_lib(args.lib))
+    with open(os.path.join(args.dir, COMMON)) as f:
+        common = f.read()
+    modules = sorted(glob.glob(os.path.join(args.dir, "*.cu")))
+    if not modules:
+        sys.exit(f"nvrtc_check: no .cu files in {args.dir}")
+    options = ["--std=c++17", f"--gpu-architecture={args.arch}"]
+    print(f"NVRTC {nv.version}, options {' '.join(options)}")
+    failed = []
+    for path in modules:
+        name = os.path.basename(path)
+        with open(path) as f:
+            src = f"{common}\n{f.read()}"
+        ok, log, ptx = nv.compile(src, name, options)
+        entries = ptx.count(b".entry ")
+        print(f"{'ok  ' if ok else 'FAIL'} {name}" + (f" ({entries} entry points)" if ok else ""))
+        if log:
+            print("    " + log.replace("\n", "\n    "))
+        if not ok:
+            failed.append(name)
+    if failed:
+        print(f"nvrtc_check: {len(failed)} module(s) failed: {', '.join(failed)}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
