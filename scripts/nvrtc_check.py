@@ -7,7 +7,9 @@ Each crates/afm-runtime/src/cuda/kernels/*.cu is compiled the way cuda/context.r
 compile_kernels does: kernels/common.cuh's text, a newline, then the module's text, named
 "<module>.cu", with the options "--std=c++17" and "--gpu-architecture=<arch>" (the runtime picks
 the device's own; compute_90 is the H200's). common.cuh is never compiled alone: it is part of
-every module. No include paths are given, as none are at run time.
+every module. No include paths are given, as none are at run time. Then the module that
+compute/cuda.rs's CudaDevice::open builds from Rust string constants (EXTRA_KERNELS, then
+compute/cuda/kv_rows.rs's KERNELS), as it does: "compute_extra.cu", "--std=c++17" only.
 
 Prints each module's result and NVRTC's log; exits 1 if any module fails (warnings alone pass,
 but are printed). Needs only libnvrtc (found by --lib, $AFM_NVRTC_LIB, or the pip wheel
@@ -18,12 +20,26 @@ import argparse
 import ctypes
 import glob
 import os
+import re
 import sys
 import sysconfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KERNELS = os.path.join(ROOT, "crates/afm-runtime/src/cuda/kernels")
 COMMON = "common.cuh"
+COMPUTE = os.path.join(ROOT, "crates/afm-runtime/src/compute")
+# (file, constant) in the order CudaDevice::open concatenates them.
+EXTRA = [("cuda.rs", "EXTRA_KERNELS"), ("cuda/kv_rows.rs", "KERNELS")]
+
+
+def rust_raw_string(path, const):
+    """The text of `const NAME: &str = r#"..."#;` in a Rust file."""
+    with open(path) as f:
+        text = f.read()
+    m = re.search(r"const " + const + r': &str = r#"(.*?)"#;', text, re.S)
+    if not m:
+        sys.exit(f"nvrtc_check: no raw string constant {const} in {path}")
+    return m.group(1)
 
 
 def find_lib(given):
@@ -88,6 +104,7 @@ def main():
     ap.add_argument("--arch", default="compute_90")
     ap.add_argument("--lib")
     ap.add_argument("--dir", default=KERNELS, help="folder of the .cu files and common.cuh")
+    ap.add_argument("--save-ptx", metavar="DIR", help="also write each module's PTX there")
     args = ap.parse_args()
     nv = Nvrtc(find_lib(args.lib))
     with open(os.path.join(args.dir, COMMON)) as f:
@@ -97,18 +114,26 @@ def main():
         sys.exit(f"nvrtc_check: no .cu files in {args.dir}")
     options = ["--std=c++17", f"--gpu-architecture={args.arch}"]
     print(f"NVRTC {nv.version}, options {' '.join(options)}")
-    failed = []
+    jobs = []
     for path in modules:
-        name = os.path.basename(path)
         with open(path) as f:
-            src = f"{common}\n{f.read()}"
-        ok, log, ptx = nv.compile(src, name, options)
+            jobs.append((os.path.basename(path), f"{common}\n{f.read()}", options))
+    if args.dir == KERNELS:
+        extra = "".join(rust_raw_string(os.path.join(COMPUTE, f), c) for f, c in EXTRA)
+        jobs.append(("compute_extra.cu", extra, ["--std=c++17"]))
+    failed = []
+    for name, src, opts in jobs:
+        ok, log, ptx = nv.compile(src, name, opts)
         entries = ptx.count(b".entry ")
         print(f"{'ok  ' if ok else 'FAIL'} {name}" + (f" ({entries} entry points)" if ok else ""))
         if log:
             print("    " + log.replace("\n", "\n    "))
         if not ok:
             failed.append(name)
+        elif args.save_ptx:
+            os.makedirs(args.save_ptx, exist_ok=True)
+            with open(os.path.join(args.save_ptx, name[:-3] + ".ptx"), "wb") as f:
+                f.write(ptx)
     if failed:
         print(f"nvrtc_check: {len(failed)} module(s) failed: {', '.join(failed)}")
         return 1
