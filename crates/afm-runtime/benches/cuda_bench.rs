@@ -1,7 +1,8 @@
 //! CUDA micro-benchmarks against the card's own ceiling, measured in the same run:
 //! device-to-device copy bandwidth (bytes read + written), then GEMV at Qwen3-8B shapes
 //! (Q4_K, Q6_K, Q8_0, BF16; GB/s of weights read, as a fraction of the copy rate), decode
-//! attention at 1k and 16k context with split-K on and off, prefill attention and sampling.
+//! attention at 1k and 16k context with split-K on and off, the attention prologue fused and
+//! unfused, prefill attention and sampling.
 //!
 //! Every timed buffer set is rotated over ≥ 512 MB so the 60 MB L2 cannot serve repeats; data is
 //! random; times are CUDA-event medians of 5 batches after warm-up.
@@ -22,9 +23,11 @@
 
 use afm_runtime::attention::{AttnParams, AttnSeq};
 use afm_runtime::cuda::{
-    AttnBatch, CudaContext, CudaSlice, DeviceKvCache, DeviceWeight, MatmulPath, SampleParams,
+    AttnBatch, CudaContext, CudaSlice, DeviceKvCache, DeviceWeight, MatmulPath, RopeTable,
+    SampleParams,
 };
 use afm_runtime::kv_store::{KvDtype, LayerKvShape};
+use afm_runtime::ops::{Rope, RopeStyle};
 use afm_runtime::{DType, WeightBytes, WeightMatrix};
 use half::f16;
 
@@ -255,6 +258,68 @@ fn decode_attention(c: &mut CudaContext, copy_gbs: f64, out: &mut Vec<String>) -
     Ok(())
 }
 
+/// The attention prologue of a decode step (per-head Q/K RMSNorm, RoPE, K/V write) as one
+/// fused launch and as the five launches it replaced, at Qwen3-0.6B and Qwen3-8B head shapes.
+/// Back-to-back launches without a graph: launch and tail cost included.
+fn attention_prologue(c: &mut CudaContext, out: &mut Vec<String>) -> R<()> {
+    let (d, bs, pos) = (128, 16, 1000);
+    let mut rng = Rng(4);
+    for (name, nh, nkv) in [("qwen3-0.6b", 16, 8), ("qwen3-8b", 32, 8)] {
+        for batch in [1, 64] {
+            let shape = LayerKvShape {
+                n_kv_heads: nkv,
+                head_dim: d,
+            };
+            let blocks = (pos + 1usize).div_ceil(bs);
+            let mut cache = DeviceKvCache::new(c, &[shape], blocks * batch, bs, KvDtype::F16)?;
+            let tables: Vec<Vec<u32>> = (0..batch)
+                .map(|s| (0..blocks).map(|b| (b * batch + s) as u32).collect())
+                .collect();
+            let step: Vec<AttnSeq> = (0..batch)
+                .map(|s| AttnSeq {
+                    row0: s,
+                    len: 1,
+                    pos0: pos,
+                    block_table: &tables[s],
+                })
+                .collect();
+            let sb = AttnBatch::new(c, &cache, &step, nh)?;
+            let rope = Rope::new(d, 1e6, 1.0, RopeStyle::Neox);
+            let table = RopeTable::from_cpu(c, &rope, d, RopeStyle::Neox, pos + 1)?;
+            let pd = c.upload(&vec![pos as i32; batch])?;
+            let vals = |n: usize, rng: &mut Rng| (0..n).map(|_| rng.sym()).collect::<Vec<f32>>();
+            let mut qd = c.upload(&vals(batch * nh * d, &mut rng))?;
+            let mut kd = c.upload(&vals(batch * nkv * d, &mut rng))?;
+            let vd = c.upload(&vals(batch * nkv * d, &mut rng))?;
+            let (qn, kn) = (c.upload(&vec![1f32; d])?, c.upload(&vec![1f32; d])?);
+            let (qnv, knv) = (qn.slice(0..d), kn.slice(0..d));
+            let fused = time_ms(c, 200, |c, _| {
+                let norms = Some((&qnv, &knv, 1e-6));
+                c.attn_prologue(
+                    &mut cache, 0, &sb, &table, &pd, &mut qd, nh, &mut kd, &vd, norms,
+                )
+                .expect("prologue")
+            })?;
+            let separate = time_ms(c, 200, |c, _| {
+                c.rms_norm_in_place(&mut qd, &qn, 1e-6).expect("q norm");
+                c.rms_norm_in_place(&mut kd, &kn, 1e-6).expect("k norm");
+                c.rope(&table, &mut qd, &pd, nh, d, nh * d).expect("rope q");
+                c.rope(&table, &mut kd, &pd, nkv, d, nkv * d)
+                    .expect("rope k");
+                c.kv_write(&mut cache, 0, &sb, &kd, nkv * d, &vd, nkv * d)
+                    .expect("kv write");
+            })?;
+            out.push(format!(
+                "| prologue {name:10} | batch {batch:2} | fused {:6.2} us | 5 launches {:6.2} us |",
+                fused * 1e3,
+                separate * 1e3
+            ));
+            println!("{}", out.last().expect("pushed"));
+        }
+    }
+    Ok(())
+}
+
 /// Causal prefill attention of one prompt (same heads), in TFLOP/s of QKᵀ and PV.
 fn prefill_attention(c: &mut CudaContext, out: &mut Vec<String>) -> R<()> {
     let (nh, nkv, d, bs) = (32, 8, 128, 16);
@@ -347,6 +412,7 @@ fn main() -> R<()> {
     gemv(&mut c, copy_gbs, &mut table)?;
     prefill_matmul(&mut c, &mut table)?;
     decode_attention(&mut c, copy_gbs, &mut table)?;
+    attention_prologue(&mut c, &mut table)?;
     prefill_attention(&mut c, &mut table)?;
     sampling(&mut c, &mut table)?;
     println!("\n{}", table.join("\n"));
