@@ -127,9 +127,14 @@ impl Gemma3 {
         step: &Step,
     ) -> Result<Tensor, ComputeError> {
         let (dev, hd) = (&self.dev, self.cfg.head_dim);
-        let mut q = b.q.forward(dev, x)?;
-        let mut k = b.k.forward(dev, x)?;
-        let v = b.v.forward(dev, x)?;
+        // One launch for the three projections where the device can (as llama.rs).
+        let qkv = dev.linear_many(x, &[(&b.q.w, None), (&b.k.w, None), (&b.v.w, None)])?;
+        let n = qkv.len();
+        let [mut q, mut k, v]: [Tensor; 3] = qkv.try_into().map_err(|_| ComputeError::Shape {
+            what: "projections returned by linear_many",
+            got: n,
+            want: 3,
+        })?;
         let rope = if b.sliding {
             &self.rope_local
         } else {
