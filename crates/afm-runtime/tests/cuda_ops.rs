@@ -327,7 +327,8 @@ fn matmul_matches_exact_reference() {
                     let tol = match (dtype, path) {
                         (DType::F32, _) => 1e-5,
                         (DType::BF16, MatmulPath::Gemm) => 2e-2,
-                        (DType::BF16, MatmulPath::Auto) if n > 32 => 2e-2,
+                        // Auto hands 16-bit weights to the bf16 GEMM past GEMV_MAX_BATCH rows.
+                        (DType::BF16, MatmulPath::Auto) if n > 8 => 2e-2,
                         _ => 1e-3,
                     };
                     let mut out = poisoned(&c, n * rows);

@@ -355,8 +355,8 @@ __device__ void attn_prologue_impl(float* q, float* k, const float* v, void* kc,
             const float c = cs[((i64)p * half + i) * 2], sn = cs[((i64)p * half + i) * 2 + 1];
             const int ia = a.neox ? i : 2 * i, ib = a.neox ? i + half : 2 * i + 1;
             const float x0 = sb[ia], x1 = sb[ib];
-            sb[ia] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, sn));
-            sb[ib] = __fadd_rn(__fmul_rn(x0, sn), __fmul_rn(x1, c));
+            sb[ia] = __fmaf_rn(x0, c, -__fmul_rn(x1, sn));
+            sb[ib] = __fmaf_rn(x0, sn, __fmul_rn(x1, c));
         }
     }
     __syncwarp();

@@ -1,6 +1,7 @@
 // Per-row and element-wise ops of a transformer layer on f32 activations and embedding
 // lookups. Formulas follow afm_runtime::ops and quant:: dequantize_row; where the
-// CPU result is bit-exact (RoPE, dequantization) the products are unfused (__fmul_rn) to match.
+// CPU result is bit-exact (RoPE, dequantization) each product and FMA is spelled out
+// (__fmul_rn, __fmaf_rn) as the CPU forms it, so the compiler cannot contract differently.
 
 // x += res (when res is given, written back), then out = x / rms(x) * w. One warp per row.
 extern "C" __global__ void rms_norm_warp(float* x, const float* res, const float* w, float* out,
@@ -56,8 +57,8 @@ extern "C" __global__ void rope(float* x, const int* pos, const float* cs, int n
     float* h = x + (i64)t * row_stride + (i64)hd * head_dim;
     const int a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
     const float x0 = h[a], x1 = h[b];
-    h[a] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
-    h[b] = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
+    h[a] = __fmaf_rn(x0, c, -__fmul_rn(x1, s));
+    h[b] = __fmaf_rn(x0, s, __fmul_rn(x1, c));
 }
 
 __device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x)); }
