@@ -9,7 +9,7 @@ compile_kernels does: kernels/common.cuh's text, a newline, then the module's te
 the device's own; compute_90 is the H200's). common.cuh is never compiled alone: it is part of
 every module. No include paths are given, as none are at run time. Then the module that
 compute/cuda.rs's CudaDevice::open builds from Rust string constants (EXTRA_KERNELS, then
-compute/cuda/kv_rows.rs's KERNELS), as it does: "compute_extra.cu", "--std=c++17" only.
+compute/cuda/kv_rows.rs's KERNELS), as it does: "compute_extra.cu", the same two options.
 
 Prints each module's result and NVRTC's log; exits 1 if any module fails (warnings alone pass,
 but are printed). Needs only libnvrtc (found by --lib, $AFM_NVRTC_LIB, or the pip wheel
@@ -120,7 +120,7 @@ def main():
             jobs.append((os.path.basename(path), f"{common}\n{f.read()}", options))
     if args.dir == KERNELS:
         extra = "".join(rust_raw_string(os.path.join(COMPUTE, f), c) for f, c in EXTRA)
-        jobs.append(("compute_extra.cu", extra, ["--std=c++17"]))
+        jobs.append(("compute_extra.cu", extra, options))
     failed = []
     for name, src, opts in jobs:
         ok, log, ptx = nv.compile(src, name, opts)

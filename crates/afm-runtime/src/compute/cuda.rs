@@ -68,30 +68,36 @@ fn dequantize_to_f16(w: &WeightMatrix) -> Result<WeightMatrix> {
 }
 
 const EXTRA_KERNELS: &str = r#"
-extern "C" __global__ void scale_f32(float* x, long long n, float s) {
+// Programmatic dependent launch: as `pdl_begin` in cuda/kernels/common.cuh.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define PDL_BEGIN asm volatile("griddepcontrol.wait;" ::: "memory"); asm volatile("griddepcontrol.launch_dependents;");
+#else
+#define PDL_BEGIN
+#endif
+extern "C" __global__ void scale_f32(float* x, long long n, float s) { PDL_BEGIN
     const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
     if (i < n) x[i] *= s;
 }
-extern "C" __global__ void add_bias_rows(float* x, const float* b, long long n, int cols) {
+extern "C" __global__ void add_bias_rows(float* x, const float* b, long long n, int cols) { PDL_BEGIN
     const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
     if (i < n) x[i] += b[i % cols];
 }
 // One block per output row.
-extern "C" __global__ void gather_rows_f32(const float* x, const int* rows, float* out, int cols) {
+extern "C" __global__ void gather_rows_f32(const float* x, const int* rows, float* out, int cols) { PDL_BEGIN
     const float* src = x + (long long)rows[blockIdx.x] * cols;
     float* dst = out + (long long)blockIdx.x * cols;
     for (int c = threadIdx.x; c < cols; c += blockDim.x) dst[c] = src[c];
 }
 // One block per source row: out[rows[i]] += w[i] * src[i] (rows distinct, checked by the caller).
 extern "C" __global__ void index_add_rows_f32(float* out, const float* src, const int* rows,
-                                              const float* w, int cols) {
+                                              const float* w, int cols) { PDL_BEGIN
     const float* s = src + (long long)blockIdx.x * cols;
     float* d = out + (long long)rows[blockIdx.x] * cols;
     const float wi = w[blockIdx.x];
     for (int c = threadIdx.x; c < cols; c += blockDim.x) d[c] += wi * s[c];
 }
 // One block per row: out[r] = x[r][start .. start + width].
-extern "C" __global__ void columns_f32(const float* x, float* out, int cols, int start, int width) {
+extern "C" __global__ void columns_f32(const float* x, float* out, int cols, int start, int width) { PDL_BEGIN
     const float* s = x + (long long)blockIdx.x * cols + start;
     float* d = out + (long long)blockIdx.x * width;
     for (int c = threadIdx.x; c < width; c += blockDim.x) d[c] = s[c];
@@ -205,7 +211,10 @@ fn ptr_mut<T>(ctx: &CudaContext, x: &mut impl DevicePtrMut<T>) -> u64 {
 impl CudaDevice {
     pub(super) fn open(ordinal: usize) -> Result<Self> {
         let ctx = CudaContext::new(ordinal)?;
+        // The device's architecture, as for the other modules: the kernels' PDL wait
+        // (`PDL_BEGIN`) is compiled in only for Hopper and later, where launches ask for it.
         let opts = CompileOptions {
+            arch: crate::cuda::arch_for(ctx.info().compute_capability),
             options: vec!["--std=c++17".into()],
             name: Some("compute_extra.cu".into()),
             ..Default::default()

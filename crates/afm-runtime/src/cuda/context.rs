@@ -222,6 +222,9 @@ impl CudaContext {
         }
         .result()?;
         let cc = ctx.compute_capability()?;
+        if cc.0 >= 9 {
+            super::PDL_DEVICE.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
         let mut kernels = HashMap::new();
         for (module, ptx) in compile_kernels(arch_for(cc))? {
             let m = ctx.load_module(ptx)?;
@@ -389,7 +392,7 @@ impl GpuTimer {
 
 /// NVRTC's virtual architecture for a compute capability; PTX for it is JIT-compiled by the
 /// driver at load, so the kernels use the device's own instructions.
-fn arch_for(cc: (i32, i32)) -> Option<&'static str> {
+pub(crate) fn arch_for(cc: (i32, i32)) -> Option<&'static str> {
     Some(match cc {
         (7, 0) => "compute_70",
         (7, 5) => "compute_75",

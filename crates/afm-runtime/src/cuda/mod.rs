@@ -24,6 +24,7 @@ mod ops;
 mod sampling;
 
 pub use attention::{AttnBatch, DeviceKvCache, DeviceLayerKv, KvBuf};
+pub(crate) use context::arch_for;
 pub use context::{compile_kernels, CudaContext, DeviceInfo, GpuTimer, Workspace, KERNEL_MODULES};
 pub use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, DevicePtr, DevicePtrMut};
 pub use matmul::{DeviceWeight, MatmulPath, GEMV_MAX_BATCH};
@@ -122,14 +123,73 @@ fn check_len(what: &'static str, got: usize, want: usize) -> Result<()> {
 }
 
 /// Launches `$f` on the context's stream with the listed locals as arguments (each a
-/// device pointer `u64`, an `i32`/`i64`/`f32` or a `#[repr(C)]` argument struct).
+/// device pointer `u64`, an `i32`/`i64`/`f32` or a `#[repr(C)]` argument struct), through
+/// [`launch_raw`].
 macro_rules! launch {
     ($ctx:expr, $f:expr, $cfg:expr; $($arg:ident),* $(,)?) => {{
-        let mut b = $ctx.stream().launch_builder($f);
-        $( cudarc::driver::PushKernelArg::arg(&mut b, &$arg); )*
+        let mut params = [$( &$arg as *const _ as *mut ::core::ffi::c_void ),*];
         // SAFETY: every kernel's argument list is written next to its CUDA signature in the
-        // wrappers, and buffer sizes are checked before the launch.
-        unsafe { b.launch($cfg) }.map(|_| ()).map_err($crate::cuda::CudaError::from)
+        // wrappers, buffer sizes are checked before the launch, and `params` points at locals
+        // that outlive the call (the driver copies the values at launch).
+        unsafe { $crate::cuda::launch_raw($ctx.stream(), $f, $cfg, &mut params) }
     }};
+}
+
+/// Whether kernels launch with programmatic dependent launch (`AFM_PDL=0` turns it off): a
+/// kernel may then start while the one before it drains, and waits for it (and its memory)
+/// in its first instruction (`pdl_begin` in `common.cuh`) — so launch latency and the
+/// previous kernel's tail overlap, which is most of a small decode step's time.
+fn pdl() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    PDL_DEVICE.load(std::sync::atomic::Ordering::Relaxed)
+        && *ON.get_or_init(|| std::env::var("AFM_PDL").map_or(true, |v| v != "0"))
+}
+
+/// Set when a device of compute capability 9.0 or later is opened (PDL needs Hopper).
+pub(crate) static PDL_DEVICE: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+/// Launches `f` with `params` (one pointer to each argument's value) on `stream`, with the
+/// programmatic-stream-serialization attribute when [`pdl`] is on. Every afm kernel begins by
+/// waiting on the grids before it (`griddepcontrol.wait`), so none reads or overwrites a
+/// buffer early; kernels launched by cuBLAS keep the ordinary full dependency.
+///
+/// # Safety
+/// `params` must match `f`'s parameter list in number, order and types.
+pub(crate) unsafe fn launch_raw(
+    stream: &cudarc::driver::CudaStream,
+    f: &cudarc::driver::CudaFunction,
+    cfg: cudarc::driver::LaunchConfig,
+    params: &mut [*mut core::ffi::c_void],
+) -> Result<()> {
+    use cudarc::driver::sys;
+    stream.context().bind_to_thread()?;
+    // SAFETY: plain C structs; zero is a valid value of each field.
+    let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attr.value.programmaticStreamSerializationAllowed = 1;
+    let config = sys::CUlaunchConfig {
+        gridDimX: cfg.grid_dim.0,
+        gridDimY: cfg.grid_dim.1,
+        gridDimZ: cfg.grid_dim.2,
+        blockDimX: cfg.block_dim.0,
+        blockDimY: cfg.block_dim.1,
+        blockDimZ: cfg.block_dim.2,
+        sharedMemBytes: cfg.shared_mem_bytes,
+        hStream: stream.cu_stream(),
+        attrs: &mut attr,
+        numAttrs: u32::from(pdl()),
+    };
+    // SAFETY: the caller's contract; `config` and `attr` live through the call.
+    unsafe {
+        sys::cuLaunchKernelEx(
+            &config,
+            f.cu_function(),
+            params.as_mut_ptr(),
+            std::ptr::null_mut(),
+        )
+    }
+    .result()?;
+    Ok(())
 }
 pub(crate) use launch;

@@ -13,14 +13,20 @@ use crate::kv_store::KvDtype;
 /// Appended to `EXTRA_KERNELS` and compiled with them at open.
 pub(super) const KERNELS: &str = r#"
 // One block per row r: out[r][h * D + d] = cache[base[r] + h * hs + d].
+// Programmatic dependent launch: as `pdl_begin` in cuda/kernels/common.cuh.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define PDL_BEGIN asm volatile("griddepcontrol.wait;" ::: "memory"); asm volatile("griddepcontrol.launch_dependents;");
+#else
+#define PDL_BEGIN
+#endif
 extern "C" __global__ void kv_rows_read_f32(const float* c, const long long* base, float* out,
-                                            int nkv, int D, long long hs) {
+                                            int nkv, int D, long long hs) { PDL_BEGIN
     const long long b = base[blockIdx.x];
     float* o = out + (long long)blockIdx.x * nkv * D;
     for (int e = threadIdx.x; e < nkv * D; e += blockDim.x) o[e] = c[b + (e / D) * hs + e % D];
 }
 extern "C" __global__ void kv_rows_read_f16(const unsigned short* c, const long long* base,
-                                            float* out, int nkv, int D, long long hs) {
+                                            float* out, int nkv, int D, long long hs) { PDL_BEGIN
     const long long b = base[blockIdx.x];
     float* o = out + (long long)blockIdx.x * nkv * D;
     for (int e = threadIdx.x; e < nkv * D; e += blockDim.x) {
@@ -30,13 +36,13 @@ extern "C" __global__ void kv_rows_read_f16(const unsigned short* c, const long 
     }
 }
 extern "C" __global__ void kv_rows_write_f32(float* c, const long long* base, const float* src,
-                                             int nkv, int D, long long hs) {
+                                             int nkv, int D, long long hs) { PDL_BEGIN
     const long long b = base[blockIdx.x];
     const float* s = src + (long long)blockIdx.x * nkv * D;
     for (int e = threadIdx.x; e < nkv * D; e += blockDim.x) c[b + (e / D) * hs + e % D] = s[e];
 }
 extern "C" __global__ void kv_rows_write_f16(unsigned short* c, const long long* base,
-                                             const float* src, int nkv, int D, long long hs) {
+                                             const float* src, int nkv, int D, long long hs) { PDL_BEGIN
     const long long b = base[blockIdx.x];
     const float* s = src + (long long)blockIdx.x * nkv * D;
     for (int e = threadIdx.x; e < nkv * D; e += blockDim.x) {

@@ -230,7 +230,7 @@ __device__ void attn_impl(const float* __restrict__ q, const u32* __restrict__ k
 #define ATTN(HALF, NAME, D, GH)                                                                \
     extern "C" __global__ void __launch_bounds__(128) attn_##NAME##_##D##_##GH(                \
         const float* q, const u32* kc, const u32* vc, const int* tables, const int* seqs,      \
-        const int* tiles, float* out, float* ws, int* done, const AttnArgs a) {               \
+        const int* tiles, float* out, float* ws, int* done, const AttnArgs a) { pdl_begin();               \
         attn_impl<HALF, D, GH>(q, kc, vc, tables, seqs, tiles, out, ws, done, a);              \
     }
 #define ATTN_D(D) ATTN(false, f32, D, 1) ATTN(false, f32, D, 2) ATTN(true, f16, D, 1) ATTN(true, f16, D, 2)
@@ -273,7 +273,7 @@ __device__ void kv_write_impl(const float* k, const float* v, void* kc, void* vc
     extern "C" __global__ void NAME(const float* k, const float* v, void* kc, void* vc,        \
                                     const int* tables, const int* seqs, const int* row_seq,    \
                                     int n_kv_heads, int D, int block_size, int max_blocks,     \
-                                    int k_stride, int v_stride) {                              \
+                                    int k_stride, int v_stride) { pdl_begin();                              \
         kv_write_impl<HALF>(k, v, kc, vc, tables, seqs, row_seq, n_kv_heads, D, block_size,    \
                             max_blocks, k_stride, v_stride);                                   \
     }
@@ -372,7 +372,7 @@ __device__ void attn_prologue_impl(float* q, float* k, const float* v, void* kc,
     extern "C" __global__ void __launch_bounds__(PRO_WARPS * 32)                               \
         NAME(float* q, float* k, const float* v, void* kc, void* vc, const float* qw,          \
              const float* kw, const int* pos, const float* cs, const int* tables,              \
-             const int* seqs, const int* row_seq, const PrologueArgs a) {                      \
+             const int* seqs, const int* row_seq, const PrologueArgs a) { pdl_begin();                      \
         attn_prologue_impl<HALF>(q, k, v, kc, vc, qw, kw, pos, cs, tables, seqs, row_seq, a); \
     }
 ATTN_PROLOGUE(attn_prologue_f32, false)

@@ -131,3 +131,15 @@ __device__ void block_argmax(float& v, int& i, float* shv, int* shi) {
         if (ov > v || (ov == v && oi < i)) { v = ov; i = oi; }
     }
 }
+
+// Programmatic dependent launch (cuda/mod.rs `launch_raw`): every kernel first waits for the
+// grids before it and their memory (so it never reads a buffer they write, nor overwrites one
+// they read, early), then lets the next kernel begin launching while this one runs.
+// Hopper and later only (no-ops when the launch did not ask for it).
+__device__ __forceinline__ void pdl_begin() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;");
+#endif
+}
+

@@ -5,7 +5,7 @@
 
 // x += res (when res is given, written back), then out = x / rms(x) * w. One warp per row.
 extern "C" __global__ void rms_norm_warp(float* x, const float* res, const float* w, float* out,
-                                         int rows, int d, float eps) {
+                                         int rows, int d, float eps) { pdl_begin();
     const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31;
     if (row >= rows) return;
@@ -24,7 +24,7 @@ extern "C" __global__ void rms_norm_warp(float* x, const float* res, const float
 
 // The same with one block per row, for wide rows.
 extern "C" __global__ void rms_norm_block(float* x, const float* res, const float* w, float* out,
-                                          int rows, int d, float eps) {
+                                          int rows, int d, float eps) { pdl_begin();
     __shared__ float sh[32];
     const int row = blockIdx.x;
     float* xr = x + (i64)row * d;
@@ -44,7 +44,7 @@ extern "C" __global__ void rms_norm_block(float* x, const float* res, const floa
 // [max_pos][dims/2][cos, sin] table; `row_stride` is the distance between tokens in floats.
 extern "C" __global__ void rope(float* x, const int* pos, const float* cs, int n_tokens,
                                 int n_heads, int head_dim, int row_stride, int dims, int neox,
-                                int max_pos) {
+                                int max_pos) { pdl_begin();
     const int half = dims / 2;
     const i64 idx = blockIdx.x * (i64)blockDim.x + threadIdx.x;
     if (idx >= (i64)n_tokens * n_heads * half) return;
@@ -70,7 +70,7 @@ __device__ __forceinline__ float gelu_tanh_f(float x) {
 
 // out[r][c] = act(gate[r*stride + c]) * up[r*stride + c]; act 0 = SiLU, 1 = GELU (tanh).
 extern "C" __global__ void gated_act(const float* gate, const float* up, float* out, int n,
-                                     int ff, int stride, int act) {
+                                     int ff, int stride, int act) { pdl_begin();
     const i64 idx = blockIdx.x * (i64)blockDim.x + threadIdx.x;
     if (idx >= (i64)n * ff) return;
     const i64 r = idx / ff, c = idx % ff;
@@ -78,22 +78,22 @@ extern "C" __global__ void gated_act(const float* gate, const float* up, float* 
     out[idx] = (act == 0 ? silu_f(g) : gelu_tanh_f(g)) * u;
 }
 
-extern "C" __global__ void add_f32(float* x, const float* y, i64 n) {
+extern "C" __global__ void add_f32(float* x, const float* y, i64 n) { pdl_begin();
     const i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x;
     if (i < n) x[i] += y[i];
 }
 
-extern "C" __global__ void softcap_f32(float* x, i64 n, float cap) {
+extern "C" __global__ void softcap_f32(float* x, i64 n, float cap) { pdl_begin();
     const i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x;
     if (i < n) x[i] = cap * tanhf(x[i] / cap);
 }
 
-extern "C" __global__ void f32_to_bf16(const float* x, u16* y, i64 n) {
+extern "C" __global__ void f32_to_bf16(const float* x, u16* y, i64 n) { pdl_begin();
     const i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x;
     if (i < n) y[i] = f2bf(x[i]);
 }
 
-extern "C" __global__ void f32_to_f16(const float* x, u16* y, i64 n) {
+extern "C" __global__ void f32_to_f16(const float* x, u16* y, i64 n) { pdl_begin();
     const i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x;
     if (i < n) y[i] = f2h(x[i]);
 }
@@ -139,7 +139,7 @@ __device__ __forceinline__ float dq_q6_k(const u8* r, int e) {
 // host validates ids, this only keeps a bad one from reading out of bounds).
 #define EMBED(NAME, DQ)                                                                        \
     extern "C" __global__ void NAME(const u8* table, const int* ids, float* out, int n,        \
-                                    int dim, i64 row_bytes, int vocab) {                       \
+                                    int dim, i64 row_bytes, int vocab) { pdl_begin();                       \
         const int t = blockIdx.x;                                                              \
         if (t >= n) return;                                                                    \
         const int id = ids[t];                                                                 \

@@ -20,7 +20,7 @@
 
 // Quantizes x (rows of `cols`, a multiple of 32) in blocks of 32: one warp per block.
 extern "C" __global__ void quantize_x_i16(const float* x, short* xq, float* xd, float* xs,
-                                          i64 nblocks) {
+                                          i64 nblocks) { pdl_begin();
     const i64 blk = (blockIdx.x * (i64)blockDim.x + threadIdx.x) >> 5;
     const int lane = threadIdx.x & 31;
     if (blk >= nblocks) return;
@@ -333,23 +333,23 @@ __device__ void gemv_gated_half(const u16* G, const u16* U, const float* x, floa
 #define GEMV_Q(T, N)                                                                           \
     extern "C" __global__ void __launch_bounds__(GEMV_THREADS)                                 \
         gemv_##T##_##N(const u8* W, const short* xq, const float* xd, const float* xs,         \
-                       float* out, int rows, int cols) {                                       \
+                       float* out, int rows, int cols) { pdl_begin();                                       \
         gemv_##T<N>(W, xq, xd, xs, out, rows, cols);                                           \
     }
 #define GEMV_H(NAME, BF, N)                                                                    \
     extern "C" __global__ void __launch_bounds__(GEMV_THREADS)                                 \
-        gemv_##NAME##_##N(const u16* W, const float* x, float* out, int rows, int cols) {      \
+        gemv_##NAME##_##N(const u16* W, const float* x, float* out, int rows, int cols) { pdl_begin();      \
         gemv_half<N, BF>(W, x, out, rows, cols);                                               \
     }
 #define GEMV_3(NAME, BF, N)                                                                    \
     extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv3_##NAME##_##N(             \
         const u16* W0, const u16* W1, const u16* W2, const float* x, float* o0, float* o1,     \
-        float* o2, int r0, int r1, int r2, int cols) {                                         \
+        float* o2, int r0, int r1, int r2, int cols) { pdl_begin();                                         \
         gemv3_half<N, BF>(W0, W1, W2, x, o0, o1, o2, r0, r1, r2, cols);                        \
     }
 #define GEMV_G(NAME, BF, N)                                                                    \
     extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemvg_##NAME##_##N(             \
-        const u16* G, const u16* U, const float* x, float* out, int rows, int cols, int act) { \
+        const u16* G, const u16* U, const float* x, float* out, int rows, int cols, int act) { pdl_begin(); \
         gemv_gated_half<N, BF>(G, U, x, out, rows, cols, act);                                 \
     }
 #define GEMV_ALL(N)                                                                            \
@@ -372,7 +372,7 @@ __device__ __forceinline__ u32 pack2(float a, float b) {
 }
 
 extern "C" __global__ void dequant_f16_q4_k(const u8* w, u16* out, int rows, int cols,
-                                            i64 row_bytes) {
+                                            i64 row_bytes) { pdl_begin();
     const int units = cols / 256 * 8;
     const i64 idx = blockIdx.x * (i64)blockDim.x + threadIdx.x;
     if (idx >= (i64)rows * units) return;
@@ -400,7 +400,7 @@ extern "C" __global__ void dequant_f16_q4_k(const u8* w, u16* out, int rows, int
 }
 
 extern "C" __global__ void dequant_f16_q6_k(const u8* w, u16* out, int rows, int cols,
-                                            i64 row_bytes) {
+                                            i64 row_bytes) { pdl_begin();
     const int units = cols / 256 * 8;
     const i64 idx = blockIdx.x * (i64)blockDim.x + threadIdx.x;
     if (idx >= (i64)rows * units) return;
@@ -433,7 +433,7 @@ extern "C" __global__ void dequant_f16_q6_k(const u8* w, u16* out, int rows, int
 }
 
 extern "C" __global__ void dequant_f16_q8_0(const u8* w, u16* out, int rows, int cols,
-                                            i64 row_bytes) {
+                                            i64 row_bytes) { pdl_begin();
     const int nb = cols / 32;
     const i64 idx = blockIdx.x * (i64)blockDim.x + threadIdx.x;
     if (idx >= (i64)rows * nb) return;

@@ -31,7 +31,7 @@ __device__ __forceinline__ void for_each_logit(const float* x, int vocab, F f) {
 #define SAMPLE_BINS 2048
 
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
-    argmax_rows(const float* logits, int* out, int vocab) {
+    argmax_rows(const float* logits, int* out, int vocab) { pdl_begin();
     __shared__ float shv[32];
     __shared__ int shi[32];
     const float* x = logits + (i64)blockIdx.x * vocab;
@@ -266,7 +266,7 @@ __device__ int sample_unsorted(const float* x, int vocab, float l0, int best_id,
 
 // params per row: temperature, top_k (0 = off), top_p, min_p, u in [0, 1).
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
-    sample_rows(const float* logits, const float* params, int* out, int vocab) {
+    sample_rows(const float* logits, const float* params, int* out, int vocab) { pdl_begin();
     __shared__ u64 keys[SAMPLE_CAP];  // sort keys, then (cumulative mass bits << 32 | id)
     __shared__ int hist[SAMPLE_BINS];
     __shared__ float shv[32];
@@ -316,7 +316,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
 // Logit bias and repetition/presence/frequency penalties, as afm-engine's Sampler::process:
 // one thread per (row, token) entry {row, token, bias, repetition, subtract} (floats as bits);
 // each token appears once per row. l <- rep(l + bias) - subtract.
-extern "C" __global__ void adjust_logits(float* logits, const int* e, int n, int vocab) {
+extern "C" __global__ void adjust_logits(float* logits, const int* e, int n, int vocab) { pdl_begin();
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     const int* p = e + 5 * i;
