@@ -154,6 +154,8 @@ trait Rows {
 trait Row: Copy {
     /// Columns `c..c + 8`; `SIMD`: the caller has AVX2 and F16C.
     fn at8<const SIMD: bool>(self, c: usize) -> [f32; 8];
+    /// Column `c`.
+    fn at(self, c: usize) -> f32;
     /// The row's bytes.
     fn bytes(self) -> (*const u8, usize);
 }
@@ -185,6 +187,10 @@ impl Row for &[f32] {
         o
     }
 
+    fn at(self, c: usize) -> f32 {
+        self[c]
+    }
+
     fn bytes(self) -> (*const u8, usize) {
         (self.as_ptr() as *const u8, std::mem::size_of_val(self))
     }
@@ -204,6 +210,10 @@ impl Row for &[f16] {
             };
         }
         std::array::from_fn(|l| src[l].to_f32())
+    }
+
+    fn at(self, c: usize) -> f32 {
+        self[c].to_f32()
     }
 
     fn bytes(self) -> (*const u8, usize) {
@@ -751,36 +761,10 @@ fn pv_tile32<const FMA: bool>(
     base: usize,
     mt: usize,
 ) -> Vec<f32> {
-    const COLS: usize = 64;
-    let mut out = vec![0f32; Q_TILE * d];
-    let mut lanes = [[0f32; COLS]; 32];
-    // Local index j of the first position in lane 0.
-    let first = (32 - (base + lo) % 32) % 32;
-    for t in 0..mt {
-        let wt = &w[t * sw..t * sw + span];
-        for c0 in (0..d).step_by(COLS) {
-            let cols = (d - c0).min(COLS);
-            let v = &values[lo * d + c0..];
-            for (i, lane) in lanes.iter_mut().enumerate() {
-                let j0 = (first + i) % 32;
-                *lane = if cols == COLS {
-                    pv_chain::<FMA, COLS>(wt, v, d, j0)
-                } else {
-                    pv_chain_short::<FMA, COLS>(wt, v, d, j0, cols)
-                };
-            }
-            let o = &mut out[t * d + c0..t * d + c0 + cols];
-            for (c, oc) in o.iter_mut().enumerate() {
-                let a = |i: usize| lanes[i][c];
-                let x = |l: usize| (a(l) + a(16 + l)) + (a(8 + l) + a(24 + l));
-                *oc = ((x(0) + x(4)) + (x(1) + x(5))) + ((x(2) + x(6)) + (x(3) + x(7)));
-            }
-        }
-    }
-    out
+    pv_tile32_by::<FMA, _>(w, sw, &F32Rows { data: values, d }, d, lo, span, base, mt)
 }
 
-/// `pv_tile32` over any [`Rows`] (`d` a multiple of 8): the same chains and tree.
+/// `pv_tile32` over any [`Rows`]: the same chains and tree.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn pv_tile32_by<const FMA: bool, R: Rows>(
@@ -804,9 +788,9 @@ fn pv_tile32_by<const FMA: bool, R: Rows>(
             for (i, lane) in lanes.iter_mut().enumerate() {
                 let j0 = (first + i) % 32;
                 *lane = if cols == COLS {
-                    pv_chain_by::<FMA, R, COLS>(wt, values, lo, c0, j0, COLS)
+                    pv_chain::<FMA, R, COLS>(wt, values, lo, c0, j0, COLS)
                 } else {
-                    pv_chain_by::<FMA, R, COLS>(wt, values, lo, c0, j0, cols)
+                    pv_chain::<FMA, R, COLS>(wt, values, lo, c0, j0, cols)
                 };
             }
             let o = &mut out[t * d + c0..t * d + c0 + cols];
@@ -820,10 +804,11 @@ fn pv_tile32_by<const FMA: bool, R: Rows>(
     out
 }
 
-/// `pv_chain` over [`Rows`]: `Σ w[j]·values[lo + j][c0..c0 + cols]` over `j = j0, j0 + 32, …`
-/// (`cols` ≤ N, a multiple of 8).
+/// One lane's chain of `pv_tile32_by`: `Σ w[j]·values[lo + j][c0..c0 + cols]` over
+/// `j = j0, j0 + 32, …` (`cols` ≤ N), eight columns at a time and the rest one by one. (The
+/// full-width call passes the constant `N`, so its column loop unrolls.)
 #[inline(always)]
-fn pv_chain_by<const FMA: bool, R: Rows, const N: usize>(
+fn pv_chain<const FMA: bool, R: Rows, const N: usize>(
     w: &[f32],
     values: &R,
     lo: usize,
@@ -832,55 +817,18 @@ fn pv_chain_by<const FMA: bool, R: Rows, const N: usize>(
     cols: usize,
 ) -> [f32; N] {
     let mut a = [0f32; N];
+    let whole = cols / 8 * 8;
     let mut j = j0;
     while j < w.len() {
         let row = values.row(lo + j);
-        for c in (0..cols).step_by(8) {
+        for c in (0..whole).step_by(8) {
             let vj = row.at8::<FMA>(c0 + c);
             for l in 0..8 {
                 a[c + l] = madd::<FMA>(w[j], vj[l], a[c + l]);
             }
         }
-        j += 32;
-    }
-    a
-}
-
-/// One lane's chain of `pv_tile32`: `Σ w[j]·v[j·d + 0..N]` over `j = j0, j0 + 32, …`.
-#[inline(always)]
-fn pv_chain<const FMA: bool, const N: usize>(
-    w: &[f32],
-    v: &[f32],
-    d: usize,
-    j0: usize,
-) -> [f32; N] {
-    let mut a = [0f32; N];
-    let mut j = j0;
-    while j < w.len() {
-        let vj = &v[j * d..][..N];
-        for l in 0..N {
-            a[l] = madd::<FMA>(w[j], vj[l], a[l]);
-        }
-        j += 32;
-    }
-    a
-}
-
-/// `pv_chain` over the first `cols` (< N) columns only.
-#[inline(always)]
-fn pv_chain_short<const FMA: bool, const N: usize>(
-    w: &[f32],
-    v: &[f32],
-    d: usize,
-    j0: usize,
-    cols: usize,
-) -> [f32; N] {
-    let mut a = [0f32; N];
-    let mut j = j0;
-    while j < w.len() {
-        let vj = &v[j * d..][..cols];
-        for l in 0..cols {
-            a[l] = madd::<FMA>(w[j], vj[l], a[l]);
+        for (c, ac) in a.iter_mut().enumerate().take(cols).skip(whole) {
+            *ac = madd::<FMA>(w[j], row.at(c0 + c), *ac);
         }
         j += 32;
     }
