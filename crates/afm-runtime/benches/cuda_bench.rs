@@ -119,12 +119,20 @@ fn gemv(c: &mut CudaContext, copy_gbs: f64, out: &mut Vec<String>) -> R<()> {
             let ws: Vec<DeviceWeight> = (0..copies)
                 .map(|_| DeviceWeight::upload(c, &w))
                 .collect::<Result<_, _>>()?;
-            let batches: &[usize] = if rows > 100_000 { &[1] } else { &[1, 8] };
+            // Quantized weights also at 16 and 32 rows, by GEMV launches and by the
+            // dequantize + cuBLAS path, to place the switch between them (`matmul.rs`).
+            let quant = dtype != DType::BF16;
+            let batches: &[usize] = match (rows > 100_000, quant) {
+                (true, _) => &[1],
+                (false, true) => &[1, 8, 16, 32],
+                (false, false) => &[1, 8],
+            };
             for &n in batches {
                 let x: Vec<f32> = (0..n * cols).map(|_| rng.sym()).collect();
                 let xd = c.upload(&x)?;
                 let mut y: CudaSlice<f32> = c.alloc(n * rows)?;
-                let paths: &[MatmulPath] = if dtype == DType::BF16 && n == 1 && rows < 100_000 {
+                let both = (dtype == DType::BF16 && n == 1 && rows < 100_000) || (quant && n > 8);
+                let paths: &[MatmulPath] = if both {
                     &[MatmulPath::Gemv, MatmulPath::Gemm]
                 } else {
                     &[MatmulPath::Gemv]
@@ -141,7 +149,7 @@ fn gemv(c: &mut CudaContext, copy_gbs: f64, out: &mut Vec<String>) -> R<()> {
                         "gemv"
                     };
                     out.push(format!(
-                        "| {:5} | {rows:6}x{cols:<5} | {n} | {name:6} | {:7.2} us | {gbs:7.0} GB/s | {:5.1}% |",
+                        "| {:5} | {rows:6}x{cols:<5} | {n:2} | {name:6} | {:7.2} us | {gbs:7.0} GB/s | {:5.1}% |",
                         dtype.name(),
                         ms * 1e3,
                         100.0 * gbs / copy_gbs

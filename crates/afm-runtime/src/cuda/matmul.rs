@@ -22,14 +22,16 @@ use super::{check_len, launch, CudaContext, CudaError, Result};
 use crate::{DType, WeightMatrix};
 
 /// Most activation rows one GEMV launch handles (each weight block is reused across them).
+/// 16-bit weights take one launch at most: past that cuBLAS reads them once (measured on the
+/// H200: 32 streams of Qwen3-8B bf16 decoded 1,014 tok/s through four GEMV launches).
 pub const GEMV_MAX_BATCH: usize = 8;
+/// Quantized weights take GEMV launches (each reading the weights again) up to this batch;
+/// past it they are dequantized to f16 in chunks for cuBLAS. `cuda_bench` on the H200, Qwen3-8B
+/// matrices: at 16 rows two launches match or beat cuBLAS (Q4_K 4096×12288 84 vs 131 µs), at
+/// 32 rows four launches lose (Q4_K 12288×4096 182 vs 103 µs, 4096×4096 68 vs 37 µs).
+const GEMV_MAX_ROWS: usize = 16;
 /// Weight rows per GEMV block (`GEMV_ROWS` in gemv.cu).
 const GEMV_ROWS: usize = 4;
-/// Quantized weights take the GEMV kernels (several launches, each reading the weights) up to
-/// this batch; larger batches dequantize and call cuBLAS. 16-bit weights take one GEMV launch
-/// ([`GEMV_MAX_BATCH`] rows) at most: past that cuBLAS reads them once (measured on the H200:
-/// 32 streams of Qwen3-8B bf16 decoded 1,014 tok/s through four GEMV launches).
-const GEMV_MAX_ROWS: usize = 32;
 /// Weights dequantized to f16 per cuBLAS call, bounding the scratch (64 MiB).
 const DEQUANT_CHUNK: usize = 32 << 20;
 
