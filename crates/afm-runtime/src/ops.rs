@@ -6,17 +6,40 @@
 pub(crate) mod x86;
 
 /// `x ← x / rms(x) · w` over each row of `x` (`rows × w.len()`).
+///
+/// llama.cpp's order of operations, so both engines quantize the same activations: f32
+/// squares summed in f64 one after another, the mean rounded to f32, then `(x·inv)·w`. Eight
+/// rows' sums run side by side (each still its own sequential chain), so a batch waits on one
+/// add's latency per element, not eight.
 pub fn rms_norm(x: &mut [f32], w: &[f32], eps: f32) {
+    const ROWS: usize = 8;
     let d = w.len();
-    for row in x.chunks_exact_mut(d) {
-        // llama.cpp's order of operations, so both engines quantize the same activations:
-        // f32 squares summed in f64, the mean rounded to f32, then `(x·inv)·w`.
-        let sum: f64 = row.iter().map(|v| (v * v) as f64).sum();
+    if d == 0 {
+        return;
+    }
+    let scale = |row: &mut [f32], sum: f64| {
         let ms = (sum / d as f64) as f32;
         let inv = 1.0 / (ms + eps).sqrt();
         for (v, g) in row.iter_mut().zip(w) {
             *v = *v * inv * g;
         }
+    };
+    let mut groups = x.chunks_exact_mut(ROWS * d);
+    for group in &mut groups {
+        let mut sums = [0f64; ROWS];
+        for i in 0..d {
+            for (r, s) in sums.iter_mut().enumerate() {
+                let v = group[r * d + i];
+                *s += (v * v) as f64;
+            }
+        }
+        for (row, &sum) in group.chunks_exact_mut(d).zip(&sums) {
+            scale(row, sum);
+        }
+    }
+    for row in groups.into_remainder().chunks_exact_mut(d) {
+        let sum = row.iter().fold(0f64, |s, v| s + (v * v) as f64);
+        scale(row, sum);
     }
 }
 
@@ -413,6 +436,27 @@ mod tests {
         unsafe { x86::gated_silu(&mut got, &up) };
         for (i, (w, g)) in want.iter().zip(&got).enumerate() {
             assert_eq!(w.to_bits(), g.to_bits(), "x {} : {w} vs {g}", gate[i]);
+        }
+    }
+
+    /// Norming rows eight at a time gives each row exactly what norming it alone gives.
+    #[test]
+    fn rms_norm_rows_together_equal_alone() {
+        let d = 100;
+        let w: Vec<f32> = (0..d).map(|i| 0.5 + (i % 7) as f32 * 0.1).collect();
+        let x: Vec<f32> = (0..19 * d)
+            .map(|i| ((i * 7919) % 211) as f32 * 0.37 - 40.0)
+            .collect();
+        let mut together = x.clone();
+        rms_norm(&mut together, &w, 1e-6);
+        for (r, row) in x.chunks_exact(d).enumerate() {
+            let mut alone = row.to_vec();
+            rms_norm(&mut alone, &w, 1e-6);
+            let same = alone
+                .iter()
+                .zip(&together[r * d..(r + 1) * d])
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "row {r}");
         }
     }
 }

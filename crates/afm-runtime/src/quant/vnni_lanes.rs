@@ -69,14 +69,16 @@ impl Q8Lanes {
             for lane in (0..LANES).filter(|lane| g * LANES + lane < n) {
                 let row = g * LANES + lane;
                 let src = &x.qs[row * cols..(row + 1) * cols];
+                // Whole dwords at a time (the flip on all four bytes at once).
+                let flip4 = u32::from_ne_bytes([flip as u8; 4]);
                 for k in 0..blocks {
                     let blk = g * blocks + k;
                     for i in 0..8 {
                         let at = blk * 256 + 32 * i + 4 * lane;
                         let from = &src[k * Q8_BLOCK + 4 * i..][..4];
-                        for (q, &v) in l.qs[at..at + 4].iter_mut().zip(from) {
-                            *q = v ^ flip;
-                        }
+                        let bytes = [from[0] as u8, from[1] as u8, from[2] as u8, from[3] as u8];
+                        let v = u32::from_ne_bytes(bytes) ^ flip4;
+                        l.qs[at..at + 4].copy_from_slice(&v.to_ne_bytes().map(|b| b as i8));
                     }
                     let [d, s] = x.ds[row * blocks + k];
                     l.ds[blk * 16 + lane] = d;
