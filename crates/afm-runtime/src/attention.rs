@@ -258,6 +258,23 @@ struct HalfRows<'a> {
     n: usize,
 }
 
+impl HalfRows<'_> {
+    /// The address of every row, walking the blocks (no per-row index arithmetic).
+    #[cfg(target_arch = "x86_64")]
+    fn row_ptrs(&self) -> Vec<*const f16> {
+        let mut out = Vec::with_capacity(self.n);
+        let mut slot = self.first % self.bs;
+        for block in &self.blocks[self.first / self.bs..] {
+            while slot < self.bs && out.len() < self.n {
+                out.push(block[slot * self.d..(slot + 1) * self.d].as_ptr());
+                slot += 1;
+            }
+            slot = 0;
+        }
+        out
+    }
+}
+
 impl Rows for HalfRows<'_> {
     type Row<'r>
         = &'r [f16]

@@ -55,8 +55,7 @@ pub(super) unsafe fn attend(
     let w = (off + n).div_ceil(8) * 8 + 8;
     let mut sc = vec![0f32; g * w];
     // Row addresses once per head, not per query and column pass.
-    let krows: Vec<*const f16> = (0..n).map(|j| keys.row(j).as_ptr()).collect();
-    let vrows: Vec<*const f16> = (0..n).map(|j| values.row(j).as_ptr()).collect();
+    let (krows, vrows) = (keys.row_ptrs(), values.row_ptrs());
     let mut out = vec![0f32; g * d];
     // Queries in tiles of up to three: a converted key or value chunk serves the whole tile
     // (three tiles' accumulators still fit the sixteen vector registers).
