@@ -156,27 +156,6 @@ trait Row: Copy {
     fn at8<const SIMD: bool>(self, c: usize) -> [f32; 8];
     /// Column `c`.
     fn at(self, c: usize) -> f32;
-    /// The row's bytes.
-    fn bytes(self) -> (*const u8, usize);
-}
-
-/// Asks for `row`'s cache lines ahead of use: decode attention reads each (sequence, head)'s
-/// keys and values once per step from blocks scattered in a cache far larger than the CPU's,
-/// and the loads, not the arithmetic, were its cost (each block is a new 2 KiB stream the
-/// hardware prefetcher has not learned).
-#[inline(always)]
-fn prefetch(row: impl Row) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::*;
-        let (p, n) = row.bytes();
-        let mut at = 0;
-        while at < n {
-            // SAFETY: prefetching is a hint; the address is inside `row`.
-            unsafe { _mm_prefetch(p.add(at) as *const i8, _MM_HINT_T0) };
-            at += 64;
-        }
-    }
 }
 
 impl Row for &[f32] {
@@ -189,10 +168,6 @@ impl Row for &[f32] {
 
     fn at(self, c: usize) -> f32 {
         self[c]
-    }
-
-    fn bytes(self) -> (*const u8, usize) {
-        (self.as_ptr() as *const u8, std::mem::size_of_val(self))
     }
 }
 
@@ -214,10 +189,6 @@ impl Row for &[f16] {
 
     fn at(self, c: usize) -> f32 {
         self[c].to_f32()
-    }
-
-    fn bytes(self) -> (*const u8, usize) {
-        (self.as_ptr() as *const u8, std::mem::size_of_val(self))
     }
 }
 
@@ -533,11 +504,7 @@ fn attend_rows_impl<const FMA: bool>(
         // (which takes only head sizes that are a multiple of 8).
         let single = single_order(s.len, d);
         for j0 in (lo..hi).step_by(KEY_TILE) {
-            let tile = if let Some((keys, values)) = &kv.half {
-                for j in j0 + KEY_TILE..(j0 + 2 * KEY_TILE).min(keys.len()) {
-                    prefetch(keys.row(j));
-                    prefetch(values.row(j));
-                }
+            let tile = if let Some((keys, _)) = &kv.half {
                 qk_rows32_by::<FMA, _>(&qs, d, keys, j0, mt)
             } else if single && d.is_multiple_of(8) {
                 qk_rows32::<FMA>(&qs, d, kv.keys, j0, mt)
