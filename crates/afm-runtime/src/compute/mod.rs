@@ -580,10 +580,7 @@ impl Device {
 
     /// `y = x · Wᵀ (+ b)`: `[x.rows][w.rows]`.
     pub fn linear(&self, x: &Tensor, w: &Weight, bias: Option<&Vector>) -> Result<Tensor> {
-        check("linear input width (the weight's columns)", x.cols, w.cols)?;
-        if let Some(b) = bias {
-            check("linear bias length (the weight's rows)", b.len, w.rows)?;
-        }
+        check_linear(x, w, bias)?;
         let data = match self {
             Device::Cpu => {
                 let b = bias.map(|b| b.host("linear bias")).transpose()?;
@@ -890,10 +887,7 @@ impl Device {
         ws: &[(&Weight, Option<&Vector>)],
     ) -> Result<Vec<Tensor>> {
         for (w, b) in ws {
-            check("linear input width (the weight's columns)", x.cols, w.cols)?;
-            if let Some(b) = b {
-                check("linear bias length (the weight's rows)", b.len, w.rows)?;
-            }
+            check_linear(x, w, *b)?;
         }
         let xs = x.host("linear")?;
         let ms = ws
@@ -919,7 +913,7 @@ impl Device {
     }
 
     /// `act(x·gateᵀ) · (x·upᵀ)`, the first half of a gated MLP: one launch on a GPU where the
-    /// fused kernel applies; otherwise two [`linear`](Self::linear)s and
+    /// fused kernel applies; otherwise [`linear_many`](Self::linear_many) of the two and
     /// [`gated_act`](Self::gated_act).
     pub fn gated_linear(
         &self,
@@ -1144,6 +1138,15 @@ impl Device {
             Device::Cuda(_) => "cuda",
         }
     }
+}
+
+/// A `linear`'s shapes: the input as wide as the weight's columns, a bias as long as its rows.
+fn check_linear(x: &Tensor, w: &Weight, bias: Option<&Vector>) -> Result<()> {
+    check("linear input width (the weight's columns)", x.cols, w.cols)?;
+    if let Some(b) = bias {
+        check("linear bias length (the weight's rows)", b.len, w.rows)?;
+    }
+    Ok(())
 }
 
 fn check_norm(x: &Tensor, w: &Vector) -> Result<()> {
