@@ -396,11 +396,13 @@ const LANES_MIN_N: usize = 8;
 /// Quantized activations kept hot while a chunk's weight rows pass over them.
 const ACT_BLOCK_BYTES: usize = 256 << 10;
 
-/// Weight rows per parallel task: a few tasks per thread for balance, but each at least
-/// ~16 KiB of weights × activation rows so scheduling stays a small cost.
+/// Weight rows per parallel task: two tasks per thread for balance (stealing evens out a
+/// busy core), but each at least ~16 KiB of weights × activation rows so scheduling stays a
+/// small cost. Four per thread lost ~2% of an 8-row SmolLM2 decode step to the handoffs and
+/// the tail of each matmul (`examples/step_time`, 2 threads).
 fn chunk_rows(rows: usize, n: usize, row_bytes: usize) -> usize {
     let threads = rayon::current_num_threads().max(1);
-    let balanced = rows.div_ceil(4 * threads);
+    let balanced = rows.div_ceil(2 * threads);
     let min_work = (16 << 10) / (row_bytes * n.min(64)).max(1);
     balanced.max(min_work).clamp(1, rows.max(1))
 }
