@@ -2,11 +2,14 @@
 //! device-to-device copy bandwidth (bytes read + written), then GEMV at Qwen3-8B shapes
 //! (Q4_K, Q6_K, Q8_0, BF16; GB/s of weights read, as a fraction of the copy rate), decode
 //! attention at 1k and 16k context with split-K on and off, the attention prologue fused and
-//! unfused, prefill attention and sampling.
+//! unfused, prefill attention (and the tensor-core kernel against the SIMT one at Qwen3-0.6B's
+//! heads, 1k and 16k tokens) and sampling.
 //!
 //! Every timed buffer set is rotated over ≥ 512 MB so the 60 MB L2 cannot serve repeats; data is
 //! random; times are CUDA-event medians of 5 batches after warm-up.
-//! Run: `target/cuda/bin/cuda_bench` (device `AFM_CUDA_DEVICE`, default 0).
+//! Run: `target/cuda/bin/cuda_bench [SECTION...]` (device `AFM_CUDA_DEVICE`, default 0); with
+//! section names (copy, gemv, prefill_matmul, decode_attention, prologue, prefill_attention,
+//! prefill_mma, sampling) only those run (the copy ceiling always does).
 //!
 //! Measured 2026-11-29 on the H200 (copy ceiling 4251 GB/s), batch-1 GEMV as % of it:
 //! ```text
@@ -23,8 +26,8 @@
 
 use afm_runtime::attention::{AttnParams, AttnSeq};
 use afm_runtime::cuda::{
-    AttnBatch, CudaContext, CudaSlice, DeviceKvCache, DeviceWeight, MatmulPath, RopeTable,
-    SampleParams,
+    AttnBatch, AttnKernel, CudaContext, CudaSlice, DeviceKvCache, DeviceWeight, MatmulPath,
+    RopeTable, SampleParams,
 };
 use afm_runtime::kv_store::{KvDtype, LayerKvShape};
 use afm_runtime::ops::{Rope, RopeStyle};
@@ -374,6 +377,71 @@ fn prefill_attention(c: &mut CudaContext, out: &mut Vec<String>) -> R<()> {
     Ok(())
 }
 
+/// Causal prefill attention of one prompt at Qwen3-0.6B's heads (16 query, 8 KV, head_dim
+/// 128, f16 cache), SIMT kernel against the tensor-core one, with the relative difference of
+/// their outputs as a check that the timed kernels compute the same thing.
+fn prefill_attention_mma(c: &mut CudaContext, out: &mut Vec<String>) -> R<()> {
+    let (nh, nkv, d, bs) = (16, 8, 128, 16);
+    let shape = LayerKvShape {
+        n_kv_heads: nkv,
+        head_dim: d,
+    };
+    let mut rng = Rng(6);
+    for (n, reps) in [(1024usize, 10), (16384, 1)] {
+        let mut cache = DeviceKvCache::new(c, &[shape], n / bs, bs, KvDtype::F16)?;
+        let table: Vec<u32> = (0..(n / bs) as u32).collect();
+        let seqs = [AttnSeq {
+            row0: 0,
+            len: n,
+            pos0: 0,
+            block_table: &table,
+        }];
+        let b = AttnBatch::new(c, &cache, &seqs, nh)?;
+        let k: Vec<f32> = (0..n * nkv * d).map(|_| rng.sym()).collect();
+        let v: Vec<f32> = (0..n * nkv * d).map(|_| rng.sym()).collect();
+        let (kd, vd) = (c.upload(&k)?, c.upload(&v)?);
+        c.kv_write(&mut cache, 0, &b, &kd, nkv * d, &vd, nkv * d)?;
+        drop((kd, vd));
+        let q: Vec<f32> = (0..n * nh * d).map(|_| rng.sym()).collect();
+        let qd = c.upload(&q)?;
+        let p = AttnParams {
+            n_heads: nh,
+            head_dim: d,
+            scale: 1.0 / (d as f32).sqrt(),
+            window: None,
+            softcap: None,
+        };
+        let flops = 4.0 * (n * n / 2) as f64 * (nh * d) as f64;
+        let mut times = Vec::new();
+        let mut outs = Vec::new();
+        for kernel in [AttnKernel::Simt, AttnKernel::Mma] {
+            let mut o: CudaSlice<f32> = c.alloc(n * nh * d)?;
+            let ms = time_ms(c, reps, |c, _| {
+                c.paged_attention_with(kernel, &cache, 0, &b, &qd, nh * d, &p, &mut o, nh * d, None)
+                    .expect("attention")
+            })?;
+            times.push(ms);
+            outs.push(c.download(&o)?);
+        }
+        let (mut num, mut den) = (0f64, 0f64);
+        for (x, y) in outs[1].iter().zip(&outs[0]) {
+            num += (*x as f64 - *y as f64).powi(2);
+            den += (*y as f64).powi(2);
+        }
+        out.push(format!(
+            "| prefill qwen3-0.6b {n:5} tokens | simt {:9.3} ms {:5.1} TFLOP/s | mma {:8.3} ms {:6.1} TFLOP/s | {:5.1}x | rel diff {:.1e} |",
+            times[0],
+            flops / times[0] / 1e9,
+            times[1],
+            flops / times[1] / 1e9,
+            times[0] / times[1],
+            (num / den.max(1e-30)).sqrt()
+        ));
+        println!("{}", out.last().expect("pushed"));
+    }
+    Ok(())
+}
+
 fn sampling(c: &mut CudaContext, out: &mut Vec<String>) -> R<()> {
     let vocab = 151_936;
     let mut rng = Rng(4);
@@ -417,12 +485,33 @@ fn main() -> R<()> {
         "copy ceiling: {copy_gbs:.0} GB/s (bytes read + written)"
     )];
     println!("{}", table[0]);
-    gemv(&mut c, copy_gbs, &mut table)?;
-    prefill_matmul(&mut c, &mut table)?;
-    decode_attention(&mut c, copy_gbs, &mut table)?;
-    attention_prologue(&mut c, &mut table)?;
-    prefill_attention(&mut c, &mut table)?;
-    sampling(&mut c, &mut table)?;
+    // Section names on the command line (cargo bench's own `--bench` flag aside) pick sections.
+    let only: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    let run = |name: &str| only.is_empty() || only.iter().any(|o| o == name);
+    if run("gemv") {
+        gemv(&mut c, copy_gbs, &mut table)?;
+    }
+    if run("prefill_matmul") {
+        prefill_matmul(&mut c, &mut table)?;
+    }
+    if run("decode_attention") {
+        decode_attention(&mut c, copy_gbs, &mut table)?;
+    }
+    if run("prologue") {
+        attention_prologue(&mut c, &mut table)?;
+    }
+    if run("prefill_attention") {
+        prefill_attention(&mut c, &mut table)?;
+    }
+    if run("prefill_mma") {
+        prefill_attention_mma(&mut c, &mut table)?;
+    }
+    if run("sampling") {
+        sampling(&mut c, &mut table)?;
+    }
     println!("\n{}", table.join("\n"));
     Ok(())
 }

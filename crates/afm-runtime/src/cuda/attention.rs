@@ -6,11 +6,14 @@
 //! ```text
 //! meta (i32): tables [n_seqs][max_blocks] | seqs [n_seqs][row0, len, pos0, 0]
 //!             | row_seq [n_rows] | tiles [n_tiles][seq, first query]
+//!             | mma tiles [n_mma_tiles][seq, first query]
 //! ```
 //! Decode steps (one query per sequence) get one tile per sequence; steps with longer chunks get
 //! tiles of `16 / GH` queries. When a step has few blocks and long contexts, the key range is
 //! split over `n_splits` blocks per tile and the last of them to finish merges them (split-K,
-//! one launch).
+//! one launch). Sequences with long chunks also get tiles of 64 rows for the tensor-core kernel
+//! (`attention_mma.rs`, which says when it serves a layer); their SIMT tiles come after all
+//! others, so that a step they take launches the SIMT kernel over the first `short_tiles` only.
 //!
 //! [`CudaContext::attn_prologue`] is the step before attention in one launch: per-head Q/K
 //! RMSNorm, RoPE and the K/V write.
@@ -18,6 +21,7 @@
 use cudarc::driver::{CudaSlice, CudaView, DevicePtr, DevicePtrMut, LaunchConfig};
 use half::f16;
 
+use super::attention_mma::{AttnKernel, MMA_MIN_ROWS, MMA_ROWS};
 use super::context::{scratch, scratch_zeroed};
 use super::{check_len, launch, Buf, CudaContext, CudaError, Result, RopeTable};
 use crate::attention::{AttnParams, AttnSeq};
@@ -154,6 +158,10 @@ pub struct AttnBatch {
     n_rows: usize,
     max_blocks: usize,
     tiles: usize,
+    /// SIMT tiles of the sequences the mma kernel does not take (the first ones).
+    short_tiles: usize,
+    /// Tiles of [`MMA_ROWS`] rows of the sequences of at least [`MMA_MIN_ROWS`] rows.
+    mma_tiles: usize,
     /// Queries per tile: 1 for pure decode steps, else `16 / GH`.
     qb: usize,
     /// Heads per attention block, from the head grouping (see [`heads_per_block`]).
@@ -163,6 +171,7 @@ pub struct AttnBatch {
     off_seqs: usize,
     off_rows: usize,
     off_tiles: usize,
+    off_mma: usize,
 }
 
 /// Query heads one attention block serves: the largest of 4, 2, 1 that divides the group
@@ -226,7 +235,9 @@ impl AttnBatch {
             .unwrap_or(0)
             .max(1);
         let mut tables = vec![0i32; seqs.len() * max_blocks];
-        let (mut info, mut row_seq, mut tiles) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut info, mut row_seq) = (Vec::new(), Vec::new());
+        // SIMT tiles of short and of long (mma-eligible) chunks, and the mma tiles.
+        let (mut short, mut long, mut mma) = (Vec::new(), Vec::new(), Vec::new());
         let mut max_context = 0;
         for (i, s) in seqs.iter().enumerate() {
             check(
@@ -251,24 +262,36 @@ impl AttnBatch {
             }
             info.extend([s.row0 as i32, s.len as i32, s.pos0 as i32, 0]);
             row_seq.extend(std::iter::repeat_n(i as i32, s.len));
-            tiles.extend((0..s.len).step_by(qb).flat_map(|q| [i as i32, q as i32]));
+            let simt = (0..s.len).step_by(qb).flat_map(|q| [i as i32, q as i32]);
+            if s.len >= MMA_MIN_ROWS {
+                long.extend(simt);
+                // Last tiles first: they see the most keys, so the longest CTAs start early.
+                let starts = (0..s.len).step_by(MMA_ROWS).rev();
+                mma.extend(starts.flat_map(|q| [i as i32, q as i32]));
+            } else {
+                short.extend(simt);
+            }
             max_context = max_context.max(s.pos0 + s.len);
         }
         let n_rows = row_seq.len();
         let (off_seqs, off_rows) = (tables.len(), tables.len() + info.len());
         let off_tiles = off_rows + row_seq.len();
-        let n_tiles = tiles.len() / 2;
-        if n_tiles > 65535 {
+        let (short_tiles, n_tiles) = (short.len() / 2, (short.len() + long.len()) / 2);
+        let off_mma = off_tiles + 2 * n_tiles;
+        if n_tiles.max(mma.len() / 2) > 65535 {
             return Err(CudaError::Shape {
                 what: "attention query tiles in one step (at most 65535)",
-                got: n_tiles,
+                got: n_tiles.max(mma.len() / 2),
                 want: 65535,
             });
         }
+        let mma_tiles = mma.len() / 2;
         let mut meta = tables;
         meta.extend(info);
         meta.extend(row_seq);
-        meta.extend(tiles);
+        meta.extend(short);
+        meta.extend(long);
+        meta.extend(mma);
         Ok(Self {
             meta: Buf::Owned(ctx.upload(&meta)?),
             forced_splits: None,
@@ -276,12 +299,15 @@ impl AttnBatch {
             n_rows,
             max_blocks,
             tiles: n_tiles,
+            short_tiles,
+            mma_tiles,
             qb,
             gh,
             max_context,
             off_seqs,
             off_rows,
             off_tiles,
+            off_mma,
         })
     }
 
@@ -393,16 +419,33 @@ impl AttnBatch {
             n_rows: bucket,
             max_blocks,
             tiles: bucket,
+            short_tiles: bucket,
+            mma_tiles: 0,
             qb: 1,
             gh,
             max_context,
             off_seqs,
             off_rows: off_seqs + 4 * bucket,
             off_tiles: off_seqs + 5 * bucket,
+            off_mma: off_seqs + 7 * bucket,
         })
     }
 
-    fn ptrs(&self, ctx: &CudaContext) -> (u64, u64, u64, u64) {
+    /// Table entries per sequence in the packed tables.
+    pub(super) fn max_blocks(&self) -> usize {
+        self.max_blocks
+    }
+
+    /// Tiles the mma kernel would take (0 when no sequence is long enough).
+    pub fn mma_tiles(&self) -> usize {
+        self.mma_tiles
+    }
+
+    pub(super) fn mma_tiles_ptr(&self, ctx: &CudaContext) -> u64 {
+        ctx.ptr(&*self.meta) + 4 * self.off_mma as u64
+    }
+
+    pub(super) fn ptrs(&self, ctx: &CudaContext) -> (u64, u64, u64, u64) {
         let base = ctx.ptr(&*self.meta);
         let at = |o: usize| base + 4 * o as u64;
         (
@@ -510,11 +553,34 @@ impl CudaContext {
 
     /// Attention of the step's queries (`q`: row r, head h at `r·q_stride + h·head_dim`)
     /// against layer `layer` of the cache; `out` rows `out_stride` apart. `splits` forces the
-    /// number of key-range splits (1 = off); `None` picks it from the context length and the
-    /// number of blocks, as in the module header.
+    /// number of key-range splits of the SIMT kernel (1 = off); `None` picks it from the
+    /// context length and the number of blocks, as in the module header. Long prefill chunks
+    /// take the tensor-core kernel where it applies ([`AttnKernel::Auto`]).
     #[allow(clippy::too_many_arguments)]
     pub fn paged_attention(
         &mut self,
+        cache: &DeviceKvCache,
+        layer: usize,
+        batch: &AttnBatch,
+        q: &impl DevicePtr<f32>,
+        q_stride: usize,
+        p: &AttnParams,
+        out: &mut impl DevicePtrMut<f32>,
+        out_stride: usize,
+        splits: Option<usize>,
+    ) -> Result<()> {
+        let kernel = AttnKernel::Auto;
+        self.paged_attention_with(
+            kernel, cache, layer, batch, q, q_stride, p, out, out_stride, splits,
+        )
+    }
+
+    /// [`paged_attention`](Self::paged_attention) with the kernel for long prefill chunks
+    /// chosen by `kernel`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn paged_attention_with(
+        &mut self,
+        kernel: AttnKernel,
         cache: &DeviceKvCache,
         layer: usize,
         batch: &AttnBatch,
@@ -565,8 +631,18 @@ impl CudaContext {
             (batch.n_rows - 1) * out_stride + p.n_heads * d,
         )?;
 
+        let (qp, op) = (self.ptr(q), self.ptr_mut(out));
+        let mma = self.use_attn_mma(kernel, kv, batch)?;
+        if mma {
+            self.launch_attn_mma(kv, cache.block_size, batch, qp, q_stride, p, op, out_stride)?;
+        }
+        // The SIMT kernel takes the tiles the mma kernel does not (they come first).
+        let simt_tiles = if mma { batch.short_tiles } else { batch.tiles };
+        if simt_tiles == 0 {
+            return Ok(());
+        }
         let hchunks = group / gh;
-        let blocks = nkv * hchunks * batch.tiles;
+        let blocks = nkv * hchunks * simt_tiles;
         let keys = p
             .window
             .map_or(batch.max_context, |w| w.min(batch.max_context));
@@ -590,7 +666,7 @@ impl CudaContext {
             scale: p.scale,
             softcap: p.softcap.unwrap_or(0.0),
         };
-        let grid = ((nkv * hchunks) as u32, batch.tiles as u32, n_splits as u32);
+        let grid = ((nkv * hchunks) as u32, simt_tiles as u32, n_splits as u32);
         let (ws, done) = if n_splits > 1 {
             let n = batch.n_rows * p.n_heads * n_splits * (d + 2);
             let stream = self.stream().clone();
@@ -602,12 +678,7 @@ impl CudaContext {
         } else {
             (0, 0)
         };
-        let (qp, op, kc, vc) = (
-            self.ptr(q),
-            self.ptr_mut(out),
-            kv.k.ptr(self),
-            kv.v.ptr(self),
-        );
+        let (kc, vc) = (kv.k.ptr(self), kv.v.ptr(self));
         let (tab, seqs, _, tiles) = batch.ptrs(self);
         let t = match kv.k {
             KvBuf::F32(_) => "f32",

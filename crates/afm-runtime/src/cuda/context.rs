@@ -22,10 +22,11 @@ use super::{CudaError, Result};
 const COMMON: &str = include_str!("kernels/common.cuh");
 
 /// The kernel modules: name and CUDA C source (each compiled with `common.cuh` in front).
-pub const KERNEL_MODULES: [(&str, &str); 4] = [
+pub const KERNEL_MODULES: [(&str, &str); 5] = [
     ("elementwise", include_str!("kernels/elementwise.cu")),
     ("gemv", include_str!("kernels/gemv.cu")),
     ("attention", include_str!("kernels/attention.cu")),
+    ("attention_mma", include_str!("kernels/attention_mma.cu")),
     ("sampling", include_str!("kernels/sampling.cu")),
 ];
 
@@ -88,6 +89,7 @@ fn kernel_names(module: &str) -> Vec<String> {
             }
             v
         }
+        "attention_mma" => fixed(&["attn_mma_f16_64", "attn_mma_f16_128", "attn_mma_f16_256"]),
         "sampling" => fixed(&["argmax_rows", "sample_rows", "adjust_logits"]),
         _ => Vec::new(),
     }

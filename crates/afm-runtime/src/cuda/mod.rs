@@ -10,6 +10,8 @@
 //! - `attention`: the paged KV cache on the device, the KV write, the attention prologue (head
 //!   norms, RoPE and the KV write in one launch) and paged attention (decode with a split over
 //!   the key range for long contexts, merged in the same launch, and prefill).
+//! - `attention_mma`: prefill attention on tensor cores (mma.sync, FlashAttention-2 style) for
+//!   long chunks over an f16 cache, and the rule for when it replaces the SIMT kernel.
 //! - `sampling`: greedy and top-k/top-p/min-p sampling without copying logits to the host.
 //!
 //! Activations are f32 row-major `[rows][features]` buffers ([`CudaSlice<f32>`]), as on the CPU.
@@ -18,12 +20,14 @@
 //! Nothing here knows about models, requests or the scheduler.
 
 mod attention;
+mod attention_mma;
 mod context;
 mod matmul;
 mod ops;
 mod sampling;
 
 pub use attention::{AttnBatch, DeviceKvCache, DeviceLayerKv, KvBuf};
+pub use attention_mma::AttnKernel;
 pub(crate) use context::arch_for;
 pub use context::{compile_kernels, CudaContext, DeviceInfo, GpuTimer, Workspace, KERNEL_MODULES};
 pub use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, DevicePtr, DevicePtrMut};

@@ -1,0 +1,210 @@
+//! Prefill attention on tensor cores (`kernels/attention_mma.cu`): which steps take it, and
+//! its launch. [`CudaContext::paged_attention`](super::CudaContext::paged_attention) calls
+//! it; the packing of its query tiles lives with the rest of the step in `attention.rs`.
+//!
+//! The rule: a sequence whose chunk in the step has at least [`MMA_MIN_ROWS`] rows goes to the
+//! mma kernel, in tiles of [`MMA_ROWS`] rows (so its first tile is full and a partial last
+//! tile wastes under half of the work), when the layer's cache is f16, its head_dim is 64,
+//! 128 or 256 and the device is sm_80 or later. Shorter chunks and decode rows stay on the
+//! SIMT kernel, in the same step (two launches over disjoint rows). `AFM_ATTN_MMA=0` turns the
+//! mma path off (A/B runs); [`AttnKernel`] picks a path per call (tests and benchmarks).
+
+use cudarc::driver::sys::CUfunction_attribute_enum;
+use cudarc::driver::LaunchConfig;
+
+use super::attention::{AttnBatch, DeviceLayerKv};
+use super::{launch, CudaContext, CudaError, Result};
+use crate::attention::AttnParams;
+use crate::kv_store::KvDtype;
+
+/// Query rows per mma tile (`MMA_BM` in attention_mma.cu: 4 warps × 16).
+pub(super) const MMA_ROWS: usize = 64;
+/// Fewest rows of one sequence's chunk that the mma kernel takes (see the module header).
+pub(super) const MMA_MIN_ROWS: usize = 64;
+
+/// Which kernel serves the prefill tiles of a [`paged_attention_with`] call.
+///
+/// [`paged_attention_with`]: super::CudaContext::paged_attention_with
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttnKernel {
+    /// Tensor cores where they apply (module header) unless `AFM_ATTN_MMA=0`; SIMT elsewhere.
+    Auto,
+    /// The SIMT kernel for every row.
+    Simt,
+    /// Tensor cores for every sequence of at least [`MMA_MIN_ROWS`] rows (the rest SIMT);
+    /// an error where they cannot serve the layer or no sequence is that long.
+    Mma,
+}
+
+/// `AFM_ATTN_MMA=0` turns the automatic choice of the mma kernel off.
+fn mma_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("AFM_ATTN_MMA").map_or(true, |v| v != "0"))
+}
+
+/// Keys per shared-memory tile for `head_dim` (`ATTN_MMA` in attention_mma.cu).
+fn keys_per_tile(head_dim: usize) -> Option<usize> {
+    match head_dim {
+        64 | 128 => Some(64),
+        256 => Some(32),
+        _ => None,
+    }
+}
+
+/// Dynamic shared memory of one CTA: Q [64] and two buffers each of K and V [BN], rows of
+/// `head_dim + 8` f16 (the padding spreads ldmatrix rows over the banks).
+fn shared_bytes(head_dim: usize, keys: usize) -> usize {
+    (MMA_ROWS + 4 * keys) * (head_dim + 8) * 2
+}
+
+/// Mirror of `MmaArgs` in attention_mma.cu.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct MmaArgs {
+    n_heads: i32,
+    n_kv_heads: i32,
+    block_size: i32,
+    max_blocks: i32,
+    window: i32,
+    q_stride: i32,
+    out_stride: i32,
+    group: i32,
+    scale: f32,
+    softcap: f32,
+}
+
+// SAFETY: plain #[repr(C)] data, laid out as the CUDA struct.
+unsafe impl cudarc::driver::DeviceRepr for MmaArgs {}
+
+/// Where an [`AttnKernel::Mma`] request cannot be met, or `None` where it can.
+fn mma_refusal(ctx: &CudaContext, kv: &DeviceLayerKv, batch: &AttnBatch) -> Option<CudaError> {
+    let d = kv.shape.head_dim;
+    let unsupported = |what, value: String, supported| {
+        Some(CudaError::Unsupported {
+            what,
+            value,
+            supported,
+        })
+    };
+    if kv.dtype() != KvDtype::F16 {
+        return unsupported(
+            "KV cache type of the mma attention kernel",
+            format!("{:?}", kv.dtype()),
+            "F16",
+        );
+    }
+    if keys_per_tile(d).is_none() {
+        return unsupported("mma attention head_dim", d.to_string(), "64, 128, 256");
+    }
+    let (major, minor) = ctx.info().compute_capability;
+    if major < 8 {
+        return unsupported(
+            "compute capability for the mma attention kernel",
+            format!("{major}.{minor}"),
+            "8.0 or later",
+        );
+    }
+    if batch.mma_tiles() == 0 {
+        return unsupported(
+            "longest sequence chunk of the step for the mma attention kernel",
+            "below the minimum".into(),
+            "at least 64 rows (MMA_MIN_ROWS)",
+        );
+    }
+    None
+}
+
+impl CudaContext {
+    /// Whether this call's prefill tiles take the mma kernel (see [`AttnKernel`]); for
+    /// `Mma`, an error where they cannot. Sets the kernel's shared-memory limit when it does.
+    pub(super) fn use_attn_mma(
+        &self,
+        kernel: AttnKernel,
+        kv: &DeviceLayerKv,
+        batch: &AttnBatch,
+    ) -> Result<bool> {
+        let refusal = match kernel {
+            AttnKernel::Simt => return Ok(false),
+            AttnKernel::Auto if !mma_enabled() => return Ok(false),
+            _ => mma_refusal(self, kv, batch),
+        };
+        match (refusal, kernel) {
+            (Some(e), AttnKernel::Mma) => return Err(e),
+            (Some(_), _) => return Ok(false),
+            (None, _) => {}
+        }
+        let d = kv.shape.head_dim;
+        let bytes = shared_bytes(d, keys_per_tile(d).unwrap_or(64));
+        let f = self.kernel(&format!("attn_mma_f16_{d}"))?;
+        let set = f.set_attribute(
+            CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            bytes as i32,
+        );
+        match (set, kernel) {
+            (Ok(()), _) => Ok(true),
+            (Err(e), AttnKernel::Mma) => Err(e.into()),
+            // A device with less shared memory per block: the SIMT kernel serves it.
+            (Err(_), _) => Ok(false),
+        }
+    }
+
+    /// The mma kernel over the batch's mma tiles (shapes and strides checked by the caller,
+    /// [`use_attn_mma`](Self::use_attn_mma) true).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn launch_attn_mma(
+        &self,
+        kv: &DeviceLayerKv,
+        block_size: usize,
+        batch: &AttnBatch,
+        q: u64,
+        q_stride: usize,
+        p: &AttnParams,
+        out: u64,
+        out_stride: usize,
+    ) -> Result<()> {
+        let (d, nkv) = (kv.shape.head_dim, kv.shape.n_kv_heads);
+        let keys = keys_per_tile(d).ok_or(CudaError::Unsupported {
+            what: "mma attention head_dim",
+            value: d.to_string(),
+            supported: "64, 128, 256",
+        })?;
+        let args = MmaArgs {
+            n_heads: p.n_heads as i32,
+            n_kv_heads: nkv as i32,
+            block_size: block_size as i32,
+            max_blocks: batch.max_blocks() as i32,
+            window: p.window.unwrap_or(0) as i32,
+            q_stride: q_stride as i32,
+            out_stride: out_stride as i32,
+            group: (p.n_heads / nkv) as i32,
+            scale: p.scale,
+            softcap: p.softcap.unwrap_or(0.0),
+        };
+        let (kc, vc) = kv.addresses(self);
+        let (tab, seqs, _, _) = batch.ptrs(self);
+        let tiles = batch.mma_tiles_ptr(self);
+        let cfg = LaunchConfig {
+            grid_dim: (p.n_heads as u32, batch.mma_tiles() as u32, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: shared_bytes(d, keys) as u32,
+        };
+        let f = self.kernel(&format!("attn_mma_f16_{d}"))?;
+        launch!(self, f, cfg; q, kc, vc, tab, seqs, tiles, out, args)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The shared memory each kernel asks for fits the smallest opt-in limit of the devices
+    /// it runs on (99 KB on sm_86/sm_89; 163 KB and 227 KB on sm_80/sm_90).
+    #[test]
+    fn shared_memory_fits_every_sm80_class_device() {
+        for d in [64, 128, 256] {
+            let bytes = shared_bytes(d, keys_per_tile(d).expect("supported head_dim"));
+            assert!(bytes <= 99 * 1024, "head_dim {d}: {bytes} bytes");
+        }
+        assert_eq!(keys_per_tile(512), None);
+    }
+}

@@ -1,0 +1,303 @@
+// Prefill attention on tensor cores (FlashAttention-2 style) over the paged f16 KV cache.
+//
+// Same cache layout and step metadata as attention.cu:
+//   k, v: [num_blocks][n_kv_heads][block_size][D] f16; position p of a sequence lives in block
+//         table[p / block_size], slot p % block_size
+//   seqs [n_seqs][row0, len, pos0, 0], tiles [n_tiles][seq, first query of the tile]
+//
+// One CTA (4 warps) = one query head x 64 query rows of one sequence; warp w owns rows
+// 16w..16w+15. It walks the keys the tile's rows can see in tiles of BN keys, copied from the
+// paged cache to shared memory by cp.async, double-buffered (tile i+1 loads while i computes):
+//   S = Q K^T        mma m16n8k16 (Q and K f16, S f32), Q rounded from f32 once
+//   online softmax   per row in f32 registers: m (max), l (sum), O rescaled by e^(m_old - m)
+//   O += P V         same mma, P rounded to f16 (the CPU rounds its weights to f16 too)
+// Causal mask: the query at position p sees keys 0..=p (and p-window+1.. with a window); the
+// key range stops at the tile's last position, so no tile lies wholly past the diagonal, and
+// a warp skips (computes nothing for) key tiles none of its 16 rows can see.
+// Query heads of one KV head run in separate CTAs: packing them into one CTA's 64 rows would
+// halve its positions, so K/V traffic per multiply stays the same; L2 serves the repeats.
+//
+// Fragment layouts (PTX ISA, "Matrix Fragments for mma.m16n8k16 with floating point type";
+// lane = 4 * group + tig, group = lane >> 2, tig = lane & 3; f16 pairs: lower column in the
+// low half of the 32-bit register):
+//   A 16x16 (row-major)   a0: (group, 2tig..+1)  a1: (group+8, 2tig..+1)
+//                         a2: (group, 2tig+8..+9) a3: (group+8, 2tig+8..+9)
+//   B 16x8 (k x n, "col") b0: (k 2tig..+1, n group)  b1: (k 2tig+8..+9, n group)
+//   C/D 16x8 f32          c0, c1: (group, 2tig, 2tig+1)  c2, c3: (group+8, 2tig, 2tig+1)
+// ldmatrix .x4: lanes 8i..8i+7 give the row addresses of 8x8 matrix i; register i of every
+// lane receives matrix i's (row lane>>2, cols 2(lane&3), +1), or with .trans its
+// (rows 2(lane&3), +1; col lane>>2). So:
+//   A from Q [row][d]:  lane -> row (lane & 15), col 8 (lane >> 4): regs = a0..a3
+//   B from K [key][d]:  lane -> key (lane & 7) + 8 (lane >> 4), col 8 ((lane >> 3) & 1):
+//                       regs = b0, b1 of keys n0..n0+7, then b0, b1 of keys n0+8..n0+15
+//   B from V [key][d] (.trans): lane -> key (lane & 15), col 8 (lane >> 4):
+//                       regs = b0, b1 of dims d0..d0+7, then b0, b1 of dims d0+8..d0+15
+//   P as A: the S accumulators of key tiles 2kk, 2kk+1 are a0..a3 of key chunk kk as they are.
+//
+// mma.m16n8k16, ldmatrix and cp.async need sm_80; below that the entry points are empty and
+// cuda/attention.rs never launches them.
+
+struct MmaArgs {
+    int n_heads, n_kv_heads, block_size, max_blocks;
+    int window, q_stride, out_stride, group;
+    float scale, softcap;
+};
+
+#define MMA_BM 64  // query rows per CTA: 4 warps x 16
+
+__device__ __forceinline__ u32 smem_addr(const void* p) {
+    u32 a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+
+__device__ __forceinline__ u32 pack_h2(float lo, float hi) {
+    return (u32)f2h(lo) | ((u32)f2h(hi) << 16);
+}
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+
+// 16 bytes global -> shared, or 16 zero bytes when !ok (nothing is read then).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool ok) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
+                 :: "r"(smem_addr(dst)), "l"(src), "r"(ok ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory");
+}
+
+// `at`: a shared-memory address (smem_addr), 16-byte aligned.
+__device__ __forceinline__ void ldsm_x4(u32 (&r)[4], u32 at) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(at));
+}
+__device__ __forceinline__ void ldsm_x4_t(u32 (&r)[4], u32 at) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(at));
+}
+
+// c += A (16x16) B (16x8), f16 in, f32 accumulate.
+__device__ __forceinline__ void mma16816(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Shared memory (dynamic, rows LD = D + 8 halves apart so the 8 rows of an ldmatrix fall in
+// different banks):  Q [64][LD] | K [2][BN][LD] | V [2][BN][LD]
+template <int D, int BN>
+__device__ void attn_mma_impl(const float* __restrict__ q, const u16* __restrict__ kc,
+                              const u16* __restrict__ vc, const int* __restrict__ tables,
+                              const int* __restrict__ seqs, const int* __restrict__ tiles,
+                              float* __restrict__ out, const MmaArgs a) {
+    constexpr int LD = D + 8, NT = BN / 8, DT = D / 8, CH = D / 8;
+    extern __shared__ __align__(16) u16 smem[];
+    u16* sq = smem;
+    u16* sk = sq + MMA_BM * LD;
+    u16* sv = sk + 2 * BN * LD;
+
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int grp = lane >> 2, tig = lane & 3;
+    const int h = blockIdx.x, kvh = h / a.group;
+    const int s = tiles[blockIdx.y * 2], q_off = tiles[blockIdx.y * 2 + 1];
+    const int row0 = seqs[s * 4], len = seqs[s * 4 + 1], pos0 = seqs[s * 4 + 2];
+    const int nq = min(MMA_BM, len - q_off);
+    if (nq <= 0) return;  // whole CTA: no barrier is skipped by part of it
+    const int p_first = pos0 + q_off, p_last = p_first + nq - 1;
+    const int k_lo = a.window > 0 ? max(0, p_first + 1 - a.window) : 0;
+    const int k_hi = p_last + 1;  // keys past the tile's last position are never needed
+    const int* table = tables + (i64)s * a.max_blocks;
+
+    // Queries, rounded to f16 as the SIMT kernel and the CPU do; rows past nq are zero.
+    for (int e = tid; e < MMA_BM * D / 2; e += blockDim.x) {
+        const int r = e / (D / 2), c = (e % (D / 2)) * 2;
+        u32 v = 0;
+        if (r < nq) {
+            const float* qp = q + (i64)(row0 + q_off + r) * a.q_stride + h * D + c;
+            v = pack_h2(qp[0], qp[1]);
+        }
+        *(u32*)(sq + r * LD + c) = v;
+    }
+
+    // Keys/values j0..j0+BN-1 into buffer b, 16-byte chunks; keys at or past k_hi are zero
+    // (their probability is 0, and 0 * garbage could be NaN).
+    auto load_kv = [&](int j0, int b) {
+        u16* dk = sk + b * BN * LD;
+        u16* dv = sv + b * BN * LD;
+        for (int e = tid; e < BN * CH; e += blockDim.x) {
+            const int r = e / CH, c = (e % CH) * 8, j = j0 + r;
+            const bool ok = j < k_hi;
+            i64 off = 0;
+            if (ok) {
+                const i64 blk = table[j / a.block_size];
+                off = ((blk * a.n_kv_heads + kvh) * a.block_size + j % a.block_size) * D + c;
+            }
+            cp_async16(dk + r * LD + c, kc + off, ok);
+            cp_async16(dv + r * LD + c, vc + off, ok);
+        }
+        cp_async_commit();
+    };
+
+    // This warp's rows; rows past nq act as the last valid row (finite, never written).
+    const int wr0 = warp * 16;
+    const bool warp_live = wr0 < nq;
+    const int w_first = p_first + wr0, w_last = p_first + min(wr0 + 15, nq - 1);
+    const int pos_a = p_first + min(wr0 + grp, nq - 1);
+    const int pos_b = p_first + min(wr0 + grp + 8, nq - 1);
+
+    float o[DT][4];
+#pragma unroll
+    for (int d = 0; d < DT; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
+    float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
+
+    const int n_tiles = (k_hi - k_lo + BN - 1) / BN;
+    load_kv(k_lo, 0);
+    for (int it = 0; it < n_tiles; it++) {
+        const int j0 = k_lo + it * BN;
+        if (it + 1 < n_tiles) {
+            load_kv(j0 + BN, (it + 1) & 1);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();  // tile `it` (and Q, the first time) visible to every warp
+
+        const bool skip = !warp_live || j0 > w_last ||
+                          (a.window > 0 && j0 + BN - 1 <= w_first - a.window);
+        if (!skip) {
+            // byte addresses in shared memory of Q, this tile's K and V
+            const u32 aq = smem_addr(sq), ak = smem_addr(sk + (it & 1) * BN * LD),
+                      av = smem_addr(sv + (it & 1) * BN * LD);
+            float sc[NT][4];
+#pragma unroll
+            for (int n = 0; n < NT; n++) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.f;
+#pragma unroll
+            for (int kk = 0; kk < D / 16; kk++) {
+                u32 qa[4];
+                ldsm_x4(qa, aq + 2 * ((wr0 + (lane & 15)) * LD + kk * 16 + (lane >> 4) * 8));
+#pragma unroll
+                for (int np = 0; np < NT / 2; np++) {
+                    u32 kb[4];
+                    ldsm_x4(kb, ak + 2 * ((np * 16 + (lane & 7) + ((lane >> 4) << 3)) * LD +
+                                          kk * 16 + ((lane >> 3) & 1) * 8));
+                    mma16816(sc[2 * np], qa, kb[0], kb[1]);
+                    mma16816(sc[2 * np + 1], qa, kb[2], kb[3]);
+                }
+            }
+
+            // Scale, softcap, mask; c0,c1 belong to row pos_a and c2,c3 to row pos_b.
+            const bool masked =
+                j0 + BN - 1 > w_first || (a.window > 0 && j0 <= w_last - a.window);
+            float mx[2] = {NEG_INF, NEG_INF};
+#pragma unroll
+            for (int n = 0; n < NT; n++) {
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    float v = sc[n][e] * a.scale;
+                    if (a.softcap > 0.f) v = a.softcap * tanhf(v / a.softcap);
+                    if (masked) {
+                        const int j = j0 + n * 8 + 2 * tig + (e & 1);
+                        const int p = e < 2 ? pos_a : pos_b;
+                        if (j > p || (a.window > 0 && j <= p - a.window)) v = NEG_INF;
+                    }
+                    sc[n][e] = v;
+                    mx[e >> 1] = fmaxf(mx[e >> 1], v);
+                }
+            }
+            float base[2], corr[2];
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                // the 4 lanes of a group hold the 4 column pairs of its rows
+                mx[r] = fmaxf(mx[r], __shfl_xor_sync(FULL_MASK, mx[r], 1));
+                mx[r] = fmaxf(mx[r], __shfl_xor_sync(FULL_MASK, mx[r], 2));
+                const float mn = fmaxf(m[r], mx[r]);
+                base[r] = mn == NEG_INF ? 0.f : mn;  // a row with nothing visible yet
+                corr[r] = __expf(m[r] - base[r]);
+                m[r] = mn;
+            }
+            u32 pk[NT][2];
+            float rs[2] = {0.f, 0.f};
+#pragma unroll
+            for (int n = 0; n < NT; n++) {
+                const float p0 = __expf(sc[n][0] - base[0]), p1 = __expf(sc[n][1] - base[0]);
+                const float p2 = __expf(sc[n][2] - base[1]), p3 = __expf(sc[n][3] - base[1]);
+                rs[0] += p0 + p1;
+                rs[1] += p2 + p3;
+                pk[n][0] = pack_h2(p0, p1);
+                pk[n][1] = pack_h2(p2, p3);
+            }
+            l[0] = l[0] * corr[0] + rs[0];
+            l[1] = l[1] * corr[1] + rs[1];
+#pragma unroll
+            for (int d = 0; d < DT; d++) {
+                o[d][0] *= corr[0];
+                o[d][1] *= corr[0];
+                o[d][2] *= corr[1];
+                o[d][3] *= corr[1];
+            }
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; kk++) {
+                const u32 pa[4] = {pk[2 * kk][0], pk[2 * kk][1], pk[2 * kk + 1][0],
+                                   pk[2 * kk + 1][1]};
+#pragma unroll
+                for (int dp = 0; dp < D / 16; dp++) {
+                    u32 vb[4];
+                    ldsm_x4_t(vb,
+                              av + 2 * ((kk * 16 + (lane & 15)) * LD + dp * 16 + (lane >> 4) * 8));
+                    mma16816(o[2 * dp], pa, vb[0], vb[1]);
+                    mma16816(o[2 * dp + 1], pa, vb[2], vb[3]);
+                }
+            }
+        }
+        __syncthreads();  // every warp is done with this buffer before it is refilled
+    }
+
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        l[r] += __shfl_xor_sync(FULL_MASK, l[r], 1);
+        l[r] += __shfl_xor_sync(FULL_MASK, l[r], 2);
+    }
+    if (!warp_live) return;
+    const int ra = wr0 + grp, rb = ra + 8;
+    float* oa = out + (i64)(row0 + q_off + ra) * a.out_stride + h * D + 2 * tig;
+    float* ob = out + (i64)(row0 + q_off + rb) * a.out_stride + h * D + 2 * tig;
+    const float ia = 1.f / l[0], ib = 1.f / l[1];
+#pragma unroll
+    for (int d = 0; d < DT; d++) {
+        if (ra < nq) {
+            oa[d * 8] = o[d][0] * ia;
+            oa[d * 8 + 1] = o[d][1] * ia;
+        }
+        if (rb < nq) {
+            ob[d * 8] = o[d][2] * ib;
+            ob[d * 8 + 1] = o[d][3] * ib;
+        }
+    }
+}
+
+#define ATTN_MMA(D, BN)                                                                        \
+    extern "C" __global__ void __launch_bounds__(128) attn_mma_f16_##D(                        \
+        const float* q, const u16* kc, const u16* vc, const int* tables, const int* seqs,      \
+        const int* tiles, float* out, const MmaArgs a) {                                       \
+        pdl_begin();                                                                           \
+        attn_mma_impl<D, BN>(q, kc, vc, tables, seqs, tiles, out, a);                          \
+    }
+
+#else  // below sm_80: the entry points exist (the module lists them) but are never launched
+
+#define ATTN_MMA(D, BN)                                                                        \
+    extern "C" __global__ void attn_mma_f16_##D(const float*, const u16*, const u16*,          \
+                                                const int*, const int*, const int*, float*,    \
+                                                const MmaArgs) {}
+
+#endif
+
+// Keys per tile: 64, or 32 at head_dim 256 to bound the registers (O alone is 128 per lane).
+ATTN_MMA(64, 64)
+ATTN_MMA(128, 64)
+ATTN_MMA(256, 32)

@@ -1,0 +1,186 @@
+#![cfg(feature = "cuda")]
+//! The tensor-core prefill attention kernel (`cuda/kernels/attention_mma.cu`) against
+//! afm-runtime's CPU attention on the same f16 KV cache: relative error ‖gpu − cpu‖ / ‖cpu‖
+//! within 2e-3, as for the SIMT kernel's f16 tests in `cuda_ops` (both round queries and
+//! attention weights to f16, the CPU as llama.cpp does). Every case forces the mma kernel
+//! (`AttnKernel::Mma`, which fails rather than fall back), at head_dim 64, 128 and 256 and
+//! query heads per KV head 1, 2 and 4; outputs are poisoned with NaN first, so an unwritten
+//! row fails.
+//!
+//! Needs a CUDA device of compute capability 8.0 or later (`AFM_CUDA_DEVICE`, default 0).
+//! Run with `--test-threads=1`; the tests share one context.
+
+mod common;
+
+use afm_runtime::cuda::AttnKernel;
+use afm_runtime::kv_store::KvDtype;
+use common::{ctx, rel_err, run_attention, AttnCase, Rng};
+
+const TOL: f64 = 2e-3;
+
+/// (query heads, KV heads, head_dim): every supported head_dim at groups 1, 2 and 4.
+const SHAPES: [(usize, usize, usize); 6] = [
+    (4, 4, 64),
+    (8, 2, 64),
+    (8, 4, 128),
+    (16, 4, 128),
+    (4, 4, 256),
+    (8, 2, 256),
+];
+
+fn case(
+    (n_heads, n_kv, d): (usize, usize, usize),
+    seqs: &[(usize, usize)],
+    window: Option<usize>,
+    softcap: Option<f32>,
+) -> AttnCase {
+    AttnCase {
+        n_heads,
+        n_kv,
+        d,
+        dtype: KvDtype::F16,
+        window,
+        softcap,
+        seqs: seqs.to_vec(),
+        splits: None,
+    }
+}
+
+/// Runs `case` with each of `kernels` and checks each against the CPU; returns the outputs.
+fn check(what: &str, case: &AttnCase, kernels: &[AttnKernel]) -> Vec<Vec<f32>> {
+    let mut c = ctx();
+    let mut rng = Rng(case.d as u64 * 7919 + case.n_heads as u64 * 31 + case.seqs.len() as u64);
+    let (want, got) = run_attention(&mut c, &mut rng, case, kernels);
+    kernels
+        .iter()
+        .zip(got)
+        .map(|(k, g)| {
+            let g = g.unwrap_or_else(|e| panic!("{what} {k:?}: {e}"));
+            let e = rel_err(&g, &want);
+            eprintln!(
+                "{what}: {k:?} heads {}/{} d {} seqs {:?} window {:?} softcap {:?}: rel err {e:.2e}",
+                case.n_heads, case.n_kv, case.d, case.seqs, case.window, case.softcap
+            );
+            assert!(e <= TOL, "{what} {k:?}: relative error {e:.3e} > {TOL:.0e}");
+            g
+        })
+        .collect()
+}
+
+fn check_mma(what: &str, case: AttnCase) {
+    check(what, &case, &[AttnKernel::Mma]);
+}
+
+/// A fresh prompt of 300 rows: four full tiles of 64 and a last one of 44.
+#[test]
+fn one_prompt_of_300_rows() {
+    for shape in SHAPES {
+        check_mma("300 rows", case(shape, &[(0, 300)], None, None));
+    }
+}
+
+/// A chunk continuing a prompt whose first 700 positions are already cached (a chunked
+/// prefill or a prefix-cache hit): the queries see those keys and their own causally.
+#[test]
+fn chunk_after_700_cached_positions() {
+    for shape in SHAPES {
+        check_mma("at 700", case(shape, &[(700, 200)], None, None));
+    }
+}
+
+/// Sequences of different lengths and starts in one step: one tile plus one row (65), a
+/// chunk at 40, a tile exactly (64), and a decode row and a short chunk that stay on the SIMT
+/// kernel in the same step.
+#[test]
+fn mixed_batch_with_short_rows_on_simt() {
+    let seqs = [(0, 65), (40, 190), (500, 1), (7, 64), (3, 20)];
+    for shape in SHAPES {
+        check_mma("mixed batch", case(shape, &seqs, None, None));
+    }
+}
+
+/// A sliding window narrower than a key tile, one wider than a query tile, and one longer
+/// than every sequence (no effect), across chunks that start past the window.
+#[test]
+fn sliding_window() {
+    let seqs = [(0, 300), (250, 130)];
+    for shape in SHAPES {
+        for w in [24, 100, 5000] {
+            check_mma("window", case(shape, &seqs, Some(w), None));
+        }
+    }
+}
+
+/// Gemma-style score softcap, with and without a window.
+#[test]
+fn softcap() {
+    for shape in SHAPES {
+        for window in [None, Some(70)] {
+            check_mma(
+                "softcap",
+                case(shape, &[(0, 150), (90, 77)], window, Some(30.0)),
+            );
+        }
+    }
+}
+
+/// The mma kernel and the SIMT kernel agree with each other (as well as with the CPU) on the
+/// same step, Qwen3-0.6B's heads; `Auto` takes the mma kernel for this step.
+#[test]
+fn mma_and_simt_agree() {
+    let kernels = [AttnKernel::Simt, AttnKernel::Mma, AttnKernel::Auto];
+    let case = case((16, 8, 128), &[(0, 1000), (120, 333)], None, None);
+    let out = check("agree", &case, &kernels);
+    let e = rel_err(&out[1], &out[0]);
+    eprintln!("mma vs simt: rel err {e:.2e}");
+    assert!(e <= TOL, "mma vs simt: relative error {e:.3e} > {TOL:.0e}");
+    if std::env::var("AFM_ATTN_MMA").map_or(true, |v| v != "0") {
+        assert_eq!(out[2], out[1], "Auto should have taken the mma kernel");
+    }
+}
+
+/// Forcing the mma kernel where it cannot serve is an error that names the reason, not a
+/// silent fallback: an f32 cache, head_dim 32, and a step whose chunks are all short.
+#[test]
+fn mma_refuses_what_it_cannot_serve() {
+    let mut c = ctx();
+    let mut rng = Rng(9);
+    let refusals = [
+        (
+            AttnCase {
+                dtype: KvDtype::F32,
+                ..case((8, 2, 128), &[(0, 100)], None, None)
+            },
+            "KV cache type",
+        ),
+        (case((8, 2, 32), &[(0, 100)], None, None), "head_dim"),
+        (case((8, 2, 128), &[(0, 63), (5, 1)], None, None), "64 rows"),
+    ];
+    for (case, reason) in refusals {
+        let (want, got) = run_attention(
+            &mut c,
+            &mut rng,
+            &case,
+            &[AttnKernel::Mma, AttnKernel::Auto],
+        );
+        let mut got = got.into_iter();
+        match got.next() {
+            Some(Err(e)) => assert!(e.to_string().contains(reason), "{e}"),
+            other => panic!(
+                "expected an error naming {reason:?}, got {:?}",
+                other.map(|r| r.map(|v| v.len()))
+            ),
+        }
+        // Auto serves the same step on the SIMT kernel.
+        let auto = got
+            .next()
+            .expect("two kernels")
+            .unwrap_or_else(|e| panic!("{e}"));
+        let tol = if case.dtype == KvDtype::F32 {
+            1e-4
+        } else {
+            TOL
+        };
+        assert!(rel_err(&auto, &want) <= tol);
+    }
+}
