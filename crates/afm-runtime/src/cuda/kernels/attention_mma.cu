@@ -45,17 +45,21 @@ struct MmaArgs {
 
 #define MMA_BM 64  // query rows per CTA: 4 warps x 16
 
-__device__ __forceinline__ u32 smem_addr(const void* p) {
-    u32 a;
-    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
-    return a;
-}
-
 __device__ __forceinline__ u32 pack_h2(float lo, float hi) {
     return (u32)f2h(lo) | ((u32)f2h(hi) << 16);
 }
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+
+// The PTX below is all the kernel's warp-level machinery; scripts/attention_mma_emulate.cpp
+// compiles this file on the CPU with its own definitions of these helpers instead (one thread
+// per lane), to check the indexing without a GPU.
+#ifndef AFM_HOST_EMULATION
+__device__ __forceinline__ u32 smem_addr(const void* p) {
+    u32 a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
 
 // 16 bytes global -> shared, or 16 zero bytes when !ok (nothing is read then).
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool ok) {
@@ -87,6 +91,7 @@ __device__ __forceinline__ void mma16816(float (&c)[4], const u32 (&a)[4], u32 b
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
+#endif  // AFM_HOST_EMULATION
 
 // Shared memory (dynamic, rows LD = D + 8 halves apart so the 8 rows of an ldmatrix fall in
 // different banks):  Q [64][LD] | K [2][BN][LD] | V [2][BN][LD]
