@@ -21,7 +21,7 @@
 use cudarc::driver::{CudaSlice, CudaView, DevicePtr, DevicePtrMut, LaunchConfig};
 use half::f16;
 
-use super::attention_mma::{AttnKernel, MMA_MIN_ROWS, MMA_ROWS};
+use super::attention_mma::{step_tiles, AttnKernel};
 use super::context::{scratch, scratch_zeroed};
 use super::{check_len, launch, Buf, CudaContext, CudaError, Result, RopeTable};
 use crate::attention::{AttnParams, AttnSeq};
@@ -236,8 +236,6 @@ impl AttnBatch {
             .max(1);
         let mut tables = vec![0i32; seqs.len() * max_blocks];
         let (mut info, mut row_seq) = (Vec::new(), Vec::new());
-        // SIMT tiles of short and of long (mma-eligible) chunks, and the mma tiles.
-        let (mut short, mut long, mut mma) = (Vec::new(), Vec::new(), Vec::new());
         let mut max_context = 0;
         for (i, s) in seqs.iter().enumerate() {
             check(
@@ -262,36 +260,26 @@ impl AttnBatch {
             }
             info.extend([s.row0 as i32, s.len as i32, s.pos0 as i32, 0]);
             row_seq.extend(std::iter::repeat_n(i as i32, s.len));
-            let simt = (0..s.len).step_by(qb).flat_map(|q| [i as i32, q as i32]);
-            if s.len >= MMA_MIN_ROWS {
-                long.extend(simt);
-                // Last tiles first: they see the most keys, so the longest CTAs start early.
-                let starts = (0..s.len).step_by(MMA_ROWS).rev();
-                mma.extend(starts.flat_map(|q| [i as i32, q as i32]));
-            } else {
-                short.extend(simt);
-            }
             max_context = max_context.max(s.pos0 + s.len);
         }
         let n_rows = row_seq.len();
         let (off_seqs, off_rows) = (tables.len(), tables.len() + info.len());
         let off_tiles = off_rows + row_seq.len();
-        let (short_tiles, n_tiles) = (short.len() / 2, (short.len() + long.len()) / 2);
-        let off_mma = off_tiles + 2 * n_tiles;
-        if n_tiles.max(mma.len() / 2) > 65535 {
+        let t = step_tiles(seqs.iter().map(|s| s.len), qb);
+        let (n_tiles, mma_tiles) = (t.simt.len() / 2, t.mma.len() / 2);
+        let off_mma = off_tiles + t.simt.len();
+        if n_tiles.max(mma_tiles) > 65535 {
             return Err(CudaError::Shape {
                 what: "attention query tiles in one step (at most 65535)",
-                got: n_tiles.max(mma.len() / 2),
+                got: n_tiles.max(mma_tiles),
                 want: 65535,
             });
         }
-        let mma_tiles = mma.len() / 2;
         let mut meta = tables;
         meta.extend(info);
         meta.extend(row_seq);
-        meta.extend(short);
-        meta.extend(long);
-        meta.extend(mma);
+        meta.extend(t.simt);
+        meta.extend(t.mma);
         Ok(Self {
             meta: Buf::Owned(ctx.upload(&meta)?),
             forced_splits: None,
@@ -299,7 +287,7 @@ impl AttnBatch {
             n_rows,
             max_blocks,
             tiles: n_tiles,
-            short_tiles,
+            short_tiles: t.short,
             mma_tiles,
             qb,
             gh,

@@ -22,6 +22,41 @@ pub(super) const MMA_ROWS: usize = 64;
 /// Fewest rows of one sequence's chunk that the mma kernel takes (see the module header).
 pub(super) const MMA_MIN_ROWS: usize = 64;
 
+/// The query tiles of a step over sequences of `lens` rows, each `[seq, first query]`.
+pub(super) struct StepTiles {
+    /// SIMT tiles of `qb` queries: first those of the sequences the mma kernel never takes,
+    /// then those of the ones it takes where it serves the layer.
+    pub simt: Vec<i32>,
+    /// How many of `simt` the first group holds.
+    pub short: usize,
+    /// Tiles of [`MMA_ROWS`] rows of each sequence of at least [`MMA_MIN_ROWS`] rows, last
+    /// tiles first: they see the most keys, so the longest CTAs start early.
+    pub mma: Vec<i32>,
+}
+
+pub(super) fn step_tiles(lens: impl Iterator<Item = usize>, qb: usize) -> StepTiles {
+    let (mut short, mut long, mut mma) = (Vec::new(), Vec::new(), Vec::new());
+    for (i, len) in lens.enumerate() {
+        let simt = (0..len)
+            .step_by(qb.max(1))
+            .flat_map(|q| [i as i32, q as i32]);
+        if len >= MMA_MIN_ROWS {
+            long.extend(simt);
+            let starts = (0..len).step_by(MMA_ROWS).rev();
+            mma.extend(starts.flat_map(|q| [i as i32, q as i32]));
+        } else {
+            short.extend(simt);
+        }
+    }
+    let n_short = short.len() / 2;
+    short.extend(long);
+    StepTiles {
+        simt: short,
+        short: n_short,
+        mma,
+    }
+}
+
 /// Which kernel serves the prefill tiles of a [`paged_attention_with`] call.
 ///
 /// [`paged_attention_with`]: super::CudaContext::paged_attention_with
@@ -199,6 +234,50 @@ mod tests {
 
     /// The shared memory each kernel asks for fits the smallest opt-in limit of the devices
     /// it runs on (99 KB on sm_86/sm_89; 163 KB and 227 KB on sm_80/sm_90).
+    /// Every row of every sequence is in exactly one SIMT tile; the mma tiles cover exactly
+    /// the rows of the sequences of at least 64 rows, once each, and their SIMT tiles are last.
+    #[test]
+    fn step_tiles_cover_each_row_once() {
+        let lens = [1, 300, 63, 64, 0, 129, 5];
+        let qb = 4;
+        let t = step_tiles(lens.iter().copied(), qb);
+        let rows = |tiles: &[i32], size: usize| {
+            let mut seen: Vec<(usize, usize)> = Vec::new();
+            for p in tiles.chunks(2) {
+                let (s, q0) = (p[0] as usize, p[1] as usize);
+                assert!(q0 < lens[s], "tile past sequence {s}");
+                seen.extend((q0..(q0 + size).min(lens[s])).map(|r| (s, r)));
+            }
+            seen.sort();
+            seen
+        };
+        let all: Vec<(usize, usize)> = lens
+            .iter()
+            .enumerate()
+            .flat_map(|(s, &l)| (0..l).map(move |r| (s, r)))
+            .collect();
+        assert_eq!(rows(&t.simt, qb), all);
+        let long: Vec<(usize, usize)> = all
+            .iter()
+            .copied()
+            .filter(|&(s, _)| lens[s] >= 64)
+            .collect();
+        assert_eq!(rows(&t.mma, MMA_ROWS), long);
+        let first_long = t.simt.chunks(2).position(|p| lens[p[0] as usize] >= 64);
+        assert_eq!(first_long, Some(t.short));
+        assert!(t.simt[2 * t.short..]
+            .chunks(2)
+            .all(|p| lens[p[0] as usize] >= 64));
+        // 300 rows: tiles at 256, 192, 128, 64, 0 (the partial last one first).
+        let starts: Vec<i32> = t
+            .mma
+            .chunks(2)
+            .filter(|p| p[0] == 1)
+            .map(|p| p[1])
+            .collect();
+        assert_eq!(starts, [256, 192, 128, 64, 0]);
+    }
+
     #[test]
     fn shared_memory_fits_every_sm80_class_device() {
         for d in [64, 128, 256] {
