@@ -377,9 +377,10 @@ fn prefill_attention(c: &mut CudaContext, out: &mut Vec<String>) -> R<()> {
     Ok(())
 }
 
-/// Causal prefill attention of one prompt at Qwen3-0.6B's heads (16 query, 8 KV, head_dim
-/// 128, f16 cache), SIMT kernel against the tensor-core one, with the relative difference of
-/// their outputs as a check that the timed kernels compute the same thing.
+/// Causal prefill attention at Qwen3-0.6B's heads (16 query, 8 KV, head_dim 128, f16 cache),
+/// SIMT kernel against the tensor-core one, with the relative difference of their outputs as a
+/// check that the timed kernels compute the same thing: whole prompts of 1k and 16k tokens in
+/// one chunk, and the last 512-token chunk of a 16k prompt (the engine's default chunk).
 fn prefill_attention_mma(c: &mut CudaContext, out: &mut Vec<String>) -> R<()> {
     let (nh, nkv, d, bs) = (16, 8, 128, 16);
     let shape = LayerKvShape {
@@ -387,22 +388,30 @@ fn prefill_attention_mma(c: &mut CudaContext, out: &mut Vec<String>) -> R<()> {
         head_dim: d,
     };
     let mut rng = Rng(6);
-    for (n, reps) in [(1024usize, 10), (16384, 1)] {
+    // (positions in the cache, queries: the last `chunk` of them, calls per timed batch)
+    for (n, chunk, reps) in [(1024usize, 1024, 10), (16384, 16384, 1), (16384, 512, 5)] {
         let mut cache = DeviceKvCache::new(c, &[shape], n / bs, bs, KvDtype::F16)?;
         let table: Vec<u32> = (0..(n / bs) as u32).collect();
-        let seqs = [AttnSeq {
+        let fill = [AttnSeq {
             row0: 0,
             len: n,
             pos0: 0,
             block_table: &table,
         }];
-        let b = AttnBatch::new(c, &cache, &seqs, nh)?;
+        let fb = AttnBatch::new(c, &cache, &fill, nh)?;
         let k: Vec<f32> = (0..n * nkv * d).map(|_| rng.sym()).collect();
         let v: Vec<f32> = (0..n * nkv * d).map(|_| rng.sym()).collect();
         let (kd, vd) = (c.upload(&k)?, c.upload(&v)?);
-        c.kv_write(&mut cache, 0, &b, &kd, nkv * d, &vd, nkv * d)?;
-        drop((kd, vd));
-        let q: Vec<f32> = (0..n * nh * d).map(|_| rng.sym()).collect();
+        c.kv_write(&mut cache, 0, &fb, &kd, nkv * d, &vd, nkv * d)?;
+        drop((kd, vd, fb));
+        let seqs = [AttnSeq {
+            row0: 0,
+            len: chunk,
+            pos0: n - chunk,
+            block_table: &table,
+        }];
+        let b = AttnBatch::new(c, &cache, &seqs, nh)?;
+        let q: Vec<f32> = (0..chunk * nh * d).map(|_| rng.sym()).collect();
         let qd = c.upload(&q)?;
         let p = AttnParams {
             n_heads: nh,
@@ -411,11 +420,13 @@ fn prefill_attention_mma(c: &mut CudaContext, out: &mut Vec<String>) -> R<()> {
             window: None,
             softcap: None,
         };
-        let flops = 4.0 * (n * n / 2) as f64 * (nh * d) as f64;
+        // QK^T and PV over the keys each query sees (positions 0..=pos).
+        let keys: usize = (n - chunk..n).map(|p| p + 1).sum();
+        let flops = 4.0 * keys as f64 * (nh * d) as f64;
         let mut times = Vec::new();
         let mut outs = Vec::new();
         for kernel in [AttnKernel::Simt, AttnKernel::Mma] {
-            let mut o: CudaSlice<f32> = c.alloc(n * nh * d)?;
+            let mut o: CudaSlice<f32> = c.alloc(chunk * nh * d)?;
             let ms = time_ms(c, reps, |c, _| {
                 c.paged_attention_with(kernel, &cache, 0, &b, &qd, nh * d, &p, &mut o, nh * d, None)
                     .expect("attention")
@@ -429,7 +440,8 @@ fn prefill_attention_mma(c: &mut CudaContext, out: &mut Vec<String>) -> R<()> {
             den += (*y as f64).powi(2);
         }
         out.push(format!(
-            "| prefill qwen3-0.6b {n:5} tokens | simt {:9.3} ms {:5.1} TFLOP/s | mma {:8.3} ms {:6.1} TFLOP/s | {:5.1}x | rel diff {:.1e} |",
+            "| prefill qwen3-0.6b {chunk:5} rows at {:5} | simt {:9.3} ms {:5.1} TFLOP/s | mma {:8.3} ms {:6.1} TFLOP/s | {:5.1}x | rel diff {:.1e} |",
+            n - chunk,
             times[0],
             flops / times[0] / 1e9,
             times[1],
