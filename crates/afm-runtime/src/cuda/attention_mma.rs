@@ -171,6 +171,7 @@ impl CudaContext {
         let d = kv.shape.head_dim;
         let bytes = shared_bytes(d, keys_per_tile(d).unwrap_or(64));
         let f = self.kernel(&format!("attn_mma_f16_{d}"))?;
+        self.stream().context().bind_to_thread()?;
         let set = f.set_attribute(
             CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
             bytes as i32,
