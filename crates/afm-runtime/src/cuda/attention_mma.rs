@@ -27,7 +27,7 @@ pub(super) struct StepTiles {
     /// SIMT tiles of `qb` queries: first those of the sequences the mma kernel never takes,
     /// then those of the ones it takes where it serves the layer.
     pub simt: Vec<i32>,
-    /// How many of `simt` the first group holds.
+    /// Tiles (pairs of `simt`) in the first group.
     pub short: usize,
     /// Tiles of [`MMA_ROWS`] rows of each sequence of at least [`MMA_MIN_ROWS`] rows, last
     /// tiles first: they see the most keys, so the longest CTAs start early.
