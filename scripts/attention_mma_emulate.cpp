@@ -303,6 +303,7 @@ int main(int argc, char** argv) {
         cases.push_back({"one chunk of 100", s[0], s[1], s[2], 0, 0.f, {{0, 100}}});
         cases.push_back({"chunk at 150, with short", s[0], s[1], s[2], 0, 0.f,
                          {{150, 70}, {3, 5}, {0, 64}}});
+        cases.push_back({"chunk at 700 (12+ key tiles)", s[0], s[1], s[2], 0, 0.f, {{700, 64}}});
         cases.push_back({"window 24", s[0], s[1], s[2], 24, 0.f, {{0, 130}}});
         cases.push_back({"window 80 at 100, softcap", s[0], s[1], s[2], 80, 30.f, {{100, 65}}});
     }
