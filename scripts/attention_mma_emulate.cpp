@@ -184,6 +184,7 @@ struct Case {
     int window;
     float softcap;
     std::vector<std::pair<int, int>> seqs;  // (cached positions, new rows)
+    bool bs_shift = true;                   // block_size 16 by a shift, or by division
 };
 
 static bool run(const Case& c, std::mt19937& rng) {
@@ -220,8 +221,8 @@ static bool run(const Case& c, std::mt19937& rng) {
     for (auto& x : q) x = U(rng);
     std::vector<float> out(q.size(), NAN);
     const int group = nh / nkv;
-    MmaArgs a{nh, nkv, bs, max_blocks, c.window, nh * d, nh * d, group,
-              1.0f / sqrtf((float)d), c.softcap};
+    MmaArgs a{nh,    nkv,   bs, max_blocks, c.window, nh * d, nh * d, group,
+              c.bs_shift ? 4 : -1, 1.0f / sqrtf((float)d), c.softcap};
 
     const int n_tiles = (int)tiles.size() / 2;
     for (int ty = 0; ty < n_tiles; ty++) {
@@ -306,6 +307,7 @@ int main(int argc, char** argv) {
         cases.push_back({"chunk at 700 (12+ key tiles)", s[0], s[1], s[2], 0, 0.f, {{700, 64}}});
         cases.push_back({"window 24", s[0], s[1], s[2], 24, 0.f, {{0, 130}}});
         cases.push_back({"window 80 at 100, softcap", s[0], s[1], s[2], 80, 30.f, {{100, 65}}});
+        cases.push_back({"chunk at 150, block by div", s[0], s[1], s[2], 0, 0.f, {{150, 70}}, false});
     }
     int fails = 0;
     const bool quick = argc > 1;

@@ -104,6 +104,7 @@ struct MmaArgs {
     q_stride: i32,
     out_stride: i32,
     group: i32,
+    bs_shift: i32,
     scale: f32,
     softcap: f32,
 }
@@ -213,6 +214,11 @@ impl CudaContext {
             q_stride: q_stride as i32,
             out_stride: out_stride as i32,
             group: (p.n_heads / nkv) as i32,
+            bs_shift: if block_size.is_power_of_two() {
+                block_size.trailing_zeros() as i32
+            } else {
+                -1
+            },
             scale: p.scale,
             softcap: p.softcap.unwrap_or(0.0),
         };

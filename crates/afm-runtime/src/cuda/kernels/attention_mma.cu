@@ -40,6 +40,7 @@
 struct MmaArgs {
     int n_heads, n_kv_heads, block_size, max_blocks;
     int window, q_stride, out_stride, group;
+    int bs_shift;  // log2(block_size) when it is a power of two, else -1
     float scale, softcap;
 };
 
@@ -139,8 +140,10 @@ __device__ void attn_mma_impl(const float* __restrict__ q, const u16* __restrict
             const bool ok = j < k_hi;
             i64 off = 0;
             if (ok) {
-                const i64 blk = table[j / a.block_size];
-                off = ((blk * a.n_kv_heads + kvh) * a.block_size + j % a.block_size) * D + c;
+                // a shift where it can: a division per chunk is a visible share of the loads
+                const int bi = a.bs_shift >= 0 ? j >> a.bs_shift : j / a.block_size;
+                const i64 blk = table[bi];
+                off = ((blk * a.n_kv_heads + kvh) * a.block_size + (j - bi * a.block_size)) * D + c;
             }
             cp_async16(dk + r * LD + c, kc + off, ok);
             cp_async16(dv + r * LD + c, vc + off, ok);
