@@ -18,6 +18,7 @@
 // the kernel serves), fails above 2e-3, and fails if the kernel writes any row outside them.
 
 #include <algorithm>
+#include <atomic>
 #include <barrier>
 #include <cmath>
 #include <cstdint>
@@ -52,7 +53,7 @@ using std::min;
 struct Dim3 {
     int x = 0, y = 0, z = 0;
 };
-static Dim3 blockIdx, blockDim;
+static Dim3 blockIdx, blockDim, gridDim;
 static thread_local Dim3 threadIdx;
 
 #define __expf expf
@@ -85,6 +86,11 @@ static inline float h2f(u16 h) {
     return f;
 }
 static inline void pdl_begin() {}
+static inline void __threadfence() {}
+static inline float __ldcg(const float* p) { return *p; }
+static inline int atomicAdd(int* p, int v) {
+    return std::atomic_ref<int>(*p).fetch_add(v);
+}
 
 // One CTA's shared memory (dynamic), its barrier, and each warp's exchange area.
 alignas(16) u16 smem[1 << 17];
@@ -176,7 +182,7 @@ static inline void mma16816(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
 #include "../crates/afm-runtime/src/cuda/kernels/attention_mma.cu"
 
 typedef void (*Kernel)(const float*, const u16*, const u16*, const int*, const int*,
-                       const int*, float*, const MmaArgs);
+                       const int*, float*, float*, int*, const MmaArgs);
 
 struct Case {
     const char* name;
@@ -185,6 +191,7 @@ struct Case {
     float softcap;
     std::vector<std::pair<int, int>> seqs;  // (cached positions, new rows)
     bool bs_shift = true;                   // block_size 16 by a shift, or by division
+    int splits = 1;                         // key-range splits (split-K)
 };
 
 static bool run(const Case& c, std::mt19937& rng) {
@@ -222,12 +229,16 @@ static bool run(const Case& c, std::mt19937& rng) {
     std::vector<float> out(q.size(), NAN);
     const int group = nh / nkv;
     MmaArgs a{nh,    nkv,   bs, max_blocks, c.window, nh * d, nh * d, group,
-              c.bs_shift ? 4 : -1, 1.0f / sqrtf((float)d), c.softcap};
+              c.bs_shift ? 4 : -1, c.splits, 1.0f / sqrtf((float)d), c.softcap};
 
     const int n_tiles = (int)tiles.size() / 2;
+    std::vector<float> ws((size_t)n_tiles * nh * c.splits * 64 * (d + 2), NAN);
+    std::vector<int> done((size_t)n_tiles * nh, 0);
+    gridDim = {nh, n_tiles, c.splits};
     for (int ty = 0; ty < n_tiles; ty++) {
         for (int hx = 0; hx < nh; hx++) {
-            blockIdx = {hx, ty, 0};
+          for (int z = 0; z < c.splits; z++) {
+            blockIdx = {hx, ty, z};
             blockDim = {128, 1, 1};
             std::barrier<> bar(128);
             cta_bar = &bar;
@@ -236,11 +247,13 @@ static bool run(const Case& c, std::mt19937& rng) {
                 th.emplace_back([&, t] {
                     threadIdx = {t, 0, 0};
                     kernel(q.data(), kc.data(), vc.data(), tables.data(), seqs.data(),
-                           tiles.data(), out.data(), a);
+                           tiles.data(), out.data(), ws.data(), done.data(), a);
                 });
             for (auto& x : th) x.join();
+          }
         }
     }
+    bool counters = std::all_of(done.begin(), done.end(), [](int x) { return x == 0; });
 
     // Reference, in double, with q rounded to f16 as the kernel does.
     double num = 0, den = 0;
@@ -289,10 +302,11 @@ static bool run(const Case& c, std::mt19937& rng) {
         }
     }
     const double err = sqrt(num / std::max(den, 1e-30));
-    const bool ok = err <= 2e-3 && !stray;
-    printf("%s %-28s heads %2d/%d d %3d window %4d softcap %4.1f: rel err %.2e%s\n",
-           ok ? "ok  " : "FAIL", c.name, nh, nkv, d, c.window, c.softcap, err,
-           stray ? " (wrote rows it does not own)" : "");
+    const bool ok = err <= 2e-3 && !stray && counters;
+    printf("%s %-28s heads %2d/%d d %3d window %4d softcap %4.1f splits %d: rel err %.2e%s%s\n",
+           ok ? "ok  " : "FAIL", c.name, nh, nkv, d, c.window, c.softcap, c.splits, err,
+           stray ? " (wrote rows it does not own)" : "",
+           counters ? "" : " (split counters not back to 0)");
     return ok;
 }
 
@@ -308,6 +322,10 @@ int main(int argc, char** argv) {
         cases.push_back({"window 24", s[0], s[1], s[2], 24, 0.f, {{0, 130}}});
         cases.push_back({"window 80 at 100, softcap", s[0], s[1], s[2], 80, 30.f, {{100, 65}}});
         cases.push_back({"chunk at 150, block by div", s[0], s[1], s[2], 0, 0.f, {{150, 70}}, false});
+        cases.push_back({"split-K 3, mixed batch", s[0], s[1], s[2], 0, 0.f,
+                         {{700, 64}, {3, 5}, {0, 100}}, true, 3});
+        cases.push_back({"split-K 16 > tiles, window", s[0], s[1], s[2], 150, 20.f,
+                         {{300, 70}}, true, 16});
     }
     int fails = 0;
     const bool quick = argc > 1;

@@ -67,15 +67,15 @@ fn check(what: &str, case: &AttnCase, kernels: &[AttnKernel]) -> Vec<Vec<f32>> {
         .collect()
 }
 
-fn check_mma(what: &str, case: AttnCase) {
-    check(what, &case, &[AttnKernel::Mma]);
+fn check_mma(what: &str, case: &AttnCase) {
+    check(what, case, &[AttnKernel::Mma]);
 }
 
 /// A fresh prompt of 300 rows: four full tiles of 64 and a last one of 44.
 #[test]
 fn one_prompt_of_300_rows() {
     for shape in SHAPES {
-        check_mma("300 rows", case(shape, &[(0, 300)], None, None));
+        check_mma("300 rows", &case(shape, &[(0, 300)], None, None));
     }
 }
 
@@ -84,7 +84,25 @@ fn one_prompt_of_300_rows() {
 #[test]
 fn chunk_after_700_cached_positions() {
     for shape in SHAPES {
-        check_mma("at 700", case(shape, &[(700, 200)], None, None));
+        check_mma("at 700", &case(shape, &[(700, 200)], None, None));
+    }
+}
+
+/// The key range split over several CTAs and merged by the last (split-K: what a short chunk
+/// after a long context gets), forced to 1, 3 and 16 splits (more than some rows have key
+/// tiles), with and without a window.
+#[test]
+fn split_key_range() {
+    for shape in SHAPES {
+        for splits in [Some(1), Some(3), Some(16)] {
+            for window in [None, Some(150)] {
+                let c = AttnCase {
+                    splits,
+                    ..case(shape, &[(700, 100), (3, 5), (0, 64)], window, None)
+                };
+                check_mma("split-K", &c);
+            }
+        }
     }
 }
 
@@ -95,7 +113,7 @@ fn chunk_after_700_cached_positions() {
 fn mixed_batch_with_short_rows_on_simt() {
     let seqs = [(0, 65), (40, 190), (500, 1), (7, 64), (3, 20)];
     for shape in SHAPES {
-        check_mma("mixed batch", case(shape, &seqs, None, None));
+        check_mma("mixed batch", &case(shape, &seqs, None, None));
     }
 }
 
@@ -106,7 +124,7 @@ fn sliding_window() {
     let seqs = [(0, 300), (250, 130)];
     for shape in SHAPES {
         for w in [24, 100, 5000] {
-            check_mma("window", case(shape, &seqs, Some(w), None));
+            check_mma("window", &case(shape, &seqs, Some(w), None));
         }
     }
 }
@@ -118,7 +136,7 @@ fn softcap() {
         for window in [None, Some(70)] {
             check_mma(
                 "softcap",
-                case(shape, &[(0, 150), (90, 77)], window, Some(30.0)),
+                &case(shape, &[(0, 150), (90, 77)], window, Some(30.0)),
             );
         }
     }

@@ -424,6 +424,10 @@ impl AttnBatch {
         self.max_blocks
     }
 
+    pub(super) fn max_context(&self) -> usize {
+        self.max_context
+    }
+
     /// Tiles the mma kernel would take (0 when no sequence is long enough).
     pub fn mma_tiles(&self) -> usize {
         self.mma_tiles
@@ -541,9 +545,9 @@ impl CudaContext {
 
     /// Attention of the step's queries (`q`: row r, head h at `r·q_stride + h·head_dim`)
     /// against layer `layer` of the cache; `out` rows `out_stride` apart. `splits` forces the
-    /// number of key-range splits of the SIMT kernel (1 = off); `None` picks it from the
-    /// context length and the number of blocks, as in the module header. Long prefill chunks
-    /// take the tensor-core kernel where it applies ([`AttnKernel::Auto`]).
+    /// number of key-range splits (1 = off) of both kernels; `None` picks it from the context
+    /// length and the number of blocks, as in the module header. Long prefill chunks take the
+    /// tensor-core kernel where it applies ([`AttnKernel::Auto`]).
     #[allow(clippy::too_many_arguments)]
     pub fn paged_attention(
         &mut self,
@@ -622,7 +626,8 @@ impl CudaContext {
         let (qp, op) = (self.ptr(q), self.ptr_mut(out));
         let mma = self.use_attn_mma(kernel, kv, batch)?;
         if mma {
-            self.launch_attn_mma(kv, cache.block_size, batch, qp, q_stride, p, op, out_stride)?;
+            let bs = cache.block_size;
+            self.launch_attn_mma(kv, bs, batch, qp, q_stride, p, op, out_stride, splits)?;
         }
         // The SIMT kernel takes the tiles the mma kernel does not (they come first).
         let simt_tiles = if mma { batch.short_tiles } else { batch.tiles };

@@ -13,6 +13,7 @@ use cudarc::driver::sys::CUfunction_attribute_enum;
 use cudarc::driver::LaunchConfig;
 
 use super::attention::{AttnBatch, DeviceLayerKv};
+use super::context::{scratch, scratch_zeroed};
 use super::{launch, CudaContext, CudaError, Result};
 use crate::attention::AttnParams;
 use crate::kv_store::KvDtype;
@@ -77,6 +78,23 @@ fn mma_enabled() -> bool {
     *ON.get_or_init(|| std::env::var("AFM_ATTN_MMA").map_or(true, |v| v != "0"))
 }
 
+/// Resident CTAs per multiprocessor the split-K choice aims at (shared memory allows 2 at
+/// head_dim 128 and 256 on Hopper): one CTA per SM leaves each warp's softmax unhidden.
+const MMA_TARGET_CTAS_PER_SM: usize = 2;
+/// Fewest key tiles per split, so the merge stays a small share of the work.
+const MMA_MIN_TILES_PER_SPLIT: usize = 4;
+/// `MMA_MAX_SPLITS` in attention_mma.cu.
+const MMA_MAX_SPLITS: usize = 16;
+
+/// Key-range splits for `ctas` CTAs over at most `key_tiles` key tiles each: enough CTAs to
+/// fill the device (a short chunk after a long context has few), at least
+/// [`MMA_MIN_TILES_PER_SPLIT`] tiles per split; 1 when the step fills the device already.
+fn mma_split_count(sm_count: usize, ctas: usize, key_tiles: usize) -> usize {
+    (MMA_TARGET_CTAS_PER_SM * sm_count / ctas.max(1))
+        .min(key_tiles / MMA_MIN_TILES_PER_SPLIT)
+        .clamp(1, MMA_MAX_SPLITS)
+}
+
 /// Keys per shared-memory tile for `head_dim` (`ATTN_MMA` in attention_mma.cu).
 fn keys_per_tile(head_dim: usize) -> Option<usize> {
     match head_dim {
@@ -105,6 +123,7 @@ struct MmaArgs {
     out_stride: i32,
     group: i32,
     bs_shift: i32,
+    n_splits: i32,
     scale: f32,
     softcap: f32,
 }
@@ -186,10 +205,11 @@ impl CudaContext {
     }
 
     /// The mma kernel over the batch's mma tiles (shapes and strides checked by the caller,
-    /// [`use_attn_mma`](Self::use_attn_mma) true).
+    /// [`use_attn_mma`](Self::use_attn_mma) true), the key range split `splits` ways, or as
+    /// [`mma_split_count`] picks.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn launch_attn_mma(
-        &self,
+        &mut self,
         kv: &DeviceLayerKv,
         block_size: usize,
         batch: &AttnBatch,
@@ -198,6 +218,7 @@ impl CudaContext {
         p: &AttnParams,
         out: u64,
         out_stride: usize,
+        splits: Option<usize>,
     ) -> Result<()> {
         let (d, nkv) = (kv.shape.head_dim, kv.shape.n_kv_heads);
         let keys = keys_per_tile(d).ok_or(CudaError::Unsupported {
@@ -205,6 +226,22 @@ impl CudaContext {
             value: d.to_string(),
             supported: "64, 128, 256",
         })?;
+        let ctas = p.n_heads * batch.mma_tiles();
+        let context = batch.max_context();
+        let span = p.window.map_or(context, |w| (w + MMA_ROWS).min(context));
+        let n_splits = splits
+            .unwrap_or_else(|| mma_split_count(self.info().sm_count, ctas, span.div_ceil(keys)))
+            .clamp(1, MMA_MAX_SPLITS);
+        let (ws, done) = if n_splits > 1 {
+            let n = ctas * n_splits * MMA_ROWS * (d + 2);
+            let stream = self.stream().clone();
+            (
+                scratch(&stream, &mut self.ws.attn, n)?,
+                scratch_zeroed(&stream, &mut self.ws.attn_done, ctas)?,
+            )
+        } else {
+            (0, 0)
+        };
         let args = MmaArgs {
             n_heads: p.n_heads as i32,
             n_kv_heads: nkv as i32,
@@ -219,6 +256,7 @@ impl CudaContext {
             } else {
                 -1
             },
+            n_splits: n_splits as i32,
             scale: p.scale,
             softcap: p.softcap.unwrap_or(0.0),
         };
@@ -226,12 +264,12 @@ impl CudaContext {
         let (tab, seqs, _, _) = batch.ptrs(self);
         let tiles = batch.mma_tiles_ptr(self);
         let cfg = LaunchConfig {
-            grid_dim: (p.n_heads as u32, batch.mma_tiles() as u32, 1),
+            grid_dim: (p.n_heads as u32, batch.mma_tiles() as u32, n_splits as u32),
             block_dim: (128, 1, 1),
             shared_mem_bytes: shared_bytes(d, keys) as u32,
         };
         let f = self.kernel(&format!("attn_mma_f16_{d}"))?;
-        launch!(self, f, cfg; q, kc, vc, tab, seqs, tiles, out, args)
+        launch!(self, f, cfg; q, kc, vc, tab, seqs, tiles, out, ws, done, args)
     }
 }
 
@@ -283,6 +321,20 @@ mod tests {
             .map(|p| p[1])
             .collect();
         assert_eq!(starts, [256, 192, 128, 64, 0]);
+    }
+
+    /// Split-K only where the step has too few CTAs for the device, never below 4 key tiles
+    /// per split: Qwen3-0.6B (16 heads) on 132 SMs.
+    #[test]
+    fn splits_only_for_small_steps_over_long_contexts() {
+        // a 16k prompt in one chunk: 256 tiles x 16 heads
+        assert_eq!(mma_split_count(132, 16 * 256, 256), 1);
+        // the last 512-row chunk of a 16k prompt: 8 tiles x 16 heads
+        assert_eq!(mma_split_count(132, 16 * 8, 256), 2);
+        // one 64-row chunk at 16k: 16 CTAs
+        assert_eq!(mma_split_count(132, 16, 256), 16);
+        // the same at 300 positions: 5 key tiles, no split
+        assert_eq!(mma_split_count(132, 16, 5), 1);
     }
 
     #[test]

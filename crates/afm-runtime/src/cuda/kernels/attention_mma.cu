@@ -14,6 +14,10 @@
 // Causal mask: the query at position p sees keys 0..=p (and p-window+1.. with a window); the
 // key range stops at the tile's last position, so no tile lies wholly past the diagonal, and
 // a warp skips (computes nothing for) key tiles none of its 16 rows can see.
+// Split-K (n_splits > 1, when a step has too few CTAs to fill the device: a short chunk
+// after a long context): blockIdx.z takes a contiguous share of the key tiles and writes its
+// unnormalized O, m and l per row to `ws`; the last of the splits of a (tile, head) to finish
+// merges them into `out` and sets its `done` counter back to 0, as attention.cu's split-K.
 // Query heads of one KV head run in separate CTAs: packing them into one CTA's 64 rows would
 // halve its positions, so K/V traffic per multiply stays the same; L2 serves the repeats.
 //
@@ -41,10 +45,12 @@ struct MmaArgs {
     int n_heads, n_kv_heads, block_size, max_blocks;
     int window, q_stride, out_stride, group;
     int bs_shift;  // log2(block_size) when it is a power of two, else -1
+    int n_splits;  // key-range splits (grid z), at most MMA_MAX_SPLITS
     float scale, softcap;
 };
 
-#define MMA_BM 64  // query rows per CTA: 4 warps x 16
+#define MMA_BM 64          // query rows per CTA: 4 warps x 16
+#define MMA_MAX_SPLITS 16  // split weights of a merge: [MMA_BM][MMA_MAX_SPLITS] f32 in Q's space
 
 __device__ __forceinline__ u32 pack_h2(float lo, float hi) {
     return (u32)f2h(lo) | ((u32)f2h(hi) << 16);
@@ -100,7 +106,8 @@ template <int D, int BN>
 __device__ void attn_mma_impl(const float* __restrict__ q, const u16* __restrict__ kc,
                               const u16* __restrict__ vc, const int* __restrict__ tables,
                               const int* __restrict__ seqs, const int* __restrict__ tiles,
-                              float* __restrict__ out, const MmaArgs a) {
+                              float* __restrict__ out, float* __restrict__ ws,
+                              int* __restrict__ done, const MmaArgs a) {
     constexpr int LD = D + 8, NT = BN / 8, DT = D / 8, CH = D / 8;
     extern __shared__ __align__(16) u16 smem[];
     u16* sq = smem;
@@ -163,12 +170,15 @@ __device__ void attn_mma_impl(const float* __restrict__ q, const u16* __restrict
     for (int d = 0; d < DT; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
     float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
 
-    const int n_tiles = (k_hi - k_lo + BN - 1) / BN;
-    load_kv(k_lo, 0);
-    for (int it = 0; it < n_tiles; it++) {
-        const int j0 = k_lo + it * BN;
-        if (it + 1 < n_tiles) {
-            load_kv(j0 + BN, (it + 1) & 1);
+    // This split's key tiles: [t0, t1) of the n_all tiles from k_lo (all of them unsplit).
+    const int n_all = (k_hi - k_lo + BN - 1) / BN;
+    const int per = (n_all + a.n_splits - 1) / a.n_splits;
+    const int t0 = blockIdx.z * per, t1 = min(n_all, t0 + per);
+    if (t0 < t1) load_kv(k_lo + t0 * BN, 0);
+    for (int it = t0; it < t1; it++) {
+        const int j0 = k_lo + it * BN, buf = (it - t0) & 1;
+        if (it + 1 < t1) {
+            load_kv(j0 + BN, buf ^ 1);
             cp_async_wait<1>();
         } else {
             cp_async_wait<0>();
@@ -179,8 +189,8 @@ __device__ void attn_mma_impl(const float* __restrict__ q, const u16* __restrict
                           (a.window > 0 && j0 + BN - 1 <= w_first - a.window);
         if (!skip) {
             // byte addresses in shared memory of Q, this tile's K and V
-            const u32 aq = smem_addr(sq), ak = smem_addr(sk + (it & 1) * BN * LD),
-                      av = smem_addr(sv + (it & 1) * BN * LD);
+            const u32 aq = smem_addr(sq), ak = smem_addr(sk + buf * BN * LD),
+                      av = smem_addr(sv + buf * BN * LD);
             float sc[NT][4];
 #pragma unroll
             for (int n = 0; n < NT; n++) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.f;
@@ -270,30 +280,92 @@ __device__ void attn_mma_impl(const float* __restrict__ q, const u16* __restrict
         l[r] += __shfl_xor_sync(FULL_MASK, l[r], 1);
         l[r] += __shfl_xor_sync(FULL_MASK, l[r], 2);
     }
-    if (!warp_live) return;
     const int ra = wr0 + grp, rb = ra + 8;
-    float* oa = out + (i64)(row0 + q_off + ra) * a.out_stride + h * D + 2 * tig;
-    float* ob = out + (i64)(row0 + q_off + rb) * a.out_stride + h * D + 2 * tig;
-    const float ia = 1.f / l[0], ib = 1.f / l[1];
+    if (a.n_splits == 1) {
+        if (!warp_live) return;
+        float* oa = out + (i64)(row0 + q_off + ra) * a.out_stride + h * D + 2 * tig;
+        float* ob = out + (i64)(row0 + q_off + rb) * a.out_stride + h * D + 2 * tig;
+        const float ia = 1.f / l[0], ib = 1.f / l[1];
 #pragma unroll
-    for (int d = 0; d < DT; d++) {
-        if (ra < nq) {
-            oa[d * 8] = o[d][0] * ia;
-            oa[d * 8 + 1] = o[d][1] * ia;
+        for (int d = 0; d < DT; d++) {
+            if (ra < nq) {
+                oa[d * 8] = o[d][0] * ia;
+                oa[d * 8 + 1] = o[d][1] * ia;
+            }
+            if (rb < nq) {
+                ob[d * 8] = o[d][2] * ib;
+                ob[d * 8 + 1] = o[d][3] * ib;
+            }
         }
-        if (rb < nq) {
-            ob[d * 8] = o[d][2] * ib;
-            ob[d * 8 + 1] = o[d][3] * ib;
+        return;
+    }
+
+    // Split-K: this split's partials, [MMA_BM rows][O (D) | m | l] per (tile, head, split).
+    constexpr int W = D + 2;
+    const i64 pair = (i64)blockIdx.y * gridDim.x + h;
+    float* wp = ws + (pair * a.n_splits + blockIdx.z) * (MMA_BM * W);
+    if (warp_live) {
+        float* wa = wp + ra * W + 2 * tig;
+        float* wb = wp + rb * W + 2 * tig;
+#pragma unroll
+        for (int d = 0; d < DT; d++) {
+            if (ra < nq) {
+                wa[d * 8] = o[d][0];
+                wa[d * 8 + 1] = o[d][1];
+            }
+            if (rb < nq) {
+                wb[d * 8] = o[d][2];
+                wb[d * 8 + 1] = o[d][3];
+            }
         }
+        if (tig == 0 && ra < nq) { wp[ra * W + D] = m[0]; wp[ra * W + D + 1] = l[0]; }
+        if (tig == 0 && rb < nq) { wp[rb * W + D] = m[1]; wp[rb * W + D + 1] = l[1]; }
+    }
+    // The flag lives in K's space (free since the loop's last barrier; no static shared
+    // memory, which would add to the dynamic size at the opt-in limit).
+    int* last = (int*)sk;
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) {
+        int* c = done + pair;
+        *last = atomicAdd(c, 1) == a.n_splits - 1;
+        if (*last) *c = 0;  // every split has counted: ready for the next launch
+    }
+    __syncthreads();
+    if (!*last) return;
+    __threadfence();
+    // Merge: per row, each split's weight e^(m_z - M) / L into shared memory (Q's space, free
+    // since the loop's last barrier), then each output element is one weighted sum.
+    const float* w0 = ws + pair * a.n_splits * (MMA_BM * W);
+    float* sw = (float*)smem;
+    for (int r = tid; r < nq; r += blockDim.x) {
+        float M = NEG_INF;
+        for (int z = 0; z < a.n_splits; z++) M = fmaxf(M, __ldcg(w0 + (z * MMA_BM + r) * W + D));
+        float L = 0.f;
+        for (int z = 0; z < a.n_splits; z++) {
+            const float mz = __ldcg(w0 + (z * MMA_BM + r) * W + D);
+            const float e = mz == NEG_INF ? 0.f : __expf(mz - M);  // a split that saw no key
+            sw[r * MMA_MAX_SPLITS + z] = e;
+            L += __ldcg(w0 + (z * MMA_BM + r) * W + D + 1) * e;
+        }
+        for (int z = 0; z < a.n_splits; z++) sw[r * MMA_MAX_SPLITS + z] /= L;
+    }
+    __syncthreads();
+    for (int e = tid; e < nq * D; e += blockDim.x) {
+        const int r = e / D, d = e % D;
+        float acc = 0.f;
+        for (int z = 0; z < a.n_splits; z++)
+            acc += __ldcg(w0 + (z * MMA_BM + r) * W + d) * sw[r * MMA_MAX_SPLITS + z];
+        out[(i64)(row0 + q_off + r) * a.out_stride + h * D + d] = acc;
     }
 }
 
 #define ATTN_MMA(D, BN)                                                                        \
     extern "C" __global__ void __launch_bounds__(128) attn_mma_f16_##D(                        \
         const float* q, const u16* kc, const u16* vc, const int* tables, const int* seqs,      \
-        const int* tiles, float* out, const MmaArgs a) {                                       \
+        const int* tiles, float* out, float* ws, int* done, const MmaArgs a) {                 \
         pdl_begin();                                                                           \
-        attn_mma_impl<D, BN>(q, kc, vc, tables, seqs, tiles, out, a);                          \
+        attn_mma_impl<D, BN>(q, kc, vc, tables, seqs, tiles, out, ws, done, a);                \
     }
 
 #else  // below sm_80: the entry points exist (the module lists them) but are never launched
@@ -301,7 +373,7 @@ __device__ void attn_mma_impl(const float* __restrict__ q, const u16* __restrict
 #define ATTN_MMA(D, BN)                                                                        \
     extern "C" __global__ void attn_mma_f16_##D(const float*, const u16*, const u16*,          \
                                                 const int*, const int*, const int*, float*,    \
-                                                const MmaArgs) {}
+                                                float*, int*, const MmaArgs) {}
 
 #endif
 
