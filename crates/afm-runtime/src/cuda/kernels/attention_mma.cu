@@ -100,6 +100,159 @@ __device__ __forceinline__ void mma16816(float (&c)[4], const u32 (&a)[4], u32 b
 }
 #endif  // AFM_HOST_EMULATION
 
+// S (16 rows x BN keys of this warp) = Q K^T from shared memory at byte addresses aq, ak
+// (row strides LD halves); row wr0 is the warp's first.
+template <int D, int BN, int LD>
+__device__ __forceinline__ void qk_tile(float (&sc)[BN / 8][4], u32 aq, u32 ak, int wr0,
+                                        int lane) {
+#pragma unroll
+    for (int n = 0; n < BN / 8; n++) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++) {
+        u32 qa[4];
+        ldsm_x4(qa, aq + 2 * ((wr0 + (lane & 15)) * LD + kk * 16 + (lane >> 4) * 8));
+#pragma unroll
+        for (int np = 0; np < BN / 16; np++) {
+            u32 kb[4];
+            ldsm_x4(kb, ak + 2 * ((np * 16 + (lane & 7) + ((lane >> 4) << 3)) * LD + kk * 16 +
+                                  ((lane >> 3) & 1) * 8));
+            mma16816(sc[2 * np], qa, kb[0], kb[1]);
+            mma16816(sc[2 * np + 1], qa, kb[2], kb[3]);
+        }
+    }
+}
+
+// The online-softmax step of one key tile (first key j0) for this lane's two rows, at
+// positions pos[0] (c0, c1) and pos[1] (c2, c3): scale, softcap, mask (when `masked`), new
+// maxima m, O and l rescaled, and the probabilities as f16 pairs in A-fragment order.
+template <int BN, int DT>
+__device__ __forceinline__ void softmax_tile(float (&sc)[BN / 8][4], float (&o)[DT][4],
+                                             float (&m)[2], float (&l)[2], u32 (&pk)[BN / 8][2],
+                                             const MmaArgs& a, int j0, bool masked, int tig,
+                                             const int (&pos)[2]) {
+    constexpr int NT = BN / 8;
+    float mx[2] = {NEG_INF, NEG_INF};
+#pragma unroll
+    for (int n = 0; n < NT; n++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            float v = sc[n][e] * a.scale;
+            if (a.softcap > 0.f) v = a.softcap * tanhf(v / a.softcap);
+            if (masked) {
+                const int j = j0 + n * 8 + 2 * tig + (e & 1), p = pos[e >> 1];
+                if (j > p || (a.window > 0 && j <= p - a.window)) v = NEG_INF;
+            }
+            sc[n][e] = v;
+            mx[e >> 1] = fmaxf(mx[e >> 1], v);
+        }
+    }
+    float base[2], corr[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        // the 4 lanes of a group hold the 4 column pairs of its rows
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(FULL_MASK, mx[r], 1));
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(FULL_MASK, mx[r], 2));
+        const float mn = fmaxf(m[r], mx[r]);
+        base[r] = mn == NEG_INF ? 0.f : mn;  // a row with nothing visible yet
+        corr[r] = __expf(m[r] - base[r]);
+        m[r] = mn;
+    }
+    float rs[2] = {0.f, 0.f};
+#pragma unroll
+    for (int n = 0; n < NT; n++) {
+        const float p0 = __expf(sc[n][0] - base[0]), p1 = __expf(sc[n][1] - base[0]);
+        const float p2 = __expf(sc[n][2] - base[1]), p3 = __expf(sc[n][3] - base[1]);
+        rs[0] += p0 + p1;
+        rs[1] += p2 + p3;
+        pk[n][0] = pack_h2(p0, p1);
+        pk[n][1] = pack_h2(p2, p3);
+    }
+    l[0] = l[0] * corr[0] + rs[0];
+    l[1] = l[1] * corr[1] + rs[1];
+#pragma unroll
+    for (int d = 0; d < DT; d++) {
+        o[d][0] *= corr[0];
+        o[d][1] *= corr[0];
+        o[d][2] *= corr[1];
+        o[d][3] *= corr[1];
+    }
+}
+
+// O += P V: P from softmax_tile, V [BN][D] in shared memory at byte address av.
+template <int D, int BN, int LD>
+__device__ __forceinline__ void pv_tile(float (&o)[D / 8][4], const u32 (&pk)[BN / 8][2],
+                                        u32 av, int lane) {
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; kk++) {
+        const u32 pa[4] = {pk[2 * kk][0], pk[2 * kk][1], pk[2 * kk + 1][0], pk[2 * kk + 1][1]};
+#pragma unroll
+        for (int dp = 0; dp < D / 16; dp++) {
+            u32 vb[4];
+            ldsm_x4_t(vb, av + 2 * ((kk * 16 + (lane & 15)) * LD + dp * 16 + (lane >> 4) * 8));
+            mma16816(o[2 * dp], pa, vb[0], vb[1]);
+            mma16816(o[2 * dp + 1], pa, vb[2], vb[3]);
+        }
+    }
+}
+
+// This lane's part of rows ra and rb (those below nq): O scaled by sa, sb, at `pa`, `pb`
+// (each already offset to the lane's first column); column pairs 8 apart.
+template <int DT>
+__device__ __forceinline__ void store_rows(const float (&o)[DT][4], float* pa, float* pb,
+                                           bool a_ok, bool b_ok, float sa, float sb) {
+#pragma unroll
+    for (int d = 0; d < DT; d++) {
+        if (a_ok) {
+            pa[d * 8] = o[d][0] * sa;
+            pa[d * 8 + 1] = o[d][1] * sa;
+        }
+        if (b_ok) {
+            pb[d * 8] = o[d][2] * sb;
+            pb[d * 8 + 1] = o[d][3] * sb;
+        }
+    }
+}
+
+// Split-K, after every CTA of the (tile, head) has stored its partials at w0
+// ([split][MMA_BM][O (D) | m | l]): the last to arrive merges them into out's rows (nq of
+// them, `out` at the first, rows `stride` apart). `sw` and `flag`: free shared memory.
+template <int D>
+__device__ void merge_mma_splits(const float* w0, int* done, float* out, i64 stride, int nq,
+                                 int n_splits, float* sw, int* flag) {
+    constexpr int W = D + 2;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        *flag = atomicAdd(done, 1) == n_splits - 1;
+        if (*flag) *done = 0;  // every split has counted: ready for the next launch
+    }
+    __syncthreads();
+    if (!*flag) return;
+    __threadfence();
+    // Per row, each split's weight e^(m_z - M) / L, then each element is one weighted sum.
+    // Partials are read past L1 (__ldcg): other CTAs wrote them.
+    for (int r = threadIdx.x; r < nq; r += blockDim.x) {
+        float M = NEG_INF;
+        for (int z = 0; z < n_splits; z++) M = fmaxf(M, __ldcg(w0 + (z * MMA_BM + r) * W + D));
+        float L = 0.f;
+        for (int z = 0; z < n_splits; z++) {
+            const float mz = __ldcg(w0 + (z * MMA_BM + r) * W + D);
+            const float e = mz == NEG_INF ? 0.f : __expf(mz - M);  // a split that saw no key
+            sw[r * MMA_MAX_SPLITS + z] = e;
+            L += __ldcg(w0 + (z * MMA_BM + r) * W + D + 1) * e;
+        }
+        for (int z = 0; z < n_splits; z++) sw[r * MMA_MAX_SPLITS + z] /= L;
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < nq * D; e += blockDim.x) {
+        const int r = e / D, d = e % D;
+        float acc = 0.f;
+        for (int z = 0; z < n_splits; z++)
+            acc += __ldcg(w0 + (z * MMA_BM + r) * W + d) * sw[r * MMA_MAX_SPLITS + z];
+        out[r * stride + d] = acc;
+    }
+}
+
 // Shared memory (dynamic, rows LD = D + 8 halves apart so the 8 rows of an ldmatrix fall in
 // different banks):  Q [64][LD] | K [2][BN][LD] | V [2][BN][LD]
 template <int D, int BN>
@@ -162,8 +315,7 @@ __device__ void attn_mma_impl(const float* __restrict__ q, const u16* __restrict
     const int wr0 = warp * 16;
     const bool warp_live = wr0 < nq;
     const int w_first = p_first + wr0, w_last = p_first + min(wr0 + 15, nq - 1);
-    const int pos_a = p_first + min(wr0 + grp, nq - 1);
-    const int pos_b = p_first + min(wr0 + grp + 8, nq - 1);
+    const int pos[2] = {p_first + min(wr0 + grp, nq - 1), p_first + min(wr0 + grp + 8, nq - 1)};
 
     float o[DT][4];
 #pragma unroll
@@ -188,89 +340,13 @@ __device__ void attn_mma_impl(const float* __restrict__ q, const u16* __restrict
         const bool skip = !warp_live || j0 > w_last ||
                           (a.window > 0 && j0 + BN - 1 <= w_first - a.window);
         if (!skip) {
-            // byte addresses in shared memory of Q, this tile's K and V
-            const u32 aq = smem_addr(sq), ak = smem_addr(sk + buf * BN * LD),
-                      av = smem_addr(sv + buf * BN * LD);
             float sc[NT][4];
-#pragma unroll
-            for (int n = 0; n < NT; n++) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.f;
-#pragma unroll
-            for (int kk = 0; kk < D / 16; kk++) {
-                u32 qa[4];
-                ldsm_x4(qa, aq + 2 * ((wr0 + (lane & 15)) * LD + kk * 16 + (lane >> 4) * 8));
-#pragma unroll
-                for (int np = 0; np < NT / 2; np++) {
-                    u32 kb[4];
-                    ldsm_x4(kb, ak + 2 * ((np * 16 + (lane & 7) + ((lane >> 4) << 3)) * LD +
-                                          kk * 16 + ((lane >> 3) & 1) * 8));
-                    mma16816(sc[2 * np], qa, kb[0], kb[1]);
-                    mma16816(sc[2 * np + 1], qa, kb[2], kb[3]);
-                }
-            }
-
-            // Scale, softcap, mask; c0,c1 belong to row pos_a and c2,c3 to row pos_b.
+            u32 pk[NT][2];
+            qk_tile<D, BN, LD>(sc, smem_addr(sq), smem_addr(sk + buf * BN * LD), wr0, lane);
             const bool masked =
                 j0 + BN - 1 > w_first || (a.window > 0 && j0 <= w_last - a.window);
-            float mx[2] = {NEG_INF, NEG_INF};
-#pragma unroll
-            for (int n = 0; n < NT; n++) {
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    float v = sc[n][e] * a.scale;
-                    if (a.softcap > 0.f) v = a.softcap * tanhf(v / a.softcap);
-                    if (masked) {
-                        const int j = j0 + n * 8 + 2 * tig + (e & 1);
-                        const int p = e < 2 ? pos_a : pos_b;
-                        if (j > p || (a.window > 0 && j <= p - a.window)) v = NEG_INF;
-                    }
-                    sc[n][e] = v;
-                    mx[e >> 1] = fmaxf(mx[e >> 1], v);
-                }
-            }
-            float base[2], corr[2];
-#pragma unroll
-            for (int r = 0; r < 2; r++) {
-                // the 4 lanes of a group hold the 4 column pairs of its rows
-                mx[r] = fmaxf(mx[r], __shfl_xor_sync(FULL_MASK, mx[r], 1));
-                mx[r] = fmaxf(mx[r], __shfl_xor_sync(FULL_MASK, mx[r], 2));
-                const float mn = fmaxf(m[r], mx[r]);
-                base[r] = mn == NEG_INF ? 0.f : mn;  // a row with nothing visible yet
-                corr[r] = __expf(m[r] - base[r]);
-                m[r] = mn;
-            }
-            u32 pk[NT][2];
-            float rs[2] = {0.f, 0.f};
-#pragma unroll
-            for (int n = 0; n < NT; n++) {
-                const float p0 = __expf(sc[n][0] - base[0]), p1 = __expf(sc[n][1] - base[0]);
-                const float p2 = __expf(sc[n][2] - base[1]), p3 = __expf(sc[n][3] - base[1]);
-                rs[0] += p0 + p1;
-                rs[1] += p2 + p3;
-                pk[n][0] = pack_h2(p0, p1);
-                pk[n][1] = pack_h2(p2, p3);
-            }
-            l[0] = l[0] * corr[0] + rs[0];
-            l[1] = l[1] * corr[1] + rs[1];
-#pragma unroll
-            for (int d = 0; d < DT; d++) {
-                o[d][0] *= corr[0];
-                o[d][1] *= corr[0];
-                o[d][2] *= corr[1];
-                o[d][3] *= corr[1];
-            }
-#pragma unroll
-            for (int kk = 0; kk < BN / 16; kk++) {
-                const u32 pa[4] = {pk[2 * kk][0], pk[2 * kk][1], pk[2 * kk + 1][0],
-                                   pk[2 * kk + 1][1]};
-#pragma unroll
-                for (int dp = 0; dp < D / 16; dp++) {
-                    u32 vb[4];
-                    ldsm_x4_t(vb,
-                              av + 2 * ((kk * 16 + (lane & 15)) * LD + dp * 16 + (lane >> 4) * 8));
-                    mma16816(o[2 * dp], pa, vb[0], vb[1]);
-                    mma16816(o[2 * dp + 1], pa, vb[2], vb[3]);
-                }
-            }
+            softmax_tile<BN, DT>(sc, o, m, l, pk, a, j0, masked, tig, pos);
+            pv_tile<D, BN, LD>(o, pk, smem_addr(sv + buf * BN * LD), lane);
         }
         __syncthreads();  // every warp is done with this buffer before it is refilled
     }
@@ -285,79 +361,25 @@ __device__ void attn_mma_impl(const float* __restrict__ q, const u16* __restrict
         if (!warp_live) return;
         float* oa = out + (i64)(row0 + q_off + ra) * a.out_stride + h * D + 2 * tig;
         float* ob = out + (i64)(row0 + q_off + rb) * a.out_stride + h * D + 2 * tig;
-        const float ia = 1.f / l[0], ib = 1.f / l[1];
-#pragma unroll
-        for (int d = 0; d < DT; d++) {
-            if (ra < nq) {
-                oa[d * 8] = o[d][0] * ia;
-                oa[d * 8 + 1] = o[d][1] * ia;
-            }
-            if (rb < nq) {
-                ob[d * 8] = o[d][2] * ib;
-                ob[d * 8 + 1] = o[d][3] * ib;
-            }
-        }
+        store_rows<DT>(o, oa, ob, ra < nq, rb < nq, 1.f / l[0], 1.f / l[1]);
         return;
     }
 
     // Split-K: this split's partials, [MMA_BM rows][O (D) | m | l] per (tile, head, split).
     constexpr int W = D + 2;
     const i64 pair = (i64)blockIdx.y * gridDim.x + h;
-    float* wp = ws + (pair * a.n_splits + blockIdx.z) * (MMA_BM * W);
+    float* w0 = ws + pair * a.n_splits * (MMA_BM * W);
+    float* wp = w0 + (i64)blockIdx.z * (MMA_BM * W);
     if (warp_live) {
-        float* wa = wp + ra * W + 2 * tig;
-        float* wb = wp + rb * W + 2 * tig;
-#pragma unroll
-        for (int d = 0; d < DT; d++) {
-            if (ra < nq) {
-                wa[d * 8] = o[d][0];
-                wa[d * 8 + 1] = o[d][1];
-            }
-            if (rb < nq) {
-                wb[d * 8] = o[d][2];
-                wb[d * 8 + 1] = o[d][3];
-            }
-        }
+        store_rows<DT>(o, wp + ra * W + 2 * tig, wp + rb * W + 2 * tig, ra < nq, rb < nq, 1.f,
+                       1.f);
         if (tig == 0 && ra < nq) { wp[ra * W + D] = m[0]; wp[ra * W + D + 1] = l[0]; }
         if (tig == 0 && rb < nq) { wp[rb * W + D] = m[1]; wp[rb * W + D + 1] = l[1]; }
     }
-    // The flag lives in K's space (free since the loop's last barrier; no static shared
-    // memory, which would add to the dynamic size at the opt-in limit).
-    int* last = (int*)sk;
-    __threadfence();
-    __syncthreads();
-    if (tid == 0) {
-        int* c = done + pair;
-        *last = atomicAdd(c, 1) == a.n_splits - 1;
-        if (*last) *c = 0;  // every split has counted: ready for the next launch
-    }
-    __syncthreads();
-    if (!*last) return;
-    __threadfence();
-    // Merge: per row, each split's weight e^(m_z - M) / L into shared memory (Q's space, free
-    // since the loop's last barrier), then each output element is one weighted sum.
-    const float* w0 = ws + pair * a.n_splits * (MMA_BM * W);
-    float* sw = (float*)smem;
-    for (int r = tid; r < nq; r += blockDim.x) {
-        float M = NEG_INF;
-        for (int z = 0; z < a.n_splits; z++) M = fmaxf(M, __ldcg(w0 + (z * MMA_BM + r) * W + D));
-        float L = 0.f;
-        for (int z = 0; z < a.n_splits; z++) {
-            const float mz = __ldcg(w0 + (z * MMA_BM + r) * W + D);
-            const float e = mz == NEG_INF ? 0.f : __expf(mz - M);  // a split that saw no key
-            sw[r * MMA_MAX_SPLITS + z] = e;
-            L += __ldcg(w0 + (z * MMA_BM + r) * W + D + 1) * e;
-        }
-        for (int z = 0; z < a.n_splits; z++) sw[r * MMA_MAX_SPLITS + z] /= L;
-    }
-    __syncthreads();
-    for (int e = tid; e < nq * D; e += blockDim.x) {
-        const int r = e / D, d = e % D;
-        float acc = 0.f;
-        for (int z = 0; z < a.n_splits; z++)
-            acc += __ldcg(w0 + (z * MMA_BM + r) * W + d) * sw[r * MMA_MAX_SPLITS + z];
-        out[(i64)(row0 + q_off + r) * a.out_stride + h * D + d] = acc;
-    }
+    // Q's and K's space are free since the loop's last barrier: the split weights and the
+    // flag go there (no static shared memory, which would add to the opt-in-sized dynamic).
+    merge_mma_splits<D>(w0, done + pair, out + (i64)(row0 + q_off) * a.out_stride + h * D,
+                        a.out_stride, nq, a.n_splits, (float*)smem, (int*)sk);
 }
 
 #define ATTN_MMA(D, BN)                                                                        \
