@@ -388,6 +388,12 @@ fn prefill_attention_mma(c: &mut CudaContext, out: &mut Vec<String>) -> R<()> {
         head_dim: d,
     };
     let mut rng = Rng(6);
+    for (hd, regs, local) in c.attn_mma_resources()? {
+        out.push(format!(
+            "| attn_mma_f16_{hd} | {regs} registers | {local} bytes local (spills) per thread |"
+        ));
+        println!("{}", out.last().expect("pushed"));
+    }
     // (positions in the cache, queries: the last `chunk` of them, calls per timed batch)
     for (n, chunk, reps) in [(1024usize, 1024, 10), (16384, 16384, 1), (16384, 512, 5)] {
         let mut cache = DeviceKvCache::new(c, &[shape], n / bs, bs, KvDtype::F16)?;

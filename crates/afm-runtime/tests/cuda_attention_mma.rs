@@ -149,6 +149,11 @@ fn mma_and_simt_agree() {
     let kernels = [AttnKernel::Simt, AttnKernel::Mma, AttnKernel::Auto];
     let case = case((16, 8, 128), &[(0, 1000), (120, 333)], None, None);
     let out = check("agree", &case, &kernels);
+    // for the log: spills would show as local bytes
+    eprintln!(
+        "(head_dim, registers, local bytes): {:?}",
+        ctx().attn_mma_resources()
+    );
     let e = rel_err(&out[1], &out[0]);
     eprintln!("mma vs simt: rel err {e:.2e}");
     assert!(e <= TOL, "mma vs simt: relative error {e:.3e} > {TOL:.0e}");

@@ -204,6 +204,18 @@ impl CudaContext {
         }
     }
 
+    /// Registers per thread and local (spilled) bytes per thread of the mma kernel at each
+    /// head_dim, as the driver compiled it for this device: (head_dim, registers, local bytes).
+    pub fn attn_mma_resources(&self) -> Result<Vec<(usize, i32, i32)>> {
+        [64, 128, 256]
+            .into_iter()
+            .map(|d| {
+                let f = self.kernel(&format!("attn_mma_f16_{d}"))?;
+                Ok((d, f.num_regs()?, f.local_size_bytes()?))
+            })
+            .collect()
+    }
+
     /// The mma kernel over the batch's mma tiles (shapes and strides checked by the caller,
     /// [`use_attn_mma`](Self::use_attn_mma) true), the key range split `splits` ways, or as
     /// [`mma_split_count`] picks.
