@@ -1,6 +1,8 @@
 //! CUDA micro-benchmarks against the card's own ceiling, measured in the same run:
-//! device-to-device copy bandwidth (bytes read + written), then GEMV at Qwen3-8B shapes
-//! (Q4_K, Q6_K, Q8_0, BF16; GB/s of weights read, as a fraction of the copy rate), decode
+//! device-to-device copy bandwidth (bytes read + written), then GEMV at Qwen3-0.6B and
+//! Qwen3-8B shapes (Q4_K, Q6_K, Q8_0, BF16; GB/s of weights read, as a fraction of the copy
+//! rate; quantized ones through the int8/dp4a kernels and the int16/dp2a ones they replace,
+//! `int8` and `int16` rows), gate+up fused and not, decode
 //! attention at 1k and 16k context with split-K on and off, the attention prologue fused and
 //! unfused, prefill attention (and the tensor-core kernel against the SIMT one at Qwen3-0.6B's
 //! heads, 1k and 16k tokens) and sampling.
@@ -11,7 +13,8 @@
 //! section names (copy, gemv, prefill_matmul, decode_attention, prologue, prefill_attention,
 //! prefill_mma, sampling) only those run (the copy ceiling always does).
 //!
-//! Measured 2026-11-29 on the H200 (copy ceiling 4251 GB/s), batch-1 GEMV as % of it:
+//! Measured 2026-11-29 on the H200 (copy ceiling 4251 GB/s), batch-1 GEMV as % of it (the
+//! quantized rows are the int16 kernels, before the int8 ones):
 //! ```text
 //!                 4096x4096  12288x4096  4096x12288  151936x4096
 //! Q4_K               18%        34%         29%          57%
@@ -26,7 +29,7 @@
 
 use afm_runtime::attention::{AttnParams, AttnSeq};
 use afm_runtime::cuda::{
-    AttnBatch, AttnKernel, CudaContext, CudaSlice, DeviceKvCache, DeviceWeight, MatmulPath,
+    Activation, AttnBatch, AttnKernel, CudaContext, CudaSlice, DeviceKvCache, DeviceWeight, MatmulPath,
     RopeTable, SampleParams,
 };
 use afm_runtime::kv_store::{KvDtype, LayerKvShape};
@@ -110,56 +113,117 @@ fn copy_ceiling(c: &mut CudaContext) -> R<f64> {
     Ok(2.0 * n as f64 / ms / 1e6)
 }
 
+/// Qwen3-0.6B projections (q, k/v, gate/up, down): narrow matrices, where launch, ramp-up and
+/// idle threads weigh most.
+const QWEN3_06B: [(usize, usize); 4] = [(2048, 1024), (1024, 1024), (3072, 1024), (1024, 3072)];
+/// Qwen3-8B projections (q/o, gate/up, down) and its 151936-row output matrix (batch 1 only).
+const QWEN3_8B: [(usize, usize); 4] = [(4096, 4096), (12288, 4096), (4096, 12288), (151_936, 4096)];
+
+/// The paths timed for `n` rows of `dtype`: quantized weights through the int8 GEMV and the
+/// int16 one it replaces (A/B; `AFM_GEMV_I16`), and past 8 rows also dequantize + cuBLAS.
+fn bench_paths(dtype: DType, rows: usize, n: usize) -> &'static [MatmulPath] {
+    let quant = dtype != DType::BF16;
+    match (quant, n) {
+        (true, 1..=8) => &[MatmulPath::Gemv, MatmulPath::GemvI16],
+        (true, 16) => &[MatmulPath::Gemv, MatmulPath::GemvI16, MatmulPath::Gemm],
+        (true, _) => &[MatmulPath::Gemv, MatmulPath::Gemm],
+        (false, 1) if rows < 100_000 => &[MatmulPath::Gemv, MatmulPath::Gemm],
+        (false, _) => &[MatmulPath::Gemv],
+    }
+}
+
+fn path_name(dtype: DType, path: MatmulPath) -> &'static str {
+    match path {
+        MatmulPath::Gemm => "cuBLAS",
+        MatmulPath::GemvI16 => "int16",
+        _ if dtype == DType::BF16 => "gemv",
+        _ => "int8",
+    }
+}
+
 fn gemv(c: &mut CudaContext, copy_gbs: f64, out: &mut Vec<String>) -> R<()> {
     let mut rng = Rng(1);
-    // Qwen3-8B projections, and its 151936-row output matrix (batch 1 only).
-    let shapes = [(4096, 4096), (12288, 4096), (4096, 12288), (151_936, 4096)];
+    let shapes = QWEN3_06B
+        .iter()
+        .map(|&s| (s, true))
+        .chain(QWEN3_8B.iter().map(|&s| (s, false)));
     for dtype in [DType::Q4K, DType::Q6K, DType::Q8_0, DType::BF16] {
-        for (rows, cols) in shapes {
+        for ((rows, cols), small) in shapes.clone() {
             let w = random_weight(&mut rng, dtype, rows, cols)?;
             let bytes = w.bytes().len();
-            let copies = ROTATE_BYTES.div_ceil(bytes).clamp(2, 64);
+            // Enough copies to pass 512 MB, so the L2 never serves a repeat.
+            let copies = ROTATE_BYTES.div_ceil(bytes).clamp(2, 1024);
             let ws: Vec<DeviceWeight> = (0..copies)
                 .map(|_| DeviceWeight::upload(c, &w))
                 .collect::<Result<_, _>>()?;
-            // Quantized weights also at 16 and 32 rows, by GEMV launches and by the
+            // Quantized 8B matrices also at 16 and 32 rows, by GEMV launches and by the
             // dequantize + cuBLAS path, to place the switch between them (`matmul.rs`).
             let quant = dtype != DType::BF16;
-            let batches: &[usize] = match (rows > 100_000, quant) {
-                (true, _) => &[1],
-                (false, true) => &[1, 8, 16, 32],
-                (false, false) => &[1, 8],
+            let batches: &[usize] = match (rows > 100_000, quant, small) {
+                (true, _, _) => &[1],
+                (false, true, false) => &[1, 8, 16, 32],
+                _ => &[1, 8],
             };
             for &n in batches {
                 let x: Vec<f32> = (0..n * cols).map(|_| rng.sym()).collect();
                 let xd = c.upload(&x)?;
                 let mut y: CudaSlice<f32> = c.alloc(n * rows)?;
-                let both = (dtype == DType::BF16 && n == 1 && rows < 100_000) || (quant && n > 8);
-                let paths: &[MatmulPath] = if both {
-                    &[MatmulPath::Gemv, MatmulPath::Gemm]
-                } else {
-                    &[MatmulPath::Gemv]
-                };
-                for &path in paths {
+                for &path in bench_paths(dtype, rows, n) {
                     let ms = time_ms(c, 20, |c, i| {
                         c.matmul_with(path, &ws[i % copies], &xd, n, &mut y)
                             .expect("matmul")
                     })?;
                     let gbs = bytes as f64 / ms / 1e6;
-                    let name = if path == MatmulPath::Gemm {
-                        "cuBLAS"
-                    } else {
-                        "gemv"
-                    };
                     out.push(format!(
-                        "| {:5} | {rows:6}x{cols:<5} | {n:2} | {name:6} | {:7.2} us | {gbs:7.0} GB/s | {:5.1}% |",
+                        "| {:5} | {rows:6}x{cols:<5} | {n:2} | {:6} | {:7.2} us | {gbs:7.0} GB/s | {:5.1}% |",
                         dtype.name(),
+                        path_name(dtype, path),
                         ms * 1e3,
                         100.0 * gbs / copy_gbs
                     ));
                     println!("{}", out.last().expect("pushed"));
                 }
             }
+        }
+    }
+    Ok(())
+}
+
+/// Gate and up of one MLP (Q4_K): the fused int8 launch (one activation quantization, one
+/// GEMV launch with the SiLU) against two separate int8 matmuls (two of each, no SiLU).
+fn gated_q4k(c: &mut CudaContext, out: &mut Vec<String>) -> R<()> {
+    let mut rng = Rng(6);
+    for (rows, cols) in [(3072, 1024), (12288, 4096)] {
+        let g = random_weight(&mut rng, DType::Q4K, rows, cols)?;
+        let copies = ROTATE_BYTES.div_ceil(2 * g.bytes().len()).clamp(2, 1024);
+        let ws: Vec<DeviceWeight> = (0..2 * copies)
+            .map(|_| DeviceWeight::upload(c, &g))
+            .collect::<Result<_, _>>()?;
+        for n in [1, 8] {
+            let x: Vec<f32> = (0..n * cols).map(|_| rng.sym()).collect();
+            let xd = c.upload(&x)?;
+            let mut y: CudaSlice<f32> = c.alloc(n * rows)?;
+            let mut y2: CudaSlice<f32> = c.alloc(n * rows)?;
+            let fused = time_ms(c, 20, |c, i| {
+                let (g, u) = (&ws[2 * (i % copies)], &ws[2 * (i % copies) + 1]);
+                let done = c
+                    .matmul_gated(g, u, Activation::Silu, &xd, n, &mut y)
+                    .expect("gated");
+                assert!(done, "the int8 gated GEMV applies to Q4_K");
+            })?;
+            let separate = time_ms(c, 20, |c, i| {
+                let (g, u) = (&ws[2 * (i % copies)], &ws[2 * (i % copies) + 1]);
+                c.matmul_with(MatmulPath::Gemv, g, &xd, n, &mut y)
+                    .expect("gate");
+                c.matmul_with(MatmulPath::Gemv, u, &xd, n, &mut y2)
+                    .expect("up");
+            })?;
+            out.push(format!(
+                "| gate+up Q4_K {rows:5}x{cols:<5} | {n:2} | fused {:7.2} us | 2 matmuls {:7.2} us |",
+                fused * 1e3,
+                separate * 1e3
+            ));
+            println!("{}", out.last().expect("pushed"));
         }
     }
     Ok(())
@@ -511,6 +575,9 @@ fn main() -> R<()> {
     let run = |name: &str| only.is_empty() || only.iter().any(|o| o == name);
     if run("gemv") {
         gemv(&mut c, copy_gbs, &mut table)?;
+    }
+    if run("gated_q4k") {
+        gated_q4k(&mut c, &mut table)?;
     }
     if run("prefill_matmul") {
         prefill_matmul(&mut c, &mut table)?;

@@ -50,26 +50,7 @@ fn kernel_names(module: &str) -> Vec<String> {
             }
             v
         }
-        "gemv" => {
-            let mut v = fixed(&[
-                "quantize_x_i16",
-                "dequant_f16_q8_0",
-                "dequant_f16_q4_k",
-                "dequant_f16_q6_k",
-            ]);
-            for t in ["q4_k", "q6_k", "q8_0", "bf16", "f16"] {
-                for n in 1..=super::GEMV_MAX_BATCH {
-                    v.push(format!("gemv_{t}_{n}"));
-                }
-            }
-            for t in ["bf16", "f16"] {
-                for n in 1..=super::GEMV_MAX_BATCH {
-                    v.push(format!("gemv3_{t}_{n}"));
-                    v.push(format!("gemvg_{t}_{n}"));
-                }
-            }
-            v
-        }
+        "gemv" => super::matmul::kernel_names(),
         "attention" => {
             let mut v = fixed(&[
                 "kv_write_f32",

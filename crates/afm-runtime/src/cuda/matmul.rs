@@ -5,10 +5,15 @@
 //! F32                         any n     cuBLAS SGEMM (f32 throughout)
 //! BF16/F16    n ≤ 32          GEMV kernels, 8 activation rows per launch, f32 activations
 //!             n > 32          x → bf16/f16, cuBLAS GEMM with f32 accumulation and output
-//! Q8_0/Q4_K/Q6_K  n ≤ 32      x → int16 blocks, GEMV kernels on the GGML blocks (dp2a)
-//!             n > 32          W → f16 scratch (≤ 32M weights at a time), x → f16, cuBLAS GEMM
+//! Q8_0/Q4_K/Q6_K  n ≤ 16      x → int8 blocks of 32, GEMV kernels on the GGML blocks (dp4a)
+//!             n > 16          W → f16 scratch (≤ 32M weights at a time), x → f16, cuBLAS GEMM
 //! ```
 //! Weights stay in their storage type in device memory; the f16 scratch is transient.
+//! `AFM_GEMV_I16=1` (or [`MatmulPath::GemvI16`]) runs the earlier quantized GEMV instead
+//! (int16 activations, dp2a), kept for one A/B measurement on the H200; the loser goes.
+//!
+//! Several matrices of one input (Q/K/V; gate and up) share one activation quantization
+//! ([`CudaContext::matmul_many`], [`CudaContext::matmul_gated`]).
 
 use cudarc::cublas::result::gemm_ex;
 use cudarc::cublas::sys::{
@@ -30,8 +35,12 @@ pub const GEMV_MAX_BATCH: usize = 8;
 /// matrices: at 16 rows two launches match or beat cuBLAS (Q4_K 4096×12288 84 vs 131 µs), at
 /// 32 rows four launches lose (Q4_K 12288×4096 182 vs 103 µs, 4096×4096 68 vs 37 µs).
 const GEMV_MAX_ROWS: usize = 16;
-/// Weight rows per GEMV block (`GEMV_ROWS` in gemv.cu).
+/// Weight rows per GEMV block (`GEMV_ROWS` in gemv.cu); per thread group in the int8 kernels.
 const GEMV_ROWS: usize = 4;
+/// Threads per GEMV block (`GEMV_THREADS` in gemv.cu).
+const GEMV_THREADS: usize = 128;
+/// Values per int8 activation block (and weights per int8 GEMV work unit).
+const Q8_BLOCK: usize = 32;
 /// Weights dequantized to f16 per cuBLAS call, bounding the scratch (64 MiB).
 const DEQUANT_CHUNK: usize = 32 << 20;
 
@@ -81,6 +90,103 @@ pub enum MatmulPath {
     Gemv,
     /// cuBLAS at any batch size.
     Gemm,
+    /// As `Gemv`, but quantized weights meet int16 activations (dp2a): the earlier kernels,
+    /// kept for one A/B measurement against the int8 ones.
+    GemvI16,
+}
+
+/// Whether `AFM_GEMV_I16=1` asks for the int16-activation quantized GEMV (read once).
+fn gemv_i16() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("AFM_GEMV_I16").is_ok_and(|v| v == "1"))
+}
+
+fn is_quant(t: DType) -> bool {
+    matches!(t, DType::Q8_0 | DType::Q4K | DType::Q6K)
+}
+
+/// Kernel-name suffix of a quantized or 16-bit weight type.
+fn type_name(t: DType) -> &'static str {
+    match t {
+        DType::Q4K => "q4_k",
+        DType::Q6K => "q6_k",
+        DType::Q8_0 => "q8_0",
+        DType::BF16 => "bf16",
+        _ => "f16",
+    }
+}
+
+/// Thread groups per int8 GEMV block: as many as keep each group's threads busy with at least
+/// one 32-weight unit per row (Qwen3-0.6B's 1024 columns: 32 units, so one warp per group).
+fn q8_groups(cols: usize) -> usize {
+    match cols / Q8_BLOCK {
+        0..=32 => 4,
+        33..=64 => 2,
+        _ => 1,
+    }
+}
+
+/// The int8 launch shape for `rows` × `cols`: the grid config and the group count argument.
+fn q8_launch(rows: usize, cols: usize) -> (LaunchConfig, i32) {
+    let groups = q8_groups(cols);
+    let cfg = LaunchConfig {
+        grid_dim: (rows.div_ceil(GEMV_ROWS * groups) as u32, 1, 1),
+        block_dim: (GEMV_THREADS as u32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    (cfg, groups as i32)
+}
+
+/// Every kernel of gemv.cu, for the context's loader.
+pub(super) fn kernel_names() -> Vec<String> {
+    let mut v: Vec<String> = [
+        "quantize_x_i16",
+        "quantize_x_q8",
+        "dequant_f16_q8_0",
+        "dequant_f16_q4_k",
+        "dequant_f16_q6_k",
+    ]
+    .map(String::from)
+    .into();
+    for n in 1..=GEMV_MAX_BATCH {
+        for t in ["q4_k", "q6_k", "q8_0", "bf16", "f16"] {
+            v.push(format!("gemv_{t}_{n}"));
+        }
+        for t in ["bf16", "f16"] {
+            v.push(format!("gemv3_{t}_{n}"));
+            v.push(format!("gemvg_{t}_{n}"));
+        }
+        for t in ["q4_k", "q6_k", "q8_0"] {
+            v.push(format!("gemv8_{t}_{n}"));
+            v.push(format!("gemv8g_{t}_{n}"));
+        }
+    }
+    v
+}
+
+/// Device addresses of activations quantized to int8 blocks (`quantize_x_q8`'s outputs).
+#[derive(Clone, Copy)]
+struct Q8Acts {
+    /// i8 `[n][cols]`.
+    q: u64,
+    /// f32 `[n][cols / 32]`: block scales d.
+    d: u64,
+    /// f32 `[n][cols / 32]`: d · Σq per block.
+    s: u64,
+    cols: usize,
+}
+
+impl Q8Acts {
+    /// The same activations from row `r` on.
+    fn at_row(self, r: usize) -> Self {
+        let blocks = (r * self.cols / Q8_BLOCK * 4) as u64;
+        Self {
+            q: self.q + (r * self.cols) as u64,
+            d: self.d + blocks,
+            s: self.s + blocks,
+            cols: self.cols,
+        }
+    }
 }
 
 impl CudaContext {
@@ -108,7 +214,7 @@ impl CudaContext {
         if n == 0 || w.rows == 0 {
             return Ok(());
         }
-        let quant = matches!(w.dtype, DType::Q8_0 | DType::Q4K | DType::Q6K);
+        let quant = is_quant(w.dtype);
         let half = matches!(w.dtype, DType::BF16 | DType::F16);
         if !(quant || half || w.dtype == DType::F32) {
             return Err(CudaError::Unsupported {
@@ -122,32 +228,63 @@ impl CudaContext {
         let gemv_ok = quant || (half && w.cols.is_multiple_of(8) && xp.is_multiple_of(16));
         let use_gemv = match path {
             MatmulPath::Auto => gemv_ok && n <= if quant { GEMV_MAX_ROWS } else { GEMV_MAX_BATCH },
-            MatmulPath::Gemv => gemv_ok,
+            MatmulPath::Gemv | MatmulPath::GemvI16 => gemv_ok,
             MatmulPath::Gemm => false,
         };
-        if use_gemv {
-            self.gemv(w, xp, n, op)
-        } else {
+        let i16 = path == MatmulPath::GemvI16 || (path != MatmulPath::Gemv && gemv_i16());
+        if !use_gemv {
             self.gemm(w, xp, n, op)
+        } else if quant && !i16 {
+            let acts = self.quantize_q8(xp, n, w.cols)?;
+            self.gemv_q8(w, acts, n, op)
+        } else {
+            self.gemv(w, xp, n, op)
         }
     }
 
+    /// Quantizes `n` rows of `cols` activations at `xp` to int8 blocks of 32 in the scratch.
+    fn quantize_q8(&mut self, xp: u64, n: usize, cols: usize) -> Result<Q8Acts> {
+        let nblocks = n * cols / Q8_BLOCK;
+        let stream = self.stream().clone();
+        // The int16 slot holds the int8 values: n · cols bytes.
+        let q = scratch(&stream, &mut self.ws.xq, (n * cols).div_ceil(2))?;
+        let d = scratch(&stream, &mut self.ws.xd, nblocks)?;
+        let s = scratch(&stream, &mut self.ws.xs, nblocks)?;
+        let nbi = nblocks as i64;
+        let f = self.kernel("quantize_x_q8")?;
+        launch!(self, f, grid_1d(nblocks * 32, 256); xp, q, d, s, nbi)?;
+        Ok(Q8Acts { q, d, s, cols })
+    }
+
+    /// `out = x · Wᵀ` for quantized `w` and `n` rows of int8 activations, in launches of at
+    /// most `GEMV_MAX_BATCH` rows.
+    fn gemv_q8(&mut self, w: &DeviceWeight, acts: Q8Acts, n: usize, op: u64) -> Result<()> {
+        let (rows, cols) = (w.rows, w.cols);
+        let wp = self.ptr(&w.bytes);
+        let (cfg, groups) = q8_launch(rows, cols);
+        let (ri, ci) = (rows as i32, cols as i32);
+        for c0 in (0..n).step_by(GEMV_MAX_BATCH) {
+            let nb = (n - c0).min(GEMV_MAX_BATCH);
+            let a = acts.at_row(c0);
+            let (q0, d0, s0) = (a.q, a.d, a.s);
+            let o0 = op + (c0 * rows * 4) as u64;
+            let f = self.kernel(&format!("gemv8_{}_{nb}", type_name(w.dtype)))?;
+            launch!(self, f, cfg; wp, q0, d0, s0, o0, ri, ci, groups)?;
+        }
+        Ok(())
+    }
+
+    /// The 16-bit GEMV, and the int16-activation quantized one (`AFM_GEMV_I16`).
     fn gemv(&mut self, w: &DeviceWeight, xp: u64, n: usize, op: u64) -> Result<()> {
         let (rows, cols) = (w.rows, w.cols);
         let wp = self.ptr(&w.bytes);
         let (ri, ci) = (rows as i32, cols as i32);
         let cfg = LaunchConfig {
             grid_dim: (rows.div_ceil(GEMV_ROWS) as u32, 1, 1),
-            block_dim: (128, 1, 1),
+            block_dim: (GEMV_THREADS as u32, 1, 1),
             shared_mem_bytes: 0,
         };
-        let tname = match w.dtype {
-            DType::Q4K => "q4_k",
-            DType::Q6K => "q6_k",
-            DType::Q8_0 => "q8_0",
-            DType::BF16 => "bf16",
-            _ => "f16",
-        };
+        let tname = type_name(w.dtype);
         if matches!(w.dtype, DType::BF16 | DType::F16) {
             for c0 in (0..n).step_by(GEMV_MAX_BATCH) {
                 let nb = (n - c0).min(GEMV_MAX_BATCH);
@@ -295,10 +432,22 @@ fn half_name(w: &DeviceWeight) -> &'static str {
     }
 }
 
+/// Whether quantized weights `ws` of one width can share one int8 quantization of `n` rows
+/// (the int8 GEMV path, at most `GEMV_MAX_ROWS` rows).
+fn quant_shared_ok(ws: &[&DeviceWeight], n: usize) -> bool {
+    let Some(first) = ws.first() else {
+        return false;
+    };
+    (1..=GEMV_MAX_ROWS).contains(&n)
+        && !gemv_i16()
+        && ws.iter().all(|w| is_quant(w.dtype) && w.cols == first.cols)
+}
+
 impl CudaContext {
-    /// Two or three projections of the same `n` rows (Q, K, V) in one GEMV launch:
-    /// `outs[i] = x · wsᵢᵀ`. `false` (nothing launched) when the fused kernel does not apply
-    /// (more than 8 rows, quantized or mixed weights): the caller runs them one by one.
+    /// Two or three projections of the same `n` rows (Q, K, V): `outs[i] = x · wsᵢᵀ`, 16-bit
+    /// weights in one GEMV launch, quantized ones (types may differ) from one int8
+    /// quantization of x. `false` (nothing launched) when neither applies (more rows than the
+    /// GEMV takes, mixed 16-bit and quantized weights): the caller runs them one by one.
     pub fn matmul_many(
         &mut self,
         ws: &[&DeviceWeight],
@@ -307,12 +456,24 @@ impl CudaContext {
         outs: &mut [&mut CudaSlice<f32>],
     ) -> Result<bool> {
         let xp = self.ptr(x);
-        if !(2..=3).contains(&ws.len()) || ws.len() != outs.len() || !fused_ok(ws, n, xp) {
+        if !(2..=3).contains(&ws.len()) || ws.len() != outs.len() {
+            return Ok(false);
+        }
+        let quant = quant_shared_ok(ws, n);
+        if !quant && !fused_ok(ws, n, xp) {
             return Ok(false);
         }
         check_len("matmul input", x.len(), n * ws[0].cols)?;
         for (w, o) in ws.iter().zip(outs.iter()) {
             check_len("matmul output", o.len(), n * w.rows)?;
+        }
+        if quant {
+            let acts = self.quantize_q8(xp, n, ws[0].cols)?;
+            for (w, o) in ws.iter().zip(outs.iter_mut()) {
+                let op = self.ptr_mut(&mut **o);
+                self.gemv_q8(w, acts, n, op)?;
+            }
+            return Ok(true);
         }
         let w3 = |i: usize| ws.get(i).unwrap_or(&ws[0]);
         let (w0, w1, w2) = (
@@ -338,8 +499,10 @@ impl CudaContext {
         Ok(true)
     }
 
-    /// `out = act(x · gateᵀ) · (x · upᵀ)` in one GEMV launch (act 0 = SiLU, 1 = GELU tanh);
-    /// `false` (nothing launched) where the fused kernel does not apply.
+    /// `out = act(x · gateᵀ) · (x · upᵀ)` in one GEMV launch (act 0 = SiLU, 1 = GELU tanh),
+    /// for 16-bit or same-typed quantized weights (after one int8 quantization of x, in
+    /// launches of at most `GEMV_MAX_BATCH` rows); `false` (nothing launched) where the fused
+    /// kernels do not apply.
     pub fn matmul_gated(
         &mut self,
         gate: &DeviceWeight,
@@ -350,7 +513,8 @@ impl CudaContext {
         out: &mut CudaSlice<f32>,
     ) -> Result<bool> {
         let xp = self.ptr(x);
-        if gate.rows != up.rows || !fused_ok(&[gate, up], n, xp) {
+        let quant = gate.dtype == up.dtype && quant_shared_ok(&[gate, up], n);
+        if gate.rows != up.rows || !(quant || fused_ok(&[gate, up], n, xp)) {
             return Ok(false);
         }
         check_len("matmul input", x.len(), n * gate.cols)?;
@@ -365,6 +529,19 @@ impl CudaContext {
             super::Activation::Silu => 0,
             super::Activation::GeluTanh => 1,
         };
+        if quant {
+            let acts = self.quantize_q8(xp, n, gate.cols)?;
+            let (cfg, groups) = q8_launch(gate.rows, gate.cols);
+            for c0 in (0..n).step_by(GEMV_MAX_BATCH) {
+                let nb = (n - c0).min(GEMV_MAX_BATCH);
+                let x0 = acts.at_row(c0);
+                let (q0, d0, s0) = (x0.q, x0.d, x0.s);
+                let o0 = op + (c0 * gate.rows * 4) as u64;
+                let f = self.kernel(&format!("gemv8g_{}_{nb}", type_name(gate.dtype)))?;
+                launch!(self, f, cfg; gp, up_, q0, d0, s0, o0, ri, ci, groups, a)?;
+            }
+            return Ok(true);
+        }
         let cfg = LaunchConfig {
             grid_dim: (gate.rows.div_ceil(GEMV_ROWS) as u32, 1, 1),
             block_dim: (128, 1, 1),

@@ -72,27 +72,49 @@ __device__ __forceinline__ int dot8(int4 x, u32 wa, u32 wb) {
     _Pragma("unroll") for (int r = 0; r < GEMV_ROWS; r++)                                      \
         _Pragma("unroll") for (int b = 0; b < N; b++) acc[r][b] = 0.f;
 
-// Scales of Q4_K sub-blocks 2p and 2p+1 (GGML's get_scale_min_k4) times d and dmin.
+// Scales of Q4_K sub-blocks 2p and 2p+1 (GGML's get_scale_min_k4) times d and dmin, from the
+// block's 16-byte header (d, dmin, scales[12]) held in registers. Branch-free, since the lanes
+// of a warp hold different p.
+__device__ __forceinline__ void q4k_scales_hd(uint4 hd, int p, float& d0, float& d1, float& m0,
+                                              float& m1) {
+    const int k = 16 * (p & 1);
+    // 16-bit words p & 1 of scales[0..4), [4..8) and [8..12).
+    const u32 a = (hd.y >> k) & 0xffff, b = (hd.z >> k) & 0xffff, c = (hd.w >> k) & 0xffff;
+    const u32 sc = p < 2 ? a & 0x3f3f : (c & 0x0f0f) | ((a & 0xc0c0) >> 2);
+    const u32 mn = p < 2 ? b & 0x3f3f : ((c >> 4) & 0x0f0f) | ((b & 0xc0c0) >> 2);
+    const float d = h2f(hd.x & 0xffff), dmin = h2f(hd.x >> 16);
+    d0 = __fmul_rn(d, (float)(sc & 0xff)); d1 = __fmul_rn(d, (float)(sc >> 8));
+    m0 = __fmul_rn(dmin, (float)(mn & 0xff)); m1 = __fmul_rn(dmin, (float)(mn >> 8));
+}
+
+// The same from the block in memory (16-byte aligned: 144-byte blocks in 16-byte aligned rows).
 __device__ __forceinline__ void q4k_scales(const u8* base, int p, float& d0, float& d1,
                                            float& m0, float& m1) {
-    const u32 dm = *(const u32*)base;
-    const u32 s0 = *(const u32*)(base + 4), s1 = *(const u32*)(base + 8);
-    const u32 s2 = *(const u32*)(base + 12);
-    int sc0, mn0, sc1, mn1;
-    if (p < 2) {
-        const u32 a = (s0 >> (16 * p)) & 0x3f3f, b = (s1 >> (16 * p)) & 0x3f3f;
-        sc0 = a & 0xff; sc1 = a >> 8; mn0 = b & 0xff; mn1 = b >> 8;
-    } else {
-        const int k = 16 * (p - 2);
-        const u32 c = (s2 >> k) & 0xffff, a = (s0 >> k) & 0xffff, b = (s1 >> k) & 0xffff;
-        sc0 = (c & 0xf) | (((a >> 6) & 3) << 4);
-        sc1 = ((c >> 8) & 0xf) | (((a >> 14) & 3) << 4);
-        mn0 = ((c >> 4) & 0xf) | (((b >> 6) & 3) << 4);
-        mn1 = ((c >> 12) & 0xf) | (((b >> 14) & 3) << 4);
+    q4k_scales_hd(*(const uint4*)base, p, d0, d1, m0, m1);
+}
+
+// One Q6_K work unit (half hh, columns 8lr..8lr+8 of each quarter-group g): v[2g], v[2g+1] are
+// the 8 signed 6-bit weights (q - 32, one per byte) of group g, dg[g] their scale d * sc.
+__device__ __forceinline__ void q6k_unit(const u8* base, int hh, int lr, u32 (&v)[8],
+                                         float (&dg)[4]) {
+    const u8* ql = base + 64 * hh + 8 * lr;
+    const u8* qh = base + 128 + 32 * hh + 8 * lr;
+    const u32 q0a = ld32_a2(ql), q0b = ld32_a2(ql + 4);
+    const u32 q1a = ld32_a2(ql + 32), q1b = ld32_a2(ql + 36);
+    const u32 ha = ld32_a2(qh), hb = ld32_a2(qh + 4);
+    const float d = h2f(ld16(base + 208));
+    const signed char* scp = (const signed char*)(base + 192 + 8 * hh + lr / 2);
+#pragma unroll
+    for (int g = 0; g < 4; g++) {
+        const int shift = 4 * (g >> 1);
+        const u32 wa = (g & 1) ? q1a : q0a, wb = (g & 1) ? q1b : q0b;
+        u32 va = ((wa >> shift) & 0x0F0F0F0F) | (((ha >> (2 * g)) & 0x03030303) << 4);
+        u32 vb = ((wb >> shift) & 0x0F0F0F0F) | (((hb >> (2 * g)) & 0x03030303) << 4);
+        // Per byte v - 32 without borrows between bytes (v <= 63).
+        v[2 * g] = ((va | 0x80808080) - 0x20202020) ^ 0x80808080;
+        v[2 * g + 1] = ((vb | 0x80808080) - 0x20202020) ^ 0x80808080;
+        dg[g] = d * (float)scp[2 * g];
     }
-    const float d = h2f(dm & 0xffff), dmin = h2f(dm >> 16);
-    d0 = __fmul_rn(d, (float)sc0); d1 = __fmul_rn(d, (float)sc1);
-    m0 = __fmul_rn(dmin, (float)mn0); m1 = __fmul_rn(dmin, (float)mn1);
 }
 
 template <int N>
@@ -151,28 +173,8 @@ __device__ void gemv_q6_k(const u8* W, const short* xq, const float* xd, const f
         u32 v[GEMV_ROWS][8];
         float dg[GEMV_ROWS][4];
 #pragma unroll
-        for (int r = 0; r < GEMV_ROWS; r++) {
-            const int row = min(row0 + r, rows - 1);
-            const u8* base = W + row * rbytes + blk * 210;
-            const u8* ql = base + 64 * hh + 8 * lr;
-            const u8* qh = base + 128 + 32 * hh + 8 * lr;
-            const u32 q0a = ld32_a2(ql), q0b = ld32_a2(ql + 4);
-            const u32 q1a = ld32_a2(ql + 32), q1b = ld32_a2(ql + 36);
-            const u32 ha = ld32_a2(qh), hb = ld32_a2(qh + 4);
-            const float d = h2f(ld16(base + 208));
-            const signed char* scp = (const signed char*)(base + 192 + 8 * hh + lr / 2);
-#pragma unroll
-            for (int g = 0; g < 4; g++) {
-                const int shift = 4 * (g >> 1);
-                const u32 wa = (g & 1) ? q1a : q0a, wb = (g & 1) ? q1b : q0b;
-                u32 va = ((wa >> shift) & 0x0F0F0F0F) | (((ha >> (2 * g)) & 0x03030303) << 4);
-                u32 vb = ((wb >> shift) & 0x0F0F0F0F) | (((hb >> (2 * g)) & 0x03030303) << 4);
-                // Per byte v - 32 without borrows between bytes (v <= 63).
-                v[r][2 * g] = ((va | 0x80808080) - 0x20202020) ^ 0x80808080;
-                v[r][2 * g + 1] = ((vb | 0x80808080) - 0x20202020) ^ 0x80808080;
-                dg[r][g] = d * (float)scp[2 * g];
-            }
-        }
+        for (int r = 0; r < GEMV_ROWS; r++)
+            q6k_unit(W + min(row0 + r, rows - 1) * rbytes + blk * 210, hh, lr, v[r], dg[r]);
 #pragma unroll
         for (int b = 0; b < N; b++) {
 #pragma unroll
@@ -364,6 +366,246 @@ GEMV_ALL(5)
 GEMV_ALL(6)
 GEMV_ALL(7)
 GEMV_ALL(8)
+
+// ---- int8 activations and dp4a: the default quantized path ----
+// (The int16/dp2a kernels above stay for one A/B run behind AFM_GEMV_I16=1.)
+//
+// Activations are quantized in blocks of 32 as the CPU's Q8 blocks are: q = round half to even
+// of x * (127 / amax), so the integers equal the CPU's (quant/activations.rs); the scale
+// d = amax / 127 stays f32 (no storage reason to round it to f16 here). The block sum is
+// s = d * sum(q), not the exact sum of x: then a K-quant block's result is exactly
+// dequantized weights . dequantized activations (as with llama.cpp's Q8_K bsums), whereas with
+// the exact sum the offset term (dmin * m, about half the weight range) would meet unrounded x
+// while the scale term meets rounded x, and the error would grow with |d * sc * q| instead of
+// with |w|.
+//
+//   xq: i8 [n][cols]    xd, xs: f32 [n][cols / 32] (d and d * sum(q) per block of 32)
+//
+// A block of 128 threads is split into `groups` (1, 2 or 4) thread groups; each group owns
+// GEMV_ROWS consecutive weight rows and walks their 32-weight units (cols / 32 per row), so
+// narrow matrices (Qwen3-0.6B: 1024 columns, 32 units) keep every warp busy. Per unit a thread
+// loads the unit of all its rows into registers, then every activation load serves all of them.
+
+__device__ __forceinline__ int dp4a(int a, int b, int c) {
+    int d;
+    asm("dp4a.s32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
+__device__ __forceinline__ int dot16(int4 x, int w0, int w1, int w2, int w3) {
+    return dp4a(x.w, w3, dp4a(x.z, w2, dp4a(x.y, w1, dp4a(x.x, w0, 0))));
+}
+
+// Quantizes x (rows of `cols`, a multiple of 32) to int8 blocks of 32: one warp per block.
+extern "C" __global__ void quantize_x_q8(const float* x, signed char* xq, float* xd, float* xs,
+                                         i64 nblocks) { pdl_begin();
+    const i64 blk = (blockIdx.x * (i64)blockDim.x + threadIdx.x) >> 5;
+    const int lane = threadIdx.x & 31;
+    if (blk >= nblocks) return;  // whole warps: the grid is a multiple of 32 threads
+    const float v = x[blk * 32 + lane];
+    const float amax = warp_max(fabsf(v));
+    const float id = amax > 0.f ? __fdiv_rn(127.0f, amax) : 0.f;
+    const int q = __float2int_rn(__fmul_rn(v, id));
+    const float sum = warp_sum((float)q);  // integers below 2^24: exact
+    xq[blk * 32 + lane] = (signed char)q;
+    if (lane == 0) {
+        const float d = __fdiv_rn(amax, 127.0f);
+        xd[blk] = d;
+        xs[blk] = __fmul_rn(d, sum);
+    }
+}
+
+// A thread's place: its index in its group, the group's size in threads and warps, and the
+// group's first weight row.
+struct Q8Group {
+    int tig, tg, gw, row0;
+};
+
+__device__ __forceinline__ Q8Group q8_group(int groups) {
+    Q8Group g;
+    g.tg = GEMV_THREADS / groups;
+    g.tig = threadIdx.x % g.tg;
+    g.gw = g.tg >> 5;
+    g.row0 = (blockIdx.x * groups + threadIdx.x / g.tg) * GEMV_ROWS;
+    return g;
+}
+
+// Q4_K unit (as the int16 kernel's): 16 qs bytes = 16 weights of sub-block 2p (low nibbles)
+// and 16 of sub-block 2p+1 (high), at columns 64p + 16h and 32 further on.
+template <int N>
+__device__ __forceinline__ void acc8_q4_k(const u8* W, const signed char* xq, const float* xd,
+                                          const float* xs, int rows, int cols, const Q8Group& g,
+                                          float (&acc)[GEMV_ROWS][N]) {
+    const int nb = cols / 256, xbr = cols / 32;
+    const i64 rbytes = (i64)nb * 144;
+    for (int u = g.tig; u < nb * 8; u += g.tg) {
+        const int blk = u >> 3, p = (u >> 1) & 3, h = u & 1;
+        int lo[GEMV_ROWS][4], hi[GEMV_ROWS][4];
+        float d0[GEMV_ROWS], d1[GEMV_ROWS], m0[GEMV_ROWS], m1[GEMV_ROWS];
+#pragma unroll
+        for (int r = 0; r < GEMV_ROWS; r++) {
+            const u8* base = W + min(g.row0 + r, rows - 1) * rbytes + blk * 144;
+            const uint4 hd = *(const uint4*)base;
+            const uint4 q = *(const uint4*)(base + 16 + 32 * p + 16 * h);
+            q4k_scales_hd(hd, p, d0[r], d1[r], m0[r], m1[r]);
+            const u32 w4[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                lo[r][i] = (int)(w4[i] & 0x0F0F0F0F);
+                hi[r][i] = (int)((w4[i] >> 4) & 0x0F0F0F0F);
+            }
+        }
+        const int c0 = blk * 256 + 64 * p + 16 * h;
+#pragma unroll
+        for (int b = 0; b < N; b++) {
+            const signed char* xb = xq + (i64)b * cols + c0;
+            const int4 a = *(const int4*)xb, e = *(const int4*)(xb + 32);
+            const int jb = b * xbr + blk * 8 + 2 * p;
+            const float xd0 = xd[jb], xd1 = xd[jb + 1];
+            // The min term needs the whole sub-block's sum: the h = 0 half adds it.
+            const float xs0 = h == 0 ? xs[jb] : 0.f, xs1 = h == 0 ? xs[jb + 1] : 0.f;
+#pragma unroll
+            for (int r = 0; r < GEMV_ROWS; r++) {
+                const int i0 = dot16(a, lo[r][0], lo[r][1], lo[r][2], lo[r][3]);
+                const int i1 = dot16(e, hi[r][0], hi[r][1], hi[r][2], hi[r][3]);
+                acc[r][b] += xd0 * d0[r] * (float)i0 + xd1 * d1[r] * (float)i1 -
+                             (m0[r] * xs0 + m1[r] * xs1);
+            }
+        }
+    }
+}
+
+// Q6_K unit (as the int16 kernel's): 8 columns of half hh in each of the 4 quarter-groups.
+template <int N>
+__device__ __forceinline__ void acc8_q6_k(const u8* W, const signed char* xq, const float* xd,
+                                          const float* xs, int rows, int cols, const Q8Group& g,
+                                          float (&acc)[GEMV_ROWS][N]) {
+    const int nb = cols / 256, xbr = cols / 32;
+    const i64 rbytes = (i64)nb * 210;
+    for (int u = g.tig; u < nb * 8; u += g.tg) {
+        const int blk = u >> 3, hh = (u >> 2) & 1, lr = u & 3;
+        u32 v[GEMV_ROWS][8];
+        float dg[GEMV_ROWS][4];
+#pragma unroll
+        for (int r = 0; r < GEMV_ROWS; r++)
+            q6k_unit(W + min(g.row0 + r, rows - 1) * rbytes + blk * 210, hh, lr, v[r], dg[r]);
+#pragma unroll
+        for (int b = 0; b < N; b++) {
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                const int col = blk * 256 + 128 * hh + 32 * q + 8 * lr;
+                const int2 xv = *(const int2*)(xq + (i64)b * cols + col);
+                const float x_d = xd[b * xbr + blk * 8 + 4 * hh + q];
+#pragma unroll
+                for (int r = 0; r < GEMV_ROWS; r++) {
+                    const int i = dp4a(xv.y, (int)v[r][2 * q + 1], dp4a(xv.x, (int)v[r][2 * q], 0));
+                    acc[r][b] += x_d * dg[r][q] * (float)i;
+                }
+            }
+        }
+    }
+}
+
+// Q8_0 unit: one whole 34-byte block (32 weights; 2-byte aligned, so 16-bit loads).
+template <int N>
+__device__ __forceinline__ void acc8_q8_0(const u8* W, const signed char* xq, const float* xd,
+                                          const float* xs, int rows, int cols, const Q8Group& g,
+                                          float (&acc)[GEMV_ROWS][N]) {
+    const int nb = cols / 32, xbr = cols / 32;
+    const i64 rbytes = (i64)nb * 34;
+    for (int u = g.tig; u < nb; u += g.tg) {
+        int w[GEMV_ROWS][8];
+        float d[GEMV_ROWS];
+#pragma unroll
+        for (int r = 0; r < GEMV_ROWS; r++) {
+            const u8* base = W + min(g.row0 + r, rows - 1) * rbytes + u * 34;
+            d[r] = h2f(ld16(base));
+#pragma unroll
+            for (int i = 0; i < 8; i++) w[r][i] = (int)ld32_a2(base + 2 + 4 * i);
+        }
+#pragma unroll
+        for (int b = 0; b < N; b++) {
+            const int4* xb = (const int4*)(xq + (i64)b * cols + u * 32);
+            const int4 a = xb[0], e = xb[1];
+            const float x_d = xd[b * xbr + u];
+#pragma unroll
+            for (int r = 0; r < GEMV_ROWS; r++) {
+                const int i = dot16(e, w[r][4], w[r][5], w[r][6], w[r][7]) +
+                              dot16(a, w[r][0], w[r][1], w[r][2], w[r][3]);
+                acc[r][b] += x_d * d[r] * (float)i;
+            }
+        }
+    }
+}
+
+// The sum of one (row, batch) accumulator over the thread group, in its thread r * N + b.
+template <int N>
+__device__ __forceinline__ float gemv8_reduce(float (&acc)[GEMV_ROWS][N], const Q8Group& g) {
+    __shared__ float sh[GEMV_ROWS * N][GEMV_THREADS / 32];
+    const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+    __syncthreads();  // a previous reduction's readers are done with sh
+#pragma unroll
+    for (int r = 0; r < GEMV_ROWS; r++) {
+#pragma unroll
+        for (int b = 0; b < N; b++) {
+            const float v = warp_sum(acc[r][b]);
+            if (l == 0) sh[r * N + b][w] = v;
+        }
+    }
+    __syncthreads();
+    float s = 0.f;
+    if (g.tig < GEMV_ROWS * N) {
+        const int w0 = (threadIdx.x / g.tg) * g.gw;  // the group's first warp
+        for (int i = 0; i < g.gw; i++) s += sh[g.tig][w0 + i];
+    }
+    return s;
+}
+
+// Thread r * N + b of each group writes out[b][row0 + r].
+template <int N>
+__device__ __forceinline__ void gemv8_store(float v, float* out, int rows, const Q8Group& g) {
+    if (g.tig < GEMV_ROWS * N) {
+        const int r = g.tig / N, b = g.tig % N;
+        if (g.row0 + r < rows) out[(i64)b * rows + g.row0 + r] = v;
+    }
+}
+
+#define GEMV8(T, N)                                                                            \
+    extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv8_##T##_##N(                \
+        const u8* W, const signed char* xq, const float* xd, const float* xs, float* out,      \
+        int rows, int cols, int groups) { pdl_begin();                                         \
+        const Q8Group g = q8_group(groups);                                                    \
+        float acc[GEMV_ROWS][N] = {};                                                          \
+        acc8_##T<N>(W, xq, xd, xs, rows, cols, g, acc);                                        \
+        gemv8_store<N>(gemv8_reduce<N>(acc, g), out, rows, g);                                 \
+    }
+// out[b][row] = act(gate row . x[b]) * (up row . x[b]) for same-typed gate and up matrices,
+// with the sums of two gemv8 launches (act 0 = SiLU, 1 = GELU tanh).
+#define GEMV8G(T, N)                                                                           \
+    extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv8g_##T##_##N(               \
+        const u8* G, const u8* U, const signed char* xq, const float* xd, const float* xs,     \
+        float* out, int rows, int cols, int groups, int act) { pdl_begin();                    \
+        const Q8Group g = q8_group(groups);                                                    \
+        float ag[GEMV_ROWS][N] = {};                                                           \
+        acc8_##T<N>(G, xq, xd, xs, rows, cols, g, ag);                                         \
+        float au[GEMV_ROWS][N] = {};                                                           \
+        acc8_##T<N>(U, xq, xd, xs, rows, cols, g, au);                                         \
+        const float sg = gemv8_reduce<N>(ag, g);                                               \
+        const float su = gemv8_reduce<N>(au, g);                                               \
+        gemv8_store<N>((act == 0 ? gemv_silu(sg) : gemv_gelu_tanh(sg)) * su, out, rows, g);    \
+    }
+#define GEMV8_ALL(N)                                                                           \
+    GEMV8(q4_k, N) GEMV8(q6_k, N) GEMV8(q8_0, N) GEMV8G(q4_k, N) GEMV8G(q6_k, N)               \
+    GEMV8G(q8_0, N)
+
+GEMV8_ALL(1)
+GEMV8_ALL(2)
+GEMV8_ALL(3)
+GEMV8_ALL(4)
+GEMV8_ALL(5)
+GEMV8_ALL(6)
+GEMV8_ALL(7)
+GEMV8_ALL(8)
 
 // Whole quantized matrices to f16 (prefill goes through cuBLAS): one thread per GEMV work unit,
 // 16-byte stores. Values are the CPU dequantization's, rounded once to f16.

@@ -1,0 +1,249 @@
+#![cfg(feature = "cuda")]
+//! The quantized GEMV (decode and small batches: int8 activation blocks of 32, dp4a on the
+//! GGML blocks) against the CPU, for Q8_0, Q4_K and Q6_K, at 1, 3, 8, 13 and 16 activation
+//! rows (13 and 16: two launches), weight row counts that leave partial row groups, and widths
+//! 256..12288 (four, two and one thread groups per block; one and several units per thread):
+//! - exactly the CPU-dequantized weights times the activations rounded to int8 as documented
+//!   in gemv.cu (relative error 5e-5: float summation order only);
+//! - no less accurate than the CPU's own quantized matmul (llama.cpp's Q8/Q8_K activations),
+//!   both measured against the exact f64 product of the dequantized weights;
+//! - Q/K/V and gate/up sharing one quantization give the separate launches' results.
+//!
+//! Outputs are poisoned with NaN first. Needs a CUDA device (`AFM_CUDA_DEVICE`, default 0);
+//! run with `--test-threads=1` (one shared context). Not meaningful under `AFM_GEMV_I16=1`.
+
+mod common {
+    pub mod gemv;
+}
+
+use afm_runtime::cuda::{Activation, CudaSlice, DeviceWeight, MatmulPath};
+use afm_runtime::{DType, WeightMatrix};
+use common::gemv::{
+    assert_close, ctx, dequantized, dot_rows, poisoned, random_weight, rel_err, Rng,
+};
+
+const QUANT: [DType; 3] = [DType::Q8_0, DType::Q4K, DType::Q6K];
+/// (rows, cols): row counts not multiples of the 4 rows of a thread group (nor of 8 or 16);
+/// 256 and 1024 columns take four groups per block, 2048 two, the rest one, 12288 with three
+/// units per thread.
+const SHAPES: [(usize, usize); 6] = [
+    (37, 256),
+    (70, 1024),
+    (45, 2048),
+    (23, 2816),
+    (19, 4096),
+    (13, 12288),
+];
+const BATCHES: [usize; 5] = [1, 3, 8, 13, 16];
+
+/// Uniform in ±1 with every 61st column 8× larger: hidden states have outlier channels, which
+/// set a block's int8 scale.
+fn activations(rng: &mut Rng, n: usize, cols: usize) -> Vec<f32> {
+    let mut x = rng.vec(n * cols, 1.0);
+    for (i, v) in x.iter_mut().enumerate() {
+        if (i % cols).is_multiple_of(61) {
+            *v *= 8.0;
+        }
+    }
+    x
+}
+
+/// `x` as the int8 GEMV sees it: per block of 32, `q = round(x · 127/amax)` (half to even)
+/// and `x̂ = (amax/127) · q`.
+fn int8_rounded(x: &[f32]) -> Vec<f32> {
+    let mut out = Vec::with_capacity(x.len());
+    for b in x.chunks_exact(32) {
+        let amax = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let id = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+        let d = amax / 127.0;
+        out.extend(b.iter().map(|&v| d * (v * id).round_ties_even()));
+    }
+    out
+}
+
+fn gpu_matmul(path: MatmulPath, w: &DeviceWeight, x: &[f32], n: usize) -> Vec<f32> {
+    let mut c = ctx();
+    let xd = c.upload(x).expect("upload");
+    let mut out = poisoned(&c, n * w.rows());
+    c.matmul_with(path, w, &xd, n, &mut out).expect("matmul");
+    c.download(&out).expect("download")
+}
+
+#[test]
+fn int8_gemv_equals_dequantized_weights_times_rounded_activations() {
+    let mut rng = Rng(21);
+    for dtype in QUANT {
+        for (rows, cols) in SHAPES {
+            let w = random_weight(&mut rng, dtype, rows, cols);
+            let dw = DeviceWeight::upload(&ctx(), &w).expect("upload");
+            let wd = dequantized(&w);
+            for n in BATCHES {
+                let x = activations(&mut rng, n, cols);
+                let want = dot_rows(&wd, rows, cols, &int8_rounded(&x), n);
+                for path in [MatmulPath::Gemv, MatmulPath::Auto] {
+                    let got = gpu_matmul(path, &dw, &x, n);
+                    let what = format!("{dtype:?} {rows}x{cols} n={n} {path:?}");
+                    assert_close(&what, &got, &want, 5e-5);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn int8_gemv_is_as_accurate_as_the_cpu_matmul() {
+    let mut rng = Rng(22);
+    for dtype in QUANT {
+        for (rows, cols) in [(70, 1024), (23, 2816), (13, 12288)] {
+            let w = random_weight(&mut rng, dtype, rows, cols);
+            let dw = DeviceWeight::upload(&ctx(), &w).expect("upload");
+            let wd = dequantized(&w);
+            for n in [1, 8, 16] {
+                let x = activations(&mut rng, n, cols);
+                let exact = dot_rows(&wd, rows, cols, &x, n);
+                let mut cpu = vec![0f32; n * rows];
+                w.matmul(&x, n, &mut cpu);
+                let got = gpu_matmul(MatmulPath::Auto, &dw, &x, n);
+                let (e_gpu, e_cpu) = (rel_err(&got, &exact), rel_err(&cpu, &exact));
+                eprintln!(
+                    "{dtype:?} {rows}x{cols} n={n}: vs exact gpu {e_gpu:.2e} cpu {e_cpu:.2e}"
+                );
+                assert!(
+                    e_gpu <= 1.1 * e_cpu + 1e-5,
+                    "{dtype:?} {rows}x{cols} n={n}: GPU error {e_gpu:.3e} > CPU's {e_cpu:.3e}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn int16_gemv_kept_for_comparison_is_within_1e_3() {
+    let mut rng = Rng(23);
+    for dtype in QUANT {
+        for (rows, cols) in [(70, 1024), (13, 12288)] {
+            let w = random_weight(&mut rng, dtype, rows, cols);
+            let dw = DeviceWeight::upload(&ctx(), &w).expect("upload");
+            let wd = dequantized(&w);
+            for n in [1, 8, 13] {
+                let x = activations(&mut rng, n, cols);
+                let want = dot_rows(&wd, rows, cols, &x, n);
+                let got = gpu_matmul(MatmulPath::GemvI16, &dw, &x, n);
+                let what = format!("{dtype:?} {rows}x{cols} n={n} int16");
+                assert_close(&what, &got, &want, 1e-3);
+            }
+        }
+    }
+}
+
+/// Q/K/V of mixed quantized types (as Q4_K_M files have) through one quantization.
+#[test]
+fn shared_quantization_matches_separate_matmuls() {
+    let mut rng = Rng(24);
+    let cols = 1024;
+    let ws: Vec<WeightMatrix> = [(DType::Q4K, 70), (DType::Q4K, 37), (DType::Q6K, 19)]
+        .iter()
+        .map(|&(t, rows)| random_weight(&mut rng, t, rows, cols))
+        .collect();
+    let mut c = ctx();
+    let dws: Vec<DeviceWeight> = ws
+        .iter()
+        .map(|w| DeviceWeight::upload(&c, w).expect("upload"))
+        .collect();
+    for n in BATCHES {
+        let x = activations(&mut rng, n, cols);
+        let xd = c.upload(&x).expect("upload");
+        let mut outs: Vec<CudaSlice<f32>> =
+            dws.iter().map(|w| poisoned(&c, n * w.rows())).collect();
+        let mut refs: Vec<&mut CudaSlice<f32>> = outs.iter_mut().collect();
+        let wrefs: Vec<&DeviceWeight> = dws.iter().collect();
+        assert!(
+            c.matmul_many(&wrefs, &xd, n, &mut refs)
+                .expect("matmul_many"),
+            "n={n}: not fused"
+        );
+        for (w, o) in dws.iter().zip(&outs) {
+            let mut one = poisoned(&c, n * w.rows());
+            c.matmul_with(MatmulPath::Gemv, w, &xd, n, &mut one)
+                .expect("matmul");
+            let (got, want) = (
+                c.download(o).expect("download"),
+                c.download(&one).expect("download"),
+            );
+            assert_eq!(
+                got,
+                want,
+                "{:?} {}x{cols} n={n}: shared quantization differs",
+                w.dtype(),
+                w.rows()
+            );
+        }
+    }
+}
+
+fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+fn gelu_tanh(x: f32) -> f32 {
+    0.5 * x * (1.0 + (0.797_884_6 * (x + 0.044715 * x * x * x)).tanh())
+}
+
+#[test]
+fn gated_int8_gemv_equals_activation_of_separate_matmuls() {
+    let mut rng = Rng(25);
+    for dtype in QUANT {
+        for (rows, cols) in [(70, 1024), (45, 2048), (19, 4096)] {
+            let (g, u) = (
+                random_weight(&mut rng, dtype, rows, cols),
+                random_weight(&mut rng, dtype, rows, cols),
+            );
+            let mut c = ctx();
+            let (dg, du) = (
+                DeviceWeight::upload(&c, &g).expect("upload"),
+                DeviceWeight::upload(&c, &u).expect("upload"),
+            );
+            for n in [1, 3, 8, 16] {
+                let x = activations(&mut rng, n, cols);
+                let xd = c.upload(&x).expect("upload");
+                let mut gs = poisoned(&c, n * rows);
+                let mut us = poisoned(&c, n * rows);
+                c.matmul_with(MatmulPath::Gemv, &dg, &xd, n, &mut gs)
+                    .expect("gate");
+                c.matmul_with(MatmulPath::Gemv, &du, &xd, n, &mut us)
+                    .expect("up");
+                let (gs, us) = (
+                    c.download(&gs).expect("download"),
+                    c.download(&us).expect("download"),
+                );
+                for (act, f) in [
+                    (Activation::Silu, silu as fn(f32) -> f32),
+                    (Activation::GeluTanh, gelu_tanh),
+                ] {
+                    let want: Vec<f32> = gs.iter().zip(&us).map(|(&a, &b)| f(a) * b).collect();
+                    let mut out = poisoned(&c, n * rows);
+                    let fused = c
+                        .matmul_gated(&dg, &du, act, &xd, n, &mut out)
+                        .expect("gated");
+                    assert!(fused, "{dtype:?} n={n}: not fused");
+                    let what = format!("gated {act:?} {dtype:?} {rows}x{cols} n={n}");
+                    assert_close(&what, &c.download(&out).expect("download"), &want, 1e-6);
+                }
+            }
+        }
+    }
+}
+
+/// Gate and up of different quantized types are not fused (the caller falls back).
+#[test]
+fn gated_declines_mixed_types() {
+    let mut rng = Rng(26);
+    let mut c = ctx();
+    let g = DeviceWeight::upload(&c, &random_weight(&mut rng, DType::Q4K, 8, 256)).expect("upload");
+    let u = DeviceWeight::upload(&c, &random_weight(&mut rng, DType::Q6K, 8, 256)).expect("upload");
+    let xd = c.upload(&rng.vec(256, 1.0)).expect("upload");
+    let mut out = poisoned(&c, 8);
+    assert!(!c
+        .matmul_gated(&g, &u, Activation::Silu, &xd, 1, &mut out)
+        .expect("gated"));
+}
