@@ -101,6 +101,13 @@ fn gemv_i16() -> bool {
     *ON.get_or_init(|| std::env::var("AFM_GEMV_I16").is_ok_and(|v| v == "1"))
 }
 
+/// Whether the int8 GEMV prefetches its first weights into L2 before waiting on the kernel
+/// before it (gemv.cu `pf8_*`); `AFM_GEMV_PREFETCH=0` turns it off for A/B runs (read once).
+fn gemv_prefetch() -> i32 {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    i32::from(*ON.get_or_init(|| std::env::var("AFM_GEMV_PREFETCH").map_or(true, |v| v != "0")))
+}
+
 fn is_quant(t: DType) -> bool {
     matches!(t, DType::Q8_0 | DType::Q4K | DType::Q6K)
 }
@@ -269,7 +276,8 @@ impl CudaContext {
             let (q0, d0, s0) = (a.q, a.d, a.s);
             let o0 = op + (c0 * rows * 4) as u64;
             let f = self.kernel(&format!("gemv8_{}_{nb}", type_name(w.dtype)))?;
-            launch!(self, f, cfg; wp, q0, d0, s0, o0, ri, ci, groups)?;
+            let pf = gemv_prefetch();
+            launch!(self, f, cfg; wp, q0, d0, s0, o0, ri, ci, groups, pf)?;
         }
         Ok(())
     }
@@ -538,7 +546,8 @@ impl CudaContext {
                 let (q0, d0, s0) = (x0.q, x0.d, x0.s);
                 let o0 = op + (c0 * gate.rows * 4) as u64;
                 let f = self.kernel(&format!("gemv8g_{}_{nb}", type_name(gate.dtype)))?;
-                launch!(self, f, cfg; gp, up_, q0, d0, s0, o0, ri, ci, groups, a)?;
+                let pf = gemv_prefetch();
+                launch!(self, f, cfg; gp, up_, q0, d0, s0, o0, ri, ci, groups, pf, a)?;
             }
             return Ok(true);
         }

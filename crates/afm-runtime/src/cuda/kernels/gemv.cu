@@ -538,6 +538,52 @@ __device__ __forceinline__ void acc8_q8_0(const u8* W, const signed char* xq, co
     }
 }
 
+// L2 prefetches of the bytes of a thread's first unit in each of its rows, issued before the
+// PDL wait (the one exception to "the wait comes first"): no kernel writes weights, and a
+// prefetch brings nothing into registers, so this only overlaps the weights' DRAM latency with
+// the tail of the kernel before (for most decode matrices the first units are all of them).
+__device__ __forceinline__ void prefetch_l2(const u8* p) {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
+
+__device__ __forceinline__ void pf8_q4_k(const u8* W, int rows, int cols, const Q8Group& g) {
+    const int u = g.tig, nb = cols / 256;
+    if (u >= nb * 8) return;
+    const int blk = u >> 3, p = (u >> 1) & 3, h = u & 1;
+#pragma unroll
+    for (int r = 0; r < GEMV_ROWS; r++) {
+        const u8* base = W + min(g.row0 + r, rows - 1) * ((i64)nb * 144) + blk * 144;
+        prefetch_l2(base);
+        prefetch_l2(base + 16 + 32 * p + 16 * h);
+    }
+}
+
+__device__ __forceinline__ void pf8_q6_k(const u8* W, int rows, int cols, const Q8Group& g) {
+    const int u = g.tig, nb = cols / 256;
+    if (u >= nb * 8) return;
+    const int blk = u >> 3, hh = (u >> 2) & 1, lr = u & 3;
+#pragma unroll
+    for (int r = 0; r < GEMV_ROWS; r++) {
+        const u8* base = W + min(g.row0 + r, rows - 1) * ((i64)nb * 210) + blk * 210;
+        prefetch_l2(base + 64 * hh + 8 * lr);
+        prefetch_l2(base + 64 * hh + 8 * lr + 32);
+        prefetch_l2(base + 128 + 32 * hh + 8 * lr);
+        prefetch_l2(base + 192);
+        prefetch_l2(base + 208);
+    }
+}
+
+__device__ __forceinline__ void pf8_q8_0(const u8* W, int rows, int cols, const Q8Group& g) {
+    const int u = g.tig, nb = cols / 32;
+    if (u >= nb) return;
+#pragma unroll
+    for (int r = 0; r < GEMV_ROWS; r++) {
+        const u8* base = W + min(g.row0 + r, rows - 1) * ((i64)nb * 34) + u * 34;
+        prefetch_l2(base);
+        prefetch_l2(base + 33);
+    }
+}
+
 // The sum of one (row, batch) accumulator over the thread group, in its thread r * N + b.
 template <int N>
 __device__ __forceinline__ float gemv8_reduce(float (&acc)[GEMV_ROWS][N], const Q8Group& g) {
@@ -573,8 +619,10 @@ __device__ __forceinline__ void gemv8_store(float v, float* out, int rows, const
 #define GEMV8(T, N)                                                                            \
     extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv8_##T##_##N(                \
         const u8* W, const signed char* xq, const float* xd, const float* xs, float* out,      \
-        int rows, int cols, int groups) { pdl_begin();                                         \
+        int rows, int cols, int groups, int prefetch) {                                        \
         const Q8Group g = q8_group(groups);                                                    \
+        if (prefetch) pf8_##T(W, rows, cols, g);                                               \
+        pdl_begin();                                                                           \
         float acc[GEMV_ROWS][N] = {};                                                          \
         acc8_##T<N>(W, xq, xd, xs, rows, cols, g, acc);                                        \
         gemv8_store<N>(gemv8_reduce<N>(acc, g), out, rows, g);                                 \
@@ -584,8 +632,13 @@ __device__ __forceinline__ void gemv8_store(float v, float* out, int rows, const
 #define GEMV8G(T, N)                                                                           \
     extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv8g_##T##_##N(               \
         const u8* G, const u8* U, const signed char* xq, const float* xd, const float* xs,     \
-        float* out, int rows, int cols, int groups, int act) { pdl_begin();                    \
+        float* out, int rows, int cols, int groups, int prefetch, int act) {                   \
         const Q8Group g = q8_group(groups);                                                    \
+        if (prefetch) {                                                                        \
+            pf8_##T(G, rows, cols, g);                                                         \
+            pf8_##T(U, rows, cols, g);                                                         \
+        }                                                                                      \
+        pdl_begin();                                                                           \
         float ag[GEMV_ROWS][N] = {};                                                           \
         acc8_##T<N>(G, xq, xd, xs, rows, cols, g, ag);                                         \
         float au[GEMV_ROWS][N] = {};                                                           \
