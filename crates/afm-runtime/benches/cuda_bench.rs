@@ -1,8 +1,9 @@
 //! CUDA micro-benchmarks against the card's own ceiling, measured in the same run:
 //! device-to-device copy bandwidth (bytes read + written), then GEMV at Qwen3-0.6B and
 //! Qwen3-8B shapes (Q4_K, Q6_K, Q8_0, BF16; GB/s of weights read, as a fraction of the copy
-//! rate; quantized ones through the int8/dp4a kernels and the int16/dp2a ones they replace,
-//! `int8` and `int16` rows), gate+up fused and not, decode
+//! rate; quantized ones through the int8/dp4a kernels, with one and four weight rows per
+//! thread group, `int8r1`/`int8r4` (`int8`: the automatic choice), and the int16/dp2a ones
+//! they replace, `int16`), gate+up fused and not, decode
 //! attention at 1k and 16k context with split-K on and off, the attention prologue fused and
 //! unfused, prefill attention (and the tensor-core kernel against the SIMT one at Qwen3-0.6B's
 //! heads, 1k and 16k tokens) and sampling.
@@ -119,12 +120,17 @@ const QWEN3_06B: [(usize, usize); 4] = [(2048, 1024), (1024, 1024), (3072, 1024)
 /// Qwen3-8B projections (q/o, gate/up, down) and its 151936-row output matrix (batch 1 only).
 const QWEN3_8B: [(usize, usize); 4] = [(4096, 4096), (12288, 4096), (4096, 12288), (151_936, 4096)];
 
-/// The paths timed for `n` rows of `dtype`: quantized weights through the int8 GEMV and the
-/// int16 one it replaces (A/B; `AFM_GEMV_I16`), and past 8 rows also dequantize + cuBLAS.
+/// The paths timed for `n` rows of `dtype`: quantized weights through the int8 GEMV with one
+/// and with four weight rows per thread group (`Auto` picks one by grid size) and the int16
+/// one it replaces (A/B; `AFM_GEMV_I16`), and past 8 rows also dequantize + cuBLAS.
 fn bench_paths(dtype: DType, rows: usize, n: usize) -> &'static [MatmulPath] {
     let quant = dtype != DType::BF16;
     match (quant, n) {
-        (true, 1..=8) => &[MatmulPath::Gemv, MatmulPath::GemvI16],
+        (true, 1..=8) => &[
+            MatmulPath::GemvRows(1),
+            MatmulPath::GemvRows(4),
+            MatmulPath::GemvI16,
+        ],
         (true, 16) => &[MatmulPath::Gemv, MatmulPath::GemvI16, MatmulPath::Gemm],
         (true, _) => &[MatmulPath::Gemv, MatmulPath::Gemm],
         (false, 1) if rows < 100_000 => &[MatmulPath::Gemv, MatmulPath::Gemm],
@@ -136,6 +142,8 @@ fn path_name(dtype: DType, path: MatmulPath) -> &'static str {
     match path {
         MatmulPath::Gemm => "cuBLAS",
         MatmulPath::GemvI16 => "int16",
+        MatmulPath::GemvRows(1) => "int8r1",
+        MatmulPath::GemvRows(_) => "int8r4",
         _ if dtype == DType::BF16 => "gemv",
         _ => "int8",
     }

@@ -2,7 +2,8 @@
 //! The quantized GEMV (decode and small batches: int8 activation blocks of 32, dp4a on the
 //! GGML blocks) against the CPU, for Q8_0, Q4_K and Q6_K, at 1, 3, 8, 13 and 16 activation
 //! rows (13 and 16: two launches), weight row counts that leave partial row groups, and widths
-//! 256..12288 (four, two and one thread groups per block; one and several units per thread):
+//! 256..12288 (four, two and one thread groups per block; one and several units per thread;
+//! one and four weight rows per thread group):
 //! - exactly the CPU-dequantized weights times the activations rounded to int8 as documented
 //!   in gemv.cu (relative error 5e-5: float summation order only);
 //! - no less accurate than the CPU's own quantized matmul (llama.cpp's Q8/Q8_K activations),
@@ -80,7 +81,12 @@ fn int8_gemv_equals_dequantized_weights_times_rounded_activations() {
             for n in BATCHES {
                 let x = activations(&mut rng, n, cols);
                 let want = dot_rows(&wd, rows, cols, &int8_rounded(&x), n);
-                for path in [MatmulPath::Gemv, MatmulPath::Auto] {
+                // Auto picks one row per thread group at these sizes; four are forced too.
+                for path in [
+                    MatmulPath::Auto,
+                    MatmulPath::GemvRows(1),
+                    MatmulPath::GemvRows(4),
+                ] {
                     let got = gpu_matmul(path, &dw, &x, n);
                     let what = format!("{dtype:?} {rows}x{cols} n={n} {path:?}");
                     assert_close(&what, &got, &want, 5e-5);
@@ -193,7 +199,8 @@ fn gelu_tanh(x: f32) -> f32 {
 fn gated_int8_gemv_equals_activation_of_separate_matmuls() {
     let mut rng = Rng(25);
     for dtype in QUANT {
-        for (rows, cols) in [(70, 1024), (45, 2048), (19, 4096)] {
+        // 3201 rows: enough blocks (> 4 per SM up to 200 SMs) for four rows per thread group.
+        for (rows, cols) in [(70, 1024), (45, 2048), (19, 4096), (3201, 4096)] {
             let (g, u) = (
                 random_weight(&mut rng, dtype, rows, cols),
                 random_weight(&mut rng, dtype, rows, cols),

@@ -93,6 +93,9 @@ pub enum MatmulPath {
     /// As `Gemv`, but quantized weights meet int16 activations (dp2a): the earlier kernels,
     /// kept for one A/B measurement against the int8 ones.
     GemvI16,
+    /// As `Gemv`, with the int8 kernels' rows per thread group forced to 1 or 4 rather than
+    /// chosen by `Q8Launch::new` (benchmarks measure the choice).
+    GemvRows(usize),
 }
 
 /// Whether `AFM_GEMV_I16=1` asks for the int16-activation quantized GEMV (read once).
@@ -133,15 +136,47 @@ fn q8_groups(cols: usize) -> usize {
     }
 }
 
-/// The int8 launch shape for `rows` × `cols`: the grid config and the group count argument.
-fn q8_launch(rows: usize, cols: usize) -> (LaunchConfig, i32) {
-    let groups = q8_groups(cols);
-    let cfg = LaunchConfig {
-        grid_dim: (rows.div_ceil(GEMV_ROWS * groups) as u32, 1, 1),
-        block_dim: (GEMV_THREADS as u32, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    (cfg, groups as i32)
+/// Blocks per SM below which the int8 GEMV gives each thread group one weight row instead of
+/// four: four rows amortize activation loads, but on small matrices (Qwen3-0.6B's 1024-row
+/// projections: 64 blocks of 4 × 4 rows) they leave one or two warps per SM to hide latency.
+const Q8_MIN_BLOCKS_PER_SM: usize = 4;
+
+/// How an int8 GEMV launch covers `rows` × `cols`.
+struct Q8Launch {
+    cfg: LaunchConfig,
+    groups: i32,
+    /// Weight rows per thread group: 4 (kernels `gemv8*`) or 1 (`gemv8r1*`).
+    rows_per_group: usize,
+}
+
+impl Q8Launch {
+    /// `forced`: rows per group chosen by the caller (1 or 4), else by the grid size.
+    fn new(rows: usize, cols: usize, sm_count: usize, forced: Option<usize>) -> Self {
+        let groups = q8_groups(cols);
+        let r = forced.unwrap_or_else(|| {
+            if rows.div_ceil(GEMV_ROWS * groups) >= Q8_MIN_BLOCKS_PER_SM * sm_count {
+                GEMV_ROWS
+            } else {
+                1
+            }
+        });
+        Self {
+            cfg: LaunchConfig {
+                grid_dim: (rows.div_ceil(r * groups) as u32, 1, 1),
+                block_dim: (GEMV_THREADS as u32, 1, 1),
+                shared_mem_bytes: 0,
+            },
+            groups: groups as i32,
+            rows_per_group: r,
+        }
+    }
+
+    /// The kernel for `n` activation rows of weight type `t` (gated: gate and up fused).
+    fn kernel(&self, gated: bool, t: DType, n: usize) -> String {
+        let g = if gated { "g" } else { "" };
+        let r = if self.rows_per_group == 1 { "r1" } else { "" };
+        format!("gemv8{g}{r}_{}_{n}", type_name(t))
+    }
 }
 
 /// Every kernel of gemv.cu, for the context's loader.
@@ -164,8 +199,9 @@ pub(super) fn kernel_names() -> Vec<String> {
             v.push(format!("gemvg_{t}_{n}"));
         }
         for t in ["q4_k", "q6_k", "q8_0"] {
-            v.push(format!("gemv8_{t}_{n}"));
-            v.push(format!("gemv8g_{t}_{n}"));
+            for k in ["gemv8", "gemv8g", "gemv8r1", "gemv8gr1"] {
+                v.push(format!("{k}_{t}_{n}"));
+            }
         }
     }
     v
@@ -235,15 +271,27 @@ impl CudaContext {
         let gemv_ok = quant || (half && w.cols.is_multiple_of(8) && xp.is_multiple_of(16));
         let use_gemv = match path {
             MatmulPath::Auto => gemv_ok && n <= if quant { GEMV_MAX_ROWS } else { GEMV_MAX_BATCH },
-            MatmulPath::Gemv | MatmulPath::GemvI16 => gemv_ok,
+            MatmulPath::Gemv | MatmulPath::GemvI16 | MatmulPath::GemvRows(_) => gemv_ok,
             MatmulPath::Gemm => false,
         };
-        let i16 = path == MatmulPath::GemvI16 || (path != MatmulPath::Gemv && gemv_i16());
+        // AFM_GEMV_I16 steers only Auto, so tests and benchmarks can name either kernel set.
+        let i16 = path == MatmulPath::GemvI16 || (path == MatmulPath::Auto && gemv_i16());
         if !use_gemv {
             self.gemm(w, xp, n, op)
         } else if quant && !i16 {
+            let forced = match path {
+                MatmulPath::GemvRows(r) if r == 1 || r == GEMV_ROWS => Some(r),
+                MatmulPath::GemvRows(r) => {
+                    return Err(CudaError::Unsupported {
+                        what: "GEMV rows per thread group",
+                        value: r.to_string(),
+                        supported: "1 or 4",
+                    })
+                }
+                _ => None,
+            };
             let acts = self.quantize_q8(xp, n, w.cols)?;
-            self.gemv_q8(w, acts, n, op)
+            self.gemv_q8(w, acts, n, op, forced)
         } else {
             self.gemv(w, xp, n, op)
         }
@@ -264,18 +312,26 @@ impl CudaContext {
     }
 
     /// `out = x · Wᵀ` for quantized `w` and `n` rows of int8 activations, in launches of at
-    /// most `GEMV_MAX_BATCH` rows.
-    fn gemv_q8(&mut self, w: &DeviceWeight, acts: Q8Acts, n: usize, op: u64) -> Result<()> {
+    /// most `GEMV_MAX_BATCH` rows (`forced`: rows per thread group, see [`Q8Launch::new`]).
+    fn gemv_q8(
+        &mut self,
+        w: &DeviceWeight,
+        acts: Q8Acts,
+        n: usize,
+        op: u64,
+        forced: Option<usize>,
+    ) -> Result<()> {
         let (rows, cols) = (w.rows, w.cols);
         let wp = self.ptr(&w.bytes);
-        let (cfg, groups) = q8_launch(rows, cols);
+        let shape = Q8Launch::new(rows, cols, self.info().sm_count, forced);
+        let (cfg, groups) = (shape.cfg, shape.groups);
         let (ri, ci) = (rows as i32, cols as i32);
         for c0 in (0..n).step_by(GEMV_MAX_BATCH) {
             let nb = (n - c0).min(GEMV_MAX_BATCH);
             let a = acts.at_row(c0);
             let (q0, d0, s0) = (a.q, a.d, a.s);
             let o0 = op + (c0 * rows * 4) as u64;
-            let f = self.kernel(&format!("gemv8_{}_{nb}", type_name(w.dtype)))?;
+            let f = self.kernel(&shape.kernel(false, w.dtype, nb))?;
             let pf = gemv_prefetch();
             launch!(self, f, cfg; wp, q0, d0, s0, o0, ri, ci, groups, pf)?;
         }
@@ -479,7 +535,7 @@ impl CudaContext {
             let acts = self.quantize_q8(xp, n, ws[0].cols)?;
             for (w, o) in ws.iter().zip(outs.iter_mut()) {
                 let op = self.ptr_mut(&mut **o);
-                self.gemv_q8(w, acts, n, op)?;
+                self.gemv_q8(w, acts, n, op, None)?;
             }
             return Ok(true);
         }
@@ -539,13 +595,14 @@ impl CudaContext {
         };
         if quant {
             let acts = self.quantize_q8(xp, n, gate.cols)?;
-            let (cfg, groups) = q8_launch(gate.rows, gate.cols);
+            let shape = Q8Launch::new(gate.rows, gate.cols, self.info().sm_count, None);
+            let (cfg, groups) = (shape.cfg, shape.groups);
             for c0 in (0..n).step_by(GEMV_MAX_BATCH) {
                 let nb = (n - c0).min(GEMV_MAX_BATCH);
                 let x0 = acts.at_row(c0);
                 let (q0, d0, s0) = (x0.q, x0.d, x0.s);
                 let o0 = op + (c0 * gate.rows * 4) as u64;
-                let f = self.kernel(&format!("gemv8g_{}_{nb}", type_name(gate.dtype)))?;
+                let f = self.kernel(&shape.kernel(true, gate.dtype, nb))?;
                 let pf = gemv_prefetch();
                 launch!(self, f, cfg; gp, up_, q0, d0, s0, o0, ri, ci, groups, pf, a)?;
             }

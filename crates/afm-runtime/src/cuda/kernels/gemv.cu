@@ -381,10 +381,11 @@ GEMV_ALL(8)
 //
 //   xq: i8 [n][cols]    xd, xs: f32 [n][cols / 32] (d and d * sum(q) per block of 32)
 //
-// A block of 128 threads is split into `groups` (1, 2 or 4) thread groups; each group owns
-// GEMV_ROWS consecutive weight rows and walks their 32-weight units (cols / 32 per row), so
-// narrow matrices (Qwen3-0.6B: 1024 columns, 32 units) keep every warp busy. Per unit a thread
-// loads the unit of all its rows into registers, then every activation load serves all of them.
+// A block of 128 threads is split into `groups` (1, 2 or 4) thread groups; each group owns R
+// consecutive weight rows (4, or 1 where 4 would leave too few warps: the gemv8r1 kernels)
+// and walks their 32-weight units (cols / 32 per row), so narrow matrices (Qwen3-0.6B: 1024
+// columns, 32 units) keep every warp busy. Per unit a thread loads the unit of all its rows
+// into registers, then every activation load serves all of them.
 
 __device__ __forceinline__ int dp4a(int a, int b, int c) {
     int d;
@@ -421,29 +422,29 @@ struct Q8Group {
     int tig, tg, gw, row0;
 };
 
-__device__ __forceinline__ Q8Group q8_group(int groups) {
+__device__ __forceinline__ Q8Group q8_group(int groups, int rows_per_group) {
     Q8Group g;
     g.tg = GEMV_THREADS / groups;
     g.tig = threadIdx.x % g.tg;
     g.gw = g.tg >> 5;
-    g.row0 = (blockIdx.x * groups + threadIdx.x / g.tg) * GEMV_ROWS;
+    g.row0 = (blockIdx.x * groups + threadIdx.x / g.tg) * rows_per_group;
     return g;
 }
 
 // Q4_K unit (as the int16 kernel's): 16 qs bytes = 16 weights of sub-block 2p (low nibbles)
 // and 16 of sub-block 2p+1 (high), at columns 64p + 16h and 32 further on.
-template <int N>
+template <int N, int R>
 __device__ __forceinline__ void acc8_q4_k(const u8* W, const signed char* xq, const float* xd,
                                           const float* xs, int rows, int cols, const Q8Group& g,
-                                          float (&acc)[GEMV_ROWS][N]) {
+                                          float (&acc)[R][N]) {
     const int nb = cols / 256, xbr = cols / 32;
     const i64 rbytes = (i64)nb * 144;
     for (int u = g.tig; u < nb * 8; u += g.tg) {
         const int blk = u >> 3, p = (u >> 1) & 3, h = u & 1;
-        int lo[GEMV_ROWS][4], hi[GEMV_ROWS][4];
-        float d0[GEMV_ROWS], d1[GEMV_ROWS], m0[GEMV_ROWS], m1[GEMV_ROWS];
+        int lo[R][4], hi[R][4];
+        float d0[R], d1[R], m0[R], m1[R];
 #pragma unroll
-        for (int r = 0; r < GEMV_ROWS; r++) {
+        for (int r = 0; r < R; r++) {
             const u8* base = W + min(g.row0 + r, rows - 1) * rbytes + blk * 144;
             const uint4 hd = *(const uint4*)base;
             const uint4 q = *(const uint4*)(base + 16 + 32 * p + 16 * h);
@@ -465,7 +466,7 @@ __device__ __forceinline__ void acc8_q4_k(const u8* W, const signed char* xq, co
             // The min term needs the whole sub-block's sum: the h = 0 half adds it.
             const float xs0 = h == 0 ? xs[jb] : 0.f, xs1 = h == 0 ? xs[jb + 1] : 0.f;
 #pragma unroll
-            for (int r = 0; r < GEMV_ROWS; r++) {
+            for (int r = 0; r < R; r++) {
                 const int i0 = dot16(a, lo[r][0], lo[r][1], lo[r][2], lo[r][3]);
                 const int i1 = dot16(e, hi[r][0], hi[r][1], hi[r][2], hi[r][3]);
                 acc[r][b] += xd0 * d0[r] * (float)i0 + xd1 * d1[r] * (float)i1 -
@@ -476,18 +477,18 @@ __device__ __forceinline__ void acc8_q4_k(const u8* W, const signed char* xq, co
 }
 
 // Q6_K unit (as the int16 kernel's): 8 columns of half hh in each of the 4 quarter-groups.
-template <int N>
+template <int N, int R>
 __device__ __forceinline__ void acc8_q6_k(const u8* W, const signed char* xq, const float* xd,
                                           const float* xs, int rows, int cols, const Q8Group& g,
-                                          float (&acc)[GEMV_ROWS][N]) {
+                                          float (&acc)[R][N]) {
     const int nb = cols / 256, xbr = cols / 32;
     const i64 rbytes = (i64)nb * 210;
     for (int u = g.tig; u < nb * 8; u += g.tg) {
         const int blk = u >> 3, hh = (u >> 2) & 1, lr = u & 3;
-        u32 v[GEMV_ROWS][8];
-        float dg[GEMV_ROWS][4];
+        u32 v[R][8];
+        float dg[R][4];
 #pragma unroll
-        for (int r = 0; r < GEMV_ROWS; r++)
+        for (int r = 0; r < R; r++)
             q6k_unit(W + min(g.row0 + r, rows - 1) * rbytes + blk * 210, hh, lr, v[r], dg[r]);
 #pragma unroll
         for (int b = 0; b < N; b++) {
@@ -497,7 +498,7 @@ __device__ __forceinline__ void acc8_q6_k(const u8* W, const signed char* xq, co
                 const int2 xv = *(const int2*)(xq + (i64)b * cols + col);
                 const float x_d = xd[b * xbr + blk * 8 + 4 * hh + q];
 #pragma unroll
-                for (int r = 0; r < GEMV_ROWS; r++) {
+                for (int r = 0; r < R; r++) {
                     const int i = dp4a(xv.y, (int)v[r][2 * q + 1], dp4a(xv.x, (int)v[r][2 * q], 0));
                     acc[r][b] += x_d * dg[r][q] * (float)i;
                 }
@@ -507,17 +508,17 @@ __device__ __forceinline__ void acc8_q6_k(const u8* W, const signed char* xq, co
 }
 
 // Q8_0 unit: one whole 34-byte block (32 weights; 2-byte aligned, so 16-bit loads).
-template <int N>
+template <int N, int R>
 __device__ __forceinline__ void acc8_q8_0(const u8* W, const signed char* xq, const float* xd,
                                           const float* xs, int rows, int cols, const Q8Group& g,
-                                          float (&acc)[GEMV_ROWS][N]) {
+                                          float (&acc)[R][N]) {
     const int nb = cols / 32, xbr = cols / 32;
     const i64 rbytes = (i64)nb * 34;
     for (int u = g.tig; u < nb; u += g.tg) {
-        int w[GEMV_ROWS][8];
-        float d[GEMV_ROWS];
+        int w[R][8];
+        float d[R];
 #pragma unroll
-        for (int r = 0; r < GEMV_ROWS; r++) {
+        for (int r = 0; r < R; r++) {
             const u8* base = W + min(g.row0 + r, rows - 1) * rbytes + u * 34;
             d[r] = h2f(ld16(base));
 #pragma unroll
@@ -529,7 +530,7 @@ __device__ __forceinline__ void acc8_q8_0(const u8* W, const signed char* xq, co
             const int4 a = xb[0], e = xb[1];
             const float x_d = xd[b * xbr + u];
 #pragma unroll
-            for (int r = 0; r < GEMV_ROWS; r++) {
+            for (int r = 0; r < R; r++) {
                 const int i = dot16(e, w[r][4], w[r][5], w[r][6], w[r][7]) +
                               dot16(a, w[r][0], w[r][1], w[r][2], w[r][3]);
                 acc[r][b] += x_d * d[r] * (float)i;
@@ -546,24 +547,26 @@ __device__ __forceinline__ void prefetch_l2(const u8* p) {
     asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 }
 
+template <int R>
 __device__ __forceinline__ void pf8_q4_k(const u8* W, int rows, int cols, const Q8Group& g) {
     const int u = g.tig, nb = cols / 256;
     if (u >= nb * 8) return;
     const int blk = u >> 3, p = (u >> 1) & 3, h = u & 1;
 #pragma unroll
-    for (int r = 0; r < GEMV_ROWS; r++) {
+    for (int r = 0; r < R; r++) {
         const u8* base = W + min(g.row0 + r, rows - 1) * ((i64)nb * 144) + blk * 144;
         prefetch_l2(base);
         prefetch_l2(base + 16 + 32 * p + 16 * h);
     }
 }
 
+template <int R>
 __device__ __forceinline__ void pf8_q6_k(const u8* W, int rows, int cols, const Q8Group& g) {
     const int u = g.tig, nb = cols / 256;
     if (u >= nb * 8) return;
     const int blk = u >> 3, hh = (u >> 2) & 1, lr = u & 3;
 #pragma unroll
-    for (int r = 0; r < GEMV_ROWS; r++) {
+    for (int r = 0; r < R; r++) {
         const u8* base = W + min(g.row0 + r, rows - 1) * ((i64)nb * 210) + blk * 210;
         prefetch_l2(base + 64 * hh + 8 * lr);
         prefetch_l2(base + 64 * hh + 8 * lr + 32);
@@ -573,11 +576,12 @@ __device__ __forceinline__ void pf8_q6_k(const u8* W, int rows, int cols, const 
     }
 }
 
+template <int R>
 __device__ __forceinline__ void pf8_q8_0(const u8* W, int rows, int cols, const Q8Group& g) {
     const int u = g.tig, nb = cols / 32;
     if (u >= nb) return;
 #pragma unroll
-    for (int r = 0; r < GEMV_ROWS; r++) {
+    for (int r = 0; r < R; r++) {
         const u8* base = W + min(g.row0 + r, rows - 1) * ((i64)nb * 34) + u * 34;
         prefetch_l2(base);
         prefetch_l2(base + 33);
@@ -585,13 +589,13 @@ __device__ __forceinline__ void pf8_q8_0(const u8* W, int rows, int cols, const 
 }
 
 // The sum of one (row, batch) accumulator over the thread group, in its thread r * N + b.
-template <int N>
-__device__ __forceinline__ float gemv8_reduce(float (&acc)[GEMV_ROWS][N], const Q8Group& g) {
-    __shared__ float sh[GEMV_ROWS * N][GEMV_THREADS / 32];
+template <int N, int R>
+__device__ __forceinline__ float gemv8_reduce(float (&acc)[R][N], const Q8Group& g) {
+    __shared__ float sh[R * N][GEMV_THREADS / 32];
     const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
     __syncthreads();  // a previous reduction's readers are done with sh
 #pragma unroll
-    for (int r = 0; r < GEMV_ROWS; r++) {
+    for (int r = 0; r < R; r++) {
 #pragma unroll
         for (int b = 0; b < N; b++) {
             const float v = warp_sum(acc[r][b]);
@@ -600,7 +604,7 @@ __device__ __forceinline__ float gemv8_reduce(float (&acc)[GEMV_ROWS][N], const 
     }
     __syncthreads();
     float s = 0.f;
-    if (g.tig < GEMV_ROWS * N) {
+    if (g.tig < R * N) {
         const int w0 = (threadIdx.x / g.tg) * g.gw;  // the group's first warp
         for (int i = 0; i < g.gw; i++) s += sh[g.tig][w0 + i];
     }
@@ -608,48 +612,50 @@ __device__ __forceinline__ float gemv8_reduce(float (&acc)[GEMV_ROWS][N], const 
 }
 
 // Thread r * N + b of each group writes out[b][row0 + r].
-template <int N>
+template <int N, int R>
 __device__ __forceinline__ void gemv8_store(float v, float* out, int rows, const Q8Group& g) {
-    if (g.tig < GEMV_ROWS * N) {
+    if (g.tig < R * N) {
         const int r = g.tig / N, b = g.tig % N;
         if (g.row0 + r < rows) out[(i64)b * rows + g.row0 + r] = v;
     }
 }
 
-#define GEMV8(T, N)                                                                            \
-    extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv8_##T##_##N(                \
+#define GEMV8(T, N, R, NAME)                                                                   \
+    extern "C" __global__ void __launch_bounds__(GEMV_THREADS) NAME##_##T##_##N(               \
         const u8* W, const signed char* xq, const float* xd, const float* xs, float* out,      \
         int rows, int cols, int groups, int prefetch) {                                        \
-        const Q8Group g = q8_group(groups);                                                    \
-        if (prefetch) pf8_##T(W, rows, cols, g);                                               \
+        const Q8Group g = q8_group(groups, R);                                                 \
+        if (prefetch) pf8_##T<R>(W, rows, cols, g);                                            \
         pdl_begin();                                                                           \
-        float acc[GEMV_ROWS][N] = {};                                                          \
-        acc8_##T<N>(W, xq, xd, xs, rows, cols, g, acc);                                        \
-        gemv8_store<N>(gemv8_reduce<N>(acc, g), out, rows, g);                                 \
+        float acc[R][N] = {};                                                                  \
+        acc8_##T<N, R>(W, xq, xd, xs, rows, cols, g, acc);                                     \
+        gemv8_store<N, R>(gemv8_reduce<N, R>(acc, g), out, rows, g);                           \
     }
 // out[b][row] = act(gate row . x[b]) * (up row . x[b]) for same-typed gate and up matrices,
 // with the sums of two gemv8 launches (act 0 = SiLU, 1 = GELU tanh).
-#define GEMV8G(T, N)                                                                           \
-    extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv8g_##T##_##N(               \
+#define GEMV8G(T, N, R, NAME)                                                                  \
+    extern "C" __global__ void __launch_bounds__(GEMV_THREADS) NAME##_##T##_##N(               \
         const u8* G, const u8* U, const signed char* xq, const float* xd, const float* xs,     \
         float* out, int rows, int cols, int groups, int prefetch, int act) {                   \
-        const Q8Group g = q8_group(groups);                                                    \
+        const Q8Group g = q8_group(groups, R);                                                 \
         if (prefetch) {                                                                        \
-            pf8_##T(G, rows, cols, g);                                                         \
-            pf8_##T(U, rows, cols, g);                                                         \
+            pf8_##T<R>(G, rows, cols, g);                                                      \
+            pf8_##T<R>(U, rows, cols, g);                                                      \
         }                                                                                      \
         pdl_begin();                                                                           \
-        float ag[GEMV_ROWS][N] = {};                                                           \
-        acc8_##T<N>(G, xq, xd, xs, rows, cols, g, ag);                                         \
-        float au[GEMV_ROWS][N] = {};                                                           \
-        acc8_##T<N>(U, xq, xd, xs, rows, cols, g, au);                                         \
-        const float sg = gemv8_reduce<N>(ag, g);                                               \
-        const float su = gemv8_reduce<N>(au, g);                                               \
-        gemv8_store<N>((act == 0 ? gemv_silu(sg) : gemv_gelu_tanh(sg)) * su, out, rows, g);    \
+        float ag[R][N] = {};                                                                   \
+        acc8_##T<N, R>(G, xq, xd, xs, rows, cols, g, ag);                                      \
+        float au[R][N] = {};                                                                   \
+        acc8_##T<N, R>(U, xq, xd, xs, rows, cols, g, au);                                      \
+        const float sg = gemv8_reduce<N, R>(ag, g);                                            \
+        const float su = gemv8_reduce<N, R>(au, g);                                            \
+        gemv8_store<N, R>((act == 0 ? gemv_silu(sg) : gemv_gelu_tanh(sg)) * su, out, rows, g); \
     }
-#define GEMV8_ALL(N)                                                                           \
-    GEMV8(q4_k, N) GEMV8(q6_k, N) GEMV8(q8_0, N) GEMV8G(q4_k, N) GEMV8G(q6_k, N)               \
-    GEMV8G(q8_0, N)
+// Four rows per thread group (gemv8*), and one (gemv8r1*: more warps for small matrices).
+#define GEMV8_R(N, R, NAME, NAMEG)                                                             \
+    GEMV8(q4_k, N, R, NAME) GEMV8(q6_k, N, R, NAME) GEMV8(q8_0, N, R, NAME)                    \
+    GEMV8G(q4_k, N, R, NAMEG) GEMV8G(q6_k, N, R, NAMEG) GEMV8G(q8_0, N, R, NAMEG)
+#define GEMV8_ALL(N) GEMV8_R(N, 4, gemv8, gemv8g) GEMV8_R(N, 1, gemv8r1, gemv8gr1)
 
 GEMV8_ALL(1)
 GEMV8_ALL(2)
