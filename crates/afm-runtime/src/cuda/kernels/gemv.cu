@@ -419,15 +419,19 @@ extern "C" __global__ void quantize_x_q8(const float* x, signed char* xq, float*
 // A thread's place: its index in its group, the group's size in threads and warps, and the
 // group's first weight row.
 struct Q8Group {
-    int tig, tg, gw, row0;
+    int tig, tg, gw, w0, row0;  // w0: the group's first warp
 };
 
+// `groups` is 1, 2 or 4 (GEMV_THREADS = 128 = 2^7): shifts, not divisions.
 __device__ __forceinline__ Q8Group q8_group(int groups, int rows_per_group) {
+    const int gshift = groups >> 1;  // log2(groups) for 1, 2, 4
+    const int grp = threadIdx.x >> (7 - gshift);
     Q8Group g;
-    g.tg = GEMV_THREADS / groups;
-    g.tig = threadIdx.x % g.tg;
+    g.tg = GEMV_THREADS >> gshift;
+    g.tig = threadIdx.x & (g.tg - 1);
     g.gw = g.tg >> 5;
-    g.row0 = (blockIdx.x * groups + threadIdx.x / g.tg) * rows_per_group;
+    g.w0 = grp * g.gw;
+    g.row0 = (blockIdx.x * groups + grp) * rows_per_group;
     return g;
 }
 
@@ -605,8 +609,7 @@ __device__ __forceinline__ float gemv8_reduce(float (&acc)[R][N], const Q8Group&
     __syncthreads();
     float s = 0.f;
     if (g.tig < R * N) {
-        const int w0 = (threadIdx.x / g.tg) * g.gw;  // the group's first warp
-        for (int i = 0; i < g.gw; i++) s += sh[g.tig][w0 + i];
+        for (int i = 0; i < g.gw; i++) s += sh[g.tig][g.w0 + i];
     }
     return s;
 }
