@@ -8,7 +8,8 @@
 //!   in gemv.cu (relative error 5e-5: float summation order only);
 //! - no less accurate than the CPU's own quantized matmul (llama.cpp's Q8/Q8_K activations),
 //!   both measured against the exact f64 product of the dequantized weights;
-//! - Q/K/V and gate/up sharing one quantization give the separate launches' results.
+//! - Q/K/V (one launch) and gate/up (fused with the activation) sharing one quantization give
+//!   the separate launches' results.
 //!
 //! Outputs are poisoned with NaN first. Needs a CUDA device (`AFM_CUDA_DEVICE`, default 0);
 //! run with `--test-threads=1` (one shared context). Not meaningful under `AFM_GEMV_I16=1`.
@@ -142,47 +143,64 @@ fn int16_gemv_kept_for_comparison_is_within_1e_3() {
     }
 }
 
-/// Q/K/V of mixed quantized types (as Q4_K_M files have) through one quantization.
+/// Q/K/V of mixed quantized types (as Q4_K_M files have) in one launch after one quantization
+/// give the separate launches' results: bit for bit where both take the one-row kernels, within
+/// float rounding where the fused launch is large enough for four rows per thread group.
 #[test]
 fn shared_quantization_matches_separate_matmuls() {
     let mut rng = Rng(24);
-    let cols = 1024;
-    let ws: Vec<WeightMatrix> = [(DType::Q4K, 70), (DType::Q4K, 37), (DType::Q6K, 19)]
-        .iter()
-        .map(|&(t, rows)| random_weight(&mut rng, t, rows, cols))
-        .collect();
-    let mut c = ctx();
-    let dws: Vec<DeviceWeight> = ws
-        .iter()
-        .map(|w| DeviceWeight::upload(&c, w).expect("upload"))
-        .collect();
-    for n in BATCHES {
-        let x = activations(&mut rng, n, cols);
-        let xd = c.upload(&x).expect("upload");
-        let mut outs: Vec<CudaSlice<f32>> =
-            dws.iter().map(|w| poisoned(&c, n * w.rows())).collect();
-        let mut refs: Vec<&mut CudaSlice<f32>> = outs.iter_mut().collect();
-        let wrefs: Vec<&DeviceWeight> = dws.iter().collect();
-        assert!(
-            c.matmul_many(&wrefs, &xd, n, &mut refs)
-                .expect("matmul_many"),
-            "n={n}: not fused"
-        );
-        for (w, o) in dws.iter().zip(&outs) {
-            let mut one = poisoned(&c, n * w.rows());
-            c.matmul_with(MatmulPath::Gemv, w, &xd, n, &mut one)
-                .expect("matmul");
-            let (got, want) = (
-                c.download(o).expect("download"),
-                c.download(&one).expect("download"),
-            );
-            assert_eq!(
-                got,
-                want,
-                "{:?} {}x{cols} n={n}: shared quantization differs",
-                w.dtype(),
-                w.rows()
-            );
+    // (cols, [(type, rows)] of Q, K and V, tolerance against the separate launches)
+    type Set = (usize, [(DType, usize); 3], f64);
+    let sets: [Set; 2] = [
+        (
+            1024,
+            [(DType::Q4K, 70), (DType::Q4K, 37), (DType::Q6K, 19)],
+            0.0,
+        ),
+        (
+            4096,
+            [(DType::Q4K, 3201), (DType::Q6K, 1030), (DType::Q8_0, 517)],
+            1e-6,
+        ),
+    ];
+    for (cols, mats, tol) in sets {
+        let ws: Vec<WeightMatrix> = mats
+            .iter()
+            .map(|&(t, rows)| random_weight(&mut rng, t, rows, cols))
+            .collect();
+        let mut c = ctx();
+        let dws: Vec<DeviceWeight> = ws
+            .iter()
+            .map(|w| DeviceWeight::upload(&c, w).expect("upload"))
+            .collect();
+        for n in BATCHES {
+            let x = activations(&mut rng, n, cols);
+            let xd = c.upload(&x).expect("upload");
+            for k in [2, 3] {
+                let mut outs: Vec<CudaSlice<f32>> = dws[..k]
+                    .iter()
+                    .map(|w| poisoned(&c, n * w.rows()))
+                    .collect();
+                let mut refs: Vec<&mut CudaSlice<f32>> = outs.iter_mut().collect();
+                let wrefs: Vec<&DeviceWeight> = dws[..k].iter().collect();
+                let fused = c
+                    .matmul_many(&wrefs, &xd, n, &mut refs)
+                    .expect("matmul_many");
+                assert!(fused, "n={n}: not fused");
+                for (w, o) in dws.iter().zip(&outs) {
+                    let mut one = poisoned(&c, n * w.rows());
+                    c.matmul_with(MatmulPath::Gemv, w, &xd, n, &mut one)
+                        .expect("matmul");
+                    let got = c.download(o).expect("download");
+                    let want = c.download(&one).expect("download");
+                    let what = format!("{:?} {}x{cols} n={n} of {k}", w.dtype(), w.rows());
+                    if tol == 0.0 {
+                        assert_eq!(got, want, "{what}: shared quantization differs");
+                    } else {
+                        assert_close(&what, &got, &want, tol);
+                    }
+                }
+            }
         }
     }
 }

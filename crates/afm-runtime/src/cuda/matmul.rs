@@ -3,17 +3,19 @@
 //! Paths, chosen by type and batch size `n`:
 //! ```text
 //! F32                         any n     cuBLAS SGEMM (f32 throughout)
-//! BF16/F16    n ≤ 32          GEMV kernels, 8 activation rows per launch, f32 activations
-//!             n > 32          x → bf16/f16, cuBLAS GEMM with f32 accumulation and output
-//! Q8_0/Q4_K/Q6_K  n ≤ 16      x → int8 blocks of 32, GEMV kernels on the GGML blocks (dp4a)
+//! BF16/F16    n ≤ 8           GEMV kernels, one launch, f32 activations
+//!             n > 8           x → bf16/f16, cuBLAS GEMM with f32 accumulation and output
+//! Q8_0/Q4_K/Q6_K  n ≤ 16      x → int8 blocks of 32, GEMV kernels on the GGML blocks (dp4a),
+//!                             8 activation rows per launch
 //!             n > 16          W → f16 scratch (≤ 32M weights at a time), x → f16, cuBLAS GEMM
 //! ```
 //! Weights stay in their storage type in device memory; the f16 scratch is transient.
 //! `AFM_GEMV_I16=1` (or [`MatmulPath::GemvI16`]) runs the earlier quantized GEMV instead
 //! (int16 activations, dp2a), kept for one A/B measurement on the H200; the loser goes.
 //!
-//! Several matrices of one input (Q/K/V; gate and up) share one activation quantization
-//! ([`CudaContext::matmul_many`], [`CudaContext::matmul_gated`]).
+//! Several quantized matrices of one input share one activation quantization and one launch:
+//! Q/K/V, of any mix of the three types ([`CudaContext::matmul_many`]), and gate with up,
+//! fused with the activation ([`CudaContext::matmul_gated`]).
 
 use cudarc::cublas::result::gemm_ex;
 use cudarc::cublas::sys::{
@@ -141,7 +143,7 @@ fn q8_groups(cols: usize) -> usize {
 /// projections: 64 blocks of 4 × 4 rows) they leave one or two warps per SM to hide latency.
 const Q8_MIN_BLOCKS_PER_SM: usize = 4;
 
-/// How an int8 GEMV launch covers `rows` × `cols`.
+/// How an int8 GEMV launch covers one to three matrices of `cols` columns.
 struct Q8Launch {
     cfg: LaunchConfig,
     groups: i32,
@@ -151,10 +153,11 @@ struct Q8Launch {
 
 impl Q8Launch {
     /// `forced`: rows per group chosen by the caller (1 or 4), else by the grid size.
-    fn new(rows: usize, cols: usize, sm_count: usize, forced: Option<usize>) -> Self {
+    fn new(rows: &[usize], cols: usize, sm_count: usize, forced: Option<usize>) -> Self {
         let groups = q8_groups(cols);
+        let blocks = |r: usize| rows.iter().map(|&m| m.div_ceil(r * groups)).sum::<usize>();
         let r = forced.unwrap_or_else(|| {
-            if rows.div_ceil(GEMV_ROWS * groups) >= Q8_MIN_BLOCKS_PER_SM * sm_count {
+            if blocks(GEMV_ROWS) >= Q8_MIN_BLOCKS_PER_SM * sm_count {
                 GEMV_ROWS
             } else {
                 1
@@ -162,7 +165,7 @@ impl Q8Launch {
         });
         Self {
             cfg: LaunchConfig {
-                grid_dim: (rows.div_ceil(r * groups) as u32, 1, 1),
+                grid_dim: (blocks(r) as u32, 1, 1),
                 block_dim: (GEMV_THREADS as u32, 1, 1),
                 shared_mem_bytes: 0,
             },
@@ -171,13 +174,36 @@ impl Q8Launch {
         }
     }
 
-    /// The kernel for `n` activation rows of weight type `t` (gated: gate and up fused).
-    fn kernel(&self, gated: bool, t: DType, n: usize) -> String {
+    /// The kernel for `n` activation rows (gated: gate and up fused).
+    fn kernel(&self, gated: bool, n: usize) -> String {
         let g = if gated { "g" } else { "" };
         let r = if self.rows_per_group == 1 { "r1" } else { "" };
-        format!("gemv8{g}{r}_{}_{n}", type_name(t))
+        format!("gemv8{g}{r}_{n}")
     }
 }
+
+/// The int8 kernels' weight type code (`Q8_Q4_K`.. in gemv.cu).
+fn q8_type(t: DType) -> i32 {
+    match t {
+        DType::Q4K => 0,
+        DType::Q6K => 1,
+        _ => 2,
+    }
+}
+
+/// `Q8Mats` in gemv.cu: up to three matrices (weights, outputs, type codes, rows; rows 0 for
+/// absent ones), served by consecutive ranges of blocks.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Q8Mats {
+    w: [u64; 3],
+    out: [u64; 3],
+    ty: [i32; 3],
+    rows: [i32; 3],
+}
+
+// SAFETY: plain #[repr(C)] data, laid out as the CUDA struct (six pointers, six ints).
+unsafe impl cudarc::driver::DeviceRepr for Q8Mats {}
 
 /// Every kernel of gemv.cu, for the context's loader.
 pub(super) fn kernel_names() -> Vec<String> {
@@ -198,10 +224,8 @@ pub(super) fn kernel_names() -> Vec<String> {
             v.push(format!("gemv3_{t}_{n}"));
             v.push(format!("gemvg_{t}_{n}"));
         }
-        for t in ["q4_k", "q6_k", "q8_0"] {
-            for k in ["gemv8", "gemv8g", "gemv8r1", "gemv8gr1"] {
-                v.push(format!("{k}_{t}_{n}"));
-            }
+        for k in ["gemv8", "gemv8g", "gemv8r1", "gemv8gr1"] {
+            v.push(format!("{k}_{n}"));
         }
     }
     v
@@ -291,7 +315,7 @@ impl CudaContext {
                 _ => None,
             };
             let acts = self.quantize_q8(xp, n, w.cols)?;
-            self.gemv_q8(w, acts, n, op, forced)
+            self.gemv_q8(&[w], &[op], acts, n, forced)
         } else {
             self.gemv(w, xp, n, op)
         }
@@ -311,29 +335,41 @@ impl CudaContext {
         Ok(Q8Acts { q, d, s, cols })
     }
 
-    /// `out = x · Wᵀ` for quantized `w` and `n` rows of int8 activations, in launches of at
-    /// most `GEMV_MAX_BATCH` rows (`forced`: rows per thread group, see [`Q8Launch::new`]).
+    /// `outs[i] = x · wsᵢᵀ` for one to three quantized matrices of one width and `n` rows of
+    /// int8 activations, in one launch per `GEMV_MAX_BATCH` rows (`forced`: rows per thread
+    /// group, see [`Q8Launch::new`]).
     fn gemv_q8(
         &mut self,
-        w: &DeviceWeight,
+        ws: &[&DeviceWeight],
+        outs: &[u64],
         acts: Q8Acts,
         n: usize,
-        op: u64,
         forced: Option<usize>,
     ) -> Result<()> {
-        let (rows, cols) = (w.rows, w.cols);
-        let wp = self.ptr(&w.bytes);
-        let shape = Q8Launch::new(rows, cols, self.info().sm_count, forced);
-        let (cfg, groups) = (shape.cfg, shape.groups);
-        let (ri, ci) = (rows as i32, cols as i32);
+        debug_assert!((1..=3).contains(&ws.len()) && ws.len() == outs.len());
+        let rows: Vec<usize> = ws.iter().map(|w| w.rows).collect();
+        let shape = Q8Launch::new(&rows, acts.cols, self.info().sm_count, forced);
+        let mut m = Q8Mats {
+            w: [self.ptr(&ws[0].bytes); 3],
+            out: [outs[0]; 3],
+            ty: [q8_type(ws[0].dtype); 3],
+            rows: [0; 3],
+        };
+        for (i, w) in ws.iter().enumerate().skip(1) {
+            m.w[i] = self.ptr(&w.bytes);
+            m.ty[i] = q8_type(w.dtype);
+        }
+        let (cfg, groups, ci, pf) = (shape.cfg, shape.groups, acts.cols as i32, gemv_prefetch());
         for c0 in (0..n).step_by(GEMV_MAX_BATCH) {
             let nb = (n - c0).min(GEMV_MAX_BATCH);
+            for (i, (&o, &r)) in outs.iter().zip(&rows).enumerate() {
+                m.out[i] = o + (c0 * r * 4) as u64;
+                m.rows[i] = r as i32;
+            }
             let a = acts.at_row(c0);
             let (q0, d0, s0) = (a.q, a.d, a.s);
-            let o0 = op + (c0 * rows * 4) as u64;
-            let f = self.kernel(&shape.kernel(false, w.dtype, nb))?;
-            let pf = gemv_prefetch();
-            launch!(self, f, cfg; wp, q0, d0, s0, o0, ri, ci, groups, pf)?;
+            let f = self.kernel(&shape.kernel(false, nb))?;
+            launch!(self, f, cfg; m, q0, d0, s0, ci, groups, pf)?;
         }
         Ok(())
     }
@@ -533,10 +569,8 @@ impl CudaContext {
         }
         if quant {
             let acts = self.quantize_q8(xp, n, ws[0].cols)?;
-            for (w, o) in ws.iter().zip(outs.iter_mut()) {
-                let op = self.ptr_mut(&mut **o);
-                self.gemv_q8(w, acts, n, op, None)?;
-            }
+            let ops: Vec<u64> = outs.iter_mut().map(|o| self.ptr_mut(&mut **o)).collect();
+            self.gemv_q8(ws, &ops, acts, n, None)?;
             return Ok(true);
         }
         let w3 = |i: usize| ws.get(i).unwrap_or(&ws[0]);
@@ -595,16 +629,16 @@ impl CudaContext {
         };
         if quant {
             let acts = self.quantize_q8(xp, n, gate.cols)?;
-            let shape = Q8Launch::new(gate.rows, gate.cols, self.info().sm_count, None);
-            let (cfg, groups) = (shape.cfg, shape.groups);
+            let shape = Q8Launch::new(&[gate.rows], gate.cols, self.info().sm_count, None);
+            let (cfg, groups, ty) = (shape.cfg, shape.groups, q8_type(gate.dtype));
             for c0 in (0..n).step_by(GEMV_MAX_BATCH) {
                 let nb = (n - c0).min(GEMV_MAX_BATCH);
                 let x0 = acts.at_row(c0);
                 let (q0, d0, s0) = (x0.q, x0.d, x0.s);
                 let o0 = op + (c0 * gate.rows * 4) as u64;
-                let f = self.kernel(&shape.kernel(true, gate.dtype, nb))?;
+                let f = self.kernel(&shape.kernel(true, nb))?;
                 let pf = gemv_prefetch();
-                launch!(self, f, cfg; gp, up_, q0, d0, s0, o0, ri, ci, groups, pf, a)?;
+                launch!(self, f, cfg; gp, up_, ty, q0, d0, s0, o0, ri, ci, groups, pf, a)?;
             }
             return Ok(true);
         }

@@ -1,18 +1,22 @@
 // Matrix-vector products for decode and small batches: out[b][row] = x[b] . W[row] for N <= 8
-// activation rows. A block of 128 threads owns GEMV_ROWS weight rows; each thread decodes its
-// unit of all of them into registers, then every activation load serves all GEMV_ROWS rows, so
-// each weight byte is read once and activations are re-read cols/GEMV_ROWS times, not cols.
+// activation rows. A block of 128 threads owns GEMV_ROWS weight rows (the int8 kernels: 1 to 4
+// thread groups of 1 or 4 rows each); each thread decodes its unit of all of them into
+// registers, then every activation load serves all those rows, so each weight byte is read
+// once and activations are re-read cols/GEMV_ROWS times, not cols.
 //
-// Quantized weights are read in their GGML blocks. Activations are first quantized to int16 in
-// blocks of 32 (scale xd, exact f32 sum xs), so a weight block's dot is integer dp2a work:
+// Quantized weights are read in their GGML blocks, against activations quantized in blocks of
+// 32, so a weight block's dot is integer work:
 //   sum_e w_e x_e = sum_sub xd_sub * d * scale_sub * sum_int(q_e * xq_e)  - dmin * min_sub * xs_sub
-// int16 keeps the activation error near 1e-5, far inside a 1e-3 budget, while the inner loop
-// stays a few integer ops per 8 weights (memory-bound on an H200).
+// - int8 activations and dp4a (4 products an instruction): the default, in the section
+//   "int8 activations" below; the activation error is the CPU matmul's (llama.cpp's), ~4e-3
+//   relative on uniform data, ~1e-2 with outlier channels;
+// - int16 activations and dp2a (the earlier kernels, AFM_GEMV_I16=1, kept for one A/B run):
+//   error near 1e-5, but twice the dot instructions and activation bytes.
 //
 // Work unit of one thread (U = units per weight block):
 //   Q4_K (144 B, U = 8): 16 qs bytes = 16 weights of sub-block 2p (low nibbles) and of 2p+1 (high)
 //   Q6_K (210 B, U = 8): 8 columns l of half hh, in all 4 quarter-groups g = 32 weights
-//   Q8_0 ( 34 B, U = 4): 8 int8 weights
+//   Q8_0 ( 34 B, U = 4; int8 kernels U = 1): 8 int8 weights (int8 kernels: the whole block)
 //   bf16/f16 (U = cols/8 per row): 8 weights (one 16-byte load)
 
 #define GEMV_THREADS 128
@@ -423,7 +427,7 @@ struct Q8Group {
 };
 
 // `groups` is 1, 2 or 4 (GEMV_THREADS = 128 = 2^7): shifts, not divisions.
-__device__ __forceinline__ Q8Group q8_group(int groups, int rows_per_group) {
+__device__ __forceinline__ Q8Group q8_group(int groups, int rows_per_group, int blk) {
     const int gshift = groups >> 1;  // log2(groups) for 1, 2, 4
     const int grp = threadIdx.x >> (7 - gshift);
     Q8Group g;
@@ -431,7 +435,7 @@ __device__ __forceinline__ Q8Group q8_group(int groups, int rows_per_group) {
     g.tig = threadIdx.x & (g.tg - 1);
     g.gw = g.tg >> 5;
     g.w0 = grp * g.gw;
-    g.row0 = (blockIdx.x * groups + grp) * rows_per_group;
+    g.row0 = (blk * groups + grp) * rows_per_group;
     return g;
 }
 
@@ -623,42 +627,99 @@ __device__ __forceinline__ void gemv8_store(float v, float* out, int rows, const
     }
 }
 
-#define GEMV8(T, N, R, NAME)                                                                   \
-    extern "C" __global__ void __launch_bounds__(GEMV_THREADS) NAME##_##T##_##N(               \
-        const u8* W, const signed char* xq, const float* xd, const float* xs, float* out,      \
-        int rows, int cols, int groups, int prefetch) {                                        \
-        const Q8Group g = q8_group(groups, R);                                                 \
-        if (prefetch) pf8_##T<R>(W, rows, cols, g);                                            \
+// Weight type codes of the int8 kernels (cuda/matmul.rs `q8_type`).
+#define Q8_Q4_K 0
+#define Q8_Q6_K 1
+#define Q8_Q8_0 2
+
+// The weight type is a run-time argument, uniform over a block (one branch), so one kernel
+// serves every type and Q/K/V of mixed types (as Q4_K_M files have) share one launch.
+template <int N, int R>
+__device__ __forceinline__ void acc8(int type, const u8* W, const signed char* xq,
+                                     const float* xd, const float* xs, int rows, int cols,
+                                     const Q8Group& g, float (&acc)[R][N]) {
+    if (type == Q8_Q4_K) acc8_q4_k<N, R>(W, xq, xd, xs, rows, cols, g, acc);
+    else if (type == Q8_Q6_K) acc8_q6_k<N, R>(W, xq, xd, xs, rows, cols, g, acc);
+    else acc8_q8_0<N, R>(W, xq, xd, xs, rows, cols, g, acc);
+}
+
+template <int R>
+__device__ __forceinline__ void pf8(int type, const u8* W, int rows, int cols, const Q8Group& g) {
+    if (type == Q8_Q4_K) pf8_q4_k<R>(W, rows, cols, g);
+    else if (type == Q8_Q6_K) pf8_q6_k<R>(W, rows, cols, g);
+    else pf8_q8_0<R>(W, rows, cols, g);
+}
+
+// Up to three matrices of one width against the same activations, out_i = x . W_i^T: the
+// first ceil(r0 / (R * groups)) blocks serve W0, the next ceil(r1 / ...) W1, the rest W2
+// (r1 = r2 = 0 for one matrix). Fields, not arrays: a kernel parameter indexed at run time
+// would be copied to the stack.
+struct Q8Mats {
+    const u8 *w0, *w1, *w2;
+    float *o0, *o1, *o2;
+    int t0, t1, t2, r0, r1, r2;
+};
+
+// The matrix block `blk` serves; `blk` becomes the block's index within that matrix's blocks.
+struct Q8Pick {
+    const u8* w;
+    float* out;
+    int type, rows;
+};
+
+__device__ __forceinline__ Q8Pick q8_pick(const Q8Mats& m, int rows_per_block, int& blk) {
+    const int b0 = (m.r0 + rows_per_block - 1) / rows_per_block;
+    const int b1 = (m.r1 + rows_per_block - 1) / rows_per_block;
+    Q8Pick p;
+    if (blk < b0) {
+        p.w = m.w0; p.out = m.o0; p.type = m.t0; p.rows = m.r0;
+    } else if (blk < b0 + b1) {
+        blk -= b0;
+        p.w = m.w1; p.out = m.o1; p.type = m.t1; p.rows = m.r1;
+    } else {
+        blk -= b0 + b1;
+        p.w = m.w2; p.out = m.o2; p.type = m.t2; p.rows = m.r2;
+    }
+    return p;
+}
+
+#define GEMV8(N, R, NAME)                                                                      \
+    extern "C" __global__ void __launch_bounds__(GEMV_THREADS) NAME##_##N(                     \
+        Q8Mats m, const signed char* xq, const float* xd, const float* xs, int cols,           \
+        int groups, int prefetch) {                                                            \
+        int blk = blockIdx.x;                                                                  \
+        const Q8Pick p = q8_pick(m, R * groups, blk);                                          \
+        const Q8Group g = q8_group(groups, R, blk);                                            \
+        if (prefetch) pf8<R>(p.type, p.w, p.rows, cols, g);                                    \
         pdl_begin();                                                                           \
         float acc[R][N] = {};                                                                  \
-        acc8_##T<N, R>(W, xq, xd, xs, rows, cols, g, acc);                                     \
-        gemv8_store<N, R>(gemv8_reduce<N, R>(acc, g), out, rows, g);                           \
+        acc8<N, R>(p.type, p.w, xq, xd, xs, p.rows, cols, g, acc);                             \
+        gemv8_store<N, R>(gemv8_reduce<N, R>(acc, g), p.out, p.rows, g);                       \
     }
-// out[b][row] = act(gate row . x[b]) * (up row . x[b]) for same-typed gate and up matrices,
-// with the sums of two gemv8 launches (act 0 = SiLU, 1 = GELU tanh).
-#define GEMV8G(T, N, R, NAME)                                                                  \
-    extern "C" __global__ void __launch_bounds__(GEMV_THREADS) NAME##_##T##_##N(               \
-        const u8* G, const u8* U, const signed char* xq, const float* xd, const float* xs,     \
-        float* out, int rows, int cols, int groups, int prefetch, int act) {                   \
-        const Q8Group g = q8_group(groups, R);                                                 \
+// out[b][row] = act(gate row . x[b]) * (up row . x[b]) for gate and up of one type, with the
+// sums of a gemv8 launch (act 0 = SiLU, 1 = GELU tanh).
+#define GEMV8G(N, R, NAME)                                                                     \
+    extern "C" __global__ void __launch_bounds__(GEMV_THREADS) NAME##_##N(                     \
+        const u8* G, const u8* U, int type, const signed char* xq, const float* xd,            \
+        const float* xs, float* out, int rows, int cols, int groups, int prefetch, int act) {  \
+        const Q8Group g = q8_group(groups, R, blockIdx.x);                                     \
         if (prefetch) {                                                                        \
-            pf8_##T<R>(G, rows, cols, g);                                                      \
-            pf8_##T<R>(U, rows, cols, g);                                                      \
+            pf8<R>(type, G, rows, cols, g);                                                    \
+            pf8<R>(type, U, rows, cols, g);                                                    \
         }                                                                                      \
         pdl_begin();                                                                           \
         float ag[R][N] = {};                                                                   \
-        acc8_##T<N, R>(G, xq, xd, xs, rows, cols, g, ag);                                      \
+        acc8<N, R>(type, G, xq, xd, xs, rows, cols, g, ag);                                    \
         float au[R][N] = {};                                                                   \
-        acc8_##T<N, R>(U, xq, xd, xs, rows, cols, g, au);                                      \
+        acc8<N, R>(type, U, xq, xd, xs, rows, cols, g, au);                                    \
         const float sg = gemv8_reduce<N, R>(ag, g);                                            \
         const float su = gemv8_reduce<N, R>(au, g);                                            \
         gemv8_store<N, R>((act == 0 ? gemv_silu(sg) : gemv_gelu_tanh(sg)) * su, out, rows, g); \
     }
-// Four rows per thread group (gemv8*), and one (gemv8r1*: more warps for small matrices).
-#define GEMV8_R(N, R, NAME, NAMEG)                                                             \
-    GEMV8(q4_k, N, R, NAME) GEMV8(q6_k, N, R, NAME) GEMV8(q8_0, N, R, NAME)                    \
-    GEMV8G(q4_k, N, R, NAMEG) GEMV8G(q6_k, N, R, NAMEG) GEMV8G(q8_0, N, R, NAMEG)
-#define GEMV8_ALL(N) GEMV8_R(N, 4, gemv8, gemv8g) GEMV8_R(N, 1, gemv8r1, gemv8gr1)
+// Four rows per thread group (gemv8_N, gemv8g_N), and one (gemv8r1_N, gemv8gr1_N: more warps
+// for small matrices).
+#define GEMV8_ALL(N)                                                                           \
+    GEMV8(N, 4, gemv8) GEMV8G(N, 4, gemv8g) GEMV8(N, 1, gemv8r1) GEMV8G(N, 1, gemv8gr1)
 
 GEMV8_ALL(1)
 GEMV8_ALL(2)
