@@ -3,7 +3,7 @@
 //! Qwen3-8B shapes (Q4_K, Q6_K, Q8_0, BF16; GB/s of weights read, as a fraction of the copy
 //! rate; quantized ones through the int8/dp4a kernels, with one and four weight rows per
 //! thread group, `int8r1`/`int8r4` (`int8`: the automatic choice), and the int16/dp2a ones
-//! they replace, `int16`), gate+up fused and not, decode
+//! they replace, `int16`), Q/K/V and gate+up fused and not, decode
 //! attention at 1k and 16k context with split-K on and off, the attention prologue fused and
 //! unfused, prefill attention (and the tensor-core kernel against the SIMT one at Qwen3-0.6B's
 //! heads, 1k and 16k tokens) and sampling.
@@ -197,41 +197,57 @@ fn gemv(c: &mut CudaContext, copy_gbs: f64, out: &mut Vec<String>) -> R<()> {
     Ok(())
 }
 
-/// Gate and up of one MLP (Q4_K): the fused int8 launch (one activation quantization, one
-/// GEMV launch with the SiLU) against two separate int8 matmuls (two of each, no SiLU).
-fn gated_q4k(c: &mut CudaContext, out: &mut Vec<String>) -> R<()> {
+/// One layer's projections of one input through shared int8 activations, Qwen3-0.6B and -8B
+/// shapes as in a Q4_K_M file, each fused and as separate matmuls (each quantizing again):
+/// Q (Q4_K), K (Q4_K) and V (Q6_K) in one launch against three; gate and up (Q4_K) with the
+/// SiLU in one launch against two (without the SiLU).
+fn fused_projections(c: &mut CudaContext, out: &mut Vec<String>) -> R<()> {
     let mut rng = Rng(6);
-    for (rows, cols) in [(3072, 1024), (12288, 4096)] {
-        let g = random_weight(&mut rng, DType::Q4K, rows, cols)?;
-        let copies = ROTATE_BYTES.div_ceil(2 * g.bytes().len()).clamp(2, 1024);
-        let ws: Vec<DeviceWeight> = (0..2 * copies)
-            .map(|_| DeviceWeight::upload(c, &g))
-            .collect::<Result<_, _>>()?;
-        for n in [1, 8] {
-            let x: Vec<f32> = (0..n * cols).map(|_| rng.sym()).collect();
-            let xd = c.upload(&x)?;
-            let mut y: CudaSlice<f32> = c.alloc(n * rows)?;
-            let mut y2: CudaSlice<f32> = c.alloc(n * rows)?;
-            let fused = time_ms(c, 20, |c, i| {
-                let (g, u) = (&ws[2 * (i % copies)], &ws[2 * (i % copies) + 1]);
-                let done = c
-                    .matmul_gated(g, u, Activation::Silu, &xd, n, &mut y)
-                    .expect("gated");
-                assert!(done, "the int8 gated GEMV applies to Q4_K");
-            })?;
-            let separate = time_ms(c, 20, |c, i| {
-                let (g, u) = (&ws[2 * (i % copies)], &ws[2 * (i % copies) + 1]);
-                c.matmul_with(MatmulPath::Gemv, g, &xd, n, &mut y)
-                    .expect("gate");
-                c.matmul_with(MatmulPath::Gemv, u, &xd, n, &mut y2)
-                    .expect("up");
-            })?;
-            out.push(format!(
-                "| gate+up Q4_K {rows:5}x{cols:<5} | {n:2} | fused {:7.2} us | 2 matmuls {:7.2} us |",
-                fused * 1e3,
-                separate * 1e3
-            ));
-            println!("{}", out.last().expect("pushed"));
+    // (hidden, q rows, kv rows, intermediate)
+    for (cols, q, kv, inter) in [(1024, 2048, 1024, 3072), (4096, 4096, 1024, 12288)] {
+        let qkv = [(DType::Q4K, q), (DType::Q4K, kv), (DType::Q6K, kv)];
+        let gu = [(DType::Q4K, inter), (DType::Q4K, inter)];
+        for (name, mats) in [("q+k+v", &qkv[..]), ("gate+up", &gu[..])] {
+            let host: Vec<WeightMatrix> = mats
+                .iter()
+                .map(|&(t, r)| random_weight(&mut rng, t, r, cols))
+                .collect::<R<_>>()?;
+            let set_bytes: usize = host.iter().map(|w| w.bytes().len()).sum();
+            let copies = ROTATE_BYTES.div_ceil(set_bytes).clamp(2, 1024);
+            let sets: Vec<Vec<DeviceWeight>> = (0..copies)
+                .map(|_| host.iter().map(|w| DeviceWeight::upload(c, w)).collect())
+                .collect::<Result<_, _>>()?;
+            for n in [1, 8] {
+                let x: Vec<f32> = (0..n * cols).map(|_| rng.sym()).collect();
+                let xd = c.upload(&x)?;
+                let mut ys: Vec<CudaSlice<f32>> = mats
+                    .iter()
+                    .map(|&(_, r)| c.alloc(n * r))
+                    .collect::<Result<_, _>>()?;
+                let fused = time_ms(c, 20, |c, i| {
+                    let set = &sets[i % copies];
+                    let done = if set.len() == 2 {
+                        c.matmul_gated(&set[0], &set[1], Activation::Silu, &xd, n, &mut ys[0])
+                    } else {
+                        let ws: Vec<&DeviceWeight> = set.iter().collect();
+                        let mut outs: Vec<&mut CudaSlice<f32>> = ys.iter_mut().collect();
+                        c.matmul_many(&ws, &xd, n, &mut outs)
+                    };
+                    assert!(done.expect("fused"), "the fused int8 GEMV applies here");
+                })?;
+                let separate = time_ms(c, 20, |c, i| {
+                    for (w, y) in sets[i % copies].iter().zip(ys.iter_mut()) {
+                        c.matmul_with(MatmulPath::Gemv, w, &xd, n, y)
+                            .expect("matmul");
+                    }
+                })?;
+                out.push(format!(
+                    "| {name:7} Q4_K_M x {cols:5} | {n:2} | fused {:7.2} us | separate {:7.2} us |",
+                    fused * 1e3,
+                    separate * 1e3
+                ));
+                println!("{}", out.last().expect("pushed"));
+            }
         }
     }
     Ok(())
@@ -584,8 +600,8 @@ fn main() -> R<()> {
     if run("gemv") {
         gemv(&mut c, copy_gbs, &mut table)?;
     }
-    if run("gated_q4k") {
-        gated_q4k(&mut c, &mut table)?;
+    if run("fused_projections") {
+        fused_projections(&mut c, &mut table)?;
     }
     if run("prefill_matmul") {
         prefill_matmul(&mut c, &mut table)?;

@@ -349,6 +349,9 @@ impl CudaContext {
         debug_assert!((1..=3).contains(&ws.len()) && ws.len() == outs.len());
         let rows: Vec<usize> = ws.iter().map(|w| w.rows).collect();
         let shape = Q8Launch::new(&rows, acts.cols, self.info().sm_count, forced);
+        if shape.cfg.grid_dim.0 == 0 {
+            return Ok(()); // no rows at all: nothing to write (and no empty launch)
+        }
         let mut m = Q8Mats {
             w: [self.ptr(&ws[0].bytes); 3],
             out: [outs[0]; 3],
@@ -628,6 +631,9 @@ impl CudaContext {
             super::Activation::GeluTanh => 1,
         };
         if quant {
+            if gate.rows == 0 {
+                return Ok(true);
+            }
             let acts = self.quantize_q8(xp, n, gate.cols)?;
             let shape = Q8Launch::new(&[gate.rows], gate.cols, self.info().sm_count, None);
             let (cfg, groups, ty) = (shape.cfg, shape.groups, q8_type(gate.dtype));
