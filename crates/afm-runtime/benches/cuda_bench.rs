@@ -30,8 +30,8 @@
 
 use afm_runtime::attention::{AttnParams, AttnSeq};
 use afm_runtime::cuda::{
-    Activation, AttnBatch, AttnKernel, CudaContext, CudaSlice, DeviceKvCache, DeviceWeight, MatmulPath,
-    RopeTable, SampleParams,
+    Activation, AttnBatch, AttnKernel, CudaContext, CudaSlice, DeviceKvCache, DeviceWeight,
+    MatmulPath, RopeTable, SampleParams,
 };
 use afm_runtime::kv_store::{KvDtype, LayerKvShape};
 use afm_runtime::ops::{Rope, RopeStyle};

@@ -236,11 +236,20 @@ impl HalfRows<'_> {
         let mut out = Vec::with_capacity(self.n);
         let mut slot = self.first % self.bs;
         for block in &self.blocks[self.first / self.bs..] {
-            while slot < self.bs && out.len() < self.n {
-                out.push(block[slot * self.d..(slot + 1) * self.d].as_ptr());
-                slot += 1;
-            }
+            let end = self.bs.min(slot + self.n - out.len());
+            // One bounds check per block instead of a slice per row (~9% of a cached decode
+            // attention call went to the per-row checks).
+            assert!(
+                block.len() >= end * self.d,
+                "KV block shorter than its rows"
+            );
+            let base = block.as_ptr();
+            // SAFETY: `slot·d < end·d ≤ block.len()`, checked above.
+            out.extend((slot..end).map(|s| unsafe { base.add(s * self.d) }));
             slot = 0;
+            if out.len() == self.n {
+                break;
+            }
         }
         out
     }
