@@ -119,12 +119,8 @@ impl LayerKv {
             }
             Store::F16 { k: ks, v: vs } => {
                 for (h, o) in offsets.enumerate() {
-                    ks[o..o + d]
-                        .reinterpret_cast_mut::<f16>()
-                        .convert_from_f32_slice(&k[h * d..(h + 1) * d]);
-                    vs[o..o + d]
-                        .reinterpret_cast_mut::<f16>()
-                        .convert_from_f32_slice(&v[h * d..(h + 1) * d]);
+                    to_f16(&mut ks[o..o + d], &k[h * d..(h + 1) * d]);
+                    to_f16(&mut vs[o..o + d], &v[h * d..(h + 1) * d]);
                 }
             }
         }
@@ -228,5 +224,79 @@ impl KvCache {
 
     pub fn num_blocks(&self) -> usize {
         self.num_blocks
+    }
+}
+
+/// `src` rounded to f16 (to nearest, ties to even) into `dst` (f16 bits): eight at a time with
+/// F16C where the CPU has it. `half`'s slice conversion, called per 64-value head row, cost
+/// ~1.8 ns per value here (its dispatch and chunking per call), the KV store of an 8-row
+/// decode step ~2% of it; the rounding is the same.
+fn to_f16(dst: &mut [u16], src: &[f32]) {
+    assert_eq!(dst.len(), src.len(), "f16 store: lengths differ");
+    #[cfg(target_arch = "x86_64")]
+    if f16c() {
+        // SAFETY: F16C and AVX were detected; `to_f16_x86` reads and writes within the
+        // equal lengths checked above.
+        unsafe { to_f16_x86(dst, src) };
+        return;
+    }
+    dst.reinterpret_cast_mut::<f16>()
+        .convert_from_f32_slice(src);
+}
+
+#[cfg(target_arch = "x86_64")]
+fn f16c() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| is_x86_feature_detected!("f16c") && is_x86_feature_detected!("avx"))
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx,f16c")]
+unsafe fn to_f16_x86(dst: &mut [u16], src: &[f32]) {
+    use std::arch::x86_64::*;
+    let n8 = src.len() / 8 * 8;
+    for i in (0..n8).step_by(8) {
+        let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_loadu_ps(src.as_ptr().add(i)));
+        _mm_storeu_si128(dst.as_mut_ptr().add(i) as *mut __m128i, h);
+    }
+    for i in n8..src.len() {
+        dst[i] = f16::from_f32(src[i]).to_bits();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// The F16C store rounds as `half` does: normals, subnormals, ties, overflow to infinity,
+    /// zeros and infinities, at lengths that leave a tail past the eight-value chunks; NaN
+    /// stays NaN.
+    #[test]
+    fn f16_store_rounds_as_half() {
+        let mut src: Vec<f32> = Vec::new();
+        let mut bits = 0u32;
+        while bits < 0x7f80_0000 {
+            src.push(f32::from_bits(bits));
+            src.push(-f32::from_bits(bits));
+            bits += 0x0000_0fff;
+        }
+        src.extend([
+            65504.0,
+            65520.0,
+            1e9,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            0.0,
+            -0.0,
+        ]);
+        for len in [src.len(), 61, 8, 3] {
+            let s = &src[..len];
+            let mut got = vec![0u16; len];
+            super::to_f16(&mut got, s);
+            for (g, v) in got.iter().zip(s) {
+                assert_eq!(*g, half::f16::from_f32(*v).to_bits(), "{v:e}");
+            }
+        }
+        let mut nan = [0u16; 9];
+        super::to_f16(&mut nan, &[f32::NAN; 9]);
+        assert!(nan.iter().all(|&b| half::f16::from_bits(b).is_nan()));
     }
 }
