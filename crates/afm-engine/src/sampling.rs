@@ -186,14 +186,31 @@ impl Sampler {
     }
 }
 
+/// The first index of the largest logit (NaN never wins unless it comes first, as in a scan
+/// that moves only on a strictly greater value). Two passes the compiler vectorizes — a max
+/// over 16 lanes, then the first equal value — instead of one branchy scan: greedy sampling
+/// of 8 rows of SmolLM2's 49,152 logits took ~0.2 ms per step, on the engine thread while the
+/// workers wait.
 pub fn argmax(logits: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &l) in logits.iter().enumerate() {
-        if l > logits[best] {
-            best = i;
+    match logits.first() {
+        None => return 0,
+        Some(f) if f.is_nan() => return 0,
+        Some(_) => {}
+    }
+    let mut lanes = [f32::NEG_INFINITY; 16];
+    let chunks = logits.chunks_exact(16);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for (m, &l) in lanes.iter_mut().zip(c) {
+            // `f32::max` returns the other operand for NaN: NaNs drop out.
+            *m = m.max(l);
         }
     }
-    best as u32
+    let max = lanes
+        .iter()
+        .chain(rest)
+        .fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    logits.iter().position(|&l| l == max).unwrap_or(0) as u32
 }
 
 /// Log-softmax of the processed logits: the chosen token's and the `n` best.
@@ -220,6 +237,49 @@ fn logprobs(logits: &[f32], token: u32, n: usize) -> TokenLogprob {
 
 #[cfg(test)]
 mod tests {
+    /// The vectorized argmax picks what a first-strictly-greater scan picks: ties (first
+    /// wins), NaN anywhere (skipped) or first (index 0), infinities, signed zeros, lengths
+    /// around the 16-lane chunks.
+    #[test]
+    fn argmax_equals_a_first_greater_scan() {
+        fn scan(l: &[f32]) -> u32 {
+            let mut best = 0;
+            for (i, &v) in l.iter().enumerate() {
+                if v > l[best] {
+                    best = i;
+                }
+            }
+            best as u32
+        }
+        let mut state = 12345u64;
+        let mut next = move || {
+            state = state
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1442695040888963407);
+            (state >> 40) as u32
+        };
+        for len in [0, 1, 2, 15, 16, 17, 31, 33, 100, 1000] {
+            for case in 0..40 {
+                let mut l: Vec<f32> = (0..len).map(|_| (next() % 7) as f32 - 3.0).collect();
+                if len > 0 {
+                    let at = next() as usize % len;
+                    match case % 8 {
+                        1 => l[at] = f32::NAN,
+                        2 => l[0] = f32::NAN,
+                        3 => l[at] = f32::INFINITY,
+                        4 => l.iter_mut().for_each(|v| *v = f32::NEG_INFINITY),
+                        5 => l
+                            .iter_mut()
+                            .for_each(|v| *v = if next() % 2 == 0 { 0.0 } else { -0.0 }),
+                        6 => l.iter_mut().for_each(|v| *v = f32::NAN),
+                        _ => {}
+                    }
+                }
+                assert_eq!(super::argmax(&l), scan(&l), "{l:?}");
+            }
+        }
+    }
+
     use super::*;
 
     fn params(t: f32) -> SamplingParams {
