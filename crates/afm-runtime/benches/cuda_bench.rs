@@ -2,11 +2,10 @@
 //! device-to-device copy bandwidth (bytes read + written), then GEMV at Qwen3-0.6B and
 //! Qwen3-8B shapes (Q4_K, Q6_K, Q8_0, BF16; GB/s of weights read, as a fraction of the copy
 //! rate; quantized ones through the int8/dp4a kernels, with one and four weight rows per
-//! thread group, `int8r1`/`int8r4` (`int8`: the automatic choice), and the int16/dp2a ones
-//! they replace, `int16`), Q/K/V and gate+up fused and not, decode
-//! attention at 1k and 16k context with split-K on and off, the attention prologue fused and
-//! unfused, prefill attention (and the tensor-core kernel against the SIMT one at Qwen3-0.6B's
-//! heads, 1k and 16k tokens) and sampling.
+//! thread group, `int8r1`/`int8r4` (`int8`: the automatic choice)), Q/K/V and gate+up fused
+//! and not, decode attention at 1k and 16k context with split-K on and off, the attention
+//! prologue fused and unfused, prefill attention (and the tensor-core kernel against the SIMT
+//! one at Qwen3-0.6B's heads, 1k and 16k tokens) and sampling.
 //!
 //! Every timed buffer set is rotated over ≥ 512 MB so the 60 MB L2 cannot serve repeats; data is
 //! random; times are CUDA-event medians of 5 batches after warm-up.
@@ -15,12 +14,10 @@
 //! prefill_mma, sampling) only those run (the copy ceiling always does).
 //!
 //! Measured 2026-11-29 on the H200 (copy ceiling 4251 GB/s), batch-1 GEMV as % of it (the
-//! quantized rows are the int16 kernels, before the int8 ones):
+//! quantized kernels of then are gone; the int8 ones' times are in bench/RESULTS.md, "Quantized
+//! GEMV with int8 activations and dp4a"):
 //! ```text
 //!                 4096x4096  12288x4096  4096x12288  151936x4096
-//! Q4_K               18%        34%         29%          57%
-//! Q6_K               29%        46%         45%          72%
-//! Q8_0               35%        55%         54%          85%
 //! BF16 (own)         66%        91%         91%         108%  (read-only beats read+write copy)
 //! BF16 (cuBLAS)      50%        73%         72%
 //! decode attention, 32/8 heads, d 128, f16 KV, split-K auto (off):
@@ -121,17 +118,12 @@ const QWEN3_06B: [(usize, usize); 4] = [(2048, 1024), (1024, 1024), (3072, 1024)
 const QWEN3_8B: [(usize, usize); 4] = [(4096, 4096), (12288, 4096), (4096, 12288), (151_936, 4096)];
 
 /// The paths timed for `n` rows of `dtype`: quantized weights through the int8 GEMV with one
-/// and with four weight rows per thread group (`Auto` picks one by grid size) and the int16
-/// one it replaces (A/B; `AFM_GEMV_I16`), and past 8 rows also dequantize + cuBLAS.
+/// and with four weight rows per thread group (`Auto` picks one by grid size), and past 8 rows
+/// also dequantize + cuBLAS.
 fn bench_paths(dtype: DType, rows: usize, n: usize) -> &'static [MatmulPath] {
     let quant = dtype != DType::BF16;
     match (quant, n) {
-        (true, 1..=8) => &[
-            MatmulPath::GemvRows(1),
-            MatmulPath::GemvRows(4),
-            MatmulPath::GemvI16,
-        ],
-        (true, 16) => &[MatmulPath::Gemv, MatmulPath::GemvI16, MatmulPath::Gemm],
+        (true, 1..=8) => &[MatmulPath::GemvRows(1), MatmulPath::GemvRows(4)],
         (true, _) => &[MatmulPath::Gemv, MatmulPath::Gemm],
         (false, 1) if rows < 100_000 => &[MatmulPath::Gemv, MatmulPath::Gemm],
         (false, _) => &[MatmulPath::Gemv],
@@ -141,7 +133,6 @@ fn bench_paths(dtype: DType, rows: usize, n: usize) -> &'static [MatmulPath] {
 fn path_name(dtype: DType, path: MatmulPath) -> &'static str {
     match path {
         MatmulPath::Gemm => "cuBLAS",
-        MatmulPath::GemvI16 => "int16",
         MatmulPath::GemvRows(1) => "int8r1",
         MatmulPath::GemvRows(_) => "int8r4",
         _ if dtype == DType::BF16 => "gemv",

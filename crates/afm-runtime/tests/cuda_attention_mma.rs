@@ -14,7 +14,8 @@ mod common;
 
 use afm_runtime::cuda::AttnKernel;
 use afm_runtime::kv_store::KvDtype;
-use common::{ctx, rel_err, run_attention, AttnCase, Rng};
+use common::attention::{run_attention, AttnCase};
+use common::{ctx, rel_err, Rng};
 
 const TOL: f64 = 2e-3;
 

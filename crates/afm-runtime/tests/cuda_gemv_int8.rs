@@ -12,17 +12,14 @@
 //!   the separate launches' results.
 //!
 //! Outputs are poisoned with NaN first. Needs a CUDA device (`AFM_CUDA_DEVICE`, default 0);
-//! run with `--test-threads=1` (one shared context). Not meaningful under `AFM_GEMV_I16=1`.
+//! run with `--test-threads=1` (one shared context).
 
-mod common {
-    pub mod gemv;
-}
+mod common;
 
 use afm_runtime::cuda::{Activation, CudaSlice, DeviceWeight, MatmulPath};
 use afm_runtime::{DType, WeightMatrix};
-use common::gemv::{
-    assert_close, ctx, dequantized, dot_rows, poisoned, random_weight, rel_err, Rng,
-};
+use common::weights::{dequantized, dot_rows, random_weight};
+use common::{assert_close, ctx, poisoned, rel_err, Rng};
 
 const QUANT: [DType; 3] = [DType::Q8_0, DType::Q4K, DType::Q6K];
 /// (rows, cols): row counts not multiples of the 4 rows of a thread group (nor of 8 or 16);
@@ -119,25 +116,6 @@ fn int8_gemv_is_as_accurate_as_the_cpu_matmul() {
                     e_gpu <= 1.1 * e_cpu + 1e-5,
                     "{dtype:?} {rows}x{cols} n={n}: GPU error {e_gpu:.3e} > CPU's {e_cpu:.3e}"
                 );
-            }
-        }
-    }
-}
-
-#[test]
-fn int16_gemv_kept_for_comparison_is_within_1e_3() {
-    let mut rng = Rng(23);
-    for dtype in QUANT {
-        for (rows, cols) in [(70, 1024), (13, 12288)] {
-            let w = random_weight(&mut rng, dtype, rows, cols);
-            let dw = DeviceWeight::upload(&ctx(), &w).expect("upload");
-            let wd = dequantized(&w);
-            for n in [1, 8, 13] {
-                let x = activations(&mut rng, n, cols);
-                let want = dot_rows(&wd, rows, cols, &x, n);
-                let got = gpu_matmul(MatmulPath::GemvI16, &dw, &x, n);
-                let what = format!("{dtype:?} {rows}x{cols} n={n} int16");
-                assert_close(&what, &got, &want, 1e-3);
             }
         }
     }

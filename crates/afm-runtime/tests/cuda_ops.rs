@@ -17,9 +17,10 @@ use afm_runtime::cuda::{
 };
 use afm_runtime::kv_store::{KvCache, KvDtype, LayerKvShape};
 use afm_runtime::ops::{self, Rope, RopeStyle};
-use afm_runtime::{DType, WeightBytes, WeightMatrix};
-use common::{assert_close, ctx, poisoned, rel_err, run_attention, AttnCase, Rng};
-use half::{bf16, f16};
+use afm_runtime::DType;
+use common::attention::{run_attention, AttnCase};
+use common::weights::random_weight;
+use common::{assert_close, ctx, poisoned, rel_err, Rng};
 
 #[test]
 fn kernels_compile_with_nvrtc() {
@@ -167,43 +168,6 @@ fn activations_add_and_softcap_match_cpu() {
     ops::softcap(&mut want, 30.0);
     c.softcap(&mut xd, 30.0).unwrap();
     assert_close("softcap", &c.download(&xd).unwrap(), &want, 1e-6);
-}
-
-/// A matrix of `dtype` with random contents: float values in ±0.1, quantized blocks with
-/// random quants and scales and small positive f16 super-scales (valid GGML encodings).
-fn random_weight(rng: &mut Rng, dtype: DType, rows: usize, cols: usize) -> WeightMatrix {
-    let n_bytes = dtype.row_bytes(cols).expect("aligned") * rows;
-    let mut b: Vec<u8> = (0..n_bytes).map(|_| rng.next() as u8).collect();
-    let scale = |rng: &mut Rng| f16::from_f32(0.002 + 0.01 * rng.unit()).to_le_bytes();
-    match dtype {
-        DType::F32 => {
-            b = (0..rows * cols)
-                .flat_map(|_| rng.sym(0.1).to_le_bytes())
-                .collect();
-        }
-        DType::F16 => {
-            b = (0..rows * cols)
-                .flat_map(|_| f16::from_f32(rng.sym(0.1)).to_le_bytes())
-                .collect();
-        }
-        DType::BF16 => {
-            b = (0..rows * cols)
-                .flat_map(|_| bf16::from_f32(rng.sym(0.1)).to_le_bytes())
-                .collect();
-        }
-        DType::Q8_0 => b
-            .chunks_exact_mut(34)
-            .for_each(|k| k[..2].copy_from_slice(&scale(rng))),
-        DType::Q4K => b.chunks_exact_mut(144).for_each(|k| {
-            k[..2].copy_from_slice(&scale(rng));
-            k[2..4].copy_from_slice(&scale(rng));
-        }),
-        DType::Q6K => b
-            .chunks_exact_mut(210)
-            .for_each(|k| k[208..].copy_from_slice(&scale(rng))),
-        other => panic!("no generator for {other:?}"),
-    }
-    WeightMatrix::new(dtype, rows, cols, WeightBytes::from_vec(b)).expect("valid encoding")
 }
 
 const TYPES: [DType; 6] = [

@@ -121,7 +121,8 @@ pub struct DeviceInfo {
 /// [`CudaContext::swap_workspace`]), so eager steps growing theirs never move a graph's.
 #[derive(Default)]
 pub struct Workspace {
-    pub xq: Option<CudaSlice<i16>>,
+    /// The quantized GEMV's int8 activations (`quantize_x_q8`).
+    pub xq: Option<CudaSlice<i8>>,
     pub xd: Option<CudaSlice<f32>>,
     pub xs: Option<CudaSlice<f32>>,
     pub half_w: Option<CudaSlice<u16>>,

@@ -10,8 +10,8 @@
 //!             n > 16          W → f16 scratch (≤ 32M weights at a time), x → f16, cuBLAS GEMM
 //! ```
 //! Weights stay in their storage type in device memory; the f16 scratch is transient.
-//! `AFM_GEMV_I16=1` (or [`MatmulPath::GemvI16`]) runs the earlier quantized GEMV instead
-//! (int16 activations, dp2a), kept for one A/B measurement on the H200; the loser goes.
+//! `AFM_GEMV_PREFETCH=0` turns off the quantized GEMV's L2 prefetch of its first weights (on by
+//! default; an A/B knob until the prefetch is measured end to end).
 //!
 //! Several quantized matrices of one input share one activation quantization and one launch:
 //! Q/K/V, of any mix of the three types ([`CudaContext::matmul_many`]), and gate with up,
@@ -92,22 +92,14 @@ pub enum MatmulPath {
     Gemv,
     /// cuBLAS at any batch size.
     Gemm,
-    /// As `Gemv`, but quantized weights meet int16 activations (dp2a): the earlier kernels,
-    /// kept for one A/B measurement against the int8 ones.
-    GemvI16,
-    /// As `Gemv`, with the int8 kernels' rows per thread group forced to 1 or 4 rather than
-    /// chosen by `Q8Launch::new` (benchmarks measure the choice).
+    /// As `Gemv`, with the quantized kernels' rows per thread group forced to 1 or 4 rather
+    /// than chosen by `Q8Launch::new`: tests cover both kernel sets at every shape, and
+    /// `cuda_bench` times both to check the choice.
     GemvRows(usize),
 }
 
-/// Whether `AFM_GEMV_I16=1` asks for the int16-activation quantized GEMV (read once).
-fn gemv_i16() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("AFM_GEMV_I16").is_ok_and(|v| v == "1"))
-}
-
-/// Whether the int8 GEMV prefetches its first weights into L2 before waiting on the kernel
-/// before it (gemv.cu `pf8_*`); `AFM_GEMV_PREFETCH=0` turns it off for A/B runs (read once).
+/// Whether the quantized GEMV prefetches its first weights into L2 before waiting on the
+/// kernel before it (gemv.cu `pf8_*`; `AFM_GEMV_PREFETCH`, see the module header; read once).
 fn gemv_prefetch() -> i32 {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     i32::from(*ON.get_or_init(|| std::env::var("AFM_GEMV_PREFETCH").map_or(true, |v| v != "0")))
@@ -115,17 +107,6 @@ fn gemv_prefetch() -> i32 {
 
 fn is_quant(t: DType) -> bool {
     matches!(t, DType::Q8_0 | DType::Q4K | DType::Q6K)
-}
-
-/// Kernel-name suffix of a quantized or 16-bit weight type.
-fn type_name(t: DType) -> &'static str {
-    match t {
-        DType::Q4K => "q4_k",
-        DType::Q6K => "q6_k",
-        DType::Q8_0 => "q8_0",
-        DType::BF16 => "bf16",
-        _ => "f16",
-    }
 }
 
 /// Thread groups per int8 GEMV block: as many as keep each group's threads busy with at least
@@ -208,7 +189,6 @@ unsafe impl cudarc::driver::DeviceRepr for Q8Mats {}
 /// Every kernel of gemv.cu, for the context's loader.
 pub(super) fn kernel_names() -> Vec<String> {
     let mut v: Vec<String> = [
-        "quantize_x_i16",
         "quantize_x_q8",
         "dequant_f16_q8_0",
         "dequant_f16_q4_k",
@@ -217,10 +197,8 @@ pub(super) fn kernel_names() -> Vec<String> {
     .map(String::from)
     .into();
     for n in 1..=GEMV_MAX_BATCH {
-        for t in ["q4_k", "q6_k", "q8_0", "bf16", "f16"] {
-            v.push(format!("gemv_{t}_{n}"));
-        }
         for t in ["bf16", "f16"] {
+            v.push(format!("gemv_{t}_{n}"));
             v.push(format!("gemv3_{t}_{n}"));
             v.push(format!("gemvg_{t}_{n}"));
         }
@@ -295,14 +273,12 @@ impl CudaContext {
         let gemv_ok = quant || (half && w.cols.is_multiple_of(8) && xp.is_multiple_of(16));
         let use_gemv = match path {
             MatmulPath::Auto => gemv_ok && n <= if quant { GEMV_MAX_ROWS } else { GEMV_MAX_BATCH },
-            MatmulPath::Gemv | MatmulPath::GemvI16 | MatmulPath::GemvRows(_) => gemv_ok,
+            MatmulPath::Gemv | MatmulPath::GemvRows(_) => gemv_ok,
             MatmulPath::Gemm => false,
         };
-        // AFM_GEMV_I16 steers only Auto, so tests and benchmarks can name either kernel set.
-        let i16 = path == MatmulPath::GemvI16 || (path == MatmulPath::Auto && gemv_i16());
         if !use_gemv {
             self.gemm(w, xp, n, op)
-        } else if quant && !i16 {
+        } else if quant {
             let forced = match path {
                 MatmulPath::GemvRows(r) if r == 1 || r == GEMV_ROWS => Some(r),
                 MatmulPath::GemvRows(r) => {
@@ -317,7 +293,7 @@ impl CudaContext {
             let acts = self.quantize_q8(xp, n, w.cols)?;
             self.gemv_q8(&[w], &[op], acts, n, forced)
         } else {
-            self.gemv(w, xp, n, op)
+            self.gemv_half(w, xp, n, op)
         }
     }
 
@@ -325,8 +301,7 @@ impl CudaContext {
     fn quantize_q8(&mut self, xp: u64, n: usize, cols: usize) -> Result<Q8Acts> {
         let nblocks = n * cols / Q8_BLOCK;
         let stream = self.stream().clone();
-        // The int16 slot holds the int8 values: n · cols bytes.
-        let q = scratch(&stream, &mut self.ws.xq, (n * cols).div_ceil(2))?;
+        let q = scratch(&stream, &mut self.ws.xq, n * cols)?;
         let d = scratch(&stream, &mut self.ws.xd, nblocks)?;
         let s = scratch(&stream, &mut self.ws.xs, nblocks)?;
         let nbi = nblocks as i64;
@@ -377,8 +352,8 @@ impl CudaContext {
         Ok(())
     }
 
-    /// The 16-bit GEMV, and the int16-activation quantized one (`AFM_GEMV_I16`).
-    fn gemv(&mut self, w: &DeviceWeight, xp: u64, n: usize, op: u64) -> Result<()> {
+    /// The 16-bit GEMV (f32 activations), in launches of at most `GEMV_MAX_BATCH` rows.
+    fn gemv_half(&mut self, w: &DeviceWeight, xp: u64, n: usize, op: u64) -> Result<()> {
         let (rows, cols) = (w.rows, w.cols);
         let wp = self.ptr(&w.bytes);
         let (ri, ci) = (rows as i32, cols as i32);
@@ -387,34 +362,12 @@ impl CudaContext {
             block_dim: (GEMV_THREADS as u32, 1, 1),
             shared_mem_bytes: 0,
         };
-        let tname = type_name(w.dtype);
-        if matches!(w.dtype, DType::BF16 | DType::F16) {
-            for c0 in (0..n).step_by(GEMV_MAX_BATCH) {
-                let nb = (n - c0).min(GEMV_MAX_BATCH);
-                let x0 = xp + (c0 * cols * 4) as u64;
-                let o0 = op + (c0 * rows * 4) as u64;
-                let f = self.kernel(&format!("gemv_{tname}_{nb}"))?;
-                launch!(self, f, cfg; wp, x0, o0, ri, ci)?;
-            }
-            return Ok(());
-        }
-        // Activations to int16 blocks of 32, then the GEMV on the GGML blocks.
-        let nblocks = n * cols / 32;
-        let stream = self.stream().clone();
-        let xq = scratch(&stream, &mut self.ws.xq, n * cols)?;
-        let xd = scratch(&stream, &mut self.ws.xd, nblocks)?;
-        let xs = scratch(&stream, &mut self.ws.xs, nblocks)?;
-        let nbi = nblocks as i64;
-        let f = self.kernel("quantize_x_i16")?;
-        launch!(self, f, grid_1d(nblocks * 32, 256); xp, xq, xd, xs, nbi)?;
         for c0 in (0..n).step_by(GEMV_MAX_BATCH) {
             let nb = (n - c0).min(GEMV_MAX_BATCH);
-            let q0 = xq + (c0 * cols * 2) as u64;
-            let d0 = xd + (c0 * cols / 32 * 4) as u64;
-            let s0 = xs + (c0 * cols / 32 * 4) as u64;
+            let x0 = xp + (c0 * cols * 4) as u64;
             let o0 = op + (c0 * rows * 4) as u64;
-            let f = self.kernel(&format!("gemv_{tname}_{nb}"))?;
-            launch!(self, f, cfg; wp, q0, d0, s0, o0, ri, ci)?;
+            let f = self.kernel(&format!("gemv_{}_{nb}", half_name(w)))?;
+            launch!(self, f, cfg; wp, x0, o0, ri, ci)?;
         }
         Ok(())
     }
@@ -541,9 +494,7 @@ fn quant_shared_ok(ws: &[&DeviceWeight], n: usize) -> bool {
     let Some(first) = ws.first() else {
         return false;
     };
-    (1..=GEMV_MAX_ROWS).contains(&n)
-        && !gemv_i16()
-        && ws.iter().all(|w| is_quant(w.dtype) && w.cols == first.cols)
+    (1..=GEMV_MAX_ROWS).contains(&n) && ws.iter().all(|w| is_quant(w.dtype) && w.cols == first.cols)
 }
 
 impl CudaContext {

@@ -38,18 +38,6 @@ __device__ __forceinline__ u32 ld32_a2(const u8* p) {
     return (u32)ld16(p) | ((u32)ld16(p + 2) << 16);
 }
 
-// d = c + a.lo16*b.byte0 + a.hi16*b.byte1 (lo) or with b.byte2, b.byte3 (hi); all signed.
-__device__ __forceinline__ int dp2a_lo(int a, int b, int c) {
-    int d;
-    asm("dp2a.lo.s32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-    return d;
-}
-__device__ __forceinline__ int dp2a_hi(int a, int b, int c) {
-    int d;
-    asm("dp2a.hi.s32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-    return d;
-}
-
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);

@@ -1,43 +1,23 @@
 // Matrix-vector products for decode and small batches: out[b][row] = x[b] . W[row] for N <= 8
-// activation rows. A block of 128 threads owns GEMV_ROWS weight rows (the int8 kernels: 1 to 4
-// thread groups of 1 or 4 rows each); each thread decodes its unit of all of them into
-// registers, then every activation load serves all those rows, so each weight byte is read
-// once and activations are re-read cols/GEMV_ROWS times, not cols.
+// activation rows, and whole quantized matrices to f16 for the cuBLAS path above that.
+// A block of 128 threads owns a few weight rows; each thread decodes its unit of all of them
+// into registers, then every activation load serves all those rows, so each weight byte is read
+// once and activations are re-read cols/rows-per-block times, not cols.
 //
-// Quantized weights are read in their GGML blocks, against activations quantized in blocks of
-// 32, so a weight block's dot is integer work:
-//   sum_e w_e x_e = sum_sub xd_sub * d * scale_sub * sum_int(q_e * xq_e)  - dmin * min_sub * xs_sub
-// - int8 activations and dp4a (4 products an instruction): the default, in the section
-//   "int8 activations" below; the activation error is the CPU matmul's (llama.cpp's), ~4e-3
-//   relative on uniform data, ~1e-2 with outlier channels;
-// - int16 activations and dp2a (the earlier kernels, AFM_GEMV_I16=1, kept for one A/B run):
-//   error near 1e-5, but twice the dot instructions and activation bytes.
-//
-// Work unit of one thread (U = units per weight block):
-//   Q4_K (144 B, U = 8): 16 qs bytes = 16 weights of sub-block 2p (low nibbles) and of 2p+1 (high)
-//   Q6_K (210 B, U = 8): 8 columns l of half hh, in all 4 quarter-groups g = 32 weights
-//   Q8_0 ( 34 B, U = 4; int8 kernels U = 1): 8 int8 weights (int8 kernels: the whole block)
-//   bf16/f16 (U = cols/8 per row): 8 weights (one 16-byte load)
+// - bf16/f16 weights (gemv_*, gemv3_* for Q/K/V, gemvg_* for gate+up): f32 activations,
+//   GEMV_ROWS rows per block, a unit is 8 weights (one 16-byte load).
+// - Q4_K/Q6_K/Q8_0 weights (gemv8*, section "Quantized weights" below): read in their GGML
+//   blocks against activations quantized to int8 blocks of 32 (quantize_x_q8), so a weight
+//   block's dot is integer work, 4 products a dp4a instruction:
+//     sum_e w_e x_e = sum_sub xd_sub * d * scale_sub * sum_int(q_e * xq_e) - dmin * min_sub * xs_sub
+//   The activation rounding is the CPU matmul's (llama.cpp's): ~4e-3 relative error on uniform
+//   data, ~1e-2 with outlier channels. A unit is 32 weights of one row:
+//     Q4_K (144 B, 8 units): 16 qs bytes = 16 weights of sub-block 2p (low nibbles), 16 of 2p+1
+//     Q6_K (210 B, 8 units): 8 columns of half hh in each of the 4 quarter-groups
+//     Q8_0 ( 34 B, 1 unit):  the whole block
 
 #define GEMV_THREADS 128
 #define GEMV_ROWS 4  // weight rows per block: each activation load serves all of them
-
-// Quantizes x (rows of `cols`, a multiple of 32) in blocks of 32: one warp per block.
-extern "C" __global__ void quantize_x_i16(const float* x, short* xq, float* xd, float* xs,
-                                          i64 nblocks) { pdl_begin();
-    const i64 blk = (blockIdx.x * (i64)blockDim.x + threadIdx.x) >> 5;
-    const int lane = threadIdx.x & 31;
-    if (blk >= nblocks) return;
-    const float v = x[blk * 32 + lane];
-    const float amax = warp_max(fabsf(v));
-    const float sum = warp_sum(v);
-    const float inv = amax > 0.f ? 32767.0f / amax : 0.f;
-    xq[blk * 32 + lane] = (short)__float2int_rn(v * inv);
-    if (lane == 0) {
-        xd[blk] = amax / 32767.0f;
-        xs[blk] = sum;
-    }
-}
 
 // Sums each (row, batch) accumulator over the block and writes out[b][row0 + r].
 template <int N>
@@ -63,168 +43,10 @@ __device__ __forceinline__ void gemv_finish(float (&acc)[GEMV_ROWS][N], float* o
     }
 }
 
-// Four int16 pairs against four signed bytes each: x[0..8) . w (two words).
-__device__ __forceinline__ int dot8(int4 x, u32 wa, u32 wb) {
-    int s = dp2a_lo(x.x, (int)wa, 0);
-    s = dp2a_hi(x.y, (int)wa, s);
-    s = dp2a_lo(x.z, (int)wb, s);
-    return dp2a_hi(x.w, (int)wb, s);
-}
-
 #define GEMV_ZERO(acc)                                                                         \
     float acc[GEMV_ROWS][N];                                                                   \
     _Pragma("unroll") for (int r = 0; r < GEMV_ROWS; r++)                                      \
         _Pragma("unroll") for (int b = 0; b < N; b++) acc[r][b] = 0.f;
-
-// Scales of Q4_K sub-blocks 2p and 2p+1 (GGML's get_scale_min_k4) times d and dmin, from the
-// block's 16-byte header (d, dmin, scales[12]) held in registers. Branch-free, since the lanes
-// of a warp hold different p.
-__device__ __forceinline__ void q4k_scales_hd(uint4 hd, int p, float& d0, float& d1, float& m0,
-                                              float& m1) {
-    const int k = 16 * (p & 1);
-    // 16-bit words p & 1 of scales[0..4), [4..8) and [8..12).
-    const u32 a = (hd.y >> k) & 0xffff, b = (hd.z >> k) & 0xffff, c = (hd.w >> k) & 0xffff;
-    const u32 sc = p < 2 ? a & 0x3f3f : (c & 0x0f0f) | ((a & 0xc0c0) >> 2);
-    const u32 mn = p < 2 ? b & 0x3f3f : ((c >> 4) & 0x0f0f) | ((b & 0xc0c0) >> 2);
-    const float d = h2f(hd.x & 0xffff), dmin = h2f(hd.x >> 16);
-    d0 = __fmul_rn(d, (float)(sc & 0xff)); d1 = __fmul_rn(d, (float)(sc >> 8));
-    m0 = __fmul_rn(dmin, (float)(mn & 0xff)); m1 = __fmul_rn(dmin, (float)(mn >> 8));
-}
-
-// The same from the block in memory (16-byte aligned: 144-byte blocks in 16-byte aligned rows).
-__device__ __forceinline__ void q4k_scales(const u8* base, int p, float& d0, float& d1,
-                                           float& m0, float& m1) {
-    q4k_scales_hd(*(const uint4*)base, p, d0, d1, m0, m1);
-}
-
-// One Q6_K work unit (half hh, columns 8lr..8lr+8 of each quarter-group g): v[2g], v[2g+1] are
-// the 8 signed 6-bit weights (q - 32, one per byte) of group g, dg[g] their scale d * sc.
-__device__ __forceinline__ void q6k_unit(const u8* base, int hh, int lr, u32 (&v)[8],
-                                         float (&dg)[4]) {
-    const u8* ql = base + 64 * hh + 8 * lr;
-    const u8* qh = base + 128 + 32 * hh + 8 * lr;
-    const u32 q0a = ld32_a2(ql), q0b = ld32_a2(ql + 4);
-    const u32 q1a = ld32_a2(ql + 32), q1b = ld32_a2(ql + 36);
-    const u32 ha = ld32_a2(qh), hb = ld32_a2(qh + 4);
-    const float d = h2f(ld16(base + 208));
-    const signed char* scp = (const signed char*)(base + 192 + 8 * hh + lr / 2);
-#pragma unroll
-    for (int g = 0; g < 4; g++) {
-        const int shift = 4 * (g >> 1);
-        const u32 wa = (g & 1) ? q1a : q0a, wb = (g & 1) ? q1b : q0b;
-        u32 va = ((wa >> shift) & 0x0F0F0F0F) | (((ha >> (2 * g)) & 0x03030303) << 4);
-        u32 vb = ((wb >> shift) & 0x0F0F0F0F) | (((hb >> (2 * g)) & 0x03030303) << 4);
-        // Per byte v - 32 without borrows between bytes (v <= 63).
-        v[2 * g] = ((va | 0x80808080) - 0x20202020) ^ 0x80808080;
-        v[2 * g + 1] = ((vb | 0x80808080) - 0x20202020) ^ 0x80808080;
-        dg[g] = d * (float)scp[2 * g];
-    }
-}
-
-template <int N>
-__device__ void gemv_q4_k(const u8* W, const short* xq, const float* xd, const float* xs,
-                          float* out, int rows, int cols) {
-    const int row0 = blockIdx.x * GEMV_ROWS, nb = cols / 256, xbr = cols / 32;
-    const i64 rbytes = (i64)nb * 144;
-    GEMV_ZERO(acc)
-    for (int u = threadIdx.x; u < nb * 8; u += GEMV_THREADS) {
-        const int blk = u >> 3, p = (u >> 1) & 3, h = u & 1;
-        const int j0 = 2 * p;
-        u32 lo[GEMV_ROWS][4], hi[GEMV_ROWS][4];
-        float d0[GEMV_ROWS], d1[GEMV_ROWS], m0[GEMV_ROWS], m1[GEMV_ROWS];
-#pragma unroll
-        for (int r = 0; r < GEMV_ROWS; r++) {
-            const int row = min(row0 + r, rows - 1);  // a tail block repeats the last row
-            const u8* base = W + row * rbytes + blk * 144;
-            const uint4 q = *(const uint4*)(base + 16 + 32 * p + 16 * h);
-            q4k_scales(base, p, d0[r], d1[r], m0[r], m1[r]);
-            const u32 w4[4] = {q.x, q.y, q.z, q.w};
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                lo[r][i] = w4[i] & 0x0F0F0F0F;
-                hi[r][i] = (w4[i] >> 4) & 0x0F0F0F0F;
-            }
-        }
-        const int c0 = blk * 256 + 32 * j0 + 16 * h;
-#pragma unroll
-        for (int b = 0; b < N; b++) {
-            const int4* xa = (const int4*)(xq + (i64)b * cols + c0);
-            const int4 a0 = xa[0], a1 = xa[1], e0 = xa[4], e1 = xa[5];  // c0 + 32 = xa + 4
-            const int jb = b * xbr + blk * 8 + j0;
-            const float xd0 = xd[jb], xd1 = xd[jb + 1];
-            // The min term needs the whole sub-block's sum: the h = 0 half adds it.
-            const float xs0 = h == 0 ? xs[jb] : 0.f, xs1 = h == 0 ? xs[jb + 1] : 0.f;
-#pragma unroll
-            for (int r = 0; r < GEMV_ROWS; r++) {
-                const int i0 = dot8(a0, lo[r][0], lo[r][1]) + dot8(a1, lo[r][2], lo[r][3]);
-                const int i1 = dot8(e0, hi[r][0], hi[r][1]) + dot8(e1, hi[r][2], hi[r][3]);
-                acc[r][b] += xd0 * d0[r] * (float)i0 + xd1 * d1[r] * (float)i1 -
-                             (m0[r] * xs0 + m1[r] * xs1);
-            }
-        }
-    }
-    gemv_finish<N>(acc, out, rows, row0);
-}
-
-template <int N>
-__device__ void gemv_q6_k(const u8* W, const short* xq, const float* xd, const float* xs,
-                          float* out, int rows, int cols) {
-    const int row0 = blockIdx.x * GEMV_ROWS, nb = cols / 256, xbr = cols / 32;
-    const i64 rbytes = (i64)nb * 210;
-    GEMV_ZERO(acc)
-    for (int u = threadIdx.x; u < nb * 8; u += GEMV_THREADS) {
-        const int blk = u >> 3, hh = (u >> 2) & 1, lr = u & 3;
-        u32 v[GEMV_ROWS][8];
-        float dg[GEMV_ROWS][4];
-#pragma unroll
-        for (int r = 0; r < GEMV_ROWS; r++)
-            q6k_unit(W + min(row0 + r, rows - 1) * rbytes + blk * 210, hh, lr, v[r], dg[r]);
-#pragma unroll
-        for (int b = 0; b < N; b++) {
-#pragma unroll
-            for (int g = 0; g < 4; g++) {
-                const int col = blk * 256 + 128 * hh + 32 * g + 8 * lr;
-                const int4 xv = *(const int4*)(xq + (i64)b * cols + col);
-                const float x_d = xd[b * xbr + blk * 8 + 4 * hh + g];
-#pragma unroll
-                for (int r = 0; r < GEMV_ROWS; r++)
-                    acc[r][b] += x_d * dg[r][g] * (float)dot8(xv, v[r][2 * g], v[r][2 * g + 1]);
-            }
-        }
-    }
-    gemv_finish<N>(acc, out, rows, row0);
-}
-
-template <int N>
-__device__ void gemv_q8_0(const u8* W, const short* xq, const float* xd, const float* xs,
-                          float* out, int rows, int cols) {
-    const int row0 = blockIdx.x * GEMV_ROWS, nb = cols / 32, xbr = cols / 32;
-    const i64 rbytes = (i64)nb * 34;
-    GEMV_ZERO(acc)
-#pragma unroll 2
-    for (int u = threadIdx.x; u < nb * 4; u += GEMV_THREADS) {
-        const int blk = u >> 2, k = u & 3;
-        u32 wa[GEMV_ROWS], wb[GEMV_ROWS];
-        float d[GEMV_ROWS];
-#pragma unroll
-        for (int r = 0; r < GEMV_ROWS; r++) {
-            const u8* base = W + min(row0 + r, rows - 1) * rbytes + blk * 34;
-            d[r] = h2f(ld16(base));
-            wa[r] = ld32_a2(base + 2 + 8 * k);
-            wb[r] = ld32_a2(base + 6 + 8 * k);
-        }
-        const int col = blk * 32 + 8 * k;
-#pragma unroll
-        for (int b = 0; b < N; b++) {
-            const int4 xv = *(const int4*)(xq + (i64)b * cols + col);
-            const float x_d = xd[b * xbr + blk];
-#pragma unroll
-            for (int r = 0; r < GEMV_ROWS; r++)
-                acc[r][b] += x_d * d[r] * (float)dot8(xv, wa[r], wb[r]);
-        }
-    }
-    gemv_finish<N>(acc, out, rows, row0);
-}
 
 // Accumulates GEMV_ROWS rows of a 16-bit matrix from row0 against N activation rows.
 template <int N, bool BF16>
@@ -336,12 +158,6 @@ __device__ void gemv_gated_half(const u16* G, const u16* U, const float* x, floa
     }
 }
 
-#define GEMV_Q(T, N)                                                                           \
-    extern "C" __global__ void __launch_bounds__(GEMV_THREADS)                                 \
-        gemv_##T##_##N(const u8* W, const short* xq, const float* xd, const float* xs,         \
-                       float* out, int rows, int cols) { pdl_begin();                                       \
-        gemv_##T<N>(W, xq, xd, xs, out, rows, cols);                                           \
-    }
 #define GEMV_H(NAME, BF, N)                                                                    \
     extern "C" __global__ void __launch_bounds__(GEMV_THREADS)                                 \
         gemv_##NAME##_##N(const u16* W, const float* x, float* out, int rows, int cols) { pdl_begin();      \
@@ -359,8 +175,8 @@ __device__ void gemv_gated_half(const u16* G, const u16* U, const float* x, floa
         gemv_gated_half<N, BF>(G, U, x, out, rows, cols, act);                                 \
     }
 #define GEMV_ALL(N)                                                                            \
-    GEMV_Q(q4_k, N) GEMV_Q(q6_k, N) GEMV_Q(q8_0, N) GEMV_H(bf16, true, N) GEMV_H(f16, false, N) \
-    GEMV_3(bf16, true, N) GEMV_3(f16, false, N) GEMV_G(bf16, true, N) GEMV_G(f16, false, N)
+    GEMV_H(bf16, true, N) GEMV_H(f16, false, N) GEMV_3(bf16, true, N) GEMV_3(f16, false, N) \
+    GEMV_G(bf16, true, N) GEMV_G(f16, false, N)
 
 GEMV_ALL(1)
 GEMV_ALL(2)
@@ -371,8 +187,7 @@ GEMV_ALL(6)
 GEMV_ALL(7)
 GEMV_ALL(8)
 
-// ---- int8 activations and dp4a: the default quantized path ----
-// (The int16/dp2a kernels above stay for one A/B run behind AFM_GEMV_I16=1.)
+// ---- Quantized weights: int8 activations and dp4a ----
 //
 // Activations are quantized in blocks of 32 as the CPU's Q8 blocks are: q = round half to even
 // of x * (127 / amax), so the integers equal the CPU's (quant/activations.rs); the scale
@@ -439,7 +254,52 @@ __device__ __forceinline__ Q8Group q8_group(int groups, int rows_per_group, int 
     return g;
 }
 
-// Q4_K unit (as the int16 kernel's): 16 qs bytes = 16 weights of sub-block 2p (low nibbles)
+// Scales of Q4_K sub-blocks 2p and 2p+1 (GGML's get_scale_min_k4) times d and dmin, from the
+// block's 16-byte header (d, dmin, scales[12]) held in registers. Branch-free, since the lanes
+// of a warp hold different p.
+__device__ __forceinline__ void q4k_scales_hd(uint4 hd, int p, float& d0, float& d1, float& m0,
+                                              float& m1) {
+    const int k = 16 * (p & 1);
+    // 16-bit words p & 1 of scales[0..4), [4..8) and [8..12).
+    const u32 a = (hd.y >> k) & 0xffff, b = (hd.z >> k) & 0xffff, c = (hd.w >> k) & 0xffff;
+    const u32 sc = p < 2 ? a & 0x3f3f : (c & 0x0f0f) | ((a & 0xc0c0) >> 2);
+    const u32 mn = p < 2 ? b & 0x3f3f : ((c >> 4) & 0x0f0f) | ((b & 0xc0c0) >> 2);
+    const float d = h2f(hd.x & 0xffff), dmin = h2f(hd.x >> 16);
+    d0 = __fmul_rn(d, (float)(sc & 0xff)); d1 = __fmul_rn(d, (float)(sc >> 8));
+    m0 = __fmul_rn(dmin, (float)(mn & 0xff)); m1 = __fmul_rn(dmin, (float)(mn >> 8));
+}
+
+// The same from the block in memory (16-byte aligned: 144-byte blocks in 16-byte aligned rows).
+__device__ __forceinline__ void q4k_scales(const u8* base, int p, float& d0, float& d1,
+                                           float& m0, float& m1) {
+    q4k_scales_hd(*(const uint4*)base, p, d0, d1, m0, m1);
+}
+
+// One Q6_K work unit (half hh, columns 8lr..8lr+8 of each quarter-group g): v[2g], v[2g+1] are
+// the 8 signed 6-bit weights (q - 32, one per byte) of group g, dg[g] their scale d * sc.
+__device__ __forceinline__ void q6k_unit(const u8* base, int hh, int lr, u32 (&v)[8],
+                                         float (&dg)[4]) {
+    const u8* ql = base + 64 * hh + 8 * lr;
+    const u8* qh = base + 128 + 32 * hh + 8 * lr;
+    const u32 q0a = ld32_a2(ql), q0b = ld32_a2(ql + 4);
+    const u32 q1a = ld32_a2(ql + 32), q1b = ld32_a2(ql + 36);
+    const u32 ha = ld32_a2(qh), hb = ld32_a2(qh + 4);
+    const float d = h2f(ld16(base + 208));
+    const signed char* scp = (const signed char*)(base + 192 + 8 * hh + lr / 2);
+#pragma unroll
+    for (int g = 0; g < 4; g++) {
+        const int shift = 4 * (g >> 1);
+        const u32 wa = (g & 1) ? q1a : q0a, wb = (g & 1) ? q1b : q0b;
+        u32 va = ((wa >> shift) & 0x0F0F0F0F) | (((ha >> (2 * g)) & 0x03030303) << 4);
+        u32 vb = ((wb >> shift) & 0x0F0F0F0F) | (((hb >> (2 * g)) & 0x03030303) << 4);
+        // Per byte v - 32 without borrows between bytes (v <= 63).
+        v[2 * g] = ((va | 0x80808080) - 0x20202020) ^ 0x80808080;
+        v[2 * g + 1] = ((vb | 0x80808080) - 0x20202020) ^ 0x80808080;
+        dg[g] = d * (float)scp[2 * g];
+    }
+}
+
+// Q4_K unit: 16 qs bytes = 16 weights of sub-block 2p (low nibbles)
 // and 16 of sub-block 2p+1 (high), at columns 64p + 16h and 32 further on.
 template <int N, int R>
 __device__ __forceinline__ void acc8_q4_k(const u8* W, const signed char* xq, const float* xd,
@@ -484,7 +344,7 @@ __device__ __forceinline__ void acc8_q4_k(const u8* W, const signed char* xq, co
     }
 }
 
-// Q6_K unit (as the int16 kernel's): 8 columns of half hh in each of the 4 quarter-groups.
+// Q6_K unit: 8 columns of half hh in each of the 4 quarter-groups.
 template <int N, int R>
 __device__ __forceinline__ void acc8_q6_k(const u8* W, const signed char* xq, const float* xd,
                                           const float* xs, int rows, int cols, const Q8Group& g,

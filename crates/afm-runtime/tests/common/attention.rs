@@ -1,0 +1,161 @@
+//! Attention scenarios for the GPU tests: the same K/V written to the CPU cache and the device
+//! cache, then the CPU attention (the reference) and the device kernels over them.
+
+use afm_runtime::attention::{paged_attention, AttnParams, AttnSeq};
+use afm_runtime::cuda::{self, AttnBatch, AttnKernel, CudaContext, DeviceKvCache};
+use afm_runtime::kv_store::{KvCache, KvDtype, LayerKvShape};
+
+use super::{poisoned, Rng};
+
+/// One attention scenario: the CPU cache and the device cache get the same K/V (history
+/// through one batch, the step's new tokens through another), then both attend
+/// ([`run_attention`]).
+pub struct AttnCase {
+    pub n_heads: usize,
+    pub n_kv: usize,
+    pub d: usize,
+    pub dtype: KvDtype,
+    pub window: Option<usize>,
+    pub softcap: Option<f32>,
+    /// (cached positions before the step, new tokens in the step) per sequence.
+    pub seqs: Vec<(usize, usize)>,
+    pub splits: Option<usize>,
+}
+
+/// Runs `case` on the CPU (the reference) and on the device once per kernel choice in
+/// `kernels`, all on the same caches and queries: the CPU output and each device output (or
+/// the device's error).
+pub fn run_attention(
+    c: &mut CudaContext,
+    rng: &mut Rng,
+    case: &AttnCase,
+    kernels: &[AttnKernel],
+) -> (Vec<f32>, Vec<cuda::Result<Vec<f32>>>) {
+    let (bs, d, nkv) = (16, case.d, case.n_kv);
+    let shape = LayerKvShape {
+        n_kv_heads: nkv,
+        head_dim: d,
+    };
+    let need: Vec<usize> = case
+        .seqs
+        .iter()
+        .map(|&(p, l)| (p + l).div_ceil(bs))
+        .collect();
+    let num_blocks = need.iter().sum::<usize>() + 7;
+    let mut ids: Vec<u32> = (0..num_blocks as u32).collect();
+    rng.shuffle(&mut ids); // scattered tables
+    let mut tables = Vec::new();
+    let mut at = 0;
+    for &n in &need {
+        tables.push(ids[at..at + n].to_vec());
+        at += n;
+    }
+    let mut cpu = KvCache::new(&[shape], num_blocks, bs, case.dtype);
+    let mut dev = DeviceKvCache::new(c, &[shape], num_blocks, bs, case.dtype).unwrap();
+    let width = nkv * d;
+    let mut write = |c: &mut CudaContext, rows: Vec<(usize, usize, usize)>| {
+        // rows: (sequence, first position, count)
+        let mut seqs = Vec::new();
+        let mut row0 = 0;
+        for &(s, p0, n) in &rows {
+            seqs.push(AttnSeq {
+                row0,
+                len: n,
+                pos0: p0,
+                block_table: &tables[s],
+            });
+            row0 += n;
+        }
+        if row0 == 0 {
+            return;
+        }
+        let (k, v) = (rng.vec(row0 * width, 1.0), rng.vec(row0 * width, 1.0));
+        for sq in &seqs {
+            for i in 0..sq.len {
+                let r = (sq.row0 + i) * width;
+                let (kr, vr) = (&k[r..r + width], &v[r..r + width]);
+                cpu.layers[0].write(sq.block_table, sq.pos0 + i, kr, vr);
+            }
+        }
+        let batch = AttnBatch::new(c, &dev, &seqs, case.n_heads).unwrap();
+        let (kd, vd) = (c.upload(&k).unwrap(), c.upload(&v).unwrap());
+        c.kv_write(&mut dev, 0, &batch, &kd, width, &vd, width)
+            .unwrap();
+    };
+    let hist = case
+        .seqs
+        .iter()
+        .enumerate()
+        .map(|(s, &(p, _))| (s, 0, p))
+        .collect();
+    write(c, hist);
+    let step = case
+        .seqs
+        .iter()
+        .enumerate()
+        .map(|(s, &(p, l))| (s, p, l))
+        .collect();
+    write(c, step);
+
+    // The device cache holds exactly what the CPU cache holds.
+    for (s, t) in tables.iter().enumerate().take(2) {
+        let (kd, vd) = dev.layers[0]
+            .read_block(c, &dev, t[0] as usize, nkv - 1)
+            .unwrap();
+        let mut kc = vec![0f32; bs * d];
+        let mut vc = vec![0f32; bs * d];
+        cpu.layers[0].read_keys(t[0], nkv - 1, 0, &mut kc);
+        cpu.layers[0].read_values(t[0], nkv - 1, 0, &mut vc);
+        let n = (case.seqs[s].0 + case.seqs[s].1).min(bs) * d;
+        assert_eq!(
+            (&kd[..n], &vd[..n]),
+            (&kc[..n], &vc[..n]),
+            "stored K/V differ"
+        );
+    }
+
+    let mut seqs = Vec::new();
+    let mut row0 = 0;
+    for (s, &(p, l)) in case.seqs.iter().enumerate() {
+        seqs.push(AttnSeq {
+            row0,
+            len: l,
+            pos0: p,
+            block_table: &tables[s],
+        });
+        row0 += l;
+    }
+    let qw = case.n_heads * d;
+    let q = rng.vec(row0 * qw, 1.0);
+    let params = AttnParams {
+        n_heads: case.n_heads,
+        head_dim: d,
+        scale: 1.0 / (d as f32).sqrt(),
+        window: case.window,
+        softcap: case.softcap,
+    };
+    let mut want = vec![0f32; row0 * qw];
+    paged_attention(&q, &cpu.layers[0], &seqs, &params, &mut want);
+    let batch = AttnBatch::new(c, &dev, &seqs, case.n_heads).unwrap();
+    let qd = c.upload(&q).unwrap();
+    let got = kernels
+        .iter()
+        .map(|&k| {
+            let mut out = poisoned(c, row0 * qw);
+            c.paged_attention_with(
+                k,
+                &dev,
+                0,
+                &batch,
+                &qd,
+                qw,
+                &params,
+                &mut out,
+                qw,
+                case.splits,
+            )?;
+            c.download(&out)
+        })
+        .collect();
+    (want, got)
+}
