@@ -1,0 +1,139 @@
+//! Matrix products with the weights: `linear`, several projections of one input at once
+//! (`linear_many`), and the gated MLP's first half (`gated_linear`), with their shape checks.
+
+use super::{check, host, Activation, ComputeError, Data, Device, Result, Tensor, Vector, Weight};
+use crate::WeightMatrix;
+
+impl Device {
+    /// `y = x · Wᵀ (+ b)`: `[x.rows][w.rows]`.
+    pub fn linear(&self, x: &Tensor, w: &Weight, bias: Option<&Vector>) -> Result<Tensor> {
+        check_linear(x, w, bias)?;
+        let data = match self {
+            Device::Cpu => {
+                let b = bias.map(|b| b.host("linear bias")).transpose()?;
+                Data::Host(host::linear(
+                    x.host("linear")?,
+                    x.rows,
+                    w.host("linear")?,
+                    b,
+                ))
+            }
+            #[cfg(feature = "cuda")]
+            Device::Cuda(c) => Data::Cuda(c.linear(x, w, bias)?),
+        };
+        Ok(Tensor {
+            rows: x.rows,
+            cols: w.rows,
+            data,
+        })
+    }
+
+    /// `[x·W₀ᵀ, x·W₁ᵀ, …]` (+ each bias): projections of one input (Q, K, V), in one launch on
+    /// a GPU where the fused kernel applies; otherwise [`linear`](Self::linear) each.
+    pub fn linear_many(
+        &self,
+        x: &Tensor,
+        ws: &[(&Weight, Option<&Vector>)],
+    ) -> Result<Vec<Tensor>> {
+        #[cfg(feature = "cuda")]
+        if let Device::Cuda(c) = self {
+            if ws.iter().all(|(w, b)| b.is_none() && w.cols == x.cols) {
+                let plain: Vec<&Weight> = ws.iter().map(|(w, _)| *w).collect();
+                if let Some(outs) = c.linear_many(x, &plain)? {
+                    return Ok(outs
+                        .into_iter()
+                        .zip(&plain)
+                        .map(|(o, w)| Tensor {
+                            rows: x.rows,
+                            cols: w.rows,
+                            data: Data::Cuda(o),
+                        })
+                        .collect());
+                }
+            }
+        }
+        if matches!(self, Device::Cpu) && ws.len() > 1 {
+            return self.host_linear_many(x, ws);
+        }
+        ws.iter().map(|(w, b)| self.linear(x, w, *b)).collect()
+    }
+
+    /// `linear_many` on the CPU: one [`WeightMatrix::matmul_many`] (the input quantized once,
+    /// one parallel pass), then each bias.
+    fn host_linear_many(
+        &self,
+        x: &Tensor,
+        ws: &[(&Weight, Option<&Vector>)],
+    ) -> Result<Vec<Tensor>> {
+        for (w, b) in ws {
+            check_linear(x, w, *b)?;
+        }
+        let xs = x.host("linear")?;
+        let ms = ws
+            .iter()
+            .map(|(w, _)| w.host("linear"))
+            .collect::<Result<Vec<_>>>()?;
+        let mut ys: Vec<Vec<f32>> = ms.iter().map(|m| vec![0.0; x.rows * m.rows()]).collect();
+        let mut outs: Vec<&mut [f32]> = ys.iter_mut().map(|y| y.as_mut_slice()).collect();
+        WeightMatrix::matmul_many(&ms, xs, x.rows, &mut outs);
+        ys.into_iter()
+            .zip(ws)
+            .map(|(mut y, (w, b))| {
+                if let Some(b) = b {
+                    crate::ops::add_bias(&mut y, b.host("linear bias")?);
+                }
+                Ok(Tensor {
+                    rows: x.rows,
+                    cols: w.rows,
+                    data: Data::Host(y),
+                })
+            })
+            .collect()
+    }
+
+    /// `act(x·gateᵀ) · (x·upᵀ)`, the first half of a gated MLP: one launch on a GPU where the
+    /// fused kernel applies; otherwise [`linear_many`](Self::linear_many) of the two and
+    /// [`gated_act`](Self::gated_act).
+    pub fn gated_linear(
+        &self,
+        x: &Tensor,
+        gate: &Weight,
+        up: &Weight,
+        act: Activation,
+    ) -> Result<Tensor> {
+        #[cfg(feature = "cuda")]
+        if let Device::Cuda(c) = self {
+            if gate.cols == x.cols && up.cols == x.cols && gate.rows == up.rows {
+                if let Some(o) = c.gated_linear(x, gate, up, act)? {
+                    return Ok(Tensor {
+                        rows: x.rows,
+                        cols: gate.rows,
+                        data: Data::Cuda(o),
+                    });
+                }
+            }
+        }
+        // One output per weight, so both are there.
+        let mut gu = self
+            .linear_many(x, &[(gate, None), (up, None)])?
+            .into_iter();
+        let (Some(mut g), Some(u)) = (gu.next(), gu.next()) else {
+            return Err(ComputeError::Shape {
+                what: "gated_linear outputs",
+                got: 0,
+                want: 2,
+            });
+        };
+        self.gated_act(act, &mut g, &u)?;
+        Ok(g)
+    }
+}
+
+/// A `linear`'s shapes: the input as wide as the weight's columns, a bias as long as its rows.
+fn check_linear(x: &Tensor, w: &Weight, bias: Option<&Vector>) -> Result<()> {
+    check("linear input width (the weight's columns)", x.cols, w.cols)?;
+    if let Some(b) = bias {
+        check("linear bias length (the weight's rows)", b.len, w.rows)?;
+    }
+    Ok(())
+}
