@@ -18,23 +18,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use afm_engine::{Engine, EngineConfig, GenerateEvent, GenerateRequest, SamplingParams};
+use afm_models::random_ids::random_token_ids as prompt;
 use afm_models::source::resolve_model;
 use afm_models::{load_model_on, ForwardBatch, LoadedModel, SeqChunk};
 use afm_runtime::compute::{Device, DeviceChoice, StatePool};
-
-/// Reproducible ids below `vocab` (splitmix64).
-fn prompt(seed: u64, n: usize, vocab: usize) -> Vec<u32> {
-    let mut s = seed;
-    (0..n)
-        .map(|_| {
-            s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            let mut z = s;
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            ((z ^ (z >> 31)) % vocab as u64) as u32
-        })
-        .collect()
-}
 
 fn request(tokens: Vec<u32>, max_tokens: usize) -> GenerateRequest {
     GenerateRequest {

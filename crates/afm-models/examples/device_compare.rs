@@ -12,6 +12,7 @@
 
 use std::time::Instant;
 
+use afm_models::random_ids::random_token_ids as prompt;
 use afm_models::source::{resolve_model, ModelLocation};
 use afm_models::{load_model_on, ForwardBatch, LoadedModel, SeqChunk};
 use afm_runtime::compute::{Device, DeviceChoice};
@@ -25,20 +26,6 @@ fn argmax(x: &[f32]) -> usize {
 fn rel_err(a: &[f32], b: &[f32]) -> f32 {
     let scale = b.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-6);
     a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / scale
-}
-
-/// Reproducible ids below `vocab` (splitmix64).
-fn prompt(seed: u64, n: usize, vocab: usize) -> Vec<u32> {
-    let mut s = seed;
-    (0..n)
-        .map(|_| {
-            s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            let mut z = s;
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            ((z ^ (z >> 31)) % vocab as u64) as u32
-        })
-        .collect()
 }
 
 /// Greedy continuation; with `forced`, step i feeds `forced[i]` instead of its own choice.

@@ -8,23 +8,10 @@
 //! minimum is the stable figure (other work only ever adds time); `afm bench` measures the
 //! same steps through the engine and server path.
 
+use afm_models::random_ids::random_token_ids as prompt;
 use afm_models::source::resolve_model;
 use afm_models::{load_model, ForwardBatch, SeqChunk};
 use std::time::Instant;
-
-/// Reproducible ids below `vocab` (splitmix64).
-fn prompt(seed: u64, n: usize, vocab: usize) -> Vec<u32> {
-    let mut s = seed;
-    (0..n)
-        .map(|_| {
-            s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            let mut z = s;
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            ((z ^ (z >> 31)) % vocab as u64) as u32
-        })
-        .collect()
-}
 
 fn argmax(v: &[f32]) -> u32 {
     (0..v.len()).fold(0, |b, i| if v[i] > v[b] { i } else { b }) as u32

@@ -13,6 +13,7 @@ pub mod forward;
 pub mod layers;
 pub mod loader;
 pub mod moe;
+pub mod random_ids;
 pub mod source;
 pub mod weights;
 
