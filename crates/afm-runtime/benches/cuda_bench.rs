@@ -4,13 +4,13 @@
 //! rate; quantized ones through the int8/dp4a kernels, with one and four weight rows per
 //! thread group, `int8r1`/`int8r4` (`int8`: the automatic choice)), Q/K/V and gate+up fused
 //! and not, decode attention at 1k and 16k context with split-K on and off, the attention
-//! prologue fused and unfused, prefill attention (and the tensor-core kernel against the SIMT
-//! one at Qwen3-0.6B's heads, 1k and 16k tokens) and sampling.
+//! prologue fused and unfused, prefill attention (the tensor-core kernel against the SIMT one
+//! at Qwen3-0.6B's heads, 1k and 16k tokens) and sampling.
 //!
 //! Every timed buffer set is rotated over ≥ 512 MB so the 60 MB L2 cannot serve repeats; data is
 //! random; times are CUDA-event medians of 5 batches after warm-up.
 //! Run: `target/cuda/bin/cuda_bench [SECTION...]` (device `AFM_CUDA_DEVICE`, default 0); with
-//! section names (copy, gemv, prefill_matmul, decode_attention, prologue, prefill_attention,
+//! section names (copy, gemv, fused_projections, prefill_matmul, decode_attention, prologue,
 //! prefill_mma, sampling) only those run (the copy ceiling always does).
 //!
 //! Measured 2026-11-29 on the H200 (copy ceiling 4251 GB/s), batch-1 GEMV as % of it (the
@@ -410,52 +410,6 @@ fn attention_prologue(c: &mut CudaContext, out: &mut Vec<String>) -> R<()> {
     Ok(())
 }
 
-/// Causal prefill attention of one prompt (same heads), in TFLOP/s of QKᵀ and PV.
-fn prefill_attention(c: &mut CudaContext, out: &mut Vec<String>) -> R<()> {
-    let (nh, nkv, d, bs) = (32, 8, 128, 16);
-    let shape = LayerKvShape {
-        n_kv_heads: nkv,
-        head_dim: d,
-    };
-    let mut rng = Rng(3);
-    for n in [1024usize, 4096] {
-        let mut cache = DeviceKvCache::new(c, &[shape], n / bs, bs, KvDtype::F16)?;
-        let table: Vec<u32> = (0..(n / bs) as u32).collect();
-        let seqs = [AttnSeq {
-            row0: 0,
-            len: n,
-            pos0: 0,
-            block_table: &table,
-        }];
-        let b = AttnBatch::new(c, &cache, &seqs, nh)?;
-        let kv: Vec<f32> = (0..n * nkv * d).map(|_| rng.sym()).collect();
-        let kvd = c.upload(&kv)?;
-        c.kv_write(&mut cache, 0, &b, &kvd, nkv * d, &kvd, nkv * d)?;
-        let q: Vec<f32> = (0..n * nh * d).map(|_| rng.sym()).collect();
-        let qd = c.upload(&q)?;
-        let mut o: CudaSlice<f32> = c.alloc(n * nh * d)?;
-        let p = AttnParams {
-            n_heads: nh,
-            head_dim: d,
-            scale: 1.0 / (d as f32).sqrt(),
-            window: None,
-            softcap: None,
-        };
-        let ms = time_ms(c, 3, |c, _| {
-            c.paged_attention(&cache, 0, &b, &qd, nh * d, &p, &mut o, nh * d, None)
-                .expect("attention")
-        })?;
-        let flops = 4.0 * (n * n / 2) as f64 * (nh * d) as f64;
-        out.push(format!(
-            "| prefill {n:5} tokens | {:8.3} ms | {:6.1} TFLOP/s |",
-            ms,
-            flops / ms / 1e9
-        ));
-        println!("{}", out.last().expect("pushed"));
-    }
-    Ok(())
-}
-
 /// Causal prefill attention at Qwen3-0.6B's heads (16 query, 8 KV, head_dim 128, f16 cache),
 /// SIMT kernel against the tensor-core one, with the relative difference of their outputs as a
 /// check that the timed kernels compute the same thing: whole prompts of 1k and 16k tokens in
@@ -602,9 +556,6 @@ fn main() -> R<()> {
     }
     if run("prologue") {
         attention_prologue(&mut c, &mut table)?;
-    }
-    if run("prefill_attention") {
-        prefill_attention(&mut c, &mut table)?;
     }
     if run("prefill_mma") {
         prefill_attention_mma(&mut c, &mut table)?;

@@ -18,7 +18,7 @@ use afm_runtime::cuda::{
 use afm_runtime::kv_store::{KvCache, KvDtype, LayerKvShape};
 use afm_runtime::ops::{self, Rope, RopeStyle};
 use afm_runtime::DType;
-use common::attention::{run_attention, AttnCase};
+use common::attention::{run_attention, scattered_tables, AttnCase};
 use common::weights::random_weight;
 use common::{assert_close, ctx, poisoned, rel_err, Rng};
 
@@ -384,20 +384,7 @@ fn check_prologue(case: PrologueCase) {
         n_kv_heads: nkv,
         head_dim: d,
     };
-    let need: Vec<usize> = case
-        .seqs
-        .iter()
-        .map(|&(p, l)| (p + l).div_ceil(bs))
-        .collect();
-    let num_blocks = need.iter().sum::<usize>() + 3;
-    let mut ids: Vec<u32> = (0..num_blocks as u32).collect();
-    rng.shuffle(&mut ids);
-    let mut tables = Vec::new();
-    let mut at = 0;
-    for &n in &need {
-        tables.push(ids[at..at + n].to_vec());
-        at += n;
-    }
+    let (num_blocks, tables) = scattered_tables(&mut rng, &case.seqs, bs, 3);
     let mut seqs = Vec::new();
     let mut positions = Vec::new();
     for (s, &(p, l)) in case.seqs.iter().enumerate() {

@@ -36,20 +36,7 @@ pub fn run_attention(
         n_kv_heads: nkv,
         head_dim: d,
     };
-    let need: Vec<usize> = case
-        .seqs
-        .iter()
-        .map(|&(p, l)| (p + l).div_ceil(bs))
-        .collect();
-    let num_blocks = need.iter().sum::<usize>() + 7;
-    let mut ids: Vec<u32> = (0..num_blocks as u32).collect();
-    rng.shuffle(&mut ids); // scattered tables
-    let mut tables = Vec::new();
-    let mut at = 0;
-    for &n in &need {
-        tables.push(ids[at..at + n].to_vec());
-        at += n;
-    }
+    let (num_blocks, tables) = scattered_tables(rng, &case.seqs, bs, 7);
     let mut cpu = KvCache::new(&[shape], num_blocks, bs, case.dtype);
     let mut dev = DeviceKvCache::new(c, &[shape], num_blocks, bs, case.dtype).unwrap();
     let width = nkv * d;
@@ -158,4 +145,26 @@ pub fn run_attention(
         })
         .collect();
     (want, got)
+}
+
+/// Block tables for sequences of `(first position, new tokens)` over a pool with `spare` blocks
+/// more than they need, the block ids shuffled so that tables are scattered, as a serving
+/// engine's are. Returns the pool size and the tables.
+pub fn scattered_tables(
+    rng: &mut Rng,
+    seqs: &[(usize, usize)],
+    bs: usize,
+    spare: usize,
+) -> (usize, Vec<Vec<u32>>) {
+    let need: Vec<usize> = seqs.iter().map(|&(p, l)| (p + l).div_ceil(bs)).collect();
+    let num_blocks = need.iter().sum::<usize>() + spare;
+    let mut ids: Vec<u32> = (0..num_blocks as u32).collect();
+    rng.shuffle(&mut ids);
+    let mut tables = Vec::new();
+    let mut at = 0;
+    for &n in &need {
+        tables.push(ids[at..at + n].to_vec());
+        at += n;
+    }
+    (num_blocks, tables)
 }

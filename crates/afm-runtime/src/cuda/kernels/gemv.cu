@@ -110,14 +110,16 @@ __device__ void gemv3_half(const u16* W0, const u16* W1, const u16* W2, const fl
     }
 }
 
-// The sum of one (row, batch) accumulator over the block, in thread r * N + b.
-template <int N>
-__device__ __forceinline__ float gemv_reduce(float (&acc)[GEMV_ROWS][N]) {
-    __shared__ float sh[GEMV_ROWS * N][GEMV_THREADS / 32];
+// The sum of one (row, batch) accumulator over a group of `gw` warps starting at warp `w0`,
+// in the group's thread `tig` = r * N + b: warp sums into shared memory, then one thread per
+// (row, batch) adds its group's warps in order.
+template <int N, int R>
+__device__ __forceinline__ float group_reduce(float (&acc)[R][N], int tig, int gw, int w0) {
+    __shared__ float sh[R * N][GEMV_THREADS / 32];
     const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
     __syncthreads();  // a previous reduction's readers are done with sh
 #pragma unroll
-    for (int r = 0; r < GEMV_ROWS; r++) {
+    for (int r = 0; r < R; r++) {
 #pragma unroll
         for (int b = 0; b < N; b++) {
             const float v = warp_sum(acc[r][b]);
@@ -126,11 +128,16 @@ __device__ __forceinline__ float gemv_reduce(float (&acc)[GEMV_ROWS][N]) {
     }
     __syncthreads();
     float s = 0.f;
-    if (threadIdx.x < GEMV_ROWS * N) {
-#pragma unroll
-        for (int i = 0; i < GEMV_THREADS / 32; i++) s += sh[threadIdx.x][i];
+    if (tig < R * N) {
+        for (int i = 0; i < gw; i++) s += sh[tig][w0 + i];
     }
     return s;
+}
+
+// The sum of one (row, batch) accumulator over the block, in thread r * N + b.
+template <int N>
+__device__ __forceinline__ float gemv_reduce(float (&acc)[GEMV_ROWS][N]) {
+    return group_reduce<N, GEMV_ROWS>(acc, threadIdx.x, GEMV_THREADS / 32, 0);
 }
 
 __device__ __forceinline__ float gemv_silu(float x) { return x / (1.0f + expf(-x)); }
@@ -459,23 +466,7 @@ __device__ __forceinline__ void pf8_q8_0(const u8* W, int rows, int cols, const 
 // The sum of one (row, batch) accumulator over the thread group, in its thread r * N + b.
 template <int N, int R>
 __device__ __forceinline__ float gemv8_reduce(float (&acc)[R][N], const Q8Group& g) {
-    __shared__ float sh[R * N][GEMV_THREADS / 32];
-    const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
-    __syncthreads();  // a previous reduction's readers are done with sh
-#pragma unroll
-    for (int r = 0; r < R; r++) {
-#pragma unroll
-        for (int b = 0; b < N; b++) {
-            const float v = warp_sum(acc[r][b]);
-            if (l == 0) sh[r * N + b][w] = v;
-        }
-    }
-    __syncthreads();
-    float s = 0.f;
-    if (g.tig < R * N) {
-        for (int i = 0; i < g.gw; i++) s += sh[g.tig][g.w0 + i];
-    }
-    return s;
+    return group_reduce<N, R>(acc, g.tig, g.gw, g.w0);
 }
 
 // Thread r * N + b of each group writes out[b][row0 + r].
