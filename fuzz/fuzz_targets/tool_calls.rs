@@ -11,20 +11,6 @@ use afm_chat::tool_calls::{ParserOptions, ToolCallFormat, ToolCallParser, ToolEv
 use libfuzzer_sys::fuzz_target;
 use serde_json::json;
 
-const FORMATS: [ToolCallFormat; 11] = [
-    ToolCallFormat::Hermes,
-    ToolCallFormat::Llama3Json,
-    ToolCallFormat::Mistral,
-    ToolCallFormat::QwenXml,
-    ToolCallFormat::Gemma,
-    ToolCallFormat::Glm4,
-    ToolCallFormat::KimiK2,
-    ToolCallFormat::MinimaxM2,
-    ToolCallFormat::DeepSeekV3,
-    ToolCallFormat::DeepSeekV4Dsml,
-    ToolCallFormat::None,
-];
-
 /// Text, and (name, arguments) per call, from one run over `chunks`.
 fn run(format: ToolCallFormat, opts: ParserOptions, chunks: &[&str]) -> (String, Vec<(String, String)>) {
     let tools = [json!({"type": "function", "function": {
@@ -90,7 +76,9 @@ fuzz_target!(|data: &[u8]| {
     let [pick, flags, rest @ ..] = data else {
         return;
     };
-    let format = FORMATS[*pick as usize % FORMATS.len()];
+    // Every dialect, and extraction off after them.
+    let k = *pick as usize % (ToolCallFormat::DIALECTS.len() + 1);
+    let format = ToolCallFormat::DIALECTS.get(k).copied().unwrap_or(ToolCallFormat::None);
     let opts = ParserOptions {
         fix_args: flags & 1 == 1,
         debug: false,

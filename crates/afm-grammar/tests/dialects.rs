@@ -17,18 +17,7 @@ use serde_json::{json, Value};
 mod common;
 use common::{root, smollm2, Rng, Walker};
 
-const DIALECTS: [ToolCallFormat; 10] = [
-    ToolCallFormat::Hermes,
-    ToolCallFormat::Llama3Json,
-    ToolCallFormat::Mistral,
-    ToolCallFormat::QwenXml,
-    ToolCallFormat::Gemma,
-    ToolCallFormat::Glm4,
-    ToolCallFormat::KimiK2,
-    ToolCallFormat::MinimaxM2,
-    ToolCallFormat::DeepSeekV3,
-    ToolCallFormat::DeepSeekV4Dsml,
-];
+const DIALECTS: [ToolCallFormat; 10] = ToolCallFormat::DIALECTS;
 
 /// Tools whose schemas cover what tool definitions use (tests/python/test_grammar_walks.py
 /// keeps a copy to validate against): bounded and unbounded strings,

@@ -62,6 +62,21 @@ pub enum ToolCallFormat {
 }
 
 impl ToolCallFormat {
+    /// Every dialect that extracts calls (all but `None`), for tests and fuzzing that cover
+    /// each one.
+    pub const DIALECTS: [ToolCallFormat; 10] = [
+        ToolCallFormat::Hermes,
+        ToolCallFormat::Llama3Json,
+        ToolCallFormat::Mistral,
+        ToolCallFormat::QwenXml,
+        ToolCallFormat::Gemma,
+        ToolCallFormat::Glm4,
+        ToolCallFormat::KimiK2,
+        ToolCallFormat::MinimaxM2,
+        ToolCallFormat::DeepSeekV3,
+        ToolCallFormat::DeepSeekV4Dsml,
+    ];
+
     /// The format for a `--tool-call-parser` name; `None` (the Option) for an unknown name.
     pub fn from_name(name: &str) -> Option<Self> {
         let f = match name.trim().to_ascii_lowercase().as_str() {
