@@ -234,20 +234,14 @@ impl KvCache {
 fn to_f16(dst: &mut [u16], src: &[f32]) {
     assert_eq!(dst.len(), src.len(), "f16 store: lengths differ");
     #[cfg(target_arch = "x86_64")]
-    if f16c() {
-        // SAFETY: F16C and AVX were detected; `to_f16_x86` reads and writes within the
+    if crate::quant::Isa::best() != crate::quant::Isa::Scalar {
+        // SAFETY: `Isa::best` detected AVX2 and F16C; `to_f16_x86` reads and writes within the
         // equal lengths checked above.
         unsafe { to_f16_x86(dst, src) };
         return;
     }
     dst.reinterpret_cast_mut::<f16>()
         .convert_from_f32_slice(src);
-}
-
-#[cfg(target_arch = "x86_64")]
-fn f16c() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| is_x86_feature_detected!("f16c") && is_x86_feature_detected!("avx"))
 }
 
 #[cfg(target_arch = "x86_64")]

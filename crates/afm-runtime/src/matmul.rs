@@ -351,7 +351,7 @@ fn scatter_tile(tile: &[f32], nbk: usize, outs: &mut [(usize, usize, &mut [f32])
     let run = tile.len() / nbk.max(1);
     let mut squares = (0, 0);
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx") {
+    if crate::quant::Isa::best() != crate::quant::Isa::Scalar {
         squares = (outs.len() / 8, run / 8);
         for jg in 0..squares.0 {
             let o = &mut outs[8 * jg..8 * jg + 8];
@@ -364,7 +364,7 @@ fn scatter_tile(tile: &[f32], nbk: usize, outs: &mut [(usize, usize, &mut [f32])
                     })
                 };
                 let src = &tile[8 * qg * nbk + 8 * jg..];
-                // SAFETY: AVX was detected; `transpose8` reads 8 rows of 8 values `nbk`
+                // SAFETY: `Isa::best` detected AVX2; `transpose8` reads 8 rows of 8 values `nbk`
                 // apart from `src` (in bounds: 8·qg + 7 < run, 8·jg + 8 ≤ nbk) and writes
                 // 8 values to each `dst` slice (each exactly 8 long).
                 unsafe { transpose8(src, nbk, dst) };

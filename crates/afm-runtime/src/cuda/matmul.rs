@@ -33,9 +33,10 @@ use crate::{DType, WeightMatrix};
 /// H200: 32 streams of Qwen3-8B bf16 decoded 1,014 tok/s through four GEMV launches).
 pub const GEMV_MAX_BATCH: usize = 8;
 /// Quantized weights take GEMV launches (each reading the weights again) up to this batch;
-/// past it they are dequantized to f16 in chunks for cuBLAS. `cuda_bench` on the H200, Qwen3-8B
-/// matrices: at 16 rows two launches match or beat cuBLAS (Q4_K 4096×12288 84 vs 131 µs), at
-/// 32 rows four launches lose (Q4_K 12288×4096 182 vs 103 µs, 4096×4096 68 vs 37 µs).
+/// past it they are dequantized to f16 in chunks for cuBLAS. `cuda_bench` on the H200 (int8
+/// kernels, 2026-11-30), Qwen3-8B Q4_K matrices: at 16 rows two launches beat cuBLAS (4096×12288
+/// 51 vs 132 µs, 12288×4096 68 vs 101 µs), at 32 rows four launches mostly lose (12288×4096
+/// 133 vs 102 µs, 4096×4096 52 vs 36 µs; 4096×12288 98 vs 132 µs).
 const GEMV_MAX_ROWS: usize = 16;
 /// Weight rows per GEMV block (`GEMV_ROWS` in gemv.cu); per thread group in the int8 kernels.
 const GEMV_ROWS: usize = 4;
