@@ -12,20 +12,6 @@ fn gpu() -> Option<Device> {
     Some(Device::open(DeviceChoice::Cuda(0)).expect("CUDA device 0"))
 }
 
-/// splitmix64 values in [-1, 1).
-fn rand_vec(seed: u64, n: usize) -> Vec<f32> {
-    let mut s = seed;
-    (0..n)
-        .map(|_| {
-            s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            let mut z = s;
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            ((z ^ (z >> 31)) >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-        })
-        .collect()
-}
-
 fn close(what: &str, gpu: &[f32], cpu: &[f32], tol: f32) {
     assert_eq!(gpu.len(), cpu.len(), "{what}: length");
     let scale = cpu.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-6);
@@ -52,7 +38,7 @@ fn tensor(dev: &Device, rows: usize, cols: usize, seed: u64) -> Tensor {
         .weight(WeightMatrix::from_f32(
             rows,
             cols,
-            &rand_vec(seed, rows * cols),
+            &splitmix(seed, rows * cols),
         ))
         .expect("weight");
     let ids: Vec<u32> = (0..rows as u32).collect();
@@ -65,23 +51,23 @@ fn every_op_matches_the_cpu() {
     let (n, h, ff) = (5, 64, 96);
     both(&g, "embed", 1e-6, |d| {
         let t = d
-            .weight(WeightMatrix::from_f32(7, h, &rand_vec(1, 7 * h)))
+            .weight(WeightMatrix::from_f32(7, h, &splitmix(1, 7 * h)))
             .unwrap();
         d.embed(&t, &[3, 0, 6, 3], 8.0).unwrap()
     });
     both(&g, "linear + bias", 1e-5, |d| {
         let w = d
-            .weight(WeightMatrix::from_f32(ff, h, &rand_vec(2, ff * h)))
+            .weight(WeightMatrix::from_f32(ff, h, &splitmix(2, ff * h)))
             .unwrap();
-        let b = d.vector(rand_vec(3, ff)).unwrap();
+        let b = d.vector(splitmix(3, ff)).unwrap();
         d.linear(&tensor(d, n, h, 4), &w, Some(&b)).unwrap()
     });
     both(&g, "rms_norm rows and heads", 1e-5, |d| {
         let x = tensor(d, n, h, 5);
         let mut y = d
-            .rms_norm(&x, &d.vector(rand_vec(6, h)).unwrap(), 1e-6)
+            .rms_norm(&x, &d.vector(splitmix(6, h)).unwrap(), 1e-6)
             .unwrap();
-        d.rms_norm_in_place(&mut y, &d.vector(rand_vec(7, 16)).unwrap(), 1e-6)
+        d.rms_norm_in_place(&mut y, &d.vector(splitmix(7, 16)).unwrap(), 1e-6)
             .unwrap();
         y
     });
@@ -175,11 +161,11 @@ fn kv_rows_steps(d: &Device, dtype: KvDtype) -> Vec<f32> {
     let table = [5u32, 1, 7];
     let w = nkv * hd;
     let at: Vec<usize> = (0..10).collect();
-    let (k, v) = (rand_vec(1, 10 * w), rand_vec(2, 10 * w));
+    let (k, v) = (splitmix(1, 10 * w), splitmix(2, 10 * w));
     d.kv_write_rows(&mut kv, 0, &table, &at, Some(&k), Some(&v))
         .unwrap();
     // Values only at two positions: the keys stay.
-    d.kv_write_rows(&mut kv, 0, &table, &[3, 8], None, Some(&rand_vec(3, 2 * w)))
+    d.kv_write_rows(&mut kv, 0, &table, &[3, 8], None, Some(&splitmix(3, 2 * w)))
         .unwrap();
     let seqs = [AttnSeq {
         row0: 0,
@@ -255,7 +241,7 @@ fn weights_without_a_kernel_are_stored_as_f16() {
         .collect();
     let w =
         WeightMatrix::new(DType::Q4_1, rows, cols, crate::WeightBytes::from_vec(bytes)).unwrap();
-    let x = rand_vec(50, 2 * cols);
+    let x = splitmix(50, 2 * cols);
     let mut want = vec![0f32; 2 * rows];
     w.matmul_reference(&x, 2, &mut want);
     let gw = g.weight(w).unwrap();
@@ -263,7 +249,7 @@ fn weights_without_a_kernel_are_stored_as_f16() {
     assert!(y.is_err(), "a host tensor on the GPU is refused");
     let xt = {
         let t = g
-            .weight(WeightMatrix::from_f32(2, cols, &rand_vec(50, 2 * cols)))
+            .weight(WeightMatrix::from_f32(2, cols, &splitmix(50, 2 * cols)))
             .unwrap();
         g.embed(&t, &[0, 1], 1.0).unwrap()
     };
@@ -273,7 +259,7 @@ fn weights_without_a_kernel_are_stored_as_f16() {
 
 /// A bf16 weight of seeded values (the fused GEMV kernels serve 16-bit weights only).
 fn bf16_weight(dev: &Device, rows: usize, cols: usize, seed: u64) -> Weight {
-    let bytes: Vec<u8> = rand_vec(seed, rows * cols)
+    let bytes: Vec<u8> = splitmix(seed, rows * cols)
         .iter()
         .flat_map(|x| half::bf16::from_f32(*x).to_le_bytes())
         .collect();
@@ -316,7 +302,7 @@ fn fused_decode_ops_match_the_cpu() {
             });
         }
         both(&g, &format!("add_rms_norm, {n} rows"), 1e-5, |d| {
-            let w = d.vector(rand_vec(18, h)).unwrap();
+            let w = d.vector(splitmix(18, h)).unwrap();
             let mut x = tensor(d, n, h, 19);
             let y = tensor(d, n, h, 20);
             let normed = d.add_rms_norm(&mut x, &y, &w, 1e-6).unwrap();
