@@ -56,6 +56,10 @@ pub(super) unsafe fn attend(
     let mut sc = vec![0f32; g * w];
     // Row addresses once per head, not per query and column pass.
     let (krows, vrows) = (keys.row_ptrs(), values.row_ptrs());
+    // The first keys' lines now; `scores` asks for the later ones (keys and values) ahead.
+    for &k in krows.iter().take(PREFETCH_AHEAD) {
+        prefetch::<_MM_HINT_T0>(k, 2 * d);
+    }
     let mut out = vec![0f32; g * d];
     // Queries in tiles of up to three: a converted key or value chunk serves the whole tile
     // (three tiles' accumulators still fit the sixteen vector registers).
@@ -64,9 +68,9 @@ pub(super) unsafe fn attend(
         let tile = (g - t).min(3);
         let (q, sc) = (&qh[t * d..(t + tile) * d], &mut sc[t * w..(t + tile) * w]);
         match tile {
-            3 => scores::<3>(q, d, &krows, off, w, sc),
-            2 => scores::<2>(q, d, &krows, off, w, sc),
-            _ => scores::<1>(q, d, &krows, off, w, sc),
+            3 => scores::<3>(q, d, &krows, &vrows, off, w, sc),
+            2 => scores::<2>(q, d, &krows, &vrows, off, w, sc),
+            _ => scores::<1>(q, d, &krows, &vrows, off, w, sc),
         }
         for row in sc.chunks_exact_mut(w) {
             softmax(row, off, n, scale, softcap);
@@ -103,6 +107,7 @@ unsafe fn scores<const Q: usize>(
     qh: &[f32],
     d: usize,
     krows: &[*const f16],
+    vrows: &[*const f16],
     off: usize,
     w: usize,
     sc: &mut [f32],
@@ -110,8 +115,13 @@ unsafe fn scores<const Q: usize>(
     let n = krows.len();
     let bytes = 2 * d;
     for j0 in (0..n).step_by(8) {
-        for j in (j0 + 32..j0 + 40).take_while(|&j| j < n) {
-            prefetch(krows[j], bytes);
+        for j in (j0 + PREFETCH_AHEAD..j0 + PREFETCH_AHEAD + 8).take_while(|&j| j < n) {
+            prefetch::<_MM_HINT_T0>(krows[j], bytes);
+        }
+        // The values of these keys, for `weighted_values` (which walks them 32 apart, a
+        // pattern the hardware prefetcher cannot follow): into L2, as L1 holds the keys.
+        for &v in &vrows[j0..(j0 + 8).min(n)] {
+            prefetch::<_MM_HINT_T1>(v, bytes);
         }
         let mut x = [[_mm256_setzero_ps(); 8]; Q];
         for k in 0..(n - j0).min(8) {
@@ -137,11 +147,14 @@ unsafe fn scores<const Q: usize>(
     }
 }
 
+/// Keys `scores` asks for ahead of the one it reads.
+const PREFETCH_AHEAD: usize = 32;
+
 /// Asks for the cache lines of `bytes` bytes at `p`.
 #[inline(always)]
-unsafe fn prefetch(p: *const f16, bytes: usize) {
+unsafe fn prefetch<const HINT: i32>(p: *const f16, bytes: usize) {
     for at in (0..bytes).step_by(64) {
-        _mm_prefetch::<_MM_HINT_T0>((p as *const i8).add(at));
+        _mm_prefetch::<HINT>((p as *const i8).add(at));
     }
 }
 
