@@ -22,9 +22,10 @@ use super::{CudaError, Result};
 const COMMON: &str = include_str!("kernels/common.cuh");
 
 /// The kernel modules: name and CUDA C source (each compiled with `common.cuh` in front).
-pub const KERNEL_MODULES: [(&str, &str); 5] = [
+pub const KERNEL_MODULES: [(&str, &str); 6] = [
     ("elementwise", include_str!("kernels/elementwise.cu")),
     ("gemv", include_str!("kernels/gemv.cu")),
+    ("mmq", include_str!("kernels/mmq.cu")),
     ("attention", include_str!("kernels/attention.cu")),
     ("attention_mma", include_str!("kernels/attention_mma.cu")),
     ("sampling", include_str!("kernels/sampling.cu")),
@@ -51,6 +52,7 @@ fn kernel_names(module: &str) -> Vec<String> {
             v
         }
         "gemv" => super::matmul::kernel_names(),
+        "mmq" => super::mmq::kernel_names(),
         "attention" => {
             let mut v = fixed(&[
                 "kv_write_f32",

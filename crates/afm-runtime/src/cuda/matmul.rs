@@ -7,7 +7,9 @@
 //!             n > 8           x → bf16/f16, cuBLAS GEMM with f32 accumulation and output
 //! Q8_0/Q4_K/Q6_K  n ≤ 16      x → int8 blocks of 32, GEMV kernels on the GGML blocks (dp4a),
 //!                             8 activation rows per launch
-//!             n > 16          W → f16 scratch (≤ 32M weights at a time), x → f16, cuBLAS GEMM
+//!             17 ≤ n ≤ 64     x → int8 blocks of 32, MMQ: int8 tensor cores on the GGML blocks
+//!                             (`mmq.rs`; sm_80 and later, `AFM_MMQ=0` turns it off)
+//!             n > 64          W → f16 scratch (≤ 32M weights at a time), x → f16, cuBLAS GEMM
 //! ```
 //! Weights stay in their storage type in device memory; the f16 scratch is transient.
 //! `AFM_GEMV_PREFETCH=0` turns off the quantized GEMV's L2 prefetch of its first weights (on by
@@ -15,7 +17,8 @@
 //!
 //! Several quantized matrices of one input share one activation quantization and one launch:
 //! Q/K/V, of any mix of the three types ([`CudaContext::matmul_many`]), and gate with up,
-//! fused with the activation ([`CudaContext::matmul_gated`]).
+//! fused with the activation ([`CudaContext::matmul_gated`]). On the MMQ path Q/K/V share the
+//! quantization (one launch each); gate and up go separately.
 
 use cudarc::cublas::result::gemm_ex;
 use cudarc::cublas::sys::{
@@ -24,6 +27,7 @@ use cudarc::cublas::sys::{
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig};
 
 use super::context::scratch;
+use super::mmq::mmq_env_on;
 use super::ops::grid_1d;
 use super::{check_len, launch, CudaContext, CudaError, Result};
 use crate::{DType, WeightMatrix};
@@ -38,6 +42,11 @@ pub const GEMV_MAX_BATCH: usize = 8;
 /// 51 vs 132 µs, 12288×4096 68 vs 101 µs), at 32 rows four launches mostly lose (12288×4096
 /// 133 vs 102 µs, 4096×4096 52 vs 36 µs; 4096×12288 98 vs 132 µs).
 const GEMV_MAX_ROWS: usize = 16;
+/// Quantized weights take the MMQ kernels (`mmq.rs`) past `GEMV_MAX_ROWS` up to this batch
+/// and dequantize + cuBLAS above it. 64: the size the kernels were designed for (two 16-row
+/// weight tiles per block against at most 8 tiles of 8 activation rows); not yet measured
+/// against cuBLAS at 65..128 rows (`cuda_bench mmq`).
+const MMQ_MAX_ROWS: usize = 64;
 /// Weight rows per GEMV block (`GEMV_ROWS` in gemv.cu); per thread group in the int8 kernels.
 const GEMV_ROWS: usize = 4;
 /// Threads per GEMV block (`GEMV_THREADS` in gemv.cu).
@@ -97,6 +106,9 @@ pub enum MatmulPath {
     /// than chosen by `Q8Launch::new`: tests cover both kernel sets at every shape, and
     /// `cuda_bench` times both to check the choice.
     GemvRows(usize),
+    /// The int8 tensor-core kernels (`mmq.rs`) at any batch size, regardless of `AFM_MMQ`:
+    /// quantized weights on sm_80 and later only (an error elsewhere).
+    Mmq,
 }
 
 /// Whether the quantized GEMV prefetches its first weights into L2 before waiting on the
@@ -270,12 +282,17 @@ impl CudaContext {
             });
         }
         let (xp, op) = (self.ptr(x), self.ptr_mut(out));
+        if path == MatmulPath::Mmq || (path == MatmulPath::Auto && quant && self.mmq_auto(n)) {
+            self.mmq_check(w)?;
+            let acts = self.mmq_quantize(xp, n, w.cols)?;
+            return self.mmq(w, acts, op);
+        }
         // The 16-bit GEMV reads activations as float4.
         let gemv_ok = quant || (half && w.cols.is_multiple_of(8) && xp.is_multiple_of(16));
         let use_gemv = match path {
             MatmulPath::Auto => gemv_ok && n <= if quant { GEMV_MAX_ROWS } else { GEMV_MAX_BATCH },
             MatmulPath::Gemv | MatmulPath::GemvRows(_) => gemv_ok,
-            MatmulPath::Gemm => false,
+            MatmulPath::Gemm | MatmulPath::Mmq => false,
         };
         if !use_gemv {
             self.gemm(w, xp, n, op)
@@ -296,6 +313,11 @@ impl CudaContext {
         } else {
             self.gemv_half(w, xp, n, op)
         }
+    }
+
+    /// Whether automatic path choice sends `n` rows of quantized weights to MMQ.
+    fn mmq_auto(&self, n: usize) -> bool {
+        (GEMV_MAX_ROWS + 1..=MMQ_MAX_ROWS).contains(&n) && mmq_env_on() && self.mmq_supported()
     }
 
     /// Quantizes `n` rows of `cols` activations at `xp` to int8 blocks of 32 in the scratch.
@@ -501,8 +523,9 @@ fn quant_shared_ok(ws: &[&DeviceWeight], n: usize) -> bool {
 impl CudaContext {
     /// Two or three projections of the same `n` rows (Q, K, V): `outs[i] = x · wsᵢᵀ`, 16-bit
     /// weights in one GEMV launch, quantized ones (types may differ) from one int8
-    /// quantization of x. `false` (nothing launched) when neither applies (more rows than the
-    /// GEMV takes, mixed 16-bit and quantized weights): the caller runs them one by one.
+    /// quantization of x (one GEMV launch, or one MMQ launch each at the MMQ path's batch
+    /// sizes). `false` (nothing launched) when none applies (more rows than the GEMV and MMQ
+    /// take, mixed 16-bit and quantized weights): the caller runs them one by one.
     pub fn matmul_many(
         &mut self,
         ws: &[&DeviceWeight],
@@ -514,13 +537,23 @@ impl CudaContext {
         if !(2..=3).contains(&ws.len()) || ws.len() != outs.len() {
             return Ok(false);
         }
+        let same_quant = ws.iter().all(|w| is_quant(w.dtype) && w.cols == ws[0].cols);
+        let mmq = same_quant && self.mmq_auto(n);
         let quant = quant_shared_ok(ws, n);
-        if !quant && !fused_ok(ws, n, xp) {
+        if !mmq && !quant && !fused_ok(ws, n, xp) {
             return Ok(false);
         }
         check_len("matmul input", x.len(), n * ws[0].cols)?;
         for (w, o) in ws.iter().zip(outs.iter()) {
             check_len("matmul output", o.len(), n * w.rows)?;
+        }
+        if mmq {
+            let acts = self.mmq_quantize(xp, n, ws[0].cols)?;
+            for (w, o) in ws.iter().zip(outs.iter_mut()) {
+                let op = self.ptr_mut(&mut **o);
+                self.mmq(w, acts, op)?;
+            }
+            return Ok(true);
         }
         if quant {
             let acts = self.quantize_q8(xp, n, ws[0].cols)?;

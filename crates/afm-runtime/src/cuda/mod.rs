@@ -7,6 +7,7 @@
 //! - `matmul`: weights on the device ([`DeviceWeight`]) and `out = x · Wᵀ` for f32/f16/bf16
 //!   (cuBLAS) and Q8_0/Q4_K/Q6_K (own GEMV kernels reading GGML blocks; dequantize + cuBLAS
 //!   for large batches).
+//! - `mmq`: Q8_0/Q4_K/Q6_K times 17..64 activation rows on int8 tensor cores (`mma.sync`).
 //! - `attention`: the paged KV cache on the device, the KV write, the attention prologue (head
 //!   norms, RoPE and the KV write in one launch) and paged attention (decode with a split over
 //!   the key range for long contexts, merged in the same launch, and prefill).
@@ -23,6 +24,7 @@ mod attention;
 mod attention_mma;
 mod context;
 mod matmul;
+mod mmq;
 mod ops;
 mod sampling;
 
@@ -32,6 +34,7 @@ pub(crate) use context::arch_for;
 pub use context::{compile_kernels, CudaContext, DeviceInfo, GpuTimer, Workspace, KERNEL_MODULES};
 pub use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, DevicePtr, DevicePtrMut};
 pub use matmul::{DeviceWeight, MatmulPath, GEMV_MAX_BATCH};
+pub use mmq::MMQ_LAUNCH_ROWS;
 pub use ops::{Activation, RopeTable};
 pub use sampling::{LogitAdjust, SampleParams};
 

@@ -1,0 +1,135 @@
+//! The quantized matmul on integer tensor cores (MMQ, kernels/mmq.cu) for batches past the int8
+//! GEMV: `out[n, rows] = x[n, cols] · Wᵀ` for Q4_K, Q6_K and Q8_0 weights, each weight byte
+//! read once per call, against activations quantized once to int8 blocks of 32 (the GEMV's
+//! integers and scales, in a layout of their own: see mmq.cu).
+//!
+//! It owns the launches and the rule for when the device has them (sm_80 and later, and
+//! `AFM_MMQ` not `0`); which batch sizes take it is `matmul.rs`'s path choice.
+
+use cudarc::driver::LaunchConfig;
+
+use super::context::scratch;
+use super::matmul::DeviceWeight;
+use super::ops::grid_1d;
+use super::{launch, CudaContext, CudaError, Result};
+use crate::DType;
+
+/// Activation rows one MMQ launch takes (`mmq_1` .. `mmq_8`: tiles of 8); more go in
+/// launches of this many against one quantization.
+pub const MMQ_LAUNCH_ROWS: usize = 64;
+/// Activation rows per tile of the kernels (the mma's n).
+const TILE_N: usize = 8;
+/// Values per int8 activation block.
+const Q8_BLOCK: usize = 32;
+/// Threads per MMQ block (`MMQ_THREADS` in mmq.cu).
+const MMQ_THREADS: u32 = 128;
+
+/// Every kernel of mmq.cu, for the context's loader.
+pub(super) fn kernel_names() -> Vec<String> {
+    let mut v = vec!["mmq_quantize".to_string()];
+    v.extend((1..=MMQ_LAUNCH_ROWS / TILE_N).map(|nt| format!("mmq_{nt}")));
+    v
+}
+
+/// Whether `AFM_MMQ` allows the tensor-core path in automatic path choice (read once; on
+/// unless `0`). An A/B switch: `AFM_MMQ=0` sends those batches back to dequantize + cuBLAS.
+pub(super) fn mmq_env_on() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("AFM_MMQ").map_or(true, |v| v != "0"))
+}
+
+/// The kernels' weight type code (`MMQ_Q4_K`.. in mmq.cu); `None` for unquantized types.
+fn mmq_type(t: DType) -> Option<i32> {
+    match t {
+        DType::Q4K => Some(0),
+        DType::Q6K => Some(1),
+        DType::Q8_0 => Some(2),
+        _ => None,
+    }
+}
+
+/// Weight rows per MMQ block (`MMQ(NT, MT)` in mmq.cu: 16 · MT, MT = 2).
+const BLOCK_ROWS: usize = 32;
+
+/// Device addresses of activations quantized for MMQ (`mmq_quantize`'s outputs).
+#[derive(Clone, Copy)]
+pub(super) struct MmqActs {
+    /// i8 `[np][cols]`.
+    q: u64,
+    /// f32 `[cols / 32][np][2]`: (d, d · Σq) per block.
+    ds: u64,
+    n: usize,
+    /// `n` rounded up to a whole tile: the stride of `ds`.
+    np: usize,
+    cols: usize,
+}
+
+impl CudaContext {
+    /// Whether the device runs the MMQ kernels (int8 `mma.sync` needs sm_80).
+    pub(super) fn mmq_supported(&self) -> bool {
+        self.info().compute_capability.0 >= 8
+    }
+
+    /// Quantizes `n` rows of `cols` activations at `xp` for MMQ, into the scratch that the
+    /// GEMV's quantization also uses (`xq`, `xd`).
+    pub(super) fn mmq_quantize(&mut self, xp: u64, n: usize, cols: usize) -> Result<MmqActs> {
+        let np = n.div_ceil(TILE_N) * TILE_N;
+        let nkb = cols / Q8_BLOCK;
+        let stream = self.stream().clone();
+        let q = scratch(&stream, &mut self.ws.xq, np * cols)?;
+        let ds = scratch(&stream, &mut self.ws.xd, 2 * np * nkb)?;
+        let (ni, npi, ci) = (n as i32, np as i32, cols as i32);
+        let f = self.kernel("mmq_quantize")?;
+        launch!(self, f, grid_1d(np * nkb * 32, 256); xp, q, ds, ni, npi, ci)?;
+        Ok(MmqActs { q, ds, n, np, cols })
+    }
+
+    /// The kernels' type code for `w`, or why MMQ cannot serve it on this device.
+    pub(super) fn mmq_check(&self, w: &DeviceWeight) -> Result<i32> {
+        let ty = mmq_type(w.dtype()).ok_or_else(|| CudaError::Unsupported {
+            what: "MMQ weight type",
+            value: w.dtype().name().into(),
+            supported: "Q8_0, Q4_K, Q6_K",
+        })?;
+        if !self.mmq_supported() {
+            let (major, minor) = self.info().compute_capability;
+            return Err(CudaError::Unsupported {
+                what: "MMQ (int8 tensor cores) on compute capability",
+                value: format!("{major}.{minor}"),
+                supported: "8.0 and later",
+            });
+        }
+        Ok(ty)
+    }
+
+    /// `out = x · wᵀ` (`out` `[n][w.rows]`) for quantized `w` against activations from
+    /// [`Self::mmq_quantize`] of `w.cols` columns, in launches of at most [`MMQ_LAUNCH_ROWS`]
+    /// rows.
+    pub(super) fn mmq(&mut self, w: &DeviceWeight, acts: MmqActs, out: u64) -> Result<()> {
+        let ty = self.mmq_check(w)?;
+        super::check("MMQ activation width", acts.cols, w.cols())?;
+        let (rows, cols) = (w.rows(), w.cols());
+        if rows == 0 || acts.n == 0 {
+            return Ok(());
+        }
+        let wp = self.ptr(w.bytes());
+        let (ri, ci, npi) = (rows as i32, cols as i32, acts.np as i32);
+        for c0 in (0..acts.n).step_by(MMQ_LAUNCH_ROWS) {
+            let nb = (acts.n - c0).min(MMQ_LAUNCH_ROWS);
+            let nt = nb.div_ceil(TILE_N);
+            let cfg = LaunchConfig {
+                grid_dim: (rows.div_ceil(BLOCK_ROWS) as u32, 1, 1),
+                block_dim: (MMQ_THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // Row c0 of the activations: c0 is a whole number of tiles, so ds keeps its stride.
+            let q0 = acts.q + (c0 * cols) as u64;
+            let ds0 = acts.ds + (c0 * 2 * 4) as u64;
+            let o0 = out + (c0 * rows * 4) as u64;
+            let ni = nb as i32;
+            let f = self.kernel(&format!("mmq_{nt}"))?;
+            launch!(self, f, cfg; ty, wp, q0, ds0, o0, ri, ci, ni, npi)?;
+        }
+        Ok(())
+    }
+}

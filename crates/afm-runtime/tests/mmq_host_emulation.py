@@ -1,0 +1,272 @@
+#!/usr/bin/env python3
+"""Checks mmq.cu (the int8 tensor-core matmul) on a machine without a GPU, by running its own code.
+
+    python3 crates/afm-runtime/tests/mmq_host_emulation.py      (needs g++ with C++20, numpy, gguf)
+
+The whole of mmq.cu is compiled with g++ under host stand-ins: every block runs as 128 (or 256)
+std::threads, __syncthreads is a barrier of the block, and the warp-collective operations are
+emulated per warp through a barrier of its 32 threads: warp_max/warp_sum, and mma.sync
+m16n8k32 s8, which gathers the 32 lanes' registers into A (16x32), B (32x8) by the fragment
+layout of the PTX ISA ("Matrix Fragments for mma.m16n8k32": lane 4g+t holds A rows g, g+8 at
+k 4t..4t+3 and 16+4t..16+4t+3, B column g at the same k, C rows g, g+8 at columns 2t, 2t+1),
+multiplies them in int32 and hands each lane its C elements. Only mma_s8 and the L2 prefetch are
+replaced; the decoding, the tiling, the permuted k order and the reduction run as written.
+The driver quantizes with mmq_quantize and launches mmq_<NT> in chunks of <= 64 rows, as
+cuda/mmq.rs does, and poisons the output with NaN (a row never written fails).
+Reference: gguf-py's dequantization (not afm's) times the activations rounded to int8 as
+quantize_x_q8 does, in f64. Relative error should be float rounding (~1e-7).
+"""
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+from gguf import GGMLQuantizationType as T
+from gguf.quants import dequantize
+
+SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "../src/cuda/kernels/mmq.cu")
+src = open(SRC).read()
+os.chdir(tempfile.mkdtemp(prefix="mmq_emu_"))
+
+
+def cut(text, sig):
+    """`text` without the function whose signature contains `sig` (its body is replaced)."""
+    i = text.rfind("\n", 0, text.index(sig)) + 1
+    k = text.index("{", text.index(sig))
+    depth = 0
+    for m in range(k, len(text)):
+        if text[m] == "{":
+            depth += 1
+        elif text[m] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[:i] + text[m + 1:]
+    raise SystemExit("unbalanced " + sig)
+
+
+body = cut(cut(src, "void mma_s8("), "void mmq_prefetch(")
+
+prelude = r'''
+#include <barrier>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+#include <vector>
+#include <algorithm>
+typedef unsigned char u8; typedef unsigned short u16; typedef unsigned int u32; typedef long long i64;
+struct uint2 { u32 x, y; }; struct uint4 { u32 x, y, z, w; };
+struct float2 { float x, y; }; struct float4 { float x, y, z, w; };
+static inline uint2 make_uint2(u32 a, u32 b) { return {a, b}; }
+static inline float2 make_float2(float a, float b) { return {a, b}; }
+struct Dim { unsigned x, y, z; };
+static thread_local Dim threadIdx;
+static Dim blockIdx, blockDim;
+#define __device__
+#define __global__
+#define __forceinline__ inline
+#define __launch_bounds__(x)
+#define __shared__ static
+using std::min;
+static inline float h2f(u16 h) { _Float16 f; memcpy(&f, &h, 2); return (float)f; }
+static inline u16 ld16(const u8* p) { u16 v; memcpy(&v, p, 2); return v; }
+static inline u32 ld32_a2(const u8* p) { return (u32)ld16(p) | ((u32)ld16(p + 2) << 16); }
+static inline float __fmul_rn(float a, float b) { return a * b; }
+static inline float __fdiv_rn(float a, float b) { return a / b; }
+static inline int __float2int_rn(float a) { return (int)nearbyintf(a); }
+static inline void __trap() { abort(); }
+static inline void pdl_begin() {}
+
+static std::barrier<>* block_bar;
+static std::barrier<>* warp_bar[8];
+static inline void __syncthreads() { block_bar->arrive_and_wait(); }
+static u32 lane_a[8][32][4], lane_b[8][32][2];
+static float lane_f[8][32];
+
+// A warp-wide reduction: every lane posts, all read the 32 values in lane order, then wait
+// again so the slots may be reused.
+template <class F>
+static float warp_all(float v, F f) {
+    const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+    lane_f[w][l] = v;
+    warp_bar[w]->arrive_and_wait();
+    float r = lane_f[w][0];
+    for (int i = 1; i < 32; i++) r = f(r, lane_f[w][i]);
+    warp_bar[w]->arrive_and_wait();
+    return r;
+}
+static inline float warp_max(float v) { return warp_all(v, [](float a, float b) { return std::max(a, b); }); }
+static inline float warp_sum(float v) { return warp_all(v, [](float a, float b) { return a + b; }); }
+
+static inline int sbyte(u32 r, int j) { return (int)(signed char)(r >> (8 * j)); }
+// mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32, from the PTX ISA's fragment tables.
+static void mma_s8(int (&c)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+    const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+    lane_a[w][l][0] = a0; lane_a[w][l][1] = a1; lane_a[w][l][2] = a2; lane_a[w][l][3] = a3;
+    lane_b[w][l][0] = b0; lane_b[w][l][1] = b1;
+    warp_bar[w]->arrive_and_wait();
+    int A[16][32], B[32][8];
+    for (int L = 0; L < 32; L++) {
+        const int g = L >> 2, t = L & 3;
+        for (int j = 0; j < 4; j++) {
+            A[g][4 * t + j] = sbyte(lane_a[w][L][0], j);
+            A[g + 8][4 * t + j] = sbyte(lane_a[w][L][1], j);
+            A[g][16 + 4 * t + j] = sbyte(lane_a[w][L][2], j);
+            A[g + 8][16 + 4 * t + j] = sbyte(lane_a[w][L][3], j);
+            B[4 * t + j][g] = sbyte(lane_b[w][L][0], j);
+            B[16 + 4 * t + j][g] = sbyte(lane_b[w][L][1], j);
+        }
+    }
+    warp_bar[w]->arrive_and_wait();
+    const int g = l >> 2, t = l & 3;
+    const int rc[4][2] = {{g, 2 * t}, {g, 2 * t + 1}, {g + 8, 2 * t}, {g + 8, 2 * t + 1}};
+    for (int e = 0; e < 4; e++) {
+        int s = 0;
+        for (int k = 0; k < 32; k++) s += A[rc[e][0]][k] * B[k][rc[e][1]];
+        c[e] += s;
+    }
+}
+static inline void mmq_prefetch(const u8*) {}
+'''
+
+driver = r'''
+typedef void (*Kernel)(int, const u8*, const signed char*, const float2*, float*, int, int, int, int);
+static const Kernel KERNELS[9] = {nullptr, mmq_1, mmq_2, mmq_3, mmq_4, mmq_5, mmq_6, mmq_7, mmq_8};
+
+template <class F>
+static void run_grid(unsigned blocks, unsigned threads, F f) {
+    blockDim.x = threads;
+    for (unsigned b = 0; b < blocks; b++) {
+        blockIdx.x = b;
+        std::barrier<> bb(threads);
+        std::vector<std::barrier<>*> wb;
+        for (unsigned w = 0; w < threads / 32; w++) { warp_bar[w] = new std::barrier<>(32); }
+        block_bar = &bb;
+        std::vector<std::thread> ts;
+        for (unsigned t = 0; t < threads; t++) ts.emplace_back([t, &f] { threadIdx.x = t; f(); });
+        for (auto& t : ts) t.join();
+        for (unsigned w = 0; w < threads / 32; w++) delete warp_bar[w];
+    }
+}
+
+static char* rd(const char* p, size_t& len) {
+    FILE* f = fopen(p, "rb"); if (!f) exit(2);
+    fseek(f, 0, SEEK_END); len = ftell(f); fseek(f, 0, SEEK_SET);
+    char* b = (char*)malloc(len); if (fread(b, 1, len, f) != len) exit(2); fclose(f); return b;
+}
+
+int main(int argc, char** argv) {
+    // argv: type rows cols n  (w.bin: the GGML rows, x.bin: f32 [n][cols]) -> out.bin f32 [n][rows]
+    const int type = atoi(argv[1]), rows = atoi(argv[2]), cols = atoi(argv[3]), n = atoi(argv[4]);
+    size_t l;
+    const u8* w = (const u8*)rd("w.bin", l);
+    const float* x = (const float*)rd("x.bin", l);
+    const int np = (n + 7) / 8 * 8, nkb = cols / 32;
+    std::vector<signed char> xq((size_t)np * cols, 99);
+    std::vector<float2> ds((size_t)nkb * np, float2{NAN, NAN});
+    const size_t qthreads = (size_t)np * nkb * 32;
+    run_grid((unsigned)((qthreads + 255) / 256), 256, [&] { mmq_quantize(x, xq.data(), ds.data(), n, np, cols); });
+    std::vector<float> out((size_t)n * rows, NAN);
+    for (int c0 = 0; c0 < n; c0 += 64) {   // launches of <= 64 rows, as cuda/mmq.rs
+        const int nb = std::min(64, n - c0), nt = (nb + 7) / 8, brows = 32;
+        const signed char* q0 = xq.data() + (size_t)c0 * cols;
+        const float2* d0 = ds.data() + c0;
+        float* o0 = out.data() + (size_t)c0 * rows;
+        run_grid((unsigned)((rows + brows - 1) / brows), 128, [&] { KERNELS[nt](type, w, q0, d0, o0, rows, cols, nb, np); });
+    }
+    FILE* f = fopen("out.bin", "wb"); fwrite(out.data(), 4, out.size(), f); fclose(f);
+    f = fopen("xq.bin", "wb"); fwrite(xq.data(), 1, xq.size(), f); fclose(f);
+    f = fopen("ds.bin", "wb"); fwrite(ds.data(), 8, ds.size(), f); fclose(f);
+}
+'''
+open("emu.cpp", "w").write(prelude + body + driver)
+r = subprocess.run(["g++", "-O2", "-std=c++20", "-pthread", "-ffp-contract=off", "-o", "emu", "emu.cpp"],
+                   capture_output=True, text=True)
+if r.returncode:
+    print(r.stderr[:6000])
+    sys.exit(1)
+
+BLOCK = {T.Q4_K: (256, 144), T.Q6_K: (256, 210), T.Q8_0: (32, 34)}
+KIND = {T.Q4_K: 0, T.Q6_K: 1, T.Q8_0: 2}
+
+
+def random_weight(rng, t, rows, cols):
+    bw, bb = BLOCK[t]
+    nblk = rows * cols // bw
+    b = rng.integers(0, 256, size=(nblk, bb), dtype=np.uint8)
+    sc = lambda: np.float16(0.002 + 0.01 * rng.random(nblk)).view(np.uint8).reshape(nblk, 2)
+    if t == T.Q8_0:
+        b[:, 0:2] = sc()
+    elif t == T.Q4_K:
+        b[:, 0:2] = sc()
+        b[:, 2:4] = sc()
+    else:
+        b[:, 208:210] = sc()
+    return b.reshape(rows, -1)
+
+
+def quant8(x):
+    """quantize_x_q8 in f32: q = rint(x * (127/amax)), d = amax/127, s = d * sum(q)."""
+    xb = x.reshape(-1, 32).astype(np.float32)
+    amax = np.abs(xb).max(axis=1)
+    with np.errstate(divide="ignore"):
+        idv = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+    q = np.rint(xb * idv[:, None]).astype(np.int32)
+    d = (amax / np.float32(127)).astype(np.float32)
+    s = (d * q.sum(axis=1).astype(np.float32)).astype(np.float32)
+    return q.astype(np.int8), d, s
+
+
+def rel(a, b):
+    return float(np.linalg.norm(a.astype(np.float64) - b) / np.linalg.norm(b))
+
+
+rng = np.random.default_rng(9)
+worst, cases, failed = 0.0, 0, False
+# (type, rows, cols, batches): row counts that are not multiples of the 32-row tile; widths with
+# fewer super-blocks than warps (256), an uneven share (1280: 5) and Q8_0 blocks not a whole
+# super-block (96); batches across tile edges; 72, 100 and 130: two or three launches.
+CASES = [
+    (T.Q4_K, 37, 256, [17, 32]),
+    (T.Q4_K, 45, 1280, [1, 33, 64]),
+    (T.Q4_K, 19, 4096, [24, 72]),
+    (T.Q6_K, 37, 256, [17, 33]),
+    (T.Q6_K, 45, 1280, [8, 64]),
+    (T.Q6_K, 13, 2048, [130]),
+    (T.Q8_0, 37, 96, [17, 64]),
+    (T.Q8_0, 45, 1280, [32, 33]),
+    (T.Q8_0, 50, 512, [100]),
+]
+for t, rows, cols, batches in CASES:
+    w = random_weight(rng, t, rows, cols)
+    w.tofile("w.bin")
+    wd = dequantize(w, t).astype(np.float64).reshape(rows, cols)
+    for n in batches:
+        x = rng.standard_normal((n, cols)).astype(np.float32)
+        x[:, ::61] *= 8  # outlier channels, as hidden states
+        x.tofile("x.bin")
+        subprocess.run(["./emu", str(KIND[t]), str(rows), str(cols), str(n)], check=True)
+        out = np.fromfile("out.bin", dtype=np.float32).reshape(n, rows)
+        q, d, s = quant8(x)
+        np_ = (n + 7) // 8 * 8
+        xq = np.fromfile("xq.bin", dtype=np.int8).reshape(np_, cols)
+        ds = np.fromfile("ds.bin", dtype=np.float32).reshape(cols // 32, np_, 2)
+        ok_q = (np.array_equal(xq[:n].reshape(-1, 32), q) and not xq[n:].any()
+                and np.array_equal(ds[:, :n, 0].T.reshape(-1), d) and np.array_equal(ds[:, :n, 1].T.reshape(-1), s)
+                and not ds[:, n:].any())
+        xhat = (q.astype(np.float64).reshape(-1, 32) * d[:, None]).reshape(n, cols)
+        if not np.isfinite(out).all():
+            print(f"UNWRITTEN {t.name} {rows}x{cols} n={n}")
+            failed = True
+            continue
+        e = rel(out, xhat @ wd.T)
+        worst, cases = max(worst, e), cases + 1
+        status = "ok" if e <= 1e-5 and ok_q else "MISMATCH"
+        failed |= status != "ok"
+        print(f"{status:8} {t.name:5} {rows:3}x{cols:<5} n={n:3}: rel err {e:.2e}, quantization {'equal' if ok_q else 'DIFFERS'}")
+print(f"mmq emulation vs gguf-py dequant x int8-rounded x: worst rel err {worst:.2e} over {cases} products")
+if failed:
+    sys.exit("mmq_host_emulation: FAILED")
