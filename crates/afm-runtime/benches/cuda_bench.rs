@@ -2,7 +2,8 @@
 //! device-to-device copy bandwidth (bytes read + written), then GEMV at Qwen3-0.6B and
 //! Qwen3-8B shapes (Q4_K, Q6_K, Q8_0, BF16; GB/s of weights read, as a fraction of the copy
 //! rate; quantized ones through the int8/dp4a kernels, with one and four weight rows per
-//! thread group, `int8r1`/`int8r4` (`int8`: the automatic choice)), Q/K/V and gate+up fused
+//! thread group, `int8r1`/`int8r4` (`int8`: the automatic choice)), the int8 tensor-core
+//! matmul (MMQ) against dequantize + cuBLAS and the int8 GEMV at 17..64 rows, Q/K/V and gate+up fused
 //! and not, decode attention at 1k and 16k context with split-K on and off, the attention
 //! prologue fused and unfused, prefill attention (the tensor-core kernel against the SIMT one
 //! at Qwen3-0.6B's heads, 1k and 16k tokens) and sampling.
@@ -10,8 +11,8 @@
 //! Every timed buffer set is rotated over ≥ 512 MB so the 60 MB L2 cannot serve repeats; data is
 //! random; times are CUDA-event medians of 5 batches after warm-up.
 //! Run: `target/cuda/bin/cuda_bench [SECTION...]` (device `AFM_CUDA_DEVICE`, default 0); with
-//! section names (copy, gemv, fused_projections, prefill_matmul, decode_attention, prologue,
-//! prefill_mma, sampling) only those run (the copy ceiling always does).
+//! section names (copy, gemv, mmq, fused_projections, prefill_matmul, decode_attention,
+//! prologue, prefill_mma, sampling) only those run (the copy ceiling always does).
 //!
 //! Measured 2026-11-29 on the H200 (copy ceiling 4251 GB/s), batch-1 GEMV as % of it (the
 //! quantized kernels of then are gone; the int8 ones' times are in bench/RESULTS.md, "Quantized
@@ -177,6 +178,49 @@ fn gemv(c: &mut CudaContext, copy_gbs: f64, out: &mut Vec<String>) -> R<()> {
                         "| {:5} | {rows:6}x{cols:<5} | {n:2} | {:6} | {:7.2} us | {gbs:7.0} GB/s | {:5.1}% |",
                         dtype.name(),
                         path_name(dtype, path),
+                        ms * 1e3,
+                        100.0 * gbs / copy_gbs
+                    ));
+                    println!("{}", out.last().expect("pushed"));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Qwen3-8B's projections (q/o, down, gate/up, k/v) in Q4_K and Q6_K at 17, 32 and 64
+/// activation rows, the batch sizes that `matmul.rs` sends to MMQ: MMQ (activation quantization
+/// included) against dequantize + cuBLAS and the int8 GEMV (launches of 8 rows), µs and GB/s
+/// of weights read. Weights rotate over ≥ 512 MB as in `gemv`.
+fn mmq(c: &mut CudaContext, copy_gbs: f64, out: &mut Vec<String>) -> R<()> {
+    let mut rng = Rng(7);
+    let shapes = [(4096, 4096), (4096, 12288), (12288, 4096), (1024, 4096)];
+    for dtype in [DType::Q4K, DType::Q6K] {
+        for (rows, cols) in shapes {
+            let w = random_weight(&mut rng, dtype, rows, cols)?;
+            let bytes = w.bytes().len();
+            let copies = ROTATE_BYTES.div_ceil(bytes).clamp(2, 1024);
+            let ws: Vec<DeviceWeight> = (0..copies)
+                .map(|_| DeviceWeight::upload(c, &w))
+                .collect::<Result<_, _>>()?;
+            for n in [17, 32, 64] {
+                let x: Vec<f32> = (0..n * cols).map(|_| rng.sym()).collect();
+                let xd = c.upload(&x)?;
+                let mut y: CudaSlice<f32> = c.alloc(n * rows)?;
+                for (path, name) in [
+                    (MatmulPath::Mmq, "MMQ"),
+                    (MatmulPath::Gemm, "cuBLAS"),
+                    (MatmulPath::Gemv, "int8"),
+                ] {
+                    let ms = time_ms(c, 20, |c, i| {
+                        c.matmul_with(path, &ws[i % copies], &xd, n, &mut y)
+                            .expect("matmul")
+                    })?;
+                    let gbs = bytes as f64 / ms / 1e6;
+                    out.push(format!(
+                        "| {:5} | {rows:5}x{cols:<5} | {n:2} | {name:6} | {:7.2} us | {gbs:6.0} GB/s | {:5.1}% |",
+                        dtype.name(),
                         ms * 1e3,
                         100.0 * gbs / copy_gbs
                     ));
@@ -544,6 +588,9 @@ fn main() -> R<()> {
     let run = |name: &str| only.is_empty() || only.iter().any(|o| o == name);
     if run("gemv") {
         gemv(&mut c, copy_gbs, &mut table)?;
+    }
+    if run("mmq") {
+        mmq(&mut c, copy_gbs, &mut table)?;
     }
     if run("fused_projections") {
         fused_projections(&mut c, &mut table)?;

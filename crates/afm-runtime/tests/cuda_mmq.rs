@@ -1,0 +1,233 @@
+#![cfg(feature = "cuda")]
+//! The int8 tensor-core matmul (MMQ: `mma.sync` m16n8k32 s8 on the GGML blocks, cuda/mmq.rs)
+//! against the CPU, for Q8_0, Q4_K and Q6_K at 17, 32, 33 and 64 activation rows (and 1, 8
+//! and 100 when forced: one tile, and two launches), weight row counts that are not multiples
+//! of the kernels' 32-row tile, and widths 256 (fewer super-blocks than warps) to 12288:
+//! - exactly the CPU-dequantized weights times the activations rounded to int8 as gemv.cu
+//!   documents (relative error 5e-5: float summation order only), and the int8 GEMV's result
+//!   on the same inputs;
+//! - no less accurate than the CPU's own quantized matmul (llama.cpp's Q8/Q8_K activations),
+//!   both measured against the exact f64 product of the dequantized weights;
+//! - the automatic path takes MMQ from 17 to 64 rows (GEMV below, cuBLAS above) unless
+//!   `AFM_MMQ=0`, and Q/K/V sharing one quantization give the separate launches' results;
+//! - unquantized weights are refused with an error.
+//!
+//! Outputs are poisoned with NaN first. Needs a CUDA device of compute capability 8.0 or
+//! later (`AFM_CUDA_DEVICE`, default 0); run with `--test-threads=1` (one shared context).
+
+mod common;
+
+use afm_runtime::cuda::{CudaSlice, DeviceWeight, MatmulPath};
+use afm_runtime::{DType, WeightMatrix};
+use common::weights::{dequantized, dot_rows, random_weight};
+use common::{assert_close, ctx, poisoned, rel_err, Rng};
+
+const QUANT: [DType; 3] = [DType::Q8_0, DType::Q4K, DType::Q6K];
+/// (rows, cols): rows not multiples of 32 (nor 16 or 8); 256 columns is one super-block (three
+/// of the four warps idle), 2816 eleven (an uneven share), 4096 and 12288 Qwen3-8B's widths;
+/// 517 rows: 17 blocks.
+const SHAPES: [(usize, usize); 5] = [(37, 256), (70, 2816), (45, 4096), (517, 4096), (19, 12288)];
+/// The automatic path's MMQ batches: tile edges (17, 33), whole tiles (32, 64).
+const BATCHES: [usize; 4] = [17, 32, 33, 64];
+
+/// Uniform in ±1 with every 61st column 8× larger: hidden states have outlier channels, which
+/// set a block's int8 scale.
+fn activations(rng: &mut Rng, n: usize, cols: usize) -> Vec<f32> {
+    let mut x = rng.vec(n * cols, 1.0);
+    for (i, v) in x.iter_mut().enumerate() {
+        if (i % cols).is_multiple_of(61) {
+            *v *= 8.0;
+        }
+    }
+    x
+}
+
+/// `x` as the int8 kernels see it: per block of 32, `q = round(x · 127/amax)` (half to even)
+/// and `x̂ = (amax/127) · q`.
+fn int8_rounded(x: &[f32]) -> Vec<f32> {
+    let mut out = Vec::with_capacity(x.len());
+    for b in x.chunks_exact(32) {
+        let amax = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let id = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+        let d = amax / 127.0;
+        out.extend(b.iter().map(|&v| d * (v * id).round_ties_even()));
+    }
+    out
+}
+
+fn gpu_matmul(path: MatmulPath, w: &DeviceWeight, x: &[f32], n: usize) -> Vec<f32> {
+    let mut c = ctx();
+    let xd = c.upload(x).expect("upload");
+    let mut out = poisoned(&c, n * w.rows());
+    c.matmul_with(path, w, &xd, n, &mut out).expect("matmul");
+    c.download(&out).expect("download")
+}
+
+fn mmq_env_off() -> bool {
+    std::env::var("AFM_MMQ").is_ok_and(|v| v == "0")
+}
+
+#[test]
+fn mmq_equals_dequantized_weights_times_rounded_activations() {
+    let mut rng = Rng(31);
+    for dtype in QUANT {
+        for (rows, cols) in SHAPES {
+            let w = random_weight(&mut rng, dtype, rows, cols);
+            let dw = DeviceWeight::upload(&ctx(), &w).expect("upload");
+            let wd = dequantized(&w);
+            // 1 and 8: single tiles (the GEMV's sizes, forced); 100: launches of 64 and 36.
+            let forced_only = if rows < 100 {
+                &[1, 8, 100][..]
+            } else {
+                &[][..]
+            };
+            for &n in BATCHES.iter().chain(forced_only) {
+                let x = activations(&mut rng, n, cols);
+                let want = dot_rows(&wd, rows, cols, &int8_rounded(&x), n);
+                let got = gpu_matmul(MatmulPath::Mmq, &dw, &x, n);
+                assert_close(
+                    &format!("{dtype:?} {rows}x{cols} n={n} MMQ"),
+                    &got,
+                    &want,
+                    5e-5,
+                );
+                if BATCHES.contains(&n) {
+                    // The int8 GEMV on the same inputs (its own launches of 8 rows).
+                    let gemv = gpu_matmul(MatmulPath::Gemv, &dw, &x, n);
+                    let what = format!("{dtype:?} {rows}x{cols} n={n} MMQ vs int8 GEMV");
+                    assert_close(&what, &got, &gemv, 5e-5);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn mmq_is_as_accurate_as_the_cpu_matmul() {
+    let mut rng = Rng(32);
+    for dtype in QUANT {
+        for (rows, cols) in [(70, 2816), (45, 4096), (19, 12288)] {
+            let w = random_weight(&mut rng, dtype, rows, cols);
+            let dw = DeviceWeight::upload(&ctx(), &w).expect("upload");
+            let wd = dequantized(&w);
+            for n in [17, 32, 64] {
+                let x = activations(&mut rng, n, cols);
+                let exact = dot_rows(&wd, rows, cols, &x, n);
+                let mut cpu = vec![0f32; n * rows];
+                w.matmul(&x, n, &mut cpu);
+                let got = gpu_matmul(MatmulPath::Mmq, &dw, &x, n);
+                let (e_gpu, e_cpu) = (rel_err(&got, &exact), rel_err(&cpu, &exact));
+                eprintln!(
+                    "{dtype:?} {rows}x{cols} n={n}: vs exact mmq {e_gpu:.2e} cpu {e_cpu:.2e}"
+                );
+                assert!(
+                    e_gpu <= 1.1 * e_cpu + 1e-5,
+                    "{dtype:?} {rows}x{cols} n={n}: MMQ error {e_gpu:.3e} > CPU's {e_cpu:.3e}"
+                );
+            }
+        }
+    }
+}
+
+/// `Auto` runs the int8 GEMV up to 16 rows, MMQ from 17 to 64 and dequantize + cuBLAS above
+/// (each compared bit for bit with the forced path); with `AFM_MMQ=0`, cuBLAS from 17 rows.
+#[test]
+fn auto_path_takes_mmq_from_17_to_64_rows() {
+    let mut rng = Rng(33);
+    let (rows, cols) = (300, 4096);
+    let w = random_weight(&mut rng, DType::Q4K, rows, cols);
+    let dw = DeviceWeight::upload(&ctx(), &w).expect("upload");
+    let off = mmq_env_off();
+    for (n, expected) in [
+        (16, MatmulPath::Gemv),
+        (
+            17,
+            if off {
+                MatmulPath::Gemm
+            } else {
+                MatmulPath::Mmq
+            },
+        ),
+        (
+            64,
+            if off {
+                MatmulPath::Gemm
+            } else {
+                MatmulPath::Mmq
+            },
+        ),
+        (65, MatmulPath::Gemm),
+    ] {
+        let x = activations(&mut rng, n, cols);
+        let auto = gpu_matmul(MatmulPath::Auto, &dw, &x, n);
+        let forced = gpu_matmul(expected, &dw, &x, n);
+        assert_eq!(
+            auto, forced,
+            "n={n}: Auto is not {expected:?} (AFM_MMQ=0: {off})"
+        );
+    }
+}
+
+/// Q/K/V of mixed quantized types (as Q4_K_M files have) after one quantization give the
+/// separate MMQ launches' results, bit for bit.
+#[test]
+fn shared_quantization_matches_separate_mmq() {
+    if mmq_env_off() {
+        eprintln!("skipped: AFM_MMQ=0 keeps matmul_many off the MMQ path");
+        return;
+    }
+    let mut rng = Rng(34);
+    let cols = 4096;
+    let mats = [(DType::Q4K, 3201), (DType::Q6K, 1030), (DType::Q8_0, 517)];
+    let ws: Vec<WeightMatrix> = mats
+        .iter()
+        .map(|&(t, rows)| random_weight(&mut rng, t, rows, cols))
+        .collect();
+    let mut c = ctx();
+    let dws: Vec<DeviceWeight> = ws
+        .iter()
+        .map(|w| DeviceWeight::upload(&c, w).expect("upload"))
+        .collect();
+    for n in BATCHES {
+        let x = activations(&mut rng, n, cols);
+        let xd = c.upload(&x).expect("upload");
+        for k in [2, 3] {
+            let mut outs: Vec<CudaSlice<f32>> = dws[..k]
+                .iter()
+                .map(|w| poisoned(&c, n * w.rows()))
+                .collect();
+            let mut refs: Vec<&mut CudaSlice<f32>> = outs.iter_mut().collect();
+            let wrefs: Vec<&DeviceWeight> = dws[..k].iter().collect();
+            let fused = c
+                .matmul_many(&wrefs, &xd, n, &mut refs)
+                .expect("matmul_many");
+            assert!(fused, "n={n}: the shared quantization was not used");
+            for (w, o) in dws.iter().zip(&outs) {
+                let mut one = poisoned(&c, n * w.rows());
+                c.matmul_with(MatmulPath::Mmq, w, &xd, n, &mut one)
+                    .expect("matmul");
+                let got = c.download(o).expect("download");
+                let want = c.download(&one).expect("download");
+                let what = format!("{:?} {}x{cols} n={n} of {k}", w.dtype(), w.rows());
+                assert_eq!(got, want, "{what}: shared quantization differs");
+            }
+        }
+    }
+}
+
+#[test]
+fn mmq_refuses_unquantized_weights() {
+    let mut rng = Rng(35);
+    let mut c = ctx();
+    let w = DeviceWeight::upload(&c, &random_weight(&mut rng, DType::F16, 8, 256)).expect("upload");
+    let xd = c.upload(&rng.vec(32 * 256, 1.0)).expect("upload");
+    let mut out = poisoned(&c, 32 * 8);
+    let err = c
+        .matmul_with(MatmulPath::Mmq, &w, &xd, 32, &mut out)
+        .expect_err("F16 weights through MMQ");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("MMQ weight type") && msg.contains("F16"),
+        "{msg}"
+    );
+}
