@@ -191,8 +191,9 @@ fn gemv(c: &mut CudaContext, copy_gbs: f64, out: &mut Vec<String>) -> R<()> {
 
 /// Qwen3-8B's projections (q/o, down, gate/up, k/v) in Q4_K and Q6_K at 17, 32 and 64
 /// activation rows, the batch sizes that `matmul.rs` sends to MMQ: MMQ (activation quantization
-/// included) against dequantize + cuBLAS and the int8 GEMV (launches of 8 rows), µs and GB/s
-/// of weights read. Weights rotate over ≥ 512 MB as in `gemv`.
+/// included; columns split over 4 and over 8 warps per block, `mmq.rs` picks 8 from 4096
+/// columns) against dequantize + cuBLAS and the int8 GEMV (launches of 8 rows), µs and GB/s of
+/// weights read. Weights rotate over ≥ 512 MB as in `gemv`.
 fn mmq(c: &mut CudaContext, copy_gbs: f64, out: &mut Vec<String>) -> R<()> {
     let mut rng = Rng(7);
     let shapes = [(4096, 4096), (4096, 12288), (12288, 4096), (1024, 4096)];
@@ -209,7 +210,8 @@ fn mmq(c: &mut CudaContext, copy_gbs: f64, out: &mut Vec<String>) -> R<()> {
                 let xd = c.upload(&x)?;
                 let mut y: CudaSlice<f32> = c.alloc(n * rows)?;
                 for (path, name) in [
-                    (MatmulPath::Mmq, "MMQ"),
+                    (MatmulPath::MmqWarps(4), "MMQ w4"),
+                    (MatmulPath::MmqWarps(8), "MMQ w8"),
                     (MatmulPath::Gemm, "cuBLAS"),
                     (MatmulPath::Gemv, "int8"),
                 ] {

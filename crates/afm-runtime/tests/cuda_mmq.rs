@@ -4,13 +4,13 @@
 //! and 100 when forced: one tile, and two launches), weight row counts that are not multiples
 //! of the kernels' 32-row tile, and widths 256 (fewer super-blocks than warps) to 12288:
 //! - exactly the CPU-dequantized weights times the activations rounded to int8 as gemv.cu
-//!   documents (relative error 5e-5: float summation order only), and the int8 GEMV's result
-//!   on the same inputs;
+//!   documents (relative error 5e-5: float summation order only), with the columns split over
+//!   4 and over 8 warps, and the int8 GEMV's result on the same inputs;
 //! - no less accurate than the CPU's own quantized matmul (llama.cpp's Q8/Q8_K activations),
 //!   both measured against the exact f64 product of the dequantized weights;
 //! - the automatic path takes MMQ from 17 to 64 rows (GEMV below, cuBLAS above) unless
 //!   `AFM_MMQ=0`, and Q/K/V sharing one quantization give the separate launches' results;
-//! - unquantized weights are refused with an error.
+//! - unquantized weights and warp counts other than 4 and 8 are refused with an error.
 //!
 //! Outputs are poisoned with NaN first. Needs a CUDA device of compute capability 8.0 or
 //! later (`AFM_CUDA_DEVICE`, default 0); run with `--test-threads=1` (one shared context).
@@ -84,13 +84,13 @@ fn mmq_equals_dequantized_weights_times_rounded_activations() {
             for &n in BATCHES.iter().chain(forced_only) {
                 let x = activations(&mut rng, n, cols);
                 let want = dot_rows(&wd, rows, cols, &int8_rounded(&x), n);
+                // Both kernel sets (columns split over 4 or 8 warps); `Mmq` picks one by width.
+                for warps in [4, 8] {
+                    let got = gpu_matmul(MatmulPath::MmqWarps(warps), &dw, &x, n);
+                    let what = format!("{dtype:?} {rows}x{cols} n={n} MMQ {warps} warps");
+                    assert_close(&what, &got, &want, 5e-5);
+                }
                 let got = gpu_matmul(MatmulPath::Mmq, &dw, &x, n);
-                assert_close(
-                    &format!("{dtype:?} {rows}x{cols} n={n} MMQ"),
-                    &got,
-                    &want,
-                    5e-5,
-                );
                 if BATCHES.contains(&n) {
                     // The int8 GEMV on the same inputs (its own launches of 8 rows).
                     let gemv = gpu_matmul(MatmulPath::Gemv, &dw, &x, n);
@@ -213,6 +213,19 @@ fn shared_quantization_matches_separate_mmq() {
             }
         }
     }
+}
+
+#[test]
+fn mmq_refuses_other_warp_counts() {
+    let mut rng = Rng(36);
+    let mut c = ctx();
+    let w = DeviceWeight::upload(&c, &random_weight(&mut rng, DType::Q4K, 8, 256)).expect("upload");
+    let xd = c.upload(&rng.vec(32 * 256, 1.0)).expect("upload");
+    let mut out = poisoned(&c, 32 * 8);
+    let err = c
+        .matmul_with(MatmulPath::MmqWarps(5), &w, &xd, 32, &mut out)
+        .expect_err("5 warps");
+    assert!(err.to_string().contains("MMQ warps per block"), "{err}");
 }
 
 #[test]

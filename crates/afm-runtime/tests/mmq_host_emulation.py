@@ -3,8 +3,8 @@
 
     python3 crates/afm-runtime/tests/mmq_host_emulation.py      (needs g++ with C++20, numpy, gguf)
 
-The whole of mmq.cu is compiled with g++ under host stand-ins: every block runs as 128 (or 256)
-std::threads, __syncthreads is a barrier of the block, and the warp-collective operations are
+The whole of mmq.cu is compiled with g++ under host stand-ins: every block runs as 128 or 256
+std::threads (4- and 8-warp kernels, alternating over the cases), __syncthreads is a barrier of the block, and the warp-collective operations are
 emulated per warp through a barrier of its 32 threads: warp_max/warp_sum, and mma.sync
 m16n8k32 s8, which gathers the 32 lanes' registers into A (16x32), B (32x8) by the fragment
 layout of the PTX ISA ("Matrix Fragments for mma.m16n8k32": lane 4g+t holds A rows g, g+8 at
@@ -134,7 +134,9 @@ static inline void mmq_prefetch(const u8*) {}
 
 driver = r'''
 typedef void (*Kernel)(int, const u8*, const signed char*, const float2*, float*, int, int, int, int);
-static const Kernel KERNELS[9] = {nullptr, mmq_1, mmq_2, mmq_3, mmq_4, mmq_5, mmq_6, mmq_7, mmq_8};
+static const Kernel KERNELS[2][9] = {
+    {nullptr, mmq_w4_1, mmq_w4_2, mmq_w4_3, mmq_w4_4, mmq_w4_5, mmq_w4_6, mmq_w4_7, mmq_w4_8},
+    {nullptr, mmq_w8_1, mmq_w8_2, mmq_w8_3, mmq_w8_4, mmq_w8_5, mmq_w8_6, mmq_w8_7, mmq_w8_8}};
 
 template <class F>
 static void run_grid(unsigned blocks, unsigned threads, F f) {
@@ -159,8 +161,9 @@ static char* rd(const char* p, size_t& len) {
 }
 
 int main(int argc, char** argv) {
-    // argv: type rows cols n  (w.bin: the GGML rows, x.bin: f32 [n][cols]) -> out.bin f32 [n][rows]
+    // argv: type rows cols n warps (w.bin: the GGML rows, x.bin: f32 [n][cols]) -> out.bin f32 [n][rows]
     const int type = atoi(argv[1]), rows = atoi(argv[2]), cols = atoi(argv[3]), n = atoi(argv[4]);
+    const int warps = atoi(argv[5]);
     size_t l;
     const u8* w = (const u8*)rd("w.bin", l);
     const float* x = (const float*)rd("x.bin", l);
@@ -175,7 +178,8 @@ int main(int argc, char** argv) {
         const signed char* q0 = xq.data() + (size_t)c0 * cols;
         const float2* d0 = ds.data() + c0;
         float* o0 = out.data() + (size_t)c0 * rows;
-        run_grid((unsigned)((rows + brows - 1) / brows), 128, [&] { KERNELS[nt](type, w, q0, d0, o0, rows, cols, nb, np); });
+        run_grid((unsigned)((rows + brows - 1) / brows), 32 * warps,
+                 [&] { KERNELS[warps / 8][nt](type, w, q0, d0, o0, rows, cols, nb, np); });
     }
     FILE* f = fopen("out.bin", "wb"); fwrite(out.data(), 4, out.size(), f); fclose(f);
     f = fopen("xq.bin", "wb"); fwrite(xq.data(), 1, xq.size(), f); fclose(f);
@@ -225,7 +229,7 @@ def rel(a, b):
 
 
 rng = np.random.default_rng(9)
-worst, cases, failed = 0.0, 0, False
+worst, cases, failed, results = 0.0, 0, False, []
 # (type, rows, cols, batches): row counts that are not multiples of the 32-row tile; widths with
 # fewer super-blocks than warps (256), an uneven share (1280: 5) and Q8_0 blocks not a whole
 # super-block (96); batches across tile edges; 72, 100 and 130: two or three launches.
@@ -248,7 +252,9 @@ for t, rows, cols, batches in CASES:
         x = rng.standard_normal((n, cols)).astype(np.float32)
         x[:, ::61] *= 8  # outlier channels, as hidden states
         x.tofile("x.bin")
-        subprocess.run(["./emu", str(KIND[t]), str(rows), str(cols), str(n)], check=True)
+        warps = 4 if len(results) % 2 == 0 else 8  # both kernel sets over the cases
+        results.append(warps)
+        subprocess.run(["./emu", str(KIND[t]), str(rows), str(cols), str(n), str(warps)], check=True)
         out = np.fromfile("out.bin", dtype=np.float32).reshape(n, rows)
         q, d, s = quant8(x)
         np_ = (n + 7) // 8 * 8
@@ -266,7 +272,8 @@ for t, rows, cols, batches in CASES:
         worst, cases = max(worst, e), cases + 1
         status = "ok" if e <= 1e-5 and ok_q else "MISMATCH"
         failed |= status != "ok"
-        print(f"{status:8} {t.name:5} {rows:3}x{cols:<5} n={n:3}: rel err {e:.2e}, quantization {'equal' if ok_q else 'DIFFERS'}")
+        print(f"{status:8} {t.name:5} {rows:3}x{cols:<5} n={n:3} {warps} warps: rel err {e:.2e}, "
+              f"quantization {'equal' if ok_q else 'DIFFERS'}")
 print(f"mmq emulation vs gguf-py dequant x int8-rounded x: worst rel err {worst:.2e} over {cases} products")
 if failed:
     sys.exit("mmq_host_emulation: FAILED")

@@ -109,6 +109,9 @@ pub enum MatmulPath {
     /// The int8 tensor-core kernels (`mmq.rs`) at any batch size, regardless of `AFM_MMQ`:
     /// quantized weights on sm_80 and later only (an error elsewhere).
     Mmq,
+    /// As `Mmq`, with the blocks' warps forced to 4 or 8 rather than chosen by width: tests
+    /// cover both kernel sets, and `cuda_bench` times both to check the choice.
+    MmqWarps(usize),
 }
 
 /// Whether the quantized GEMV prefetches its first weights into L2 before waiting on the
@@ -282,17 +285,23 @@ impl CudaContext {
             });
         }
         let (xp, op) = (self.ptr(x), self.ptr_mut(out));
-        if path == MatmulPath::Mmq || (path == MatmulPath::Auto && quant && self.mmq_auto(n)) {
+        let mmq_warps = match path {
+            MatmulPath::Mmq => Some(None),
+            MatmulPath::MmqWarps(k) => Some(Some(k)),
+            MatmulPath::Auto if quant && self.mmq_auto(n) => Some(None),
+            _ => None,
+        };
+        if let Some(warps) = mmq_warps {
             self.mmq_check(w)?;
             let acts = self.mmq_quantize(xp, n, w.cols)?;
-            return self.mmq(w, acts, op);
+            return self.mmq(w, acts, op, warps);
         }
         // The 16-bit GEMV reads activations as float4.
         let gemv_ok = quant || (half && w.cols.is_multiple_of(8) && xp.is_multiple_of(16));
         let use_gemv = match path {
             MatmulPath::Auto => gemv_ok && n <= if quant { GEMV_MAX_ROWS } else { GEMV_MAX_BATCH },
             MatmulPath::Gemv | MatmulPath::GemvRows(_) => gemv_ok,
-            MatmulPath::Gemm | MatmulPath::Mmq => false,
+            MatmulPath::Gemm | MatmulPath::Mmq | MatmulPath::MmqWarps(_) => false,
         };
         if !use_gemv {
             self.gemm(w, xp, n, op)
@@ -551,7 +560,7 @@ impl CudaContext {
             let acts = self.mmq_quantize(xp, n, ws[0].cols)?;
             for (w, o) in ws.iter().zip(outs.iter_mut()) {
                 let op = self.ptr_mut(&mut **o);
-                self.mmq(w, acts, op)?;
+                self.mmq(w, acts, op, None)?;
             }
             return Ok(true);
         }

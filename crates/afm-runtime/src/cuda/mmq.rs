@@ -14,20 +14,27 @@ use super::ops::grid_1d;
 use super::{launch, CudaContext, CudaError, Result};
 use crate::DType;
 
-/// Activation rows one MMQ launch takes (`mmq_1` .. `mmq_8`: tiles of 8); more go in
+/// Activation rows one MMQ launch takes (`mmq_w*_1` .. `mmq_w*_8`: tiles of 8); more go in
 /// launches of this many against one quantization.
 pub const MMQ_LAUNCH_ROWS: usize = 64;
 /// Activation rows per tile of the kernels (the mma's n).
 const TILE_N: usize = 8;
 /// Values per int8 activation block.
 const Q8_BLOCK: usize = 32;
-/// Threads per MMQ block (`MMQ_THREADS` in mmq.cu).
-const MMQ_THREADS: u32 = 128;
+/// Warps per MMQ block that the kernels come in (`MMQ_BOTH` in mmq.cu).
+const WARP_COUNTS: [usize; 2] = [4, 8];
+/// Columns from which a block splits them over 8 warps rather than 4: two Q4_K/Q6_K
+/// super-blocks per warp at 4096 (Qwen3-8B's width). Eight warps per block are twice the loads
+/// in flight on a 4096-row matrix, whose 128 blocks are one per SM; not yet measured
+/// (`cuda_bench mmq` times both).
+const WIDE_COLS: usize = 4096;
 
 /// Every kernel of mmq.cu, for the context's loader.
 pub(super) fn kernel_names() -> Vec<String> {
     let mut v = vec!["mmq_quantize".to_string()];
-    v.extend((1..=MMQ_LAUNCH_ROWS / TILE_N).map(|nt| format!("mmq_{nt}")));
+    for w in WARP_COUNTS {
+        v.extend((1..=MMQ_LAUNCH_ROWS / TILE_N).map(|nt| format!("mmq_w{w}_{nt}")));
+    }
     v
 }
 
@@ -104,10 +111,28 @@ impl CudaContext {
 
     /// `out = x · wᵀ` (`out` `[n][w.rows]`) for quantized `w` against activations from
     /// [`Self::mmq_quantize`] of `w.cols` columns, in launches of at most [`MMQ_LAUNCH_ROWS`]
-    /// rows.
-    pub(super) fn mmq(&mut self, w: &DeviceWeight, acts: MmqActs, out: u64) -> Result<()> {
+    /// rows, with `warps` warps per block (4 or 8; `None`: by width, see [`WIDE_COLS`]).
+    pub(super) fn mmq(
+        &mut self,
+        w: &DeviceWeight,
+        acts: MmqActs,
+        out: u64,
+        warps: Option<usize>,
+    ) -> Result<()> {
         let ty = self.mmq_check(w)?;
         super::check("MMQ activation width", acts.cols, w.cols())?;
+        let warps = match warps {
+            None if w.cols() >= WIDE_COLS => 8,
+            None => 4,
+            Some(k) if WARP_COUNTS.contains(&k) => k,
+            Some(k) => {
+                return Err(CudaError::Unsupported {
+                    what: "MMQ warps per block",
+                    value: k.to_string(),
+                    supported: "4 or 8",
+                })
+            }
+        };
         let (rows, cols) = (w.rows(), w.cols());
         if rows == 0 || acts.n == 0 {
             return Ok(());
@@ -119,7 +144,7 @@ impl CudaContext {
             let nt = nb.div_ceil(TILE_N);
             let cfg = LaunchConfig {
                 grid_dim: (rows.div_ceil(BLOCK_ROWS) as u32, 1, 1),
-                block_dim: (MMQ_THREADS, 1, 1),
+                block_dim: (32 * warps as u32, 1, 1),
                 shared_mem_bytes: 0,
             };
             // Row c0 of the activations: c0 is a whole number of tiles, so ds keeps its stride.
@@ -127,7 +152,7 @@ impl CudaContext {
             let ds0 = acts.ds + (c0 * 2 * 4) as u64;
             let o0 = out + (c0 * rows * 4) as u64;
             let ni = nb as i32;
-            let f = self.kernel(&format!("mmq_{nt}"))?;
+            let f = self.kernel(&format!("mmq_w{warps}_{nt}"))?;
             launch!(self, f, cfg; ty, wp, q0, ds0, o0, ri, ci, ni, npi)?;
         }
         Ok(())

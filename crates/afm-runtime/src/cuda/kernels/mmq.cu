@@ -20,17 +20,15 @@
 // each), and in Q6_K (one scale per 16 values) lanes t < 2 hold the first 16 values of a block
 // and lanes t >= 2 the second 16.
 //
-// Tiling. A block of 4 warps owns 16 MT consecutive weight rows (MT = 2) and every activation row (NT tiles of 8); the warps split the columns (warp w
-// takes super-blocks w, w+4, ... of 256, or 32-blocks for Q8_0) and the 4 partial tiles are
-// summed in shared memory in a fixed order. Each thread builds its A fragments from the packed
-// blocks in global memory (unpacking 4/6-bit values to int8 in registers), so every weight byte
+// Tiling. A block of 4 or 8 warps owns 16 MT consecutive weight rows (MT = 2) and every
+// activation row (NT tiles of 8); the warps split the columns (warp w takes super-blocks
+// w, w + warps, ... of 256, or 32-blocks for Q8_0) and their partial tiles are summed in shared
+// memory in a fixed order. Each thread builds its A fragments from the packed blocks in global
+// memory (unpacking 4/6-bit values to int8 in registers), so every weight byte
 // is read once per call; activations and their scales are re-read by each block from L2.
 //
 //   xq: i8  [np][cols]           rows n..np zero (np = n rounded up to 8)
 //   ds: f32 [cols / 32][np][2]   (d, d * sum(q)) per block of 32, activation rows adjacent
-
-#define MMQ_WARPS 4
-#define MMQ_THREADS (32 * MMQ_WARPS)
 
 // Weight type codes (cuda/mmq.rs `mmq_type`).
 #define MMQ_Q4_K 0
@@ -124,13 +122,13 @@ __device__ __forceinline__ void mmq_acts(const signed char* xq, const float2* ds
 
 // Q4_K: per super-block of 256, lane t's 8 bytes at qs[32p + 8t] hold stored values 8t..8t+7 of
 // sub-block 2p (low nibbles) and of sub-block 2p+1 (high nibbles).
-template <int MT, int NT>
+template <int MT, int NT, int WARPS>
 __device__ __forceinline__ void mmq_q4_k(const u8* W, const signed char* xq, const float2* ds,
                                          int rows, int cols, int np, const MmqLane& l,
                                          float (&acc)[MT][NT][4]) {
     const int nsb = cols >> 8;
     const i64 rbytes = (i64)nsb * 144;
-    for (int sb = l.warp; sb < nsb; sb += MMQ_WARPS) {
+    for (int sb = l.warp; sb < nsb; sb += WARPS) {
         uint4 hd[MT][2];
         uint2 qs[MT][2][4];
 #pragma unroll
@@ -139,9 +137,9 @@ __device__ __forceinline__ void mmq_q4_k(const u8* W, const signed char* xq, con
             for (int h = 0; h < 2; h++) {
                 const int r = min(l.row0 + 16 * mt + 8 * h + l.g, rows - 1);
                 const u8* base = W + r * rbytes + sb * 144;
-                if (l.t == 0 && sb + MMQ_WARPS < nsb) {
-                    mmq_prefetch(base + MMQ_WARPS * 144);
-                    mmq_prefetch(base + MMQ_WARPS * 144 + 143);
+                if (l.t == 0 && sb + WARPS < nsb) {
+                    mmq_prefetch(base + WARPS * 144);
+                    mmq_prefetch(base + WARPS * 144 + 143);
                 }
                 hd[mt][h] = *(const uint4*)base;
 #pragma unroll
@@ -197,14 +195,14 @@ __device__ __forceinline__ u32 q6k_bias(u32 v) {
 // sc[8hh + 2q] (l < 16) and sc[8hh + 2q + 1]. Lane t's stored values are l = 8t..8t+7, so one
 // scale per lane: two mma per block, each with the other half's lanes zeroed, and the integer
 // sums combined with their scales before the one float multiply.
-template <int MT, int NT>
+template <int MT, int NT, int WARPS>
 __device__ __forceinline__ void mmq_q6_k(const u8* W, const signed char* xq, const float2* ds,
                                          int rows, int cols, int np, const MmqLane& l,
                                          float (&acc)[MT][NT][4]) {
     const int nsb = cols >> 8;
     const i64 rbytes = (i64)nsb * 210;
     const bool lo16 = l.t < 2;
-    for (int sb = l.warp; sb < nsb; sb += MMQ_WARPS) {
+    for (int sb = l.warp; sb < nsb; sb += WARPS) {
 #pragma unroll
         for (int hh = 0; hh < 2; hh++) {
             uint2 ql0[MT][2], ql1[MT][2], qh[MT][2];
@@ -216,10 +214,10 @@ __device__ __forceinline__ void mmq_q6_k(const u8* W, const signed char* xq, con
                 for (int h = 0; h < 2; h++) {
                     const int r = min(l.row0 + 16 * mt + 8 * h + l.g, rows - 1);
                     const u8* base = W + r * rbytes + sb * 210;
-                    if (hh == 0 && l.t == 0 && sb + MMQ_WARPS < nsb) {
-                        mmq_prefetch(base + MMQ_WARPS * 210);
-                        mmq_prefetch(base + MMQ_WARPS * 210 + 128);
-                        mmq_prefetch(base + MMQ_WARPS * 210 + 209);
+                    if (hh == 0 && l.t == 0 && sb + WARPS < nsb) {
+                        mmq_prefetch(base + WARPS * 210);
+                        mmq_prefetch(base + WARPS * 210 + 128);
+                        mmq_prefetch(base + WARPS * 210 + 209);
                     }
                     ql0[mt][h] = ld64_a2(base + 64 * hh + 8 * l.t);
                     ql1[mt][h] = ld64_a2(base + 64 * hh + 32 + 8 * l.t);
@@ -277,14 +275,14 @@ __device__ __forceinline__ void mmq_q6_k(const u8* W, const signed char* xq, con
 }
 
 // Q8_0: one 34-byte block (f16 d, 32 int8) per 32 columns; warps take blocks w, w+4, ...
-template <int MT, int NT>
+template <int MT, int NT, int WARPS>
 __device__ __forceinline__ void mmq_q8_0(const u8* W, const signed char* xq, const float2* ds,
                                          int rows, int cols, int np, const MmqLane& l,
                                          float (&acc)[MT][NT][4]) {
     const int nkb = cols >> 5;
     const i64 rbytes = (i64)nkb * 34;
 #pragma unroll 2
-    for (int kb = l.warp; kb < nkb; kb += MMQ_WARPS) {
+    for (int kb = l.warp; kb < nkb; kb += WARPS) {
         u32 a[MT][4];
         float d[MT][2];
 #pragma unroll
@@ -293,7 +291,7 @@ __device__ __forceinline__ void mmq_q8_0(const u8* W, const signed char* xq, con
             for (int h = 0; h < 2; h++) {
                 const int r = min(l.row0 + 16 * mt + 8 * h + l.g, rows - 1);
                 const u8* base = W + r * rbytes + kb * 34;
-                if (l.t == 0 && kb + 2 * MMQ_WARPS < nkb) mmq_prefetch(base + 2 * MMQ_WARPS * 34);
+                if (l.t == 0 && kb + 2 * WARPS < nkb) mmq_prefetch(base + 2 * WARPS * 34);
                 const uint2 w = ld64_a2(base + 2 + 8 * l.t);
                 a[mt][h] = w.x;
                 a[mt][2 + h] = w.y;
@@ -319,30 +317,57 @@ __device__ __forceinline__ void mmq_q8_0(const u8* W, const signed char* xq, con
     }
 }
 
-// Sums the warps' partial tiles in a fixed order (warp 0's first) and stores them: warp w
-// finishes accumulator element w of every (mt, nt) (element e: row g + 8 (e >> 1), activation
-// row 2t + (e & 1)).
-template <int MT, int NT>
+// Sums the warps' partial tiles in a fixed order and stores them. With 8 warps, warps 4..7 first
+// hand theirs to warps 0..3 (w + 4 to w). Then warp w (< 4) finishes accumulator element w of
+// every (mt, nt), summing warps 0..3 in order (element e: row g + 8 (e >> 1), activation row
+// 2t + (e & 1)). 32 KB of shared memory at MT * NT = 16.
+template <int MT, int NT, int WARPS>
 __device__ __forceinline__ void mmq_store(float (&acc)[MT][NT][4], float* out, int rows, int n,
                                           const MmqLane& l) {
-    __shared__ float red[MMQ_WARPS][MT * NT * 4][32];
+    static_assert(WARPS == 4 || WARPS == 8, "4 or 8 warps");
+    __shared__ float red[4][MT * NT * 4][32];
     const int lane = threadIdx.x & 31;
+    if (WARPS == 8) {
+        if (l.warp >= 4) {
 #pragma unroll
-    for (int mt = 0; mt < MT; mt++)
+            for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++)
+                for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) red[l.warp][(mt * NT + nt) * 4 + e][lane] = acc[mt][nt][e];
+                    for (int e = 0; e < 4; e++)
+                        red[l.warp - 4][(mt * NT + nt) * 4 + e][lane] = acc[mt][nt][e];
+        }
+        __syncthreads();
+        if (l.warp < 4) {
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        acc[mt][nt][e] += red[l.warp][(mt * NT + nt) * 4 + e][lane];
+        }
+        __syncthreads();
+    }
+    if (l.warp < 4) {
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    red[l.warp][(mt * NT + nt) * 4 + e][lane] = acc[mt][nt][e];
+    }
     __syncthreads();
-    const int e = l.warp;  // MMQ_WARPS == 4 == accumulator elements per (mt, nt)
+    if (l.warp >= 4) return;
+    const int e = l.warp;  // 4 finishing warps, 4 accumulator elements per (mt, nt)
 #pragma unroll
     for (int mt = 0; mt < MT; mt++) {
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) {
             const int i = (mt * NT + nt) * 4 + e;
-            float v = red[0][i][lane];
-#pragma unroll
-            for (int w = 1; w < MMQ_WARPS; w++) v += red[w][i][lane];
+            const float v =
+                ((red[0][i][lane] + red[1][i][lane]) + red[2][i][lane]) + red[3][i][lane];
             const int row = l.row0 + 16 * mt + l.g + 8 * (e >> 1);
             const int col = 8 * nt + 2 * l.t + (e & 1);
             if (row < rows && col < n) out[(i64)col * rows + row] = v;
@@ -351,7 +376,7 @@ __device__ __forceinline__ void mmq_store(float (&acc)[MT][NT][4], float* out, i
 }
 
 // One launch: `type` (uniform over the grid, one branch) picks the weight decoder.
-template <int MT, int NT>
+template <int MT, int NT, int WARPS>
 __device__ __forceinline__ void mmq(int type, const u8* W, const signed char* xq,
                                     const float2* ds, float* out, int rows, int cols, int n,
                                     int np) {
@@ -363,29 +388,32 @@ __device__ __forceinline__ void mmq(int type, const u8* W, const signed char* xq
         for (int nt = 0; nt < NT; nt++)
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[mt][nt][e] = 0.f;
-    if (type == MMQ_Q4_K) mmq_q4_k<MT, NT>(W, xq, ds, rows, cols, np, l, acc);
-    else if (type == MMQ_Q6_K) mmq_q6_k<MT, NT>(W, xq, ds, rows, cols, np, l, acc);
-    else mmq_q8_0<MT, NT>(W, xq, ds, rows, cols, np, l, acc);
-    mmq_store<MT, NT>(acc, out, rows, n, l);
+    if (type == MMQ_Q4_K) mmq_q4_k<MT, NT, WARPS>(W, xq, ds, rows, cols, np, l, acc);
+    else if (type == MMQ_Q6_K) mmq_q6_k<MT, NT, WARPS>(W, xq, ds, rows, cols, np, l, acc);
+    else mmq_q8_0<MT, NT, WARPS>(W, xq, ds, rows, cols, np, l, acc);
+    mmq_store<MT, NT, WARPS>(acc, out, rows, n, l);
 }
 
-// mmq_<NT>: activation rows 8 (NT - 1) + 1 ..= 8 NT, two 16-row weight tiles per block. Up to 64
-// rows only, as matmul.rs's path choice: with MMQ(NT, 1) for NT 9..16 added (65..128 rows at
-// the same 64 accumulator registers) NVRTC took 25 s for this module instead of 4 s
-// (scripts/nvrtc_check.py on the shared 2-core build machine), a start-up cost for every server.
-#define MMQ(NT, MT)                                                                            \
-    extern "C" __global__ void __launch_bounds__(MMQ_THREADS) mmq_##NT(                        \
+// mmq_w<WARPS>_<NT>: activation rows 8 (NT - 1) + 1 ..= 8 NT, two 16-row weight tiles per block
+// (MT = 2), the columns split over 4 or 8 warps (8: twice the warps in flight per block, for
+// wide matrices; cuda/mmq.rs picks). Up to 64 rows only, as matmul.rs's path choice: with
+// MMQ(NT, 1) for NT 9..16 added (65..128 rows at the same 64 accumulator registers) NVRTC took
+// 25 s for the 4-warp kernels instead of 4 s (scripts/nvrtc_check.py on the shared 2-core
+// build machine), a start-up cost for every server.
+#define MMQ(WARPS, NT)                                                                         \
+    extern "C" __global__ void __launch_bounds__(32 * WARPS) mmq_w##WARPS##_##NT(              \
         int type, const u8* W, const signed char* xq, const float2* ds, float* out, int rows,  \
         int cols, int n, int np) {                                                             \
         pdl_begin();                                                                           \
-        mmq<MT, NT>(type, W, xq, ds, out, rows, cols, n, np);                                  \
+        mmq<2, NT, WARPS>(type, W, xq, ds, out, rows, cols, n, np);                            \
     }
+#define MMQ_BOTH(NT) MMQ(4, NT) MMQ(8, NT)
 
-MMQ(1, 2)
-MMQ(2, 2)
-MMQ(3, 2)
-MMQ(4, 2)
-MMQ(5, 2)
-MMQ(6, 2)
-MMQ(7, 2)
-MMQ(8, 2)
+MMQ_BOTH(1)
+MMQ_BOTH(2)
+MMQ_BOTH(3)
+MMQ_BOTH(4)
+MMQ_BOTH(5)
+MMQ_BOTH(6)
+MMQ_BOTH(7)
+MMQ_BOTH(8)
