@@ -193,7 +193,8 @@ fn gemv(c: &mut CudaContext, copy_gbs: f64, out: &mut Vec<String>) -> R<()> {
 /// activation rows, the batch sizes that `matmul.rs` sends to MMQ: MMQ (activation quantization
 /// included; columns split over 4 and over 8 warps per block, `mmq.rs` picks 8 from 4096
 /// columns) against dequantize + cuBLAS and the int8 GEMV (launches of 8 rows), µs and GB/s of
-/// weights read. Weights rotate over ≥ 512 MB as in `gemv`.
+/// weights read; then gate+up with SiLU in one MMQ launch against two. Weights rotate over
+/// ≥ 512 MB as in `gemv`.
 fn mmq(c: &mut CudaContext, copy_gbs: f64, out: &mut Vec<String>) -> R<()> {
     let mut rng = Rng(7);
     let shapes = [(4096, 4096), (4096, 12288), (12288, 4096), (1024, 4096)];
@@ -230,6 +231,48 @@ fn mmq(c: &mut CudaContext, copy_gbs: f64, out: &mut Vec<String>) -> R<()> {
                 }
             }
         }
+    }
+    // Qwen3-8B's gate and up (Q4_K) with SiLU: one MMQ launch against two (each quantizing x
+    // again; the SiLU not applied).
+    let (rows, cols) = (12288, 4096);
+    let host = [
+        random_weight(&mut rng, DType::Q4K, rows, cols)?,
+        random_weight(&mut rng, DType::Q4K, rows, cols)?,
+    ];
+    let set_bytes = 2 * host[0].bytes().len();
+    let copies = ROTATE_BYTES.div_ceil(set_bytes).clamp(2, 1024);
+    let sets: Vec<[DeviceWeight; 2]> = (0..copies)
+        .map(|_| -> R<[DeviceWeight; 2]> {
+            Ok([
+                DeviceWeight::upload(c, &host[0])?,
+                DeviceWeight::upload(c, &host[1])?,
+            ])
+        })
+        .collect::<R<_>>()?;
+    for n in [32, 64] {
+        let x: Vec<f32> = (0..n * cols).map(|_| rng.sym()).collect();
+        let xd = c.upload(&x)?;
+        let mut y: CudaSlice<f32> = c.alloc(n * rows)?;
+        let mut y2: CudaSlice<f32> = c.alloc(n * rows)?;
+        let fused = time_ms(c, 20, |c, i| {
+            let [g, u] = &sets[i % copies];
+            let done = c.matmul_gated(g, u, Activation::Silu, &xd, n, &mut y);
+            assert!(done.expect("gated"), "MMQ gate+up applies (AFM_MMQ=0 set?)");
+        })?;
+        let separate = time_ms(c, 20, |c, i| {
+            let [g, u] = &sets[i % copies];
+            c.matmul_with(MatmulPath::Mmq, g, &xd, n, &mut y)
+                .expect("gate");
+            c.matmul_with(MatmulPath::Mmq, u, &xd, n, &mut y2)
+                .expect("up");
+        })?;
+        out.push(format!(
+            "| gate+up Q4_K {rows}x{cols} | {n:2} | MMQ fused {:7.2} us | separate {:7.2} us | {:6.0} GB/s fused |",
+            fused * 1e3,
+            separate * 1e3,
+            set_bytes as f64 / fused / 1e6
+        ));
+        println!("{}", out.last().expect("pushed"));
     }
     Ok(())
 }

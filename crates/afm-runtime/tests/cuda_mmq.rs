@@ -9,7 +9,8 @@
 //! - no less accurate than the CPU's own quantized matmul (llama.cpp's Q8/Q8_K activations),
 //!   both measured against the exact f64 product of the dequantized weights;
 //! - the automatic path takes MMQ from 17 to 64 rows (GEMV below, cuBLAS above) unless
-//!   `AFM_MMQ=0`, and Q/K/V sharing one quantization give the separate launches' results;
+//!   `AFM_MMQ=0`; Q/K/V sharing one quantization give the separate launches' results, and
+//!   gate+up in one launch with SiLU / GELU tanh the activation of the separate results;
 //! - unquantized weights and warp counts other than 4 and 8 are refused with an error.
 //!
 //! Outputs are poisoned with NaN first. Needs a CUDA device of compute capability 8.0 or
@@ -17,7 +18,7 @@
 
 mod common;
 
-use afm_runtime::cuda::{CudaSlice, DeviceWeight, MatmulPath};
+use afm_runtime::cuda::{Activation, CudaSlice, DeviceWeight, MatmulPath};
 use afm_runtime::{DType, WeightMatrix};
 use common::weights::{dequantized, dot_rows, random_weight};
 use common::{assert_close, ctx, poisoned, rel_err, Rng};
@@ -210,6 +211,66 @@ fn shared_quantization_matches_separate_mmq() {
                 let want = c.download(&one).expect("download");
                 let what = format!("{:?} {}x{cols} n={n} of {k}", w.dtype(), w.rows());
                 assert_eq!(got, want, "{what}: shared quantization differs");
+            }
+        }
+    }
+}
+
+fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+fn gelu_tanh(x: f32) -> f32 {
+    0.5 * x * (1.0 + (0.797_884_6 * (x + 0.044715 * x * x * x)).tanh())
+}
+
+/// Gate and up in one MMQ launch (16 rows of each per block) with the activation applied give
+/// the activation of the separate MMQ results.
+#[test]
+fn gated_mmq_equals_activation_of_separate_mmq() {
+    if mmq_env_off() {
+        eprintln!("skipped: AFM_MMQ=0 keeps matmul_gated off the MMQ path");
+        return;
+    }
+    let mut rng = Rng(37);
+    for dtype in QUANT {
+        // 3201 rows: 201 blocks of 16 rows of each; 4096 columns: the 8-warp kernels.
+        for (rows, cols) in [(45, 2048), (19, 4096), (3201, 4096)] {
+            let (g, u) = (
+                random_weight(&mut rng, dtype, rows, cols),
+                random_weight(&mut rng, dtype, rows, cols),
+            );
+            let mut c = ctx();
+            let (dg, du) = (
+                DeviceWeight::upload(&c, &g).expect("upload"),
+                DeviceWeight::upload(&c, &u).expect("upload"),
+            );
+            for n in BATCHES {
+                let x = activations(&mut rng, n, cols);
+                let xd = c.upload(&x).expect("upload");
+                let mut gs = poisoned(&c, n * rows);
+                let mut us = poisoned(&c, n * rows);
+                c.matmul_with(MatmulPath::Mmq, &dg, &xd, n, &mut gs)
+                    .expect("gate");
+                c.matmul_with(MatmulPath::Mmq, &du, &xd, n, &mut us)
+                    .expect("up");
+                let (gs, us) = (
+                    c.download(&gs).expect("download"),
+                    c.download(&us).expect("download"),
+                );
+                for (act, f) in [
+                    (Activation::Silu, silu as fn(f32) -> f32),
+                    (Activation::GeluTanh, gelu_tanh),
+                ] {
+                    let want: Vec<f32> = gs.iter().zip(&us).map(|(&a, &b)| f(a) * b).collect();
+                    let mut out = poisoned(&c, n * rows);
+                    let fused = c
+                        .matmul_gated(&dg, &du, act, &xd, n, &mut out)
+                        .expect("gated");
+                    assert!(fused, "{dtype:?} n={n}: not fused");
+                    let what = format!("gated MMQ {act:?} {dtype:?} {rows}x{cols} n={n}");
+                    assert_close(&what, &c.download(&out).expect("download"), &want, 1e-6);
+                }
             }
         }
     }

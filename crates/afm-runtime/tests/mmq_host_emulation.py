@@ -11,8 +11,9 @@ layout of the PTX ISA ("Matrix Fragments for mma.m16n8k32": lane 4g+t holds A ro
 k 4t..4t+3 and 16+4t..16+4t+3, B column g at the same k, C rows g, g+8 at columns 2t, 2t+1),
 multiplies them in int32 and hands each lane its C elements. Only mma_s8 and the L2 prefetch are
 replaced; the decoding, the tiling, the permuted k order and the reduction run as written.
-The driver quantizes with mmq_quantize and launches mmq_<NT> in chunks of <= 64 rows, as
-cuda/mmq.rs does, and poisons the output with NaN (a row never written fails).
+The driver quantizes with mmq_quantize and launches mmq_w<4|8>_<NT> in chunks of <= 64 rows, as
+cuda/mmq.rs does, plain and for gate+up fused with SiLU / GELU tanh, and poisons the output with
+NaN (a row never written fails).
 Reference: gguf-py's dequantization (not afm's) times the activations rounded to int8 as
 quantize_x_q8 does, in f64. Relative error should be float rounding (~1e-7).
 """
@@ -133,7 +134,7 @@ static inline void mmq_prefetch(const u8*) {}
 '''
 
 driver = r'''
-typedef void (*Kernel)(int, const u8*, const signed char*, const float2*, float*, int, int, int, int);
+typedef void (*Kernel)(int, const u8*, const u8*, const signed char*, const float2*, float*, int, int, int, int, int);
 static const Kernel KERNELS[2][9] = {
     {nullptr, mmq_w4_1, mmq_w4_2, mmq_w4_3, mmq_w4_4, mmq_w4_5, mmq_w4_6, mmq_w4_7, mmq_w4_8},
     {nullptr, mmq_w8_1, mmq_w8_2, mmq_w8_3, mmq_w8_4, mmq_w8_5, mmq_w8_6, mmq_w8_7, mmq_w8_8}};
@@ -161,11 +162,13 @@ static char* rd(const char* p, size_t& len) {
 }
 
 int main(int argc, char** argv) {
-    // argv: type rows cols n warps (w.bin: the GGML rows, x.bin: f32 [n][cols]) -> out.bin f32 [n][rows]
+    // argv: type rows cols n warps act (w.bin: the GGML rows, for act >= 0 the gate and u.bin
+    // the up rows; x.bin: f32 [n][cols]) -> out.bin f32 [n][rows]
     const int type = atoi(argv[1]), rows = atoi(argv[2]), cols = atoi(argv[3]), n = atoi(argv[4]);
-    const int warps = atoi(argv[5]);
+    const int warps = atoi(argv[5]), act = atoi(argv[6]);
     size_t l;
     const u8* w = (const u8*)rd("w.bin", l);
+    const u8* u = act >= 0 ? (const u8*)rd("u.bin", l) : w;
     const float* x = (const float*)rd("x.bin", l);
     const int np = (n + 7) / 8 * 8, nkb = cols / 32;
     std::vector<signed char> xq((size_t)np * cols, 99);
@@ -174,12 +177,12 @@ int main(int argc, char** argv) {
     run_grid((unsigned)((qthreads + 255) / 256), 256, [&] { mmq_quantize(x, xq.data(), ds.data(), n, np, cols); });
     std::vector<float> out((size_t)n * rows, NAN);
     for (int c0 = 0; c0 < n; c0 += 64) {   // launches of <= 64 rows, as cuda/mmq.rs
-        const int nb = std::min(64, n - c0), nt = (nb + 7) / 8, brows = 32;
+        const int nb = std::min(64, n - c0), nt = (nb + 7) / 8, brows = act >= 0 ? 16 : 32;
         const signed char* q0 = xq.data() + (size_t)c0 * cols;
         const float2* d0 = ds.data() + c0;
         float* o0 = out.data() + (size_t)c0 * rows;
         run_grid((unsigned)((rows + brows - 1) / brows), 32 * warps,
-                 [&] { KERNELS[warps / 8][nt](type, w, q0, d0, o0, rows, cols, nb, np); });
+                 [&] { KERNELS[warps / 8][nt](type, w, u, q0, d0, o0, rows, cols, nb, np, act); });
     }
     FILE* f = fopen("out.bin", "wb"); fwrite(out.data(), 4, out.size(), f); fclose(f);
     f = fopen("xq.bin", "wb"); fwrite(xq.data(), 1, xq.size(), f); fclose(f);
@@ -254,7 +257,7 @@ for t, rows, cols, batches in CASES:
         x.tofile("x.bin")
         warps = 4 if len(results) % 2 == 0 else 8  # both kernel sets over the cases
         results.append(warps)
-        subprocess.run(["./emu", str(KIND[t]), str(rows), str(cols), str(n), str(warps)], check=True)
+        subprocess.run(["./emu", str(KIND[t]), str(rows), str(cols), str(n), str(warps), "-1"], check=True)
         out = np.fromfile("out.bin", dtype=np.float32).reshape(n, rows)
         q, d, s = quant8(x)
         np_ = (n + 7) // 8 * 8
@@ -275,5 +278,27 @@ for t, rows, cols, batches in CASES:
         print(f"{status:8} {t.name:5} {rows:3}x{cols:<5} n={n:3} {warps} warps: rel err {e:.2e}, "
               f"quantization {'equal' if ok_q else 'DIFFERS'}")
 print(f"mmq emulation vs gguf-py dequant x int8-rounded x: worst rel err {worst:.2e} over {cases} products")
+
+# gate+up fused with the activation (act 0 = SiLU, 1 = GELU tanh): 16 rows of each per block
+ACTS = [lambda g: g / (1 + np.exp(-g)),
+        lambda g: 0.5 * g * (1 + np.tanh(0.7978846 * (g + 0.044715 * g ** 3)))]
+for t, rows, cols, n, act, warps in [(T.Q4_K, 37, 1280, 33, 0, 4), (T.Q6_K, 21, 512, 64, 1, 8),
+                                     (T.Q8_0, 45, 256, 17, 0, 8), (T.Q4_K, 19, 4096, 70, 0, 8)]:
+    g, u = random_weight(rng, t, rows, cols), random_weight(rng, t, rows, cols)
+    g.tofile("w.bin")
+    u.tofile("u.bin")
+    x = rng.standard_normal((n, cols)).astype(np.float32)
+    x.tofile("x.bin")
+    subprocess.run(["./emu", str(KIND[t]), str(rows), str(cols), str(n), str(warps), str(act)], check=True)
+    out = np.fromfile("out.bin", dtype=np.float32).reshape(n, rows)
+    q, d, s = quant8(x)
+    xhat = (q.astype(np.float64).reshape(-1, 32) * d[:, None]).reshape(n, cols)
+    gd = dequantize(g, t).astype(np.float64).reshape(rows, cols)
+    ud = dequantize(u, t).astype(np.float64).reshape(rows, cols)
+    want = ACTS[act](xhat @ gd.T) * (xhat @ ud.T)
+    e = rel(out, want) if np.isfinite(out).all() else float("inf")
+    status = "ok" if e <= 1e-5 else "MISMATCH"
+    failed |= status != "ok"
+    print(f"{status:8} gated act {act} {t.name:5} {rows:3}x{cols:<5} n={n:3} {warps} warps: rel err {e:.2e}")
 if failed:
     sys.exit("mmq_host_emulation: FAILED")

@@ -18,7 +18,7 @@
 //! Several quantized matrices of one input share one activation quantization and one launch:
 //! Q/K/V, of any mix of the three types ([`CudaContext::matmul_many`]), and gate with up,
 //! fused with the activation ([`CudaContext::matmul_gated`]). On the MMQ path Q/K/V share the
-//! quantization (one launch each); gate and up go separately.
+//! quantization (one launch each), and gate with up is one launch.
 
 use cudarc::cublas::result::gemm_ex;
 use cudarc::cublas::sys::{
@@ -596,8 +596,8 @@ impl CudaContext {
 
     /// `out = act(x · gateᵀ) · (x · upᵀ)` in one GEMV launch (act 0 = SiLU, 1 = GELU tanh),
     /// for 16-bit or same-typed quantized weights (after one int8 quantization of x, in
-    /// launches of at most `GEMV_MAX_BATCH` rows); `false` (nothing launched) where the fused
-    /// kernels do not apply.
+    /// launches of at most `GEMV_MAX_BATCH` rows; on the MMQ path's batch sizes one MMQ launch
+    /// per 64 rows); `false` (nothing launched) where the fused kernels do not apply.
     pub fn matmul_gated(
         &mut self,
         gate: &DeviceWeight,
@@ -609,7 +609,11 @@ impl CudaContext {
     ) -> Result<bool> {
         let xp = self.ptr(x);
         let quant = gate.dtype == up.dtype && quant_shared_ok(&[gate, up], n);
-        if gate.rows != up.rows || !(quant || fused_ok(&[gate, up], n, xp)) {
+        let mmq = gate.dtype == up.dtype
+            && is_quant(gate.dtype)
+            && gate.cols == up.cols
+            && self.mmq_auto(n);
+        if gate.rows != up.rows || !(mmq || quant || fused_ok(&[gate, up], n, xp)) {
             return Ok(false);
         }
         check_len("matmul input", x.len(), n * gate.cols)?;
@@ -624,6 +628,11 @@ impl CudaContext {
             super::Activation::Silu => 0,
             super::Activation::GeluTanh => 1,
         };
+        if mmq {
+            let acts = self.mmq_quantize(xp, n, gate.cols)?;
+            self.mmq_gated(gate, up, a, acts, op)?;
+            return Ok(true);
+        }
         if quant {
             if gate.rows == 0 {
                 return Ok(true);

@@ -55,7 +55,7 @@ fn mmq_type(t: DType) -> Option<i32> {
     }
 }
 
-/// Weight rows per MMQ block (`MMQ(NT, MT)` in mmq.cu: 16 · MT, MT = 2).
+/// Weight rows per MMQ block (two tiles of 16; for gate+up 16 rows of each).
 const BLOCK_ROWS: usize = 32;
 
 /// Device addresses of activations quantized for MMQ (`mmq_quantize`'s outputs).
@@ -119,6 +119,37 @@ impl CudaContext {
         out: u64,
         warps: Option<usize>,
     ) -> Result<()> {
+        self.mmq_launch(w, None, acts, out, warps)
+    }
+
+    /// `out = act(x · gateᵀ) · (x · upᵀ)` (act 0 = SiLU, 1 = GELU tanh) for `gate` and `up` of
+    /// one quantized type and shape: each block computes 16 rows of both.
+    pub(super) fn mmq_gated(
+        &mut self,
+        gate: &DeviceWeight,
+        up: &DeviceWeight,
+        act: i32,
+        acts: MmqActs,
+        out: u64,
+    ) -> Result<()> {
+        super::check(
+            "MMQ gate/up type",
+            usize::from(gate.dtype() == up.dtype()),
+            1,
+        )?;
+        super::check("MMQ up rows", up.rows(), gate.rows())?;
+        super::check("MMQ up cols", up.cols(), gate.cols())?;
+        self.mmq_launch(gate, Some((up, act)), acts, out, None)
+    }
+
+    fn mmq_launch(
+        &mut self,
+        w: &DeviceWeight,
+        up: Option<(&DeviceWeight, i32)>,
+        acts: MmqActs,
+        out: u64,
+        warps: Option<usize>,
+    ) -> Result<()> {
         let ty = self.mmq_check(w)?;
         super::check("MMQ activation width", acts.cols, w.cols())?;
         let warps = match warps {
@@ -137,13 +168,18 @@ impl CudaContext {
         if rows == 0 || acts.n == 0 {
             return Ok(());
         }
-        let wp = self.ptr(w.bytes());
+        // A block covers 32 rows of one matrix, or 16 of gate and of up.
+        let (w1, act, block_rows) = match up {
+            Some((u, act)) => (self.ptr(u.bytes()), act, BLOCK_ROWS / 2),
+            None => (self.ptr(w.bytes()), -1, BLOCK_ROWS),
+        };
+        let w0 = self.ptr(w.bytes());
         let (ri, ci, npi) = (rows as i32, cols as i32, acts.np as i32);
         for c0 in (0..acts.n).step_by(MMQ_LAUNCH_ROWS) {
             let nb = (acts.n - c0).min(MMQ_LAUNCH_ROWS);
             let nt = nb.div_ceil(TILE_N);
             let cfg = LaunchConfig {
-                grid_dim: (rows.div_ceil(BLOCK_ROWS) as u32, 1, 1),
+                grid_dim: (rows.div_ceil(block_rows) as u32, 1, 1),
                 block_dim: (32 * warps as u32, 1, 1),
                 shared_mem_bytes: 0,
             };
@@ -153,7 +189,7 @@ impl CudaContext {
             let o0 = out + (c0 * rows * 4) as u64;
             let ni = nb as i32;
             let f = self.kernel(&format!("mmq_w{warps}_{nt}"))?;
-            launch!(self, f, cfg; ty, wp, q0, ds0, o0, ri, ci, ni, npi)?;
+            launch!(self, f, cfg; ty, w0, w1, q0, ds0, o0, ri, ci, ni, npi, act)?;
         }
         Ok(())
     }

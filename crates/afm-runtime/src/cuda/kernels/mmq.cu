@@ -20,12 +20,13 @@
 // each), and in Q6_K (one scale per 16 values) lanes t < 2 hold the first 16 values of a block
 // and lanes t >= 2 the second 16.
 //
-// Tiling. A block of 4 or 8 warps owns 16 MT consecutive weight rows (MT = 2) and every
-// activation row (NT tiles of 8); the warps split the columns (warp w takes super-blocks
-// w, w + warps, ... of 256, or 32-blocks for Q8_0) and their partial tiles are summed in shared
-// memory in a fixed order. Each thread builds its A fragments from the packed blocks in global
-// memory (unpacking 4/6-bit values to int8 in registers), so every weight byte
-// is read once per call; activations and their scales are re-read by each block from L2.
+// Tiling. A block of 4 or 8 warps owns two 16-row weight tiles (32 consecutive rows, or for
+// gate+up 16 rows of each, so act(gate) * up is formed in registers) and every activation row
+// (NT tiles of 8); the warps split the columns (warp w takes super-blocks w, w + warps, ... of
+// 256, or 32-blocks for Q8_0) and their partial tiles are summed in shared memory in a fixed
+// order. Each thread builds its A fragments from the packed blocks in global memory (unpacking
+// 4/6-bit values to int8 in registers), so every weight byte is read once per call;
+// activations and their scales are re-read by each block from L2.
 //
 //   xq: i8  [np][cols]           rows n..np zero (np = n rounded up to 8)
 //   ds: f32 [cols / 32][np][2]   (d, d * sum(q)) per block of 32, activation rows adjacent
@@ -75,18 +76,25 @@ __device__ __forceinline__ void mmq_prefetch(const u8* p) {
     asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 }
 
-// A thread's place: lane parts g and t, its warp, and the block's first weight row.
+// A thread's place: lane parts g and t, its warp, and the block's two 16-row weight tiles
+// (matrix and first row of each): rows 32b.. and 32b+16.. of one matrix, or for gate+up rows
+// 16b.. of the gate and of the up matrix, so one thread holds both factors of its outputs.
 struct MmqLane {
-    int g, t, warp, row0;
+    int g, t, warp;
+    const u8* w[2];
+    int row0[2];
 };
 
-__device__ __forceinline__ MmqLane mmq_lane(int mt_count) {
+__device__ __forceinline__ MmqLane mmq_lane(const u8* W0, const u8* W1, bool gated) {
     MmqLane l;
     const int lane = threadIdx.x & 31;
     l.g = lane >> 2;
     l.t = lane & 3;
     l.warp = threadIdx.x >> 5;
-    l.row0 = blockIdx.x * 16 * mt_count;
+    l.w[0] = W0;
+    l.w[1] = gated ? W1 : W0;
+    l.row0[0] = blockIdx.x * (gated ? 16 : 32);
+    l.row0[1] = l.row0[0] + (gated ? 0 : 16);
     return l;
 }
 
@@ -123,7 +131,7 @@ __device__ __forceinline__ void mmq_acts(const signed char* xq, const float2* ds
 // Q4_K: per super-block of 256, lane t's 8 bytes at qs[32p + 8t] hold stored values 8t..8t+7 of
 // sub-block 2p (low nibbles) and of sub-block 2p+1 (high nibbles).
 template <int MT, int NT, int WARPS>
-__device__ __forceinline__ void mmq_q4_k(const u8* W, const signed char* xq, const float2* ds,
+__device__ __forceinline__ void mmq_q4_k(const signed char* xq, const float2* ds,
                                          int rows, int cols, int np, const MmqLane& l,
                                          float (&acc)[MT][NT][4]) {
     const int nsb = cols >> 8;
@@ -135,8 +143,8 @@ __device__ __forceinline__ void mmq_q4_k(const u8* W, const signed char* xq, con
         for (int mt = 0; mt < MT; mt++) {
 #pragma unroll
             for (int h = 0; h < 2; h++) {
-                const int r = min(l.row0 + 16 * mt + 8 * h + l.g, rows - 1);
-                const u8* base = W + r * rbytes + sb * 144;
+                const int r = min(l.row0[mt] + 8 * h + l.g, rows - 1);
+                const u8* base = l.w[mt] + r * rbytes + sb * 144;
                 if (l.t == 0 && sb + WARPS < nsb) {
                     mmq_prefetch(base + WARPS * 144);
                     mmq_prefetch(base + WARPS * 144 + 143);
@@ -196,7 +204,7 @@ __device__ __forceinline__ u32 q6k_bias(u32 v) {
 // scale per lane: two mma per block, each with the other half's lanes zeroed, and the integer
 // sums combined with their scales before the one float multiply.
 template <int MT, int NT, int WARPS>
-__device__ __forceinline__ void mmq_q6_k(const u8* W, const signed char* xq, const float2* ds,
+__device__ __forceinline__ void mmq_q6_k(const signed char* xq, const float2* ds,
                                          int rows, int cols, int np, const MmqLane& l,
                                          float (&acc)[MT][NT][4]) {
     const int nsb = cols >> 8;
@@ -212,8 +220,8 @@ __device__ __forceinline__ void mmq_q6_k(const u8* W, const signed char* xq, con
             for (int mt = 0; mt < MT; mt++) {
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
-                    const int r = min(l.row0 + 16 * mt + 8 * h + l.g, rows - 1);
-                    const u8* base = W + r * rbytes + sb * 210;
+                    const int r = min(l.row0[mt] + 8 * h + l.g, rows - 1);
+                    const u8* base = l.w[mt] + r * rbytes + sb * 210;
                     if (hh == 0 && l.t == 0 && sb + WARPS < nsb) {
                         mmq_prefetch(base + WARPS * 210);
                         mmq_prefetch(base + WARPS * 210 + 128);
@@ -276,7 +284,7 @@ __device__ __forceinline__ void mmq_q6_k(const u8* W, const signed char* xq, con
 
 // Q8_0: one 34-byte block (f16 d, 32 int8) per 32 columns; warps take blocks w, w+4, ...
 template <int MT, int NT, int WARPS>
-__device__ __forceinline__ void mmq_q8_0(const u8* W, const signed char* xq, const float2* ds,
+__device__ __forceinline__ void mmq_q8_0(const signed char* xq, const float2* ds,
                                          int rows, int cols, int np, const MmqLane& l,
                                          float (&acc)[MT][NT][4]) {
     const int nkb = cols >> 5;
@@ -289,8 +297,8 @@ __device__ __forceinline__ void mmq_q8_0(const u8* W, const signed char* xq, con
         for (int mt = 0; mt < MT; mt++) {
 #pragma unroll
             for (int h = 0; h < 2; h++) {
-                const int r = min(l.row0 + 16 * mt + 8 * h + l.g, rows - 1);
-                const u8* base = W + r * rbytes + kb * 34;
+                const int r = min(l.row0[mt] + 8 * h + l.g, rows - 1);
+                const u8* base = l.w[mt] + r * rbytes + kb * 34;
                 if (l.t == 0 && kb + 2 * WARPS < nkb) mmq_prefetch(base + 2 * WARPS * 34);
                 const uint2 w = ld64_a2(base + 2 + 8 * l.t);
                 a[mt][h] = w.x;
@@ -317,20 +325,27 @@ __device__ __forceinline__ void mmq_q8_0(const u8* W, const signed char* xq, con
     }
 }
 
+__device__ __forceinline__ float mmq_act(float x, int act) {
+    if (act == 0) return x / (1.0f + expf(-x));  // SiLU, as gemv.cu's gemv_silu
+    const float C = 0.7978846f;                  // GELU tanh: sqrt(2/pi), as gemv_gelu_tanh
+    return 0.5f * x * (1.0f + tanhf(C * (x + 0.044715f * x * x * x)));
+}
+
 // Sums the warps' partial tiles in a fixed order and stores them. With 8 warps, warps 4..7 first
 // hand theirs to warps 0..3 (w + 4 to w). Then warp w (< 4) finishes accumulator element w of
 // every (mt, nt), summing warps 0..3 in order (element e: row g + 8 (e >> 1), activation row
-// 2t + (e & 1)). 32 KB of shared memory at MT * NT = 16.
-template <int MT, int NT, int WARPS>
-__device__ __forceinline__ void mmq_store(float (&acc)[MT][NT][4], float* out, int rows, int n,
-                                          const MmqLane& l) {
+// 2t + (e & 1)), and writes it, or for gate+up (act >= 0) act(gate) * up from the two tiles.
+// 32 KB of shared memory at MT * NT = 16.
+template <int NT, int WARPS>
+__device__ __forceinline__ void mmq_store(float (&acc)[2][NT][4], float* out, int rows, int n,
+                                          int act, const MmqLane& l) {
     static_assert(WARPS == 4 || WARPS == 8, "4 or 8 warps");
-    __shared__ float red[4][MT * NT * 4][32];
+    __shared__ float red[4][2 * NT * 4][32];
     const int lane = threadIdx.x & 31;
     if (WARPS == 8) {
         if (l.warp >= 4) {
 #pragma unroll
-            for (int mt = 0; mt < MT; mt++)
+            for (int mt = 0; mt < 2; mt++)
 #pragma unroll
                 for (int nt = 0; nt < NT; nt++)
 #pragma unroll
@@ -340,7 +355,7 @@ __device__ __forceinline__ void mmq_store(float (&acc)[MT][NT][4], float* out, i
         __syncthreads();
         if (l.warp < 4) {
 #pragma unroll
-            for (int mt = 0; mt < MT; mt++)
+            for (int mt = 0; mt < 2; mt++)
 #pragma unroll
                 for (int nt = 0; nt < NT; nt++)
 #pragma unroll
@@ -351,7 +366,7 @@ __device__ __forceinline__ void mmq_store(float (&acc)[MT][NT][4], float* out, i
     }
     if (l.warp < 4) {
 #pragma unroll
-        for (int mt = 0; mt < MT; mt++)
+        for (int mt = 0; mt < 2; mt++)
 #pragma unroll
             for (int nt = 0; nt < NT; nt++)
 #pragma unroll
@@ -362,50 +377,61 @@ __device__ __forceinline__ void mmq_store(float (&acc)[MT][NT][4], float* out, i
     if (l.warp >= 4) return;
     const int e = l.warp;  // 4 finishing warps, 4 accumulator elements per (mt, nt)
 #pragma unroll
-    for (int mt = 0; mt < MT; mt++) {
+    for (int nt = 0; nt < NT; nt++) {
+        float v[2];
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
+        for (int mt = 0; mt < 2; mt++) {
             const int i = (mt * NT + nt) * 4 + e;
-            const float v =
-                ((red[0][i][lane] + red[1][i][lane]) + red[2][i][lane]) + red[3][i][lane];
-            const int row = l.row0 + 16 * mt + l.g + 8 * (e >> 1);
-            const int col = 8 * nt + 2 * l.t + (e & 1);
-            if (row < rows && col < n) out[(i64)col * rows + row] = v;
+            v[mt] = ((red[0][i][lane] + red[1][i][lane]) + red[2][i][lane]) + red[3][i][lane];
+        }
+        const int col = 8 * nt + 2 * l.t + (e & 1);
+        if (col >= n) continue;
+        if (act >= 0) {
+            const int row = l.row0[0] + l.g + 8 * (e >> 1);
+            if (row < rows) out[(i64)col * rows + row] = mmq_act(v[0], act) * v[1];
+        } else {
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++) {
+                const int row = l.row0[mt] + l.g + 8 * (e >> 1);
+                if (row < rows) out[(i64)col * rows + row] = v[mt];
+            }
         }
     }
 }
 
-// One launch: `type` (uniform over the grid, one branch) picks the weight decoder.
-template <int MT, int NT, int WARPS>
-__device__ __forceinline__ void mmq(int type, const u8* W, const signed char* xq,
+// One launch: `type` (uniform over the grid, one branch) picks the weight decoder; act < 0:
+// out = x . W0^T, else out = act(x . W0^T) * (x . W1^T) (gate W0, up W1 of one type and shape;
+// act 0 = SiLU, 1 = GELU tanh).
+template <int NT, int WARPS>
+__device__ __forceinline__ void mmq(int type, const u8* W0, const u8* W1, const signed char* xq,
                                     const float2* ds, float* out, int rows, int cols, int n,
-                                    int np) {
-    const MmqLane l = mmq_lane(MT);
-    float acc[MT][NT][4];
+                                    int np, int act) {
+    const MmqLane l = mmq_lane(W0, W1, act >= 0);
+    float acc[2][NT][4];
 #pragma unroll
-    for (int mt = 0; mt < MT; mt++)
+    for (int mt = 0; mt < 2; mt++)
 #pragma unroll
         for (int nt = 0; nt < NT; nt++)
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[mt][nt][e] = 0.f;
-    if (type == MMQ_Q4_K) mmq_q4_k<MT, NT, WARPS>(W, xq, ds, rows, cols, np, l, acc);
-    else if (type == MMQ_Q6_K) mmq_q6_k<MT, NT, WARPS>(W, xq, ds, rows, cols, np, l, acc);
-    else mmq_q8_0<MT, NT, WARPS>(W, xq, ds, rows, cols, np, l, acc);
-    mmq_store<MT, NT, WARPS>(acc, out, rows, n, l);
+    if (type == MMQ_Q4_K) mmq_q4_k<2, NT, WARPS>(xq, ds, rows, cols, np, l, acc);
+    else if (type == MMQ_Q6_K) mmq_q6_k<2, NT, WARPS>(xq, ds, rows, cols, np, l, acc);
+    else mmq_q8_0<2, NT, WARPS>(xq, ds, rows, cols, np, l, acc);
+    mmq_store<NT, WARPS>(acc, out, rows, n, act, l);
 }
 
 // mmq_w<WARPS>_<NT>: activation rows 8 (NT - 1) + 1 ..= 8 NT, two 16-row weight tiles per block
-// (MT = 2), the columns split over 4 or 8 warps (8: twice the warps in flight per block, for
-// wide matrices; cuda/mmq.rs picks). Up to 64 rows only, as matmul.rs's path choice: with
-// MMQ(NT, 1) for NT 9..16 added (65..128 rows at the same 64 accumulator registers) NVRTC took
-// 25 s for the 4-warp kernels instead of 4 s (scripts/nvrtc_check.py on the shared 2-core
-// build machine), a start-up cost for every server.
+// (of one matrix: 32 rows; or 16 rows of gate and of up), the columns split over 4 or 8 warps
+// (8: twice the warps in flight per block, for wide matrices; cuda/mmq.rs picks). Up to 64 rows
+// only, as matmul.rs's path choice: with kernels of one 16-row tile for 65..128 rows (NT 9..16
+// at the same 64 accumulator registers) NVRTC took 25 s for the 4-warp kernels instead of 4 s
+// (scripts/nvrtc_check.py on the shared 2-core build machine), a start-up cost for every server.
 #define MMQ(WARPS, NT)                                                                         \
     extern "C" __global__ void __launch_bounds__(32 * WARPS) mmq_w##WARPS##_##NT(              \
-        int type, const u8* W, const signed char* xq, const float2* ds, float* out, int rows,  \
-        int cols, int n, int np) {                                                             \
+        int type, const u8* W0, const u8* W1, const signed char* xq, const float2* ds,         \
+        float* out, int rows, int cols, int n, int np, int act) {                              \
         pdl_begin();                                                                           \
-        mmq<2, NT, WARPS>(type, W, xq, ds, out, rows, cols, n, np);                            \
+        mmq<NT, WARPS>(type, W0, W1, xq, ds, out, rows, cols, n, np, act);                     \
     }
 #define MMQ_BOTH(NT) MMQ(4, NT) MMQ(8, NT)
 
