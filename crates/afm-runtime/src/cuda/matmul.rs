@@ -37,15 +37,17 @@ use crate::{DType, WeightMatrix};
 /// H200: 32 streams of Qwen3-8B bf16 decoded 1,014 tok/s through four GEMV launches).
 pub const GEMV_MAX_BATCH: usize = 8;
 /// Quantized weights take GEMV launches (each reading the weights again) up to this batch;
-/// past it they are dequantized to f16 in chunks for cuBLAS. `cuda_bench` on the H200 (int8
+/// past it the MMQ kernels (up to `MMQ_MAX_ROWS`, or with `AFM_MMQ=0` dequantization to f16
+/// in chunks for cuBLAS). `cuda_bench` on the H200 (int8
 /// kernels, 2026-11-30), Qwen3-8B Q4_K matrices: at 16 rows two launches beat cuBLAS (4096×12288
 /// 51 vs 132 µs, 12288×4096 68 vs 101 µs), at 32 rows four launches mostly lose (12288×4096
 /// 133 vs 102 µs, 4096×4096 52 vs 36 µs; 4096×12288 98 vs 132 µs).
 const GEMV_MAX_ROWS: usize = 16;
 /// Quantized weights take the MMQ kernels (`mmq.rs`) past `GEMV_MAX_ROWS` up to this batch
-/// and dequantize + cuBLAS above it. 64: the size the kernels were designed for (two 16-row
-/// weight tiles per block against at most 8 tiles of 8 activation rows); not yet measured
-/// against cuBLAS at 65..128 rows (`cuda_bench mmq`).
+/// and dequantize + cuBLAS above it. 64: the most one MMQ launch takes (two 16-row weight
+/// tiles per block against at most 8 tiles of 8 activation rows); more would take a second
+/// launch, reading the weights again. Neither switch point is measured yet (`cuda_bench mmq`
+/// times MMQ, cuBLAS and the GEMV at 17, 32 and 64 rows).
 const MMQ_MAX_ROWS: usize = 64;
 /// Weight rows per GEMV block (`GEMV_ROWS` in gemv.cu); per thread group in the int8 kernels.
 const GEMV_ROWS: usize = 4;
