@@ -13,7 +13,7 @@ multiplies them in int32 and hands each lane its C elements. Only mma_s8 and the
 replaced; the decoding, the tiling, the permuted k order and the reduction run as written.
 The driver quantizes with mmq_quantize and launches mmq_w<4|8>_<NT> in chunks of <= 64 rows, as
 cuda/mmq.rs does, plain and for gate+up fused with SiLU / GELU tanh, and poisons the output with
-NaN (a row never written fails).
+NaN (a row never written fails); and Q/K/V of three types in one launch.
 Reference: gguf-py's dequantization (not afm's) times the activations rounded to int8 as
 quantize_x_q8 does, in f64. Relative error should be float rounding (~1e-7).
 """
@@ -134,7 +134,7 @@ static inline void mmq_prefetch(const u8*) {}
 '''
 
 driver = r'''
-typedef void (*Kernel)(int, const u8*, const u8*, const signed char*, const float2*, float*, int, int, int, int, int);
+typedef void (*Kernel)(MmqMats, const signed char*, const float2*, int, int, int, int);
 static const Kernel KERNELS[2][9] = {
     {nullptr, mmq_w4_1, mmq_w4_2, mmq_w4_3, mmq_w4_4, mmq_w4_5, mmq_w4_6, mmq_w4_7, mmq_w4_8},
     {nullptr, mmq_w8_1, mmq_w8_2, mmq_w8_3, mmq_w8_4, mmq_w8_5, mmq_w8_6, mmq_w8_7, mmq_w8_8}};
@@ -145,8 +145,7 @@ static void run_grid(unsigned blocks, unsigned threads, F f) {
     for (unsigned b = 0; b < blocks; b++) {
         blockIdx.x = b;
         std::barrier<> bb(threads);
-        std::vector<std::barrier<>*> wb;
-        for (unsigned w = 0; w < threads / 32; w++) { warp_bar[w] = new std::barrier<>(32); }
+        for (unsigned w = 0; w < threads / 32; w++) warp_bar[w] = new std::barrier<>(32);
         block_bar = &bb;
         std::vector<std::thread> ts;
         for (unsigned t = 0; t < threads; t++) ts.emplace_back([t, &f] { threadIdx.x = t; f(); });
@@ -162,30 +161,44 @@ static char* rd(const char* p, size_t& len) {
 }
 
 int main(int argc, char** argv) {
-    // argv: type rows cols n warps act (w.bin: the GGML rows, for act >= 0 the gate and u.bin
-    // the up rows; x.bin: f32 [n][cols]) -> out.bin f32 [n][rows]
-    const int type = atoi(argv[1]), rows = atoi(argv[2]), cols = atoi(argv[3]), n = atoi(argv[4]);
-    const int warps = atoi(argv[5]), act = atoi(argv[6]);
+    // argv: cols n warps act, then per matrix: type rows file (x.bin: f32 [n][cols]).
+    // act < 0: one to three matrices -> out<i>.bin f32 [n][rows_i]; act >= 0: gate and up
+    // -> out0.bin = act(x gate^T) * (x up^T).
+    const int cols = atoi(argv[1]), n = atoi(argv[2]), warps = atoi(argv[3]), act = atoi(argv[4]);
+    const int nm = (argc - 5) / 3;
     size_t l;
-    const u8* w = (const u8*)rd("w.bin", l);
-    const u8* u = act >= 0 ? (const u8*)rd("u.bin", l) : w;
     const float* x = (const float*)rd("x.bin", l);
+    const u8* w[3] = {}; int ty[3] = {}, rs[3] = {};
+    for (int i = 0; i < nm; i++) {
+        ty[i] = atoi(argv[5 + 3 * i]); rs[i] = atoi(argv[6 + 3 * i]);
+        w[i] = (const u8*)rd(argv[7 + 3 * i], l);
+    }
+    const int nout = act >= 0 ? 1 : nm;
+    if (act >= 0) rs[1] = 0;
+    std::vector<std::vector<float>> outs(3);
+    for (int i = 0; i < nout; i++) outs[i].assign((size_t)n * rs[i], NAN);
     const int np = (n + 7) / 8 * 8, nkb = cols / 32;
     std::vector<signed char> xq((size_t)np * cols, 99);
     std::vector<float2> ds((size_t)nkb * np, float2{NAN, NAN});
     const size_t qthreads = (size_t)np * nkb * 32;
     run_grid((unsigned)((qthreads + 255) / 256), 256, [&] { mmq_quantize(x, xq.data(), ds.data(), n, np, cols); });
-    std::vector<float> out((size_t)n * rows, NAN);
+    int blocks = 0;
+    if (act >= 0) blocks = (rs[0] + 15) / 16;
+    else for (int i = 0; i < nm; i++) blocks += (rs[i] + 31) / 32;
     for (int c0 = 0; c0 < n; c0 += 64) {   // launches of <= 64 rows, as cuda/mmq.rs
-        const int nb = std::min(64, n - c0), nt = (nb + 7) / 8, brows = act >= 0 ? 16 : 32;
+        const int nb = std::min(64, n - c0), nt = (nb + 7) / 8;
+        float* o[3];
+        for (int i = 0; i < 3; i++) o[i] = i < nout ? outs[i].data() + (size_t)c0 * rs[i] : nullptr;
+        const MmqMats m{w[0], w[1], w[2], o[0], o[1], o[2], ty[0], ty[1], ty[2], rs[0], rs[1], rs[2]};
         const signed char* q0 = xq.data() + (size_t)c0 * cols;
         const float2* d0 = ds.data() + c0;
-        float* o0 = out.data() + (size_t)c0 * rows;
-        run_grid((unsigned)((rows + brows - 1) / brows), 32 * warps,
-                 [&] { KERNELS[warps / 8][nt](type, w, u, q0, d0, o0, rows, cols, nb, np, act); });
+        run_grid((unsigned)blocks, 32 * warps, [&] { KERNELS[warps / 8][nt](m, q0, d0, cols, nb, np, act); });
     }
-    FILE* f = fopen("out.bin", "wb"); fwrite(out.data(), 4, out.size(), f); fclose(f);
-    f = fopen("xq.bin", "wb"); fwrite(xq.data(), 1, xq.size(), f); fclose(f);
+    for (int i = 0; i < nout; i++) {
+        char name[32]; snprintf(name, sizeof name, "out%d.bin", i);
+        FILE* f = fopen(name, "wb"); fwrite(outs[i].data(), 4, outs[i].size(), f); fclose(f);
+    }
+    FILE* f = fopen("xq.bin", "wb"); fwrite(xq.data(), 1, xq.size(), f); fclose(f);
     f = fopen("ds.bin", "wb"); fwrite(ds.data(), 8, ds.size(), f); fclose(f);
 }
 '''
@@ -257,8 +270,9 @@ for t, rows, cols, batches in CASES:
         x.tofile("x.bin")
         warps = 4 if len(results) % 2 == 0 else 8  # both kernel sets over the cases
         results.append(warps)
-        subprocess.run(["./emu", str(KIND[t]), str(rows), str(cols), str(n), str(warps), "-1"], check=True)
-        out = np.fromfile("out.bin", dtype=np.float32).reshape(n, rows)
+        subprocess.run(["./emu", str(cols), str(n), str(warps), "-1", str(KIND[t]), str(rows), "w.bin"],
+                       check=True)
+        out = np.fromfile("out0.bin", dtype=np.float32).reshape(n, rows)
         q, d, s = quant8(x)
         np_ = (n + 7) // 8 * 8
         xq = np.fromfile("xq.bin", dtype=np.int8).reshape(np_, cols)
@@ -289,8 +303,9 @@ for t, rows, cols, n, act, warps in [(T.Q4_K, 37, 1280, 33, 0, 4), (T.Q6_K, 21, 
     u.tofile("u.bin")
     x = rng.standard_normal((n, cols)).astype(np.float32)
     x.tofile("x.bin")
-    subprocess.run(["./emu", str(KIND[t]), str(rows), str(cols), str(n), str(warps), str(act)], check=True)
-    out = np.fromfile("out.bin", dtype=np.float32).reshape(n, rows)
+    subprocess.run(["./emu", str(cols), str(n), str(warps), str(act), str(KIND[t]), str(rows), "w.bin",
+                    str(KIND[t]), str(rows), "u.bin"], check=True)
+    out = np.fromfile("out0.bin", dtype=np.float32).reshape(n, rows)
     q, d, s = quant8(x)
     xhat = (q.astype(np.float64).reshape(-1, 32) * d[:, None]).reshape(n, cols)
     gd = dequantize(g, t).astype(np.float64).reshape(rows, cols)
@@ -300,5 +315,27 @@ for t, rows, cols, n, act, warps in [(T.Q4_K, 37, 1280, 33, 0, 4), (T.Q6_K, 21, 
     status = "ok" if e <= 1e-5 else "MISMATCH"
     failed |= status != "ok"
     print(f"{status:8} gated act {act} {t.name:5} {rows:3}x{cols:<5} n={n:3} {warps} warps: rel err {e:.2e}")
+
+# Q/K/V of mixed types in one launch: blocks pick their matrix (rows 70, 37, 19: partial tiles)
+for cols, n, warps in [(1024, 33, 4), (4096, 17, 8)]:
+    mats = [(T.Q4_K, 70), (T.Q6_K, 37), (T.Q8_0, 19)]
+    args = ["./emu", str(cols), str(n), str(warps), "-1"]
+    want = []
+    x = rng.standard_normal((n, cols)).astype(np.float32)
+    x.tofile("x.bin")
+    q, d, s = quant8(x)
+    xhat = (q.astype(np.float64).reshape(-1, 32) * d[:, None]).reshape(n, cols)
+    for i, (t, rows) in enumerate(mats):
+        w = random_weight(rng, t, rows, cols)
+        w.tofile(f"m{i}.bin")
+        args += [str(KIND[t]), str(rows), f"m{i}.bin"]
+        want.append(xhat @ dequantize(w, t).astype(np.float64).reshape(rows, cols).T)
+    subprocess.run(args, check=True)
+    for i, (t, rows) in enumerate(mats):
+        out = np.fromfile(f"out{i}.bin", dtype=np.float32).reshape(n, rows)
+        e = rel(out, want[i]) if np.isfinite(out).all() else float("inf")
+        status = "ok" if e <= 1e-5 else "MISMATCH"
+        failed |= status != "ok"
+        print(f"{status:8} q/k/v #{i} {t.name:5} {rows:3}x{cols:<5} n={n:3} {warps} warps: rel err {e:.2e}")
 if failed:
     sys.exit("mmq_host_emulation: FAILED")

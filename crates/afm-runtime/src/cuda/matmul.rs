@@ -17,8 +17,7 @@
 //!
 //! Several quantized matrices of one input share one activation quantization and one launch:
 //! Q/K/V, of any mix of the three types ([`CudaContext::matmul_many`]), and gate with up,
-//! fused with the activation ([`CudaContext::matmul_gated`]). On the MMQ path Q/K/V share the
-//! quantization (one launch each), and gate with up is one launch.
+//! fused with the activation ([`CudaContext::matmul_gated`]), on the GEMV and the MMQ path.
 
 use cudarc::cublas::result::gemm_ex;
 use cudarc::cublas::sys::{
@@ -296,7 +295,7 @@ impl CudaContext {
         if let Some(warps) = mmq_warps {
             self.mmq_check(w)?;
             let acts = self.mmq_quantize(xp, n, w.cols)?;
-            return self.mmq(w, acts, op, warps);
+            return self.mmq(&[w], &[op], acts, warps);
         }
         // The 16-bit GEMV reads activations as float4.
         let gemv_ok = quant || (half && w.cols.is_multiple_of(8) && xp.is_multiple_of(16));
@@ -534,9 +533,9 @@ fn quant_shared_ok(ws: &[&DeviceWeight], n: usize) -> bool {
 impl CudaContext {
     /// Two or three projections of the same `n` rows (Q, K, V): `outs[i] = x · wsᵢᵀ`, 16-bit
     /// weights in one GEMV launch, quantized ones (types may differ) from one int8
-    /// quantization of x (one GEMV launch, or one MMQ launch each at the MMQ path's batch
-    /// sizes). `false` (nothing launched) when none applies (more rows than the GEMV and MMQ
-    /// take, mixed 16-bit and quantized weights): the caller runs them one by one.
+    /// quantization of x and one GEMV or MMQ launch. `false` (nothing launched) when none
+    /// applies (more rows than the GEMV and MMQ take, mixed 16-bit and quantized weights): the
+    /// caller runs them one by one.
     pub fn matmul_many(
         &mut self,
         ws: &[&DeviceWeight],
@@ -560,10 +559,8 @@ impl CudaContext {
         }
         if mmq {
             let acts = self.mmq_quantize(xp, n, ws[0].cols)?;
-            for (w, o) in ws.iter().zip(outs.iter_mut()) {
-                let op = self.ptr_mut(&mut **o);
-                self.mmq(w, acts, op, None)?;
-            }
+            let ops: Vec<u64> = outs.iter_mut().map(|o| self.ptr_mut(&mut **o)).collect();
+            self.mmq(ws, &ops, acts, None)?;
             return Ok(true);
         }
         if quant {

@@ -59,6 +59,20 @@ fn mmq_type(t: DType) -> Option<i32> {
 /// Weight rows per MMQ block (two tiles of 16; for gate+up 16 rows of each).
 const BLOCK_ROWS: usize = 32;
 
+/// `MmqMats` in mmq.cu: up to three matrices (weights, outputs, type codes, rows; rows 0 for
+/// absent ones), served by consecutive ranges of blocks; for gate+up, gate and up in `w[0..2]`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct MmqMats {
+    w: [u64; 3],
+    out: [u64; 3],
+    ty: [i32; 3],
+    rows: [i32; 3],
+}
+
+// SAFETY: plain #[repr(C)] data, laid out as the CUDA struct (six pointers, six ints).
+unsafe impl cudarc::driver::DeviceRepr for MmqMats {}
+
 /// Device addresses of activations quantized for MMQ (`mmq_quantize`'s outputs).
 #[derive(Clone, Copy)]
 pub(super) struct MmqActs {
@@ -110,17 +124,37 @@ impl CudaContext {
         Ok(ty)
     }
 
-    /// `out = x · wᵀ` (`out` `[n][w.rows]`) for quantized `w` against activations from
-    /// [`Self::mmq_quantize`] of `w.cols` columns, in launches of at most [`MMQ_LAUNCH_ROWS`]
-    /// rows, with `warps` warps per block (4 or 8; `None`: by width, see [`WIDE_COLS`]).
+    /// `outs[i] = x · wsᵢᵀ` (`[n][wsᵢ.rows]`) for one to three quantized matrices of one
+    /// width (types may differ: Q/K/V of a Q4_K_M file) against activations from
+    /// [`Self::mmq_quantize`], in one launch per [`MMQ_LAUNCH_ROWS`] rows, with `warps` warps
+    /// per block (4 or 8; `None`: by width, see [`WIDE_COLS`]).
     pub(super) fn mmq(
         &mut self,
-        w: &DeviceWeight,
+        ws: &[&DeviceWeight],
+        outs: &[u64],
         acts: MmqActs,
-        out: u64,
         warps: Option<usize>,
     ) -> Result<()> {
-        self.mmq_launch(w, None, acts, out, warps)
+        if !(1..=3).contains(&ws.len()) || ws.len() != outs.len() {
+            return Err(CudaError::Unsupported {
+                what: "MMQ matrices per launch",
+                value: format!("{} matrices, {} outputs", ws.len(), outs.len()),
+                supported: "1 to 3, one output each",
+            });
+        }
+        let mut m = MmqMats {
+            w: [0; 3],
+            out: [0; 3],
+            ty: [0; 3],
+            rows: [0; 3],
+        };
+        for (i, (w, &o)) in ws.iter().zip(outs).enumerate() {
+            m.ty[i] = self.mmq_check(w)?;
+            super::check("MMQ activation width", acts.cols, w.cols())?;
+            (m.w[i], m.out[i], m.rows[i]) = (self.ptr(w.bytes()), o, w.rows() as i32);
+        }
+        let blocks = ws.iter().map(|w| w.rows().div_ceil(BLOCK_ROWS)).sum();
+        self.mmq_launch(m, blocks, -1, acts, warps)
     }
 
     /// `out = act(x · gateᵀ) · (x · upᵀ)` (act 0 = SiLU, 1 = GELU tanh) for `gate` and `up` of
@@ -133,6 +167,8 @@ impl CudaContext {
         acts: MmqActs,
         out: u64,
     ) -> Result<()> {
+        let ty = self.mmq_check(gate)?;
+        super::check("MMQ activation width", acts.cols, gate.cols())?;
         super::check(
             "MMQ gate/up type",
             usize::from(gate.dtype() == up.dtype()),
@@ -140,21 +176,29 @@ impl CudaContext {
         )?;
         super::check("MMQ up rows", up.rows(), gate.rows())?;
         super::check("MMQ up cols", up.cols(), gate.cols())?;
-        self.mmq_launch(gate, Some((up, act)), acts, out, None)
+        let m = MmqMats {
+            w: [self.ptr(gate.bytes()), self.ptr(up.bytes()), 0],
+            out: [out, 0, 0],
+            ty: [ty, ty, ty],
+            rows: [gate.rows() as i32, 0, 0],
+        };
+        let blocks = gate.rows().div_ceil(BLOCK_ROWS / 2);
+        self.mmq_launch(m, blocks, act, acts, None)
     }
 
+    /// Launches `blocks` blocks over `m` (act ≥ 0: gate+up) for each [`MMQ_LAUNCH_ROWS`]
+    /// activation rows.
     fn mmq_launch(
         &mut self,
-        w: &DeviceWeight,
-        up: Option<(&DeviceWeight, i32)>,
+        mut m: MmqMats,
+        blocks: usize,
+        act: i32,
         acts: MmqActs,
-        out: u64,
         warps: Option<usize>,
     ) -> Result<()> {
-        let ty = self.mmq_check(w)?;
-        super::check("MMQ activation width", acts.cols, w.cols())?;
+        let cols = acts.cols;
         let warps = match warps {
-            None if w.cols() >= WIDE_COLS => 8,
+            None if cols >= WIDE_COLS => 8,
             None => 4,
             Some(k) if WARP_COUNTS.contains(&k) => k,
             Some(k) => {
@@ -165,32 +209,28 @@ impl CudaContext {
                 })
             }
         };
-        let (rows, cols) = (w.rows(), w.cols());
-        if rows == 0 || acts.n == 0 {
-            return Ok(());
+        if blocks == 0 || acts.n == 0 {
+            return Ok(()); // nothing to write (and no empty launch)
         }
-        // A block covers 32 rows of one matrix, or 16 of gate and of up.
-        let (w1, act, block_rows) = match up {
-            Some((u, act)) => (self.ptr(u.bytes()), act, BLOCK_ROWS / 2),
-            None => (self.ptr(w.bytes()), -1, BLOCK_ROWS),
-        };
-        let w0 = self.ptr(w.bytes());
-        let (ri, ci, npi) = (rows as i32, cols as i32, acts.np as i32);
+        let outs = m.out;
+        let (ci, npi) = (cols as i32, acts.np as i32);
         for c0 in (0..acts.n).step_by(MMQ_LAUNCH_ROWS) {
             let nb = (acts.n - c0).min(MMQ_LAUNCH_ROWS);
             let nt = nb.div_ceil(TILE_N);
             let cfg = LaunchConfig {
-                grid_dim: (rows.div_ceil(block_rows) as u32, 1, 1),
+                grid_dim: (blocks as u32, 1, 1),
                 block_dim: (32 * warps as u32, 1, 1),
                 shared_mem_bytes: 0,
             };
+            for ((o, &base), &rows) in m.out.iter_mut().zip(&outs).zip(&m.rows) {
+                *o = base + (c0 * rows as usize * 4) as u64;
+            }
             // Row c0 of the activations: c0 is a whole number of tiles, so ds keeps its stride.
             let q0 = acts.q + (c0 * cols) as u64;
             let ds0 = acts.ds + (c0 * 2 * 4) as u64;
-            let o0 = out + (c0 * rows * 4) as u64;
             let ni = nb as i32;
             let f = self.kernel(&format!("mmq_w{warps}_{nt}"))?;
-            launch!(self, f, cfg; ty, w0, w1, q0, ds0, o0, ri, ci, ni, npi, act)?;
+            launch!(self, f, cfg; m, q0, ds0, ci, ni, npi, act)?;
         }
         Ok(())
     }

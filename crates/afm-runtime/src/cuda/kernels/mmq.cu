@@ -76,25 +76,56 @@ __device__ __forceinline__ void mmq_prefetch(const u8* p) {
     asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 }
 
-// A thread's place: lane parts g and t, its warp, and the block's two 16-row weight tiles
+// Up to three matrices of one width against the same activations (Q, K, V), out_i = x . W_i^T:
+// the first ceil(r0 / 32) blocks serve W0, the next ceil(r1 / 32) W1, the rest W2 (rows 0 for
+// absent ones). For gate+up (act >= 0) w0 is the gate, w1 the up matrix (type t0, rows r0,
+// output o0), and every block serves 16 rows of both. Fields, not arrays: a kernel parameter
+// indexed at run time would be copied to the stack.
+struct MmqMats {
+    const u8 *w0, *w1, *w2;
+    float *o0, *o1, *o2;
+    int t0, t1, t2, r0, r1, r2;
+};
+
+// A thread's place: lane parts g and t, its warp, and its block's two 16-row weight tiles
 // (matrix and first row of each): rows 32b.. and 32b+16.. of one matrix, or for gate+up rows
 // 16b.. of the gate and of the up matrix, so one thread holds both factors of its outputs.
 struct MmqLane {
     int g, t, warp;
     const u8* w[2];
     int row0[2];
+    int type, rows;  // of the block's matrix
+    float* out;
 };
 
-__device__ __forceinline__ MmqLane mmq_lane(const u8* W0, const u8* W1, bool gated) {
+__device__ __forceinline__ MmqLane mmq_lane(const MmqMats& m, int act) {
     MmqLane l;
     const int lane = threadIdx.x & 31;
     l.g = lane >> 2;
     l.t = lane & 3;
     l.warp = threadIdx.x >> 5;
-    l.w[0] = W0;
-    l.w[1] = gated ? W1 : W0;
-    l.row0[0] = blockIdx.x * (gated ? 16 : 32);
-    l.row0[1] = l.row0[0] + (gated ? 0 : 16);
+    int b = blockIdx.x;
+    if (act >= 0) {
+        l.w[0] = m.w0;
+        l.w[1] = m.w1;
+        l.row0[0] = l.row0[1] = 16 * b;
+        l.type = m.t0; l.rows = m.r0; l.out = m.o0;
+        return l;
+    }
+    const int b0 = (m.r0 + 31) >> 5, b1 = (m.r1 + 31) >> 5;
+    const u8* w;
+    if (b < b0) {
+        w = m.w0; l.type = m.t0; l.rows = m.r0; l.out = m.o0;
+    } else if (b < b0 + b1) {
+        b -= b0;
+        w = m.w1; l.type = m.t1; l.rows = m.r1; l.out = m.o1;
+    } else {
+        b -= b0 + b1;
+        w = m.w2; l.type = m.t2; l.rows = m.r2; l.out = m.o2;
+    }
+    l.w[0] = l.w[1] = w;
+    l.row0[0] = 32 * b;
+    l.row0[1] = 32 * b + 16;
     return l;
 }
 
@@ -399,14 +430,14 @@ __device__ __forceinline__ void mmq_store(float (&acc)[2][NT][4], float* out, in
     }
 }
 
-// One launch: `type` (uniform over the grid, one branch) picks the weight decoder; act < 0:
-// out = x . W0^T, else out = act(x . W0^T) * (x . W1^T) (gate W0, up W1 of one type and shape;
-// act 0 = SiLU, 1 = GELU tanh).
+// One launch: the block's matrix type (uniform over the block, one branch) picks the weight
+// decoder; act < 0: out_i = x . W_i^T, else out = act(x . gate^T) * (x . up^T) (act 0 = SiLU,
+// 1 = GELU tanh).
 template <int NT, int WARPS>
-__device__ __forceinline__ void mmq(int type, const u8* W0, const u8* W1, const signed char* xq,
-                                    const float2* ds, float* out, int rows, int cols, int n,
-                                    int np, int act) {
-    const MmqLane l = mmq_lane(W0, W1, act >= 0);
+__device__ __forceinline__ void mmq(const MmqMats& m, const signed char* xq, const float2* ds,
+                                    int cols, int n, int np, int act) {
+    const MmqLane l = mmq_lane(m, act);
+    const int type = l.type, rows = l.rows;
     float acc[2][NT][4];
 #pragma unroll
     for (int mt = 0; mt < 2; mt++)
@@ -417,21 +448,20 @@ __device__ __forceinline__ void mmq(int type, const u8* W0, const u8* W1, const 
     if (type == MMQ_Q4_K) mmq_q4_k<2, NT, WARPS>(xq, ds, rows, cols, np, l, acc);
     else if (type == MMQ_Q6_K) mmq_q6_k<2, NT, WARPS>(xq, ds, rows, cols, np, l, acc);
     else mmq_q8_0<2, NT, WARPS>(xq, ds, rows, cols, np, l, acc);
-    mmq_store<NT, WARPS>(acc, out, rows, n, act, l);
+    mmq_store<NT, WARPS>(acc, l.out, rows, n, act, l);
 }
 
 // mmq_w<WARPS>_<NT>: activation rows 8 (NT - 1) + 1 ..= 8 NT, two 16-row weight tiles per block
-// (of one matrix: 32 rows; or 16 rows of gate and of up), the columns split over 4 or 8 warps
+// (32 rows of one of up to three matrices; or 16 rows of gate and of up), the columns split over 4 or 8 warps
 // (8: twice the warps in flight per block, for wide matrices; cuda/mmq.rs picks). Up to 64 rows
 // only, as matmul.rs's path choice: with kernels of one 16-row tile for 65..128 rows (NT 9..16
 // at the same 64 accumulator registers) NVRTC took 25 s for the 4-warp kernels instead of 4 s
 // (scripts/nvrtc_check.py on the shared 2-core build machine), a start-up cost for every server.
 #define MMQ(WARPS, NT)                                                                         \
     extern "C" __global__ void __launch_bounds__(32 * WARPS) mmq_w##WARPS##_##NT(              \
-        int type, const u8* W0, const u8* W1, const signed char* xq, const float2* ds,         \
-        float* out, int rows, int cols, int n, int np, int act) {                              \
+        MmqMats m, const signed char* xq, const float2* ds, int cols, int n, int np, int act) { \
         pdl_begin();                                                                           \
-        mmq<NT, WARPS>(type, W0, W1, xq, ds, out, rows, cols, n, np, act);                     \
+        mmq<NT, WARPS>(m, xq, ds, cols, n, np, act);                                           \
     }
 #define MMQ_BOTH(NT) MMQ(4, NT) MMQ(8, NT)
 
