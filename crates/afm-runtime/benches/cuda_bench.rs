@@ -193,8 +193,8 @@ fn gemv(c: &mut CudaContext, copy_gbs: f64, out: &mut Vec<String>) -> R<()> {
 /// activation rows, the batch sizes that `matmul.rs` sends to MMQ: MMQ (activation quantization
 /// included; columns split over 4 and over 8 warps per block, `mmq.rs` picks 8 from 4096
 /// columns) against dequantize + cuBLAS and the int8 GEMV (launches of 8 rows), µs and GB/s of
-/// weights read; then gate+up with SiLU in one MMQ launch against two. Weights rotate over
-/// ≥ 512 MB as in `gemv`.
+/// weights read; then gate+up with SiLU in one MMQ launch against two, and Q/K/V in one
+/// against three. Weights rotate over ≥ 512 MB as in `gemv`.
 fn mmq(c: &mut CudaContext, copy_gbs: f64, out: &mut Vec<String>) -> R<()> {
     let mut rng = Rng(7);
     let shapes = [(4096, 4096), (4096, 12288), (12288, 4096), (1024, 4096)];
@@ -268,6 +268,45 @@ fn mmq(c: &mut CudaContext, copy_gbs: f64, out: &mut Vec<String>) -> R<()> {
         })?;
         out.push(format!(
             "| gate+up Q4_K {rows}x{cols} | {n:2} | MMQ fused {:7.2} us | separate {:7.2} us | {:6.0} GB/s fused |",
+            fused * 1e3,
+            separate * 1e3,
+            set_bytes as f64 / fused / 1e6
+        ));
+        println!("{}", out.last().expect("pushed"));
+    }
+    // Qwen3-8B's Q (Q4_K), K (Q4_K) and V (Q6_K), as in a Q4_K_M file: one quantization and one
+    // MMQ launch against three of each.
+    let mats = [(DType::Q4K, 4096), (DType::Q4K, 1024), (DType::Q6K, 1024)];
+    let host: Vec<WeightMatrix> = mats
+        .iter()
+        .map(|&(t, r)| random_weight(&mut rng, t, r, cols))
+        .collect::<R<_>>()?;
+    let set_bytes: usize = host.iter().map(|w| w.bytes().len()).sum();
+    let copies = ROTATE_BYTES.div_ceil(set_bytes).clamp(2, 1024);
+    let sets: Vec<Vec<DeviceWeight>> = (0..copies)
+        .map(|_| host.iter().map(|w| DeviceWeight::upload(c, w)).collect())
+        .collect::<Result<_, _>>()?;
+    for n in [32, 64] {
+        let x: Vec<f32> = (0..n * cols).map(|_| rng.sym()).collect();
+        let xd = c.upload(&x)?;
+        let mut ys: Vec<CudaSlice<f32>> = mats
+            .iter()
+            .map(|&(_, r)| c.alloc(n * r))
+            .collect::<Result<_, _>>()?;
+        let fused = time_ms(c, 20, |c, i| {
+            let ws: Vec<&DeviceWeight> = sets[i % copies].iter().collect();
+            let mut outs: Vec<&mut CudaSlice<f32>> = ys.iter_mut().collect();
+            let done = c.matmul_many(&ws, &xd, n, &mut outs);
+            assert!(done.expect("q+k+v"), "MMQ Q/K/V applies (AFM_MMQ=0 set?)");
+        })?;
+        let separate = time_ms(c, 20, |c, i| {
+            for (w, y) in sets[i % copies].iter().zip(ys.iter_mut()) {
+                c.matmul_with(MatmulPath::Mmq, w, &xd, n, y)
+                    .expect("matmul");
+            }
+        })?;
+        out.push(format!(
+            "| q+k+v Q4_K_M x {cols} | {n:2} | MMQ one launch {:7.2} us | three {:7.2} us | {:6.0} GB/s one |",
             fused * 1e3,
             separate * 1e3,
             set_bytes as f64 / fused / 1e6

@@ -26,8 +26,8 @@ const WARP_COUNTS: [usize; 2] = [4, 8];
 /// Columns from which a block splits them over 8 warps rather than 4: two Q4_K/Q6_K
 /// super-blocks per warp at 4096 (Qwen3-8B's width). Eight warps per block are twice the loads
 /// in flight on a 4096-row matrix, whose 128 blocks are one per SM; not yet measured
-/// (`cuda_bench mmq` times both). Once it is, one set may go: NVRTC spends about as long on
-/// each set (4.5 s of CPU on the build machine) as on one of the other modules.
+/// (`cuda_bench mmq` times both). Once it is, one set may go: NVRTC spends 4.5 s of CPU on
+/// each (on the build machine; gemv.cu takes 10 s).
 const WIDE_COLS: usize = 4096;
 
 /// Every kernel of mmq.cu, for the context's loader.
