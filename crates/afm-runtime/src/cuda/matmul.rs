@@ -4,7 +4,8 @@
 //! ```text
 //! F32                         any n     cuBLAS SGEMM (f32 throughout)
 //! BF16/F16    n ≤ 8           GEMV kernels, one launch, f32 activations
-//!             n > 8           x → bf16/f16, cuBLAS GEMM with f32 accumulation and output
+//!             n > 8           x → bf16/f16 (once for Q/K/V, once for gate and up), cuBLAS
+//!                             GEMM with f32 accumulation and output
 //! Q8_0/Q4_K/Q6_K  n ≤ 16      x → int8 blocks of 32, GEMV kernels on the GGML blocks (dp4a),
 //!                             8 activation rows per launch
 //!             17 ≤ n ≤ 64     x → int8 blocks of 32, MMQ: int8 tensor cores on the GGML blocks
@@ -413,18 +414,7 @@ impl CudaContext {
             DType::F32 => {
                 self.blas_gemm(cudaDataType_t::CUDA_R_32F, wp, xp, op, rows, n, cols, rows)
             }
-            DType::BF16 | DType::F16 => {
-                let (ty, conv) = if w.dtype == DType::BF16 {
-                    (cudaDataType_t::CUDA_R_16BF, "f32_to_bf16")
-                } else {
-                    (cudaDataType_t::CUDA_R_16F, "f32_to_f16")
-                };
-                let hx = scratch(&stream, &mut self.ws.half_x, n * cols)?;
-                let len = (n * cols) as i64;
-                let f = self.kernel(conv)?;
-                launch!(self, f, grid_1d(n * cols, 256); xp, hx, len)?;
-                self.blas_gemm(ty, wp, hx, op, rows, n, cols, rows)
-            }
+            DType::BF16 | DType::F16 => self.gemm_many_half(&[w], xp, n, &[op]),
             _ => {
                 let name = match w.dtype {
                     DType::Q8_0 => "dequant_f16_q8_0",
@@ -451,6 +441,39 @@ impl CudaContext {
                 Ok(())
             }
         }
+    }
+
+    /// `outs[i] = x · wsᵢᵀ` for 16-bit weights of one type and width through cuBLAS: `x`
+    /// converted to that type once for all of them (Q/K/V, gate and up; at 64 streams of
+    /// Qwen3-0.6B the conversions were five of a layer's fifteen kernels).
+    fn gemm_many_half(
+        &mut self,
+        ws: &[&DeviceWeight],
+        xp: u64,
+        n: usize,
+        ops: &[u64],
+    ) -> Result<()> {
+        let Some(first) = ws.first() else {
+            return Ok(());
+        };
+        let cols = first.cols;
+        let (ty, conv) = if first.dtype == DType::BF16 {
+            (cudaDataType_t::CUDA_R_16BF, "f32_to_bf16")
+        } else {
+            (cudaDataType_t::CUDA_R_16F, "f32_to_f16")
+        };
+        let stream = self.stream().clone();
+        let hx = scratch(&stream, &mut self.ws.half_x, n * cols)?;
+        let len = (n * cols) as i64;
+        let f = self.kernel(conv)?;
+        launch!(self, f, grid_1d(n * cols, 256); xp, hx, len)?;
+        for (w, &op) in ws.iter().zip(ops) {
+            if w.rows > 0 {
+                let wp = self.ptr(&w.bytes);
+                self.blas_gemm(ty, wp, hx, op, w.rows, n, cols, w.rows)?;
+            }
+        }
+        Ok(())
     }
 
     /// Column-major cuBLAS view of row-major `out[n, rows] = x[n, k] · W[rows, k]ᵀ`:
@@ -513,6 +536,19 @@ fn fused_ok(ws: &[&DeviceWeight], n: usize, xp: u64) -> bool {
             .all(|w| w.dtype == first.dtype && w.cols == first.cols)
 }
 
+/// Whether `n` rows of the 16-bit weights `ws` (same type and width) go to cuBLAS together
+/// ([`CudaContext::gemm_many_half`]): past the GEMV's batch sizes.
+fn half_gemm_ok(ws: &[&DeviceWeight], n: usize) -> bool {
+    let Some(first) = ws.first() else {
+        return false;
+    };
+    n > GEMV_MAX_BATCH
+        && matches!(first.dtype, DType::BF16 | DType::F16)
+        && ws
+            .iter()
+            .all(|w| w.dtype == first.dtype && w.cols == first.cols)
+}
+
 fn half_name(w: &DeviceWeight) -> &'static str {
     if w.dtype == DType::BF16 {
         "bf16"
@@ -531,11 +567,12 @@ fn quant_shared_ok(ws: &[&DeviceWeight], n: usize) -> bool {
 }
 
 impl CudaContext {
-    /// Two or three projections of the same `n` rows (Q, K, V): `outs[i] = x · wsᵢᵀ`, 16-bit
-    /// weights in one GEMV launch, quantized ones (types may differ) from one int8
-    /// quantization of x and one GEMV or MMQ launch. `false` (nothing launched) when none
-    /// applies (more rows than the GEMV and MMQ take, mixed 16-bit and quantized weights): the
-    /// caller runs them one by one.
+    /// Two or three projections of the same `n` rows (Q, K, V; gate and up): `outs[i] = x ·
+    /// wsᵢᵀ`, 16-bit weights in one GEMV launch (or past its batch sizes one conversion of x
+    /// and a cuBLAS GEMM each), quantized ones (types may differ) from one int8 quantization of
+    /// x and one GEMV or MMQ launch. `false` (nothing launched) when none applies (more rows
+    /// than the GEMV and MMQ take, mixed 16-bit and quantized weights): the caller runs them
+    /// one by one.
     pub fn matmul_many(
         &mut self,
         ws: &[&DeviceWeight],
@@ -550,7 +587,8 @@ impl CudaContext {
         let same_quant = ws.iter().all(|w| is_quant(w.dtype) && w.cols == ws[0].cols);
         let mmq = same_quant && self.mmq_auto(n);
         let quant = quant_shared_ok(ws, n);
-        if !mmq && !quant && !fused_ok(ws, n, xp) {
+        let half_gemm = half_gemm_ok(ws, n);
+        if !mmq && !quant && !half_gemm && !fused_ok(ws, n, xp) {
             return Ok(false);
         }
         check_len("matmul input", x.len(), n * ws[0].cols)?;
@@ -567,6 +605,11 @@ impl CudaContext {
             let acts = self.quantize_q8(xp, n, ws[0].cols)?;
             let ops: Vec<u64> = outs.iter_mut().map(|o| self.ptr_mut(&mut **o)).collect();
             self.gemv_q8(ws, &ops, acts, n, None)?;
+            return Ok(true);
+        }
+        if half_gemm {
+            let ops: Vec<u64> = outs.iter_mut().map(|o| self.ptr_mut(&mut **o)).collect();
+            self.gemm_many_half(ws, xp, n, &ops)?;
             return Ok(true);
         }
         let w3 = |i: usize| ws.get(i).unwrap_or(&ws[0]);
