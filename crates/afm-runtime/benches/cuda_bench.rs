@@ -652,6 +652,127 @@ fn sampling(c: &mut CudaContext, out: &mut Vec<String>) -> R<()> {
     Ok(())
 }
 
+/// `add_rms_norm` (the residual form every block runs twice) at Qwen3-0.6B's and Qwen3-8B's
+/// widths, 1 and 64 rows: back-to-back launches (launch and PDL overlap included), 1000 per
+/// batch. Before this kernel (ncu, per call): 4.28 us (1024 x 1), 4.54 (1024 x 64), 14.24
+/// (4096 x 1), 13.29 (4096 x 64).
+fn small_norm(c: &mut CudaContext, out: &mut Vec<String>) -> R<()> {
+    let mut rng = Rng(9);
+    for d in [1024, 4096] {
+        for rows in [1, 64] {
+            let n = rows * d;
+            let vals = |rng: &mut Rng, n: usize| (0..n).map(|_| rng.sym()).collect::<Vec<f32>>();
+            let mut x = c.upload(&vals(&mut rng, n))?;
+            let r = c.upload(&vals(&mut rng, n))?;
+            let w = c.upload(&vals(&mut rng, d))?;
+            let mut o: CudaSlice<f32> = c.alloc(n)?;
+            let ms = time_ms(c, 1000, |c, _| {
+                c.add_rms_norm(&mut x, &r, &w, 1e-6, &mut o).expect("norm")
+            })?;
+            out.push(format!(
+                "| small add_rms_norm d {d:4} | rows {rows:2} | {:6.2} us |",
+                ms * 1e3
+            ));
+            println!("{}", out.last().expect("pushed"));
+        }
+    }
+    Ok(())
+}
+
+/// Decode attention (f16 KV, split-K automatic) at Qwen3-0.6B's heads (16 q / 8 KV, d 128) and
+/// Qwen3-8B's (32 / 8), batch 1 and 64, contexts 140, 1k and 16k, the decode kernel against
+/// the one before it (`set_decode_attention_old`, as AFM_ATTN_DECODE_OLD=1). `140 in 1k`
+/// is a 140-token context through the batch a CUDA graph of the 1k class replays (split count
+/// baked for 1k keys). Caches are zeros (the kernels' time does not depend on values);
+/// layers rotate over >= 512 MB so the L2 cannot hold them.
+fn small_decode_attention(c: &mut CudaContext, out: &mut Vec<String>) -> R<()> {
+    let (d, nkv, bs) = (128, 8, 16);
+    let shape = LayerKvShape {
+        n_kv_heads: nkv,
+        head_dim: d,
+    };
+    let mut rng = Rng(10);
+    for (name, nh) in [("qwen3-0.6b", 16), ("qwen3-8b", 32)] {
+        for batch in [1, 64] {
+            for (label, ctx_len, class) in [
+                ("140", 140usize, 0usize),
+                ("140 in 1k", 140, 1024),
+                ("1k", 1024, 0),
+                ("16k", 16384, 0),
+            ] {
+                let blocks_per_seq = ctx_len.max(class).div_ceil(bs);
+                let layer_bytes = batch * blocks_per_seq * bs * nkv * d * 2 * 2;
+                let layers = ROTATE_BYTES.div_ceil(layer_bytes).clamp(2, 128);
+                let num_blocks = blocks_per_seq * batch;
+                let cache =
+                    DeviceKvCache::new(c, &vec![shape; layers], num_blocks, bs, KvDtype::F16)?;
+                let tables: Vec<Vec<u32>> = (0..batch)
+                    .map(|s| {
+                        (0..blocks_per_seq)
+                            .map(|b| (b * batch + s) as u32)
+                            .collect()
+                    })
+                    .collect();
+                let step: Vec<AttnSeq> = (0..batch)
+                    .map(|s| AttnSeq {
+                        row0: s,
+                        len: 1,
+                        pos0: ctx_len - 1,
+                        block_table: &tables[s],
+                    })
+                    .collect();
+                let q: Vec<f32> = (0..batch * nh * d).map(|_| rng.sym()).collect();
+                let qd = c.upload(&q)?;
+                let mut o: CudaSlice<f32> = c.alloc(batch * nh * d)?;
+                let p = AttnParams {
+                    n_heads: nh,
+                    head_dim: d,
+                    scale: 1.0 / (d as f32).sqrt(),
+                    window: None,
+                    softcap: None,
+                };
+                let mut us = [0.0; 2];
+                for (i, old) in [false, true].into_iter().enumerate() {
+                    c.set_decode_attention_old(old);
+                    // Packed after the switch: a graph batch bakes the rule's split count.
+                    let sb = if class > 0 {
+                        let mb = class.div_ceil(bs);
+                        let meta = AttnBatch::pack_fixed_decode(&step, batch, mb, bs, num_blocks)?;
+                        let md = c.upload(&meta)?;
+                        AttnBatch::fixed_decode_owned(c, &cache, md, batch, mb, nh)?
+                    } else {
+                        AttnBatch::new(c, &cache, &step, nh)?
+                    };
+                    let ms = time_ms(c, 50, |c, i| {
+                        c.paged_attention(
+                            &cache,
+                            i % layers,
+                            &sb,
+                            &qd,
+                            nh * d,
+                            &p,
+                            &mut o,
+                            nh * d,
+                            None,
+                        )
+                        .expect("attention")
+                    })?;
+                    us[i] = ms * 1e3;
+                }
+                c.set_decode_attention_old(false);
+                out.push(format!(
+                    "| small attn {name:10} | batch {batch:2} | ctx {label:9} | new {:7.2} us | old {:7.2} us | {:4.1}x |",
+                    us[0],
+                    us[1],
+                    us[1] / us[0]
+                ));
+                println!("{}", out.last().expect("pushed"));
+            }
+        }
+    }
+    Ok(())
+}
+
 fn main() -> R<()> {
     let ordinal = std::env::var("AFM_CUDA_DEVICE")
         .ok()
@@ -693,6 +814,11 @@ fn main() -> R<()> {
     }
     if run("sampling") {
         sampling(&mut c, &mut table)?;
+    }
+    // Issue #9's latency-bound kernels (h15): RMSNorm and decode attention, new against old.
+    if run("small") {
+        small_norm(&mut c, &mut table)?;
+        small_decode_attention(&mut c, &mut table)?;
     }
     println!("\n{}", table.join("\n"));
     Ok(())

@@ -18,7 +18,7 @@ use afm_runtime::cuda::{
 use afm_runtime::kv_store::{KvCache, KvDtype, LayerKvShape};
 use afm_runtime::ops::{self, Rope, RopeStyle};
 use afm_runtime::DType;
-use common::attention::{run_attention, scattered_tables, AttnCase};
+use common::attention::{run_attention, run_attention_fixed, scattered_tables, AttnCase};
 use common::weights::random_weight;
 use common::{assert_close, ctx, poisoned, rel_err, Rng};
 
@@ -42,8 +42,20 @@ fn copies_round_trip() {
 fn rms_norm_matches_cpu() {
     let c = ctx();
     let mut rng = Rng(2);
-    // (rows, width): wide rows take the block kernel, head-sized rows the warp kernel.
-    for (rows, d) in [(5, 4096), (40, 128), (3, 33)] {
+    // (rows, width): wide rows take the block kernel, head-sized rows the warp kernel; widths
+    // not a multiple of 4 the scalar path; 20000 is wider than one pass through registers.
+    let shapes = [
+        (5, 4096),
+        (40, 128),
+        (3, 33),
+        (1, 4096),
+        (64, 1024),
+        (1, 1024),
+        (7, 512),
+        (2, 1030),
+        (2, 20000),
+    ];
+    for (rows, d) in shapes {
         let (x, w, r) = (
             rng.vec(rows * d, 2.0),
             rng.vec(d, 1.5),
@@ -73,6 +85,44 @@ fn rms_norm_matches_cpu() {
         );
         c.rms_norm_in_place(&mut xd, &wd, 1e-6).unwrap();
         assert_close("rms_norm in place", &c.download(&xd).unwrap(), &want, 1e-5);
+    }
+}
+
+/// Rows that start off 16-byte alignment (a view one float in) take the scalar path and still
+/// match the CPU.
+#[test]
+fn rms_norm_unaligned_views_match_cpu() {
+    let c = ctx();
+    let mut rng = Rng(3);
+    for (rows, d) in [(2, 4096), (3, 128)] {
+        let n = rows * d;
+        let (x, w, r) = (rng.vec(n + 1, 2.0), rng.vec(d, 1.5), rng.vec(n + 1, 1.0));
+        let mut sum: Vec<f32> = x[1..].to_vec();
+        ops::add_assign(&mut sum, &r[1..]);
+        let mut want = sum.clone();
+        ops::rms_norm(&mut want, &w, 1e-6);
+        let (mut xd, rd, wd) = (
+            c.upload(&x).unwrap(),
+            c.upload(&r).unwrap(),
+            c.upload(&w).unwrap(),
+        );
+        let mut out = poisoned(&c, n + 1);
+        c.add_rms_norm(
+            &mut xd.slice_mut(1..),
+            &rd.slice(1..),
+            &wd,
+            1e-6,
+            &mut out.slice_mut(1..),
+        )
+        .unwrap();
+        let got = c.download(&out).unwrap();
+        assert_close("add_rms_norm unaligned", &got[1..], &want, 1e-5);
+        assert_close(
+            "residual unaligned",
+            &c.download(&xd).unwrap()[1..],
+            &sum,
+            1e-7,
+        );
     }
 }
 
@@ -303,6 +353,112 @@ fn decode_attention_windowed_softcapped_and_other_head_sizes() {
             seqs: vec![(0, 1), (40, 1), (700, 1), (2000, 1)],
             splits: None,
         });
+    }
+}
+
+/// Batch-1 decode (attn_decode_impl) around its stage and split edges: 1, 15, 16, 17 keys (one
+/// stage, one split), 140 (a short chat context), 1000; one, two and four query heads per KV
+/// head (GH 1/2/4) and four heads per block out of a group of 8 (two head chunks); head_dim
+/// 64/128/256; splits automatic, off, and forced to 5 (more than 17 keys can use).
+#[test]
+fn decode_attention_batch1_stage_and_split_edges() {
+    for (n_heads, n_kv, d) in [
+        (8, 8, 128),
+        (16, 8, 128),
+        (32, 8, 128),
+        (16, 2, 128),
+        (8, 4, 64),
+        (8, 2, 64),
+        (4, 4, 256),
+        (4, 2, 256),
+    ] {
+        // f16 takes the decode kernel, f32 the general one (attention.rs, has_decode_kernel).
+        for dtype in [KvDtype::F16, KvDtype::F32] {
+            for keys in [1, 15, 16, 17, 140, 1000] {
+                for splits in [None, Some(1), Some(5)] {
+                    check_attention(AttnCase {
+                        n_heads,
+                        n_kv,
+                        d,
+                        dtype,
+                        window: None,
+                        softcap: None,
+                        seqs: vec![(keys - 1, 1)],
+                        splits,
+                    });
+                }
+            }
+        }
+    }
+}
+
+/// Batch 64 at a short context and the 0.6B/8B head shapes, a 16k batch-1 context split many
+/// ways and a window that starts inside a cache block.
+#[test]
+fn decode_attention_many_streams_and_long_splits() {
+    for (n_heads, n_kv) in [(16, 8), (32, 8)] {
+        let seqs: Vec<(usize, usize)> = (0..64).map(|i| (100 + 7 * i, 1)).collect();
+        for splits in [None, Some(3)] {
+            check_attention(AttnCase {
+                n_heads,
+                n_kv,
+                d: 128,
+                dtype: KvDtype::F16,
+                window: None,
+                softcap: None,
+                seqs: seqs.clone(),
+                splits,
+            });
+        }
+    }
+    for splits in [Some(128), Some(37)] {
+        check_attention(AttnCase {
+            n_heads: 16,
+            n_kv: 8,
+            d: 128,
+            dtype: KvDtype::F16,
+            window: None,
+            softcap: None,
+            seqs: vec![(15999, 1)],
+            splits,
+        });
+    }
+    check_attention(AttnCase {
+        n_heads: 16,
+        n_kv: 8,
+        d: 128,
+        dtype: KvDtype::F16,
+        window: Some(333),
+        softcap: Some(30.0),
+        seqs: vec![(15999, 1), (40, 1), (1000, 1)],
+        splits: None,
+    });
+}
+
+/// Decode through the batch CUDA graphs replay: a bucket of 8 (3 sequences, 5 of padding)
+/// in a 1k-token class (64 table entries, split count baked for 1k keys) holding contexts of
+/// 140, 15 and 1000 keys, and the same in a 16k class; 0.6B's and 8B's heads.
+#[test]
+fn decode_attention_graph_batch_in_a_larger_context_class() {
+    for (n_heads, n_kv) in [(16, 8), (32, 8)] {
+        for max_blocks in [64, 1024] {
+            let case = AttnCase {
+                n_heads,
+                n_kv,
+                d: 128,
+                dtype: KvDtype::F16,
+                window: None,
+                softcap: None,
+                seqs: vec![(139, 1), (14, 1), (999, 1)],
+                splits: None,
+            };
+            let mut c = ctx();
+            let mut rng = Rng(77);
+            let (want, got) = run_attention_fixed(&mut c, &mut rng, &case, 8, max_blocks);
+            let e = rel_err(&got.unwrap_or_else(|e| panic!("{e}")), &want);
+            eprintln!("graph batch heads {n_heads}/{n_kv} class {max_blocks} blocks: {e:.2e}");
+            assert!(e <= 2e-3, "relative error {e:.3e} > 2e-3");
+        }
     }
 }
 

@@ -18,6 +18,8 @@
 //! [`CudaContext::attn_prologue`] is the step before attention in one launch: per-head Q/K
 //! RMSNorm, RoPE and the K/V write.
 
+use std::sync::atomic::{AtomicU8, Ordering};
+
 use cudarc::driver::{CudaSlice, CudaView, DevicePtr, DevicePtrMut, LaunchConfig};
 use half::f16;
 
@@ -144,8 +146,13 @@ impl DeviceLayerKv {
 /// Split-K aims for this many attention blocks per multiprocessor: enough independent key
 /// streams in flight to cover memory latency (each block walks its keys serially).
 const SPLIT_TARGET_BLOCKS_PER_SM: usize = 6;
-/// Fewest keys per split, so the merge stays a small cost.
+/// Fewest keys per split, so the merge stays a small cost (`attn_impl`).
 const SPLIT_MIN_KEYS: usize = 64;
+/// The same for the decode kernel (`attn_decode_impl`), which also applies it to the context
+/// at hand (a graph's split count is baked for its context class): two stages of 16 keys,
+/// so a 140-token context in a 1k class uses 5 splits and the others exit at once. Its
+/// merge is one pass, and a context of one split skips it.
+const DECODE_MIN_KEYS: usize = 32;
 /// `MAX_SPLITS` in attention.cu.
 const MAX_SPLITS: usize = 128;
 
@@ -378,6 +385,39 @@ impl AttnBatch {
         max_blocks: usize,
         n_heads: usize,
     ) -> Result<Self> {
+        let len = Self::fixed_decode_len(bucket, max_blocks);
+        // SAFETY: the caller's promise about `meta`.
+        let meta = unsafe { Buf::borrowed(ctx, meta, len) };
+        Self::fixed_decode_over(ctx, cache, meta, bucket, max_blocks, n_heads)
+    }
+
+    /// [`fixed_decode`](Self::fixed_decode) over metadata it owns (`meta`, packed by
+    /// [`pack_fixed_decode`](Self::pack_fixed_decode) and uploaded): the same batch a CUDA
+    /// graph replays, for tests and benchmarks.
+    pub fn fixed_decode_owned(
+        ctx: &CudaContext,
+        cache: &DeviceKvCache,
+        meta: CudaSlice<i32>,
+        bucket: usize,
+        max_blocks: usize,
+        n_heads: usize,
+    ) -> Result<Self> {
+        check(
+            "fixed decode metadata length",
+            meta.len(),
+            Self::fixed_decode_len(bucket, max_blocks),
+        )?;
+        Self::fixed_decode_over(ctx, cache, Buf::Owned(meta), bucket, max_blocks, n_heads)
+    }
+
+    fn fixed_decode_over(
+        ctx: &CudaContext,
+        cache: &DeviceKvCache,
+        meta: Buf<i32>,
+        bucket: usize,
+        max_blocks: usize,
+        n_heads: usize,
+    ) -> Result<Self> {
         let shape = cache
             .layers
             .first()
@@ -398,10 +438,15 @@ impl AttnBatch {
         let gh = batch_heads_per_block(cache, n_heads)?;
         let max_context = max_blocks * cache.block_size;
         let blocks = shape.n_kv_heads * (group / gh) * bucket;
-        let splits = split_count(ctx.info().sm_count, blocks, max_context);
+        let min_keys = if decode_old() {
+            SPLIT_MIN_KEYS
+        } else {
+            DECODE_MIN_KEYS
+        };
+        let splits = split_count(ctx.info().sm_count, blocks, max_context, min_keys);
         let off_seqs = bucket * max_blocks;
         Ok(Self {
-            meta: Buf::borrowed(ctx, meta, Self::fixed_decode_len(bucket, max_blocks)),
+            meta,
             forced_splits: Some(splits),
             n_seqs: bucket,
             n_rows: bucket,
@@ -454,13 +499,50 @@ fn check(what: &'static str, got: usize, want: usize) -> Result<()> {
 }
 
 /// Key-range splits for `blocks` attention blocks over contexts of `keys` positions: enough
-/// blocks in flight to fill the device, at least [`SPLIT_MIN_KEYS`] keys per split.
-fn split_count(sm_count: usize, blocks: usize, keys: usize) -> usize {
+/// blocks in flight to fill the device, at least `min_keys` keys per split.
+fn split_count(sm_count: usize, blocks: usize, keys: usize, min_keys: usize) -> usize {
     let target = SPLIT_TARGET_BLOCKS_PER_SM * sm_count;
     target
         .div_ceil(blocks.max(1))
-        .clamp(1, (keys / SPLIT_MIN_KEYS).max(1))
+        .clamp(1, (keys / min_keys).max(1))
         .min(MAX_SPLITS)
+}
+
+/// Which kernel decode steps take, process-wide: 0 not read yet, 1 the decode kernel, 2
+/// `attn_impl` (the A/B switch: `AFM_ATTN_DECODE_OLD=1`, or
+/// [`CudaContext::set_decode_attention_old`]).
+static DECODE_KERNEL: AtomicU8 = AtomicU8::new(0);
+
+fn decode_old() -> bool {
+    match DECODE_KERNEL.load(Ordering::Relaxed) {
+        0 => {
+            let old = std::env::var("AFM_ATTN_DECODE_OLD").is_ok_and(|v| v == "1");
+            DECODE_KERNEL.store(if old { 2 } else { 1 }, Ordering::Relaxed);
+            old
+        }
+        k => k == 2,
+    }
+}
+
+/// Whether attention.cu has a decode kernel for `head_dim` over KV elements of `elem` bytes
+/// and `gh` heads per block: f16 caches of head_dim 64, 128 and 256 (the kernel takes rows of
+/// 32 to 512 bytes; only these are built, to bound compile time).
+fn has_decode_kernel(head_dim: usize, elem: usize, gh: usize) -> bool {
+    // heads_per_block(gh, d) == gh: gh is within the limit for head_dim.
+    elem == 2 && matches!(head_dim, 64 | 128 | 256) && heads_per_block(gh, head_dim) == gh
+}
+
+/// Entry points of the decode kernel (`attn_dec_f16_{head_dim}_{heads per block}`).
+pub(super) fn decode_kernel_names() -> Vec<String> {
+    let mut v = Vec::new();
+    for d in [64, 128, 256] {
+        for gh in [1, 2, 4] {
+            if has_decode_kernel(d, 2, gh) {
+                v.push(format!("attn_dec_f16_{d}_{gh}"));
+            }
+        }
+    }
+    v
 }
 
 /// Mirror of `AttnArgs` in attention.cu.
@@ -478,7 +560,7 @@ struct AttnArgs {
     out_stride: i32,
     group: i32,
     hchunks: i32,
-    pad: i32,
+    min_keys: i32,
     scale: f32,
     softcap: f32,
 }
@@ -487,6 +569,13 @@ struct AttnArgs {
 unsafe impl cudarc::driver::DeviceRepr for AttnArgs {}
 
 impl CudaContext {
+    /// Sends decode steps to the kernel before `attn_decode_impl` (`old`) or to it, for every
+    /// context of the process, as `AFM_ATTN_DECODE_OLD=1` does (A/B benchmarks). Batches
+    /// packed for CUDA graphs keep the split count of the rule they were packed under.
+    pub fn set_decode_attention_old(&self, old: bool) {
+        DECODE_KERNEL.store(if old { 2 } else { 1 }, Ordering::Relaxed);
+    }
+
     /// Writes the step's new keys and values (row t at `k + t·k_stride`, `n_kv_heads · head_dim`
     /// values) into their slots.
     #[allow(clippy::too_many_arguments)]
@@ -639,9 +728,20 @@ impl CudaContext {
         let keys = p
             .window
             .map_or(batch.max_context, |w| w.min(batch.max_context));
+        let (t, elem) = match kv.k {
+            KvBuf::F32(_) => ("f32", 4),
+            KvBuf::F16(_) => ("f16", 2),
+        };
+        // Decode steps (one query per sequence) take the decode kernel where it has the shape.
+        let decode = batch.qb == 1 && !decode_old() && has_decode_kernel(d, elem, gh);
+        let min_keys = if decode {
+            DECODE_MIN_KEYS
+        } else {
+            SPLIT_MIN_KEYS
+        };
         let n_splits = splits
             .or(batch.forced_splits)
-            .unwrap_or_else(|| split_count(self.info().sm_count, blocks, keys))
+            .unwrap_or_else(|| split_count(self.info().sm_count, blocks, keys, min_keys))
             .clamp(1, MAX_SPLITS);
         let args = AttnArgs {
             n_heads: p.n_heads as i32,
@@ -655,7 +755,7 @@ impl CudaContext {
             out_stride: out_stride as i32,
             group: group as i32,
             hchunks: hchunks as i32,
-            pad: 0,
+            min_keys: min_keys as i32,
             scale: p.scale,
             softcap: p.softcap.unwrap_or(0.0),
         };
@@ -673,16 +773,17 @@ impl CudaContext {
         };
         let (kc, vc) = (kv.k.ptr(self), kv.v.ptr(self));
         let (tab, seqs, _, tiles) = batch.ptrs(self);
-        let t = match kv.k {
-            KvBuf::F32(_) => "f32",
-            KvBuf::F16(_) => "f16",
-        };
         let cfg = LaunchConfig {
             grid_dim: grid,
             block_dim: (128, 1, 1),
             shared_mem_bytes: 0,
         };
-        let f = self.kernel(&format!("attn_{t}_{d}_{gh}"))?;
+        let name = if decode {
+            format!("attn_dec_{t}_{d}_{gh}")
+        } else {
+            format!("attn_{t}_{d}_{gh}")
+        };
+        let f = self.kernel(&name)?;
         launch!(self, f, cfg; qp, kc, vc, tab, seqs, tiles, op, ws, done, args)
     }
 
@@ -756,8 +857,17 @@ impl CudaContext {
             k_stride: (nkv * d) as i32,
             v_stride: (nkv * d) as i32,
             eps,
+            v4: 0,
         };
         let (qp, kp, vp) = (self.ptr_mut(q), self.ptr_mut(k), self.ptr(v));
+        // The per-head norms take rms_norm_warp's float4 path where it would (same bits).
+        let v4 = |x: u64, w: u64| {
+            i32::from(d.is_multiple_of(4) && x.is_multiple_of(16) && w.is_multiple_of(16))
+        };
+        let args = PrologueArgs {
+            v4: v4(qp, qw) | (v4(kp, kw) << 1),
+            ..args
+        };
         let (kc, vc, pp) = (kv.k.ptr(self), kv.v.ptr(self), self.ptr(positions));
         let (tab, seqs, rows, _) = batch.ptrs(self);
         let groups = (n_heads + nkv).div_ceil(PROLOGUE_WARPS);
@@ -795,6 +905,7 @@ struct PrologueArgs {
     k_stride: i32,
     v_stride: i32,
     eps: f32,
+    v4: i32,
 }
 
 // SAFETY: plain #[repr(C)] data, laid out as the CUDA struct.

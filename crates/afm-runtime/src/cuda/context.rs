@@ -70,6 +70,7 @@ fn kernel_names(module: &str) -> Vec<String> {
                     }
                 }
             }
+            v.extend(super::attention::decode_kernel_names());
             v
         }
         "attention_mma" => fixed(&["attn_mma_f16_64", "attn_mma_f16_128", "attn_mma_f16_256"]),

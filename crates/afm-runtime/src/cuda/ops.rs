@@ -25,8 +25,16 @@ pub(super) fn grid_1d(n: usize, threads: u32) -> LaunchConfig {
     }
 }
 
-/// Rows of this width or less get a warp each; wider rows a block of 256 threads.
+/// Rows of this width or less get a warp each (16 floats per lane); wider rows a block each.
 const WARP_ROW_MAX: usize = 512;
+
+/// Threads of the block that normalizes one row of `d` floats: two units (float4s, or floats
+/// when `v4` is off) per thread, so all of the row's loads are in flight at once from
+/// registers (64 threads at least, 1024 at most; wider rows go through registers in chunks).
+fn norm_block_threads(d: usize, v4: bool) -> u32 {
+    let units = if v4 { d / 4 } else { d };
+    units.div_ceil(2).next_multiple_of(32).clamp(64, 1024) as u32
+}
 
 /// cos/sin of every rotated pair at every position below `max_pos`, taken from the CPU
 /// [`Rope`] itself (so scaling variants and rounding match it bit for bit):
@@ -155,17 +163,21 @@ impl CudaContext {
         }
         let (rows, wp) = ((len / d) as i32, self.ptr(w));
         let di = d as i32;
+        // float4 units when every row starts 16-byte aligned (the kernels hold 16 floats per
+        // thread in registers either way; see elementwise.cu).
+        let aligned = [x, res, wp, out].iter().all(|p| p.is_multiple_of(16));
+        let v4 = i32::from(d.is_multiple_of(4) && aligned);
         if d <= WARP_ROW_MAX {
             let f = self.kernel("rms_norm_warp")?;
-            launch!(self, f, grid_1d(len / d * 32, 256); x, res, wp, out, rows, di, eps)
+            launch!(self, f, grid_1d(len / d * 32, 256); x, res, wp, out, rows, di, eps, v4)
         } else {
             let f = self.kernel("rms_norm_block")?;
             let cfg = LaunchConfig {
                 grid_dim: (rows as u32, 1, 1),
-                block_dim: (256, 1, 1),
+                block_dim: (norm_block_threads(d, v4 != 0), 1, 1),
                 shared_mem_bytes: 0,
             };
-            launch!(self, f, cfg; x, res, wp, out, rows, di, eps)
+            launch!(self, f, cfg; x, res, wp, out, rows, di, eps, v4)
         }
     }
 

@@ -31,6 +31,36 @@ pub fn run_attention(
     case: &AttnCase,
     kernels: &[AttnKernel],
 ) -> (Vec<f32>, Vec<cuda::Result<Vec<f32>>>) {
+    run_attention_over(c, rng, case, kernels, None)
+}
+
+/// [`run_attention`] of a decode case through the batch a CUDA graph replays:
+/// `AttnBatch::fixed_decode_owned` over `bucket` sequences (the case's, then padding) with
+/// tables of `max_blocks` entries (the context class). One output (the Auto kernel).
+pub fn run_attention_fixed(
+    c: &mut CudaContext,
+    rng: &mut Rng,
+    case: &AttnCase,
+    bucket: usize,
+    max_blocks: usize,
+) -> (Vec<f32>, cuda::Result<Vec<f32>>) {
+    let (want, mut got) = run_attention_over(
+        c,
+        rng,
+        case,
+        &[AttnKernel::Auto],
+        Some((bucket, max_blocks)),
+    );
+    (want, got.remove(0))
+}
+
+fn run_attention_over(
+    c: &mut CudaContext,
+    rng: &mut Rng,
+    case: &AttnCase,
+    kernels: &[AttnKernel],
+    fixed: Option<(usize, usize)>,
+) -> (Vec<f32>, Vec<cuda::Result<Vec<f32>>>) {
     let (bs, d, nkv) = (16, case.d, case.n_kv);
     let shape = LayerKvShape {
         n_kv_heads: nkv,
@@ -123,12 +153,24 @@ pub fn run_attention(
     };
     let mut want = vec![0f32; row0 * qw];
     paged_attention(&q, &cpu.layers[0], &seqs, &params, &mut want);
-    let batch = AttnBatch::new(c, &dev, &seqs, case.n_heads).unwrap();
-    let qd = c.upload(&q).unwrap();
+    let batch = match fixed {
+        None => AttnBatch::new(c, &dev, &seqs, case.n_heads).unwrap(),
+        Some((bucket, max_blocks)) => {
+            let meta =
+                AttnBatch::pack_fixed_decode(&seqs, bucket, max_blocks, bs, num_blocks).unwrap();
+            let md = c.upload(&meta).unwrap();
+            AttnBatch::fixed_decode_owned(c, &dev, md, bucket, max_blocks, case.n_heads).unwrap()
+        }
+    };
+    // A fixed batch has `bucket` rows; the padding rows' queries are zeros, their outputs unread.
+    let dev_rows = fixed.map_or(row0, |(bucket, _)| bucket.max(row0));
+    let mut qp = q.clone();
+    qp.resize(dev_rows * qw, 0.0);
+    let qd = c.upload(&qp).unwrap();
     let got = kernels
         .iter()
         .map(|&k| {
-            let mut out = poisoned(c, row0 * qw);
+            let mut out = poisoned(c, dev_rows * qw);
             c.paged_attention_with(
                 k,
                 &dev,
@@ -141,7 +183,9 @@ pub fn run_attention(
                 qw,
                 case.splits,
             )?;
-            c.download(&out)
+            let mut o = c.download(&out)?;
+            o.truncate(row0 * qw);
+            Ok(o)
         })
         .collect();
     (want, got)

@@ -20,7 +20,7 @@
 struct AttnArgs {
     int n_heads, n_kv_heads, block_size, max_blocks;
     int window, n_splits, qb, q_stride;
-    int out_stride, group, hchunks, pad;
+    int out_stride, group, hchunks, min_keys;
     float scale, softcap;
 };
 
@@ -244,10 +244,279 @@ ATTN_D(256)
 // Gemma 4's global layers; one query head per block keeps the 64 values per lane in registers.
 ATTN(false, f32, 512, 1) ATTN(true, f16, 512, 1)
 
+// ---- Decode: one query row per sequence (AttnBatch qb = 1) ----
+//
+// Grid and lane groups as attn_impl (16 groups of 8 lanes; group g = head g % GH, key
+// partition g / GH), tuned for latency, which is what a decode step's attention is bound by:
+//  - the split's block-table entries go to shared memory once, read before the PDL wait (the
+//    host writes the metadata; no kernel before this one does);
+//  - K and V stream through shared memory by cp.async, DEC_STAGES stages of DEC_KEYS keys in
+//    flight, so the next keys load while the current ones are computed, and the block's GH
+//    heads share each row read from global memory;
+//  - a split takes at least `min_keys` keys, in whole stages: a short context uses only the
+//    splits it needs (`used`); the others exit at once. A tile with one split used writes its
+//    output directly; otherwise the last split to finish merges the `used` partials in one
+//    pass, each thread over its own output elements (no barriers).
+// A lane holds units (16 bytes, less for short rows) li, li + 8, ... of a row, so the 8 lanes
+// of a group read 8 consecutive units of shared memory.
+
+#define DEC_KEYS 16
+#define DEC_TAB 512  // block-table entries kept in shared memory (more: read from global)
+
+__device__ __forceinline__ u32 dec_smem_addr(const void* p) {
+    u32 a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+
+// 16 bytes global -> shared, asynchronously where the device can (sm_80 on).
+__device__ __forceinline__ void dec_cp16(void* dst, const void* src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dec_smem_addr(dst)), "l"(src)
+                 : "memory");
+#else
+    *(uint4*)dst = *(const uint4*)src;
+#endif
+}
+__device__ __forceinline__ void dec_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+template <int N>
+__device__ __forceinline__ void dec_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+#endif
+}
+
+// A lane's W words of one row in shared memory: units li + 8k of U bytes each.
+template <int U, int W>
+__device__ __forceinline__ void dec_row(const u8* row, int li, u32 (&w)[W]) {
+    constexpr int WU = U / 4;  // words per unit
+#pragma unroll
+    for (int k = 0; k < W / WU; k++) {
+        const u8* p = row + (li + 8 * k) * U;
+        if constexpr (U == 16) {
+            const uint4 v = *(const uint4*)p;
+            w[4 * k] = v.x; w[4 * k + 1] = v.y; w[4 * k + 2] = v.z; w[4 * k + 3] = v.w;
+        } else if constexpr (U == 8) {
+            const uint2 v = *(const uint2*)p;
+            w[2 * k] = v.x; w[2 * k + 1] = v.y;
+        } else {
+            w[k] = *(const u32*)p;
+        }
+    }
+}
+
+template <bool HALF, int D, int GH>
+__device__ void attn_decode_impl(const float* __restrict__ q, const u32* __restrict__ kc,
+                                 const u32* __restrict__ vc, const int* __restrict__ tables,
+                                 const int* __restrict__ seqs, const int* __restrict__ tiles,
+                                 float* __restrict__ out, float* __restrict__ ws,
+                                 int* __restrict__ done, const AttnArgs a) {
+    constexpr int NG = 16, DL = D / 8, ELEM = HALF ? 2 : 4;
+    constexpr int ROW = D * ELEM;                        // bytes of one K or V row
+    constexpr int U = ROW / 8 < 16 ? ROW / 8 : 16;       // bytes per lane unit
+    constexpr int EPU = U / ELEM;                        // elements per unit
+    constexpr int W = DL * ELEM / 4;                     // words per lane per row
+    constexpr int STAGES = ROW <= 256 ? 3 : 2;
+    constexpr int SBYTES = DEC_KEYS * ROW;               // K (or V) bytes of one stage
+    constexpr int P = NG / GH, KC = DEC_KEYS / P;        // key partitions, keys per group
+    constexpr int PPR = ROW / 16;                        // 16-byte pieces per row
+    static_assert(ROW >= 32 && ROW <= 512 && DEC_KEYS % P == 0, "decode kernel shape");
+    // The stages while keys stream, then (aliased) the groups' partial outputs.
+    __shared__ __align__(16) u8 smem[STAGES * 2 * SBYTES];
+    __shared__ float sm_m[NG], sm_l[NG];
+    __shared__ int sm_tab[DEC_TAB];
+    __shared__ int last;
+
+    const int tid = threadIdx.x, g = tid >> 3, li = tid & 7;
+    const u32 gmask = 0xffu << (tid & 24);
+    const int hi = g % GH, pi = g / GH;
+    const int kvh = blockIdx.x / a.hchunks;
+    const int h0 = kvh * a.group + (blockIdx.x % a.hchunks) * GH;
+    const int bs = a.block_size;
+
+    // Metadata only before the PDL wait (see above).
+    const int s = tiles[blockIdx.y * 2];
+    const int row0 = seqs[s * 4], len = seqs[s * 4 + 1], pos = seqs[s * 4 + 2];
+    if (len == 0) return;  // padding of a CUDA-graph batch (exiting needs no PDL wait)
+    const int first = a.window > 0 ? max(0, pos + 1 - a.window) : 0;
+    const int n = pos + 1 - first;
+    int chunk = max((n + a.n_splits - 1) / a.n_splits, a.min_keys);
+    chunk = (chunk + DEC_KEYS - 1) / DEC_KEYS * DEC_KEYS;
+    const int used = (n + chunk - 1) / chunk;
+    if ((int)blockIdx.z >= used) return;  // past the context: no keys
+    const int k0 = first + blockIdx.z * chunk, k1 = min(k0 + chunk, pos + 1);
+    const int* table = tables + (i64)s * a.max_blocks;
+    const int b0 = k0 / bs, nb = (k1 - 1) / bs - b0 + 1;
+    const bool tab_sm = nb <= DEC_TAB;
+    if (tab_sm)
+        for (int i = tid; i < nb; i += blockDim.x) sm_tab[i] = table[b0 + i];
+    __syncthreads();
+    pdl_begin();
+
+    float qv[DL];
+    {
+        const float* qp = q + (i64)row0 * a.q_stride + (h0 + hi) * D;
+#pragma unroll
+        for (int i = 0; i < DL; i++) {
+            const float x = qp[(li + 8 * (i / EPU)) * EPU + i % EPU];
+            qv[i] = HALF ? h2f(f2h(x)) : x;  // as the CPU does
+        }
+    }
+
+    const i64 head_bytes = (i64)bs * ROW;
+    const u8* kb8 = (const u8*)kc + kvh * head_bytes;
+    const u8* vb8 = (const u8*)vc + kvh * head_bytes;
+    const i64 blk_bytes = a.n_kv_heads * head_bytes;
+    // Stage st (keys k0 + st * DEC_KEYS ...) into buffer b.
+    auto issue = [&](int st, int b) {
+        u8* dk = smem + b * 2 * SBYTES;
+        const int kb = k0 + st * DEC_KEYS;
+        for (int p = tid; p < 2 * DEC_KEYS * PPR; p += blockDim.x) {
+            const bool isv = p >= DEC_KEYS * PPR;
+            const int pp = isv ? p - DEC_KEYS * PPR : p;
+            const int r = pp / PPR, c = pp % PPR, j = kb + r;
+            if (j >= k1) continue;
+            const i64 blk = tab_sm ? sm_tab[j / bs - b0] : table[j / bs];
+            const i64 off = blk * blk_bytes + (i64)(j % bs) * ROW + c * 16;
+            dec_cp16(dk + isv * SBYTES + r * ROW + c * 16, (isv ? vb8 : kb8) + off);
+        }
+    };
+
+    float m = NEG_INF, l = 0.f, acc[DL];
+#pragma unroll
+    for (int i = 0; i < DL; i++) acc[i] = 0.f;
+    const int nst = (k1 - k0 + DEC_KEYS - 1) / DEC_KEYS;
+#pragma unroll
+    for (int st = 0; st < STAGES - 1; st++) {
+        if (st < nst) issue(st, st);
+        dec_commit();
+    }
+    for (int st = 0; st < nst; st++) {
+        dec_wait<STAGES - 2>();
+        __syncthreads();  // stage st landed for all; stage st - 1's buffer is free again
+        if (st + STAGES - 1 < nst) issue(st + STAGES - 1, (st + STAGES - 1) % STAGES);
+        dec_commit();
+        const u8* bk = smem + (st % STAGES) * 2 * SBYTES;
+        const int kb = k0 + st * DEC_KEYS;
+        float sc[KC];
+        float mc = NEG_INF;
+#pragma unroll
+        for (int t = 0; t < KC; t++) {
+            u32 kw[W];
+            dec_row<U, W>(bk + (pi * KC + t) * ROW, li, kw);
+            float dot = 0.f;
+#pragma unroll
+            for (int i = 0; i < DL; i++) dot += qv[i] * word_elem<HALF, W>(kw, i);
+            dot += __shfl_xor_sync(gmask, dot, 4);
+            dot += __shfl_xor_sync(gmask, dot, 2);
+            dot += __shfl_xor_sync(gmask, dot, 1);
+            float sv = dot * a.scale;
+            if (a.softcap > 0.f) sv = a.softcap * tanhf(sv / a.softcap);
+            sc[t] = kb + pi * KC + t < k1 ? sv : NEG_INF;
+            mc = fmaxf(mc, sc[t]);
+        }
+        if (mc == NEG_INF) continue;  // no keys for this group in this stage
+        const float mn = fmaxf(m, mc);
+        const float corr = __expf(m - mn);
+        l *= corr;
+#pragma unroll
+        for (int i = 0; i < DL; i++) acc[i] *= corr;
+#pragma unroll
+        for (int t = 0; t < KC; t++) {
+            if (sc[t] != NEG_INF) {
+                const float p = __expf(sc[t] - mn);
+                u32 vw[W];
+                dec_row<U, W>(bk + SBYTES + (pi * KC + t) * ROW, li, vw);
+                l += p;
+#pragma unroll
+                for (int i = 0; i < DL; i++) acc[i] += p * word_elem<HALF, W>(vw, i);
+            }
+        }
+        m = mn;
+    }
+    dec_wait<0>();
+    __syncthreads();  // every group is done with the stages: their memory takes the partials
+
+    float* sm_acc = (float*)smem;  // [NG][D]
+    if (li == 0) { sm_m[g] = m; sm_l[g] = l; }
+#pragma unroll
+    for (int i = 0; i < DL; i++) sm_acc[g * D + (li + 8 * (i / EPU)) * EPU + i % EPU] = acc[i];
+    __syncthreads();
+
+    // Merge the P partitions of each head: into the output, or this split's partial.
+    for (int e = tid; e < GH * D; e += blockDim.x) {
+        const int ph = e / D, dd = e % D;
+        float M = NEG_INF;
+#pragma unroll
+        for (int p = 0; p < P; p++) M = fmaxf(M, sm_m[p * GH + ph]);
+        float L = 0.f, O = 0.f;
+#pragma unroll
+        for (int p = 0; p < P; p++) {
+            const int gi = p * GH + ph;
+            const float wgt = sm_m[gi] == NEG_INF ? 0.f : __expf(sm_m[gi] - M);
+            L += sm_l[gi] * wgt;
+            O += sm_acc[gi * D + dd] * wgt;
+        }
+        if (used == 1) {
+            out[(i64)row0 * a.out_stride + (h0 + ph) * D + dd] = O / L;
+        } else {
+            float* wp = ws + (((i64)row0 * a.n_heads + h0 + ph) * a.n_splits + blockIdx.z) * (D + 2);
+            wp[dd] = O;
+            if (dd == 0) { wp[D] = M; wp[D + 1] = L; }
+        }
+    }
+    if (used == 1) return;
+
+    // The last of the `used` splits to finish merges them (threadFenceReduction's pattern);
+    // it sets the counter back to 0 for the next launch.
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) {
+        int* c = done + (i64)blockIdx.y * gridDim.x + blockIdx.x;
+        last = atomicAdd(c, 1) == used - 1;
+        if (last) *c = 0;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    for (int e = tid; e < GH * D; e += blockDim.x) {
+        const int ph = e / D, dd = e % D;
+        const float* wp = ws + ((i64)row0 * a.n_heads + h0 + ph) * a.n_splits * (D + 2);
+        float M = NEG_INF, L = 0.f, O = 0.f;
+#pragma unroll 4
+        for (int sp = 0; sp < used; sp++) {
+            const float* w = wp + sp * (D + 2);
+            const float ms = __ldcg(w + D), ls = __ldcg(w + D + 1), os = __ldcg(w + dd);
+            const float mn = fmaxf(M, ms);
+            const float x = __expf(M - mn), y = __expf(ms - mn);
+            L = L * x + ls * y;
+            O = O * x + os * y;
+            M = mn;
+        }
+        out[(i64)row0 * a.out_stride + (h0 + ph) * D + dd] = O / L;
+    }
+}
+
+#define ATTN_DEC(HALF, NAME, D, GH)                                                            \
+    extern "C" __global__ void __launch_bounds__(128) attn_dec_##NAME##_##D##_##GH(            \
+        const float* q, const u32* kc, const u32* vc, const int* tables, const int* seqs,      \
+        const int* tiles, float* out, float* ws, int* done, const AttnArgs a) {                \
+        attn_decode_impl<HALF, D, GH>(q, kc, vc, tables, seqs, tiles, out, ws, done, a);       \
+    }
+// f16 caches (the engine's for every non-f32 checkpoint) of the common head sizes; the rest
+// take attn_impl, which keeps NVRTC's and the driver's compile time down.
+ATTN_DEC(true, f16, 64, 1) ATTN_DEC(true, f16, 64, 2) ATTN_DEC(true, f16, 64, 4)
+ATTN_DEC(true, f16, 128, 1) ATTN_DEC(true, f16, 128, 2) ATTN_DEC(true, f16, 128, 4)
+ATTN_DEC(true, f16, 256, 1) ATTN_DEC(true, f16, 256, 2)
+
 // Stores each new token's K and V rows ([n_kv_heads * D] at k + t*k_stride) into its slot.
 template <bool HALF>
-__device__ void kv_write_impl(const float* k, const float* v, void* kc, void* vc,
-                              const int* tables, const int* seqs, const int* row_seq,
+__device__ void kv_write_impl(const float* __restrict__ k, const float* __restrict__ v,
+                              void* __restrict__ kc, void* __restrict__ vc, const int* tables, const int* seqs, const int* row_seq,
                               int n_kv_heads, int D, int block_size, int max_blocks, int k_stride,
                               int v_stride) {
     const int t = blockIdx.x, s = row_seq[t];
@@ -292,6 +561,7 @@ struct PrologueArgs {
     int neox, max_pos, block_size, max_blocks;
     int q_stride, k_stride, v_stride;
     float eps;
+    int v4;  // float4 loads (bit 0 for q, bit 1 for k): D % 4 == 0, the heads and weights aligned
 };
 
 #define PRO_WARPS 8
@@ -335,15 +605,52 @@ __device__ void attn_prologue_impl(float* q, float* k, const float* v, void* kc,
     float* x = is_q ? q + (i64)t * a.q_stride + hh * D : k + (i64)t * a.k_stride + hh * D;
     const float* w = is_q ? qw : kw;
     float* sb = buf[warp];
-    if (w) {  // rms_norm_warp on one head
+    const bool v4 = (a.v4 >> (is_q ? 0 : 1)) & 1;
+    if (w && v4) {  // rms_norm_warp on one head, its float4 path's order: the same bits
+        float4 xv[PRO_MAX_D / 128];
+        const int units = D / 4;
+#pragma unroll
+        for (int k = 0; k < PRO_MAX_D / 128; k++)
+            if (lane + 32 * k < units) xv[k] = ((const float4*)x)[lane + 32 * k];
         float ss = 0.f;
-        for (int i = lane; i < D; i += 32) {
-            float xv = x[i];
-            ss += xv * xv;
+#pragma unroll
+        for (int k = 0; k < PRO_MAX_D / 128; k++) {
+            if (lane + 32 * k < units) {
+                ss = fmaf(xv[k].x, xv[k].x, ss);
+                ss = fmaf(xv[k].y, xv[k].y, ss);
+                ss = fmaf(xv[k].z, xv[k].z, ss);
+                ss = fmaf(xv[k].w, xv[k].w, ss);
+            }
         }
         ss = warp_sum(ss);
         const float inv = 1.0f / sqrtf(ss / (float)D + a.eps);
-        for (int i = lane; i < D; i += 32) sb[i] = x[i] * (inv * w[i]);
+#pragma unroll
+        for (int k = 0; k < PRO_MAX_D / 128; k++) {
+            const int i = lane + 32 * k;
+            if (i < units) {
+                const float4 wv = ((const float4*)w)[i];
+                sb[4 * i] = xv[k].x * (inv * wv.x);
+                sb[4 * i + 1] = xv[k].y * (inv * wv.y);
+                sb[4 * i + 2] = xv[k].z * (inv * wv.z);
+                sb[4 * i + 3] = xv[k].w * (inv * wv.w);
+            }
+        }
+    } else if (w) {  // its scalar path
+        float xv[PRO_MAX_D / 32];
+#pragma unroll
+        for (int k = 0; k < PRO_MAX_D / 32; k++)
+            if (lane + 32 * k < D) xv[k] = x[lane + 32 * k];
+        float ss = 0.f;
+#pragma unroll
+        for (int k = 0; k < PRO_MAX_D / 32; k++)
+            if (lane + 32 * k < D) ss = fmaf(xv[k], xv[k], ss);
+        ss = warp_sum(ss);
+        const float inv = 1.0f / sqrtf(ss / (float)D + a.eps);
+#pragma unroll
+        for (int k = 0; k < PRO_MAX_D / 32; k++) {
+            const int i = lane + 32 * k;
+            if (i < D) sb[i] = xv[k] * (inv * w[i]);
+        }
     } else {
         for (int i = lane; i < D; i += 32) sb[i] = x[i];
     }

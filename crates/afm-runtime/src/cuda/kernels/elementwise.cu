@@ -3,41 +3,131 @@
 // CPU result is bit-exact (RoPE, dequantization) each product and FMA is spelled out
 // (__fmul_rn, __fmaf_rn) as the CPU forms it, so the compiler cannot contract differently.
 
-// x += res (when res is given, written back), then out = x / rms(x) * w. One warp per row.
+// RMSNorm: x += res (when res is given, written back), then out = x / rms(x) * w.
+// Latency-bound at decode (one row, a few KB), so every load of a row is issued before any
+// store: a thread holds its part of x, res and w in registers from the sum to the scale, and
+// the row is read once. With `v4` (the host checked d % 4 == 0 and 16-byte alignment) a unit
+// is a float4, else one float. out may be x (in place); res and w alias neither.
+#define NORM_FLOATS 16  // floats per thread held in registers (more: the row goes in chunks)
+
+template <int V>
+__device__ __forceinline__ void norm_ld(const float* p, float (&u)[V]) {
+    if constexpr (V == 4) {
+        const float4 f = *(const float4*)p;
+        u[0] = f.x; u[1] = f.y; u[2] = f.z; u[3] = f.w;
+    } else {
+        u[0] = *p;
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void norm_st(float* p, const float (&u)[V]) {
+    if constexpr (V == 4) *(float4*)p = make_float4(u[0], u[1], u[2], u[3]);
+    else *p = u[0];
+}
+
+// x += res over units [base + t, base + t + n, ...] (at most NU of them), written back when res
+// is given; returns the thread's sum of squares. Loads first, then stores: they cannot alias.
+template <int V>
+__device__ __forceinline__ float norm_chunk(float* x, const float* __restrict__ res, int units,
+                                            int base, int t, int n, float (&xv)[NORM_FLOATS / V][V]) {
+    constexpr int NU = NORM_FLOATS / V;
+    float rv[NU][V];
+#pragma unroll
+    for (int k = 0; k < NU; k++) {
+        const int i = base + t + k * n;
+        if (i < units) {
+            norm_ld<V>(x + (i64)i * V, xv[k]);
+            if (res) norm_ld<V>(res + (i64)i * V, rv[k]);
+        }
+    }
+    float ss = 0.f;
+#pragma unroll
+    for (int k = 0; k < NU; k++) {
+        const int i = base + t + k * n;
+        if (i < units) {
+            if (res) {
+#pragma unroll
+                for (int e = 0; e < V; e++) xv[k][e] += rv[k][e];
+                norm_st<V>(x + (i64)i * V, xv[k]);
+            }
+#pragma unroll
+            for (int e = 0; e < V; e++) ss = fmaf(xv[k][e], xv[k][e], ss);
+        }
+    }
+    return ss;
+}
+
+// out = xv * (inv * w) over the same units as norm_chunk.
+template <int V>
+__device__ __forceinline__ void norm_scale(float* out, const float* __restrict__ w, int units,
+                                           int base, int t, int n, float inv,
+                                           const float (&xv)[NORM_FLOATS / V][V]) {
+    constexpr int NU = NORM_FLOATS / V;
+    float wv[NU][V];
+#pragma unroll
+    for (int k = 0; k < NU; k++) {
+        const int i = base + t + k * n;
+        if (i < units) norm_ld<V>(w + i * V, wv[k]);
+    }
+#pragma unroll
+    for (int k = 0; k < NU; k++) {
+        const int i = base + t + k * n;
+        if (i < units) {
+            float o[V];
+#pragma unroll
+            for (int e = 0; e < V; e++) o[e] = xv[k][e] * (inv * wv[k][e]);
+            norm_st<V>(out + (i64)i * V, o);
+        }
+    }
+}
+
+// One row by thread t of n (a warp when sh is null, else the whole block, sh holding 32).
+template <int V>
+__device__ __forceinline__ void norm_row(float* x, const float* __restrict__ res,
+                                         const float* __restrict__ w, float* out, int d,
+                                         float eps, int t, int n, float* sh) {
+    constexpr int NU = NORM_FLOATS / V;
+    const int units = d / V, step = NU * n;
+    float xv[NU][V];
+    float ss = 0.f;
+    for (int base = 0; base < units; base += step) ss += norm_chunk<V>(x, res, units, base, t, n, xv);
+    ss = sh ? block_sum(ss, sh) : warp_sum(ss);
+    const float inv = 1.0f / sqrtf(ss / (float)d + eps);
+    if (units <= step) {  // the whole row is still in registers
+        norm_scale<V>(out, w, units, 0, t, n, inv, xv);
+        return;
+    }
+    for (int base = 0; base < units; base += step) {  // wider rows: read x (now summed) again
+#pragma unroll
+        for (int k = 0; k < NU; k++) {
+            const int i = base + t + k * n;
+            if (i < units) norm_ld<V>(x + (i64)i * V, xv[k]);
+        }
+        norm_scale<V>(out, w, units, base, t, n, inv, xv);
+    }
+}
+
+// One warp per row (rows of up to 512 floats: 16 per lane, one pass).
 extern "C" __global__ void rms_norm_warp(float* x, const float* res, const float* w, float* out,
-                                         int rows, int d, float eps) { pdl_begin();
+                                         int rows, int d, float eps, int v4) { pdl_begin();
     const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31;
     if (row >= rows) return;
-    float* xr = x + (i64)row * d;
-    float ss = 0.f;
-    for (int i = lane; i < d; i += 32) {
-        float v = xr[i];
-        if (res) { v += res[(i64)row * d + i]; xr[i] = v; }
-        ss += v * v;
-    }
-    ss = warp_sum(ss);
-    const float inv = 1.0f / sqrtf(ss / (float)d + eps);
-    float* o = out + (i64)row * d;
-    for (int i = lane; i < d; i += 32) o[i] = xr[i] * (inv * w[i]);
+    const i64 o = (i64)row * d;
+    const float* r = res ? res + o : nullptr;
+    if (v4) norm_row<4>(x + o, r, w, out + o, d, eps, lane, 32, nullptr);
+    else norm_row<1>(x + o, r, w, out + o, d, eps, lane, 32, nullptr);
 }
 
-// The same with one block per row, for wide rows.
-extern "C" __global__ void rms_norm_block(float* x, const float* res, const float* w, float* out,
-                                          int rows, int d, float eps) { pdl_begin();
+// One block per row, for wide rows (the host sizes the block to the row).
+extern "C" __global__ void __launch_bounds__(1024) rms_norm_block(float* x, const float* res, const float* w, float* out,
+                                          int rows, int d, float eps, int v4) { pdl_begin();
     __shared__ float sh[32];
-    const int row = blockIdx.x;
-    float* xr = x + (i64)row * d;
-    float ss = 0.f;
-    for (int i = threadIdx.x; i < d; i += blockDim.x) {
-        float v = xr[i];
-        if (res) { v += res[(i64)row * d + i]; xr[i] = v; }
-        ss += v * v;
-    }
-    ss = block_sum(ss, sh);
-    const float inv = 1.0f / sqrtf(ss / (float)d + eps);
-    float* o = out + (i64)row * d;
-    for (int i = threadIdx.x; i < d; i += blockDim.x) o[i] = xr[i] * (inv * w[i]);
+    const i64 o = (i64)blockIdx.x * d;
+    const float* r = res ? res + o : nullptr;
+    if (v4) norm_row<4>(x + o, r, w, out + o, d, eps, threadIdx.x, blockDim.x, sh);
+    else norm_row<1>(x + o, r, w, out + o, d, eps, threadIdx.x, blockDim.x, sh);
 }
 
 // Rotates pairs of the first `dims` dimensions of every head in place. `cs` is the
