@@ -692,6 +692,17 @@ fn small_decode_attention(c: &mut CudaContext, out: &mut Vec<String>) -> R<()> {
         head_dim: d,
     };
     let mut rng = Rng(10);
+    // Registers, spills, static shared memory, blocks per SM: the old kernel and the new.
+    for k in [
+        "attn_f16_128_2",
+        "attn_f16_128_4",
+        "attn_dec_f16_128_2",
+        "attn_dec_f16_128_4",
+    ] {
+        let o = c.kernel_occupancy(k)?;
+        out.push(format!("| small occupancy {k:18} | {o:?} |"));
+        println!("{}", out.last().expect("pushed"));
+    }
     for (name, nh) in [("qwen3-0.6b", 16), ("qwen3-8b", 32)] {
         for batch in [1, 64] {
             for (label, ctx_len, class) in [

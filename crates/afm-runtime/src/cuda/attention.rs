@@ -535,6 +535,7 @@ fn has_decode_kernel(head_dim: usize, elem: usize, gh: usize) -> bool {
 /// Entry points of the decode kernel (`attn_dec_f16_{head_dim}_{heads per block}`).
 pub(super) fn decode_kernel_names() -> Vec<String> {
     let mut v = Vec::new();
+
     for d in [64, 128, 256] {
         for gh in [1, 2, 4] {
             if has_decode_kernel(d, 2, gh) {
@@ -569,6 +570,18 @@ struct AttnArgs {
 unsafe impl cudarc::driver::DeviceRepr for AttnArgs {}
 
 impl CudaContext {
+    /// Registers per thread, local (spilled) bytes per thread, static shared bytes and
+    /// resident blocks of 128 threads per multiprocessor of kernel `name` (diagnostics).
+    pub fn kernel_occupancy(&self, name: &str) -> Result<(i32, i32, i32, u32)> {
+        let f = self.kernel(name)?;
+        Ok((
+            f.num_regs()?,
+            f.local_size_bytes()?,
+            f.shared_size_bytes()?,
+            f.occupancy_max_active_blocks_per_multiprocessor(128, 0, None)?,
+        ))
+    }
+
     /// Sends decode steps to the kernel before `attn_decode_impl` (`old`) or to it, for every
     /// context of the process, as `AFM_ATTN_DECODE_OLD=1` does (A/B benchmarks). Batches
     /// packed for CUDA graphs keep the split count of the rule they were packed under.

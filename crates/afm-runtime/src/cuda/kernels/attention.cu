@@ -250,9 +250,9 @@ ATTN(false, f32, 512, 1) ATTN(true, f16, 512, 1)
 // partition g / GH), tuned for latency, which is what a decode step's attention is bound by:
 //  - the split's block-table entries go to shared memory once, read before the PDL wait (the
 //    host writes the metadata; no kernel before this one does);
-//  - K and V stream through shared memory by cp.async, DEC_STAGES stages of DEC_KEYS keys in
-//    flight, so the next keys load while the current ones are computed, and the block's GH
-//    heads share each row read from global memory;
+//  - K and V stream through shared memory by cp.async in stages of DEC_KEYS keys, 4 (2 for
+//    512-byte rows) in the ring, so the next keys load while the current ones are computed,
+//    and the block's GH heads share each row read from global memory;
 //  - a split takes at least `min_keys` keys, in whole stages: a short context uses only the
 //    splits it needs (`used`); the others exit at once. A tile with one split used writes its
 //    output directly; otherwise the last split to finish merges the `used` partials in one
@@ -309,7 +309,7 @@ __device__ __forceinline__ void dec_row(const u8* row, int li, u32 (&w)[W]) {
     }
 }
 
-template <bool HALF, int D, int GH>
+template <bool HALF, int D, int GH, int KEYS = DEC_KEYS>
 __device__ void attn_decode_impl(const float* __restrict__ q, const u32* __restrict__ kc,
                                  const u32* __restrict__ vc, const int* __restrict__ tables,
                                  const int* __restrict__ seqs, const int* __restrict__ tiles,
@@ -320,11 +320,12 @@ __device__ void attn_decode_impl(const float* __restrict__ q, const u32* __restr
     constexpr int U = ROW / 8 < 16 ? ROW / 8 : 16;       // bytes per lane unit
     constexpr int EPU = U / ELEM;                        // elements per unit
     constexpr int W = DL * ELEM / 4;                     // words per lane per row
-    constexpr int STAGES = ROW <= 256 ? 3 : 2;
-    constexpr int SBYTES = DEC_KEYS * ROW;               // K (or V) bytes of one stage
-    constexpr int P = NG / GH, KC = DEC_KEYS / P;        // key partitions, keys per group
+    constexpr int STAGES = ROW <= 256 ? 4 : 2;
+    constexpr int SBYTES = KEYS * ROW;               // K (or V) bytes of one stage
+    constexpr int P = NG / GH, KC = KEYS / P;        // key partitions, keys per group
     constexpr int PPR = ROW / 16;                        // 16-byte pieces per row
-    static_assert(ROW >= 32 && ROW <= 512 && DEC_KEYS % P == 0, "decode kernel shape");
+    static_assert(ROW >= 32 && ROW <= 512 && KEYS % P == 0, "decode kernel shape");
+    static_assert(2 * KEYS * PPR % 128 == 0, "whole pieces per thread (blockDim.x is 128)");
     // The stages while keys stream, then (aliased) the groups' partial outputs.
     __shared__ __align__(16) u8 smem[STAGES * 2 * SBYTES];
     __shared__ float sm_m[NG], sm_l[NG];
@@ -345,7 +346,7 @@ __device__ void attn_decode_impl(const float* __restrict__ q, const u32* __restr
     const int first = a.window > 0 ? max(0, pos + 1 - a.window) : 0;
     const int n = pos + 1 - first;
     int chunk = max((n + a.n_splits - 1) / a.n_splits, a.min_keys);
-    chunk = (chunk + DEC_KEYS - 1) / DEC_KEYS * DEC_KEYS;
+    chunk = (chunk + KEYS - 1) / KEYS * KEYS;
     const int used = (n + chunk - 1) / chunk;
     if ((int)blockIdx.z >= used) return;  // past the context: no keys
     const int k0 = first + blockIdx.z * chunk, k1 = min(k0 + chunk, pos + 1);
@@ -371,17 +372,22 @@ __device__ void attn_decode_impl(const float* __restrict__ q, const u32* __restr
     const u8* kb8 = (const u8*)kc + kvh * head_bytes;
     const u8* vb8 = (const u8*)vc + kvh * head_bytes;
     const i64 blk_bytes = a.n_kv_heads * head_bytes;
-    // Stage st (keys k0 + st * DEC_KEYS ...) into buffer b.
+    // Stage st (keys k0 + st * KEYS ...) into buffer b: thread tid copies 16-byte pieces tid,
+    // tid + 128, ... of the stage's K rows then V rows. One division per stage; a piece's
+    // cache block is the stage's first plus the slots it runs past.
     auto issue = [&](int st, int b) {
         u8* dk = smem + b * 2 * SBYTES;
-        const int kb = k0 + st * DEC_KEYS;
-        for (int p = tid; p < 2 * DEC_KEYS * PPR; p += blockDim.x) {
-            const bool isv = p >= DEC_KEYS * PPR;
-            const int pp = isv ? p - DEC_KEYS * PPR : p;
-            const int r = pp / PPR, c = pp % PPR, j = kb + r;
-            if (j >= k1) continue;
-            const i64 blk = tab_sm ? sm_tab[j / bs - b0] : table[j / bs];
-            const i64 off = blk * blk_bytes + (i64)(j % bs) * ROW + c * 16;
+        const int kb = k0 + st * KEYS, kbd = kb / bs, kbm = kb - kbd * bs;
+#pragma unroll
+        for (int p = tid; p < 2 * KEYS * PPR; p += 128) {
+            const bool isv = p >= KEYS * PPR;
+            const int pp = isv ? p - KEYS * PPR : p;
+            const int r = pp / PPR, c = pp % PPR;
+            if (kb + r >= k1) continue;
+            int slot = kbm + r, bi = kbd;
+            while (slot >= bs) { slot -= bs; bi++; }
+            const i64 blk = tab_sm ? sm_tab[bi - b0] : table[bi];
+            const i64 off = blk * blk_bytes + (i64)slot * ROW + c * 16;
             dec_cp16(dk + isv * SBYTES + r * ROW + c * 16, (isv ? vb8 : kb8) + off);
         }
     };
@@ -389,7 +395,7 @@ __device__ void attn_decode_impl(const float* __restrict__ q, const u32* __restr
     float m = NEG_INF, l = 0.f, acc[DL];
 #pragma unroll
     for (int i = 0; i < DL; i++) acc[i] = 0.f;
-    const int nst = (k1 - k0 + DEC_KEYS - 1) / DEC_KEYS;
+    const int nst = (k1 - k0 + KEYS - 1) / KEYS;
 #pragma unroll
     for (int st = 0; st < STAGES - 1; st++) {
         if (st < nst) issue(st, st);
@@ -401,7 +407,7 @@ __device__ void attn_decode_impl(const float* __restrict__ q, const u32* __restr
         if (st + STAGES - 1 < nst) issue(st + STAGES - 1, (st + STAGES - 1) % STAGES);
         dec_commit();
         const u8* bk = smem + (st % STAGES) * 2 * SBYTES;
-        const int kb = k0 + st * DEC_KEYS;
+        const int kb = k0 + st * KEYS;
         float sc[KC];
         float mc = NEG_INF;
 #pragma unroll
@@ -421,10 +427,12 @@ __device__ void attn_decode_impl(const float* __restrict__ q, const u32* __restr
         }
         if (mc == NEG_INF) continue;  // no keys for this group in this stage
         const float mn = fmaxf(m, mc);
-        const float corr = __expf(m - mn);
-        l *= corr;
+        if (mn > m) {  // rescale only when the maximum moves (rarely, after the first keys)
+            const float corr = __expf(m - mn);
+            l *= corr;
 #pragma unroll
-        for (int i = 0; i < DL; i++) acc[i] *= corr;
+            for (int i = 0; i < DL; i++) acc[i] *= corr;
+        }
 #pragma unroll
         for (int t = 0; t < KC; t++) {
             if (sc[t] != NEG_INF) {
