@@ -19,22 +19,6 @@
 #define GEMV_THREADS 128
 #define GEMV_ROWS 4  // weight rows per block: each activation load serves all of them
 
-// L2 prefetches of the bytes of a thread's first unit in each of its rows (16-bit and quantized
-// kernels alike), issued before the PDL wait (the one exception to "the wait comes first"): no
-// kernel writes weights, and a prefetch brings nothing into registers, so this only overlaps the
-// weights' DRAM latency with the tail of the kernel before.
-__device__ __forceinline__ void prefetch_l2(const u8* p) {
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-}
-
-// The 16-bit kernels' prefetch: each thread's first 8 weights of the block's rows.
-__device__ __forceinline__ void pf_half(const u16* W, int rows, int cols, int row0) {
-    if (threadIdx.x >= cols / 8) return;
-#pragma unroll
-    for (int r = 0; r < GEMV_ROWS; r++)
-        if (row0 + r < rows) prefetch_l2((const u8*)(W + (i64)(row0 + r) * cols + 8 * threadIdx.x));
-}
-
 // Sums each (row, batch) accumulator over the block and writes out[b][row0 + r].
 template <int N>
 __device__ __forceinline__ void gemv_finish(float (&acc)[GEMV_ROWS][N], float* out, int rows,
@@ -126,16 +110,6 @@ __device__ void gemv3_half(const u16* W0, const u16* W1, const u16* W2, const fl
     }
 }
 
-// `pf_half` for the matrix of this block of a gemv3 launch.
-__device__ __forceinline__ void gemv3_prefetch(const u16* W0, const u16* W1, const u16* W2, int r0,
-                                               int r1, int r2, int cols) {
-    const int b0 = (r0 + GEMV_ROWS - 1) / GEMV_ROWS, b1 = (r1 + GEMV_ROWS - 1) / GEMV_ROWS;
-    int b = blockIdx.x;
-    if (b < b0) pf_half(W0, r0, cols, b * GEMV_ROWS);
-    else if ((b -= b0) < b1) pf_half(W1, r1, cols, b * GEMV_ROWS);
-    else pf_half(W2, r2, cols, (b - b1) * GEMV_ROWS);
-}
-
 // The sum of one (row, batch) accumulator over a group of `gw` warps starting at warp `w0`,
 // in the group's thread `tig` = r * N + b: warp sums into shared memory, then one thread per
 // (row, batch) adds its group's warps in order.
@@ -193,25 +167,18 @@ __device__ void gemv_gated_half(const u16* G, const u16* U, const float* x, floa
 
 #define GEMV_H(NAME, BF, N)                                                                    \
     extern "C" __global__ void __launch_bounds__(GEMV_THREADS)                                 \
-        gemv_##NAME##_##N(const u16* W, const float* x, float* out, int rows, int cols) {        \
-        pf_half(W, rows, cols, blockIdx.x * GEMV_ROWS);                                        \
-        pdl_begin();                                                                           \
+        gemv_##NAME##_##N(const u16* W, const float* x, float* out, int rows, int cols) { pdl_begin();      \
         gemv_half<N, BF>(W, x, out, rows, cols);                                               \
     }
 #define GEMV_3(NAME, BF, N)                                                                    \
     extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv3_##NAME##_##N(             \
         const u16* W0, const u16* W1, const u16* W2, const float* x, float* o0, float* o1,     \
-        float* o2, int r0, int r1, int r2, int cols) {                                         \
-        gemv3_prefetch(W0, W1, W2, r0, r1, r2, cols);                                          \
-        pdl_begin();                                                                           \
+        float* o2, int r0, int r1, int r2, int cols) { pdl_begin();                                         \
         gemv3_half<N, BF>(W0, W1, W2, x, o0, o1, o2, r0, r1, r2, cols);                        \
     }
 #define GEMV_G(NAME, BF, N)                                                                    \
     extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemvg_##NAME##_##N(             \
-        const u16* G, const u16* U, const float* x, float* out, int rows, int cols, int act) { \
-        pf_half(G, rows, cols, blockIdx.x * GEMV_ROWS);                                        \
-        pf_half(U, rows, cols, blockIdx.x * GEMV_ROWS);                                        \
-        pdl_begin();                                                                           \
+        const u16* G, const u16* U, const float* x, float* out, int rows, int cols, int act) { pdl_begin(); \
         gemv_gated_half<N, BF>(G, U, x, out, rows, cols, act);                                 \
     }
 #define GEMV_ALL(N)                                                                            \
@@ -447,6 +414,13 @@ __device__ __forceinline__ void acc8_q8_0(const u8* W, const signed char* xq, co
     }
 }
 
+// L2 prefetches of the bytes of a thread's first unit in each of its rows, issued before the
+// PDL wait (the one exception to "the wait comes first"): no kernel writes weights, and a
+// prefetch brings nothing into registers, so this only overlaps the weights' DRAM latency with
+// the tail of the kernel before (for most decode matrices the first units are all of them).
+__device__ __forceinline__ void prefetch_l2(const u8* p) {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
 
 template <int R>
 __device__ __forceinline__ void pf8_q4_k(const u8* W, int rows, int cols, const Q8Group& g) {
