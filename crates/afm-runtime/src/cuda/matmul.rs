@@ -46,9 +46,15 @@ const GEMV_MAX_ROWS: usize = 16;
 /// Quantized weights take the MMQ kernels (`mmq.rs`) past `GEMV_MAX_ROWS` up to this batch
 /// and dequantize + cuBLAS above it. 64: the most one MMQ launch takes (two 16-row weight
 /// tiles per block against at most 8 tiles of 8 activation rows); more would take a second
-/// launch, reading the weights again. Neither switch point is measured yet (`cuda_bench mmq`
-/// times MMQ, cuBLAS and the GEMV at 17, 32 and 64 rows).
+/// launch, reading the weights again. `cuda_bench mmq` on the H200 (2026-11-30, Qwen3-8B
+/// matrices, 8 warps): MMQ beats both neighbours at every measured size, e.g. Q4_K 4096×4096 at
+/// 17 rows 14.7 µs (int8 GEMV 30.9, cuBLAS 35.8), at 64 rows 20.5 µs (cuBLAS 35.4); Q6_K
+/// 4096×12288 at 64 rows 62.9 µs (cuBLAS 123.0). Below 17 rows it is not measured.
 const MMQ_MAX_ROWS: usize = 64;
+/// The fused gate+up MMQ launch serves up to this many rows; past it gate and up go as one
+/// two-matrix MMQ launch and the activation as its own kernel. `cuda_bench mmq` (Q4_K
+/// 12288×4096 each): fused 96.8 vs 100.4 µs at 32 rows, but 119.3 vs 103.5 µs at 64.
+pub const MMQ_GATED_MAX_ROWS: usize = 32;
 /// Weight rows per GEMV block (`GEMV_ROWS` in gemv.cu); per thread group in the int8 kernels.
 const GEMV_ROWS: usize = 4;
 /// Threads per GEMV block (`GEMV_THREADS` in gemv.cu).
@@ -638,8 +644,8 @@ impl CudaContext {
 
     /// `out = act(x · gateᵀ) · (x · upᵀ)` in one GEMV launch (act 0 = SiLU, 1 = GELU tanh),
     /// for 16-bit or same-typed quantized weights (after one int8 quantization of x, in
-    /// launches of at most `GEMV_MAX_BATCH` rows; on the MMQ path's batch sizes one MMQ launch
-    /// per 64 rows); `false` (nothing launched) where the fused kernels do not apply.
+    /// launches of at most `GEMV_MAX_BATCH` rows; from 17 to [`MMQ_GATED_MAX_ROWS`] rows one MMQ
+    /// launch); `false` (nothing launched) where the fused kernels do not apply.
     pub fn matmul_gated(
         &mut self,
         gate: &DeviceWeight,
@@ -654,6 +660,7 @@ impl CudaContext {
         let mmq = gate.dtype == up.dtype
             && is_quant(gate.dtype)
             && gate.cols == up.cols
+            && n <= MMQ_GATED_MAX_ROWS
             && self.mmq_auto(n);
         if gate.rows != up.rows || !(mmq || quant || fused_ok(&[gate, up], n, xp)) {
             return Ok(false);

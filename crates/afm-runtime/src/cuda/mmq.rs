@@ -25,9 +25,11 @@ const Q8_BLOCK: usize = 32;
 const WARP_COUNTS: [usize; 2] = [4, 8];
 /// Columns from which a block splits them over 8 warps rather than 4: two Q4_K/Q6_K
 /// super-blocks per warp at 4096 (Qwen3-8B's width). Eight warps per block are twice the loads
-/// in flight on a 4096-row matrix, whose 128 blocks are one per SM; not yet measured
-/// (`cuda_bench mmq` times both). Once it is, one set may go: NVRTC spends 4.5 s of CPU on
-/// each (on the build machine; gemv.cu takes 10 s).
+/// in flight on a 4096-row matrix, whose 128 blocks are one per SM. `cuda_bench mmq` on the
+/// H200: 8 warps win at every measured shape (all 4096 or 12288 columns), e.g. Q4_K
+/// 4096×12288 at 32 rows 48.6 vs 85.8 µs; narrower matrices (Qwen3-0.6B's 1024) are not
+/// measured, so 4 warps stay there. NVRTC spends 4.5 s of CPU on each set (on the build
+/// machine; gemv.cu takes 10 s).
 const WIDE_COLS: usize = 4096;
 
 /// Every kernel of mmq.cu, for the context's loader.
