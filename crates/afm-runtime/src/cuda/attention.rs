@@ -153,6 +153,14 @@ const SPLIT_MIN_KEYS: usize = 64;
 /// so a 140-token context in a 1k class uses 5 splits and the others exit at once. Its
 /// merge is one pass, and a context of one split skips it.
 const DECODE_MIN_KEYS: usize = 32;
+/// Blocks per multiprocessor the decode kernel's split count aims for: more than
+/// [`SPLIT_TARGET_BLOCKS_PER_SM`], as its blocks hold fewer keys in flight each (measured on
+/// the H200 at 64 streams: 4 splits instead of 2 took 16k contexts from 1490 to 1367 us).
+const DECODE_TARGET_BLOCKS_PER_SM: usize = 12;
+/// Above this many keys, with at least one block per multiprocessor before splitting, decode
+/// steps with GH <= 2 keep `attn_impl`: there it streams faster (H200, 0.6B heads, 64
+/// streams at 16k: 1255 us against 1367; at 1k 96 against 98; below, the decode kernel wins).
+const DECODE_MAX_KEYS_GH2_WIDE: usize = 1024;
 /// `MAX_SPLITS` in attention.cu.
 const MAX_SPLITS: usize = 128;
 
@@ -438,12 +446,11 @@ impl AttnBatch {
         let gh = batch_heads_per_block(cache, n_heads)?;
         let max_context = max_blocks * cache.block_size;
         let blocks = shape.n_kv_heads * (group / gh) * bucket;
-        let min_keys = if decode_old() {
-            SPLIT_MIN_KEYS
-        } else {
-            DECODE_MIN_KEYS
-        };
-        let splits = split_count(ctx.info().sm_count, blocks, max_context, min_keys);
+        let f16 = cache.layers.iter().all(|l| matches!(l.dtype, KvDtype::F16));
+        let elem = if f16 { 2 } else { 4 };
+        let sm = ctx.info().sm_count;
+        let plan = DecodePlan::new(sm, gh, shape.head_dim, elem, max_context, blocks, true);
+        let splits = split_count(sm, blocks, max_context, plan.min_keys, plan.target_per_sm);
         let off_seqs = bucket * max_blocks;
         Ok(Self {
             meta,
@@ -499,9 +506,15 @@ fn check(what: &'static str, got: usize, want: usize) -> Result<()> {
 }
 
 /// Key-range splits for `blocks` attention blocks over contexts of `keys` positions: enough
-/// blocks in flight to fill the device, at least `min_keys` keys per split.
-fn split_count(sm_count: usize, blocks: usize, keys: usize, min_keys: usize) -> usize {
-    let target = SPLIT_TARGET_BLOCKS_PER_SM * sm_count;
+/// blocks in flight to fill the device (`per_sm` each), at least `min_keys` keys per split.
+fn split_count(
+    sm_count: usize,
+    blocks: usize,
+    keys: usize,
+    min_keys: usize,
+    per_sm: usize,
+) -> usize {
+    let target = per_sm * sm_count;
     target
         .div_ceil(blocks.max(1))
         .clamp(1, (keys / min_keys).max(1))
@@ -521,6 +534,47 @@ fn decode_old() -> bool {
             old
         }
         k => k == 2,
+    }
+}
+
+/// Which kernel a step's attention takes, and the split rule that goes with it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct DecodePlan {
+    /// `attn_decode_impl` (else `attn_impl`).
+    decode: bool,
+    min_keys: usize,
+    target_per_sm: usize,
+}
+
+impl DecodePlan {
+    /// For a step of `blocks` attention blocks (before splitting) over at most `keys` keys:
+    /// decode steps (`one_query`) take the decode kernel where it has the shape, is not
+    /// switched off, and is the faster (see [`DECODE_MAX_KEYS_GH2_WIDE`]).
+    fn new(
+        sm_count: usize,
+        gh: usize,
+        head_dim: usize,
+        elem: usize,
+        keys: usize,
+        blocks: usize,
+        one_query: bool,
+    ) -> Self {
+        let wide_long_gh2 = gh <= 2 && keys > DECODE_MAX_KEYS_GH2_WIDE && blocks >= sm_count;
+        let decode =
+            one_query && !decode_old() && has_decode_kernel(head_dim, elem, gh) && !wide_long_gh2;
+        if decode {
+            Self {
+                decode,
+                min_keys: DECODE_MIN_KEYS,
+                target_per_sm: DECODE_TARGET_BLOCKS_PER_SM,
+            }
+        } else {
+            Self {
+                decode,
+                min_keys: SPLIT_MIN_KEYS,
+                target_per_sm: SPLIT_TARGET_BLOCKS_PER_SM,
+            }
+        }
     }
 }
 
@@ -745,16 +799,12 @@ impl CudaContext {
             KvBuf::F32(_) => ("f32", 4),
             KvBuf::F16(_) => ("f16", 2),
         };
-        // Decode steps (one query per sequence) take the decode kernel where it has the shape.
-        let decode = batch.qb == 1 && !decode_old() && has_decode_kernel(d, elem, gh);
-        let min_keys = if decode {
-            DECODE_MIN_KEYS
-        } else {
-            SPLIT_MIN_KEYS
-        };
+        let sm = self.info().sm_count;
+        let plan = DecodePlan::new(sm, gh, d, elem, keys, blocks, batch.qb == 1);
+        let (decode, min_keys) = (plan.decode, plan.min_keys);
         let n_splits = splits
             .or(batch.forced_splits)
-            .unwrap_or_else(|| split_count(self.info().sm_count, blocks, keys, min_keys))
+            .unwrap_or_else(|| split_count(sm, blocks, keys, min_keys, plan.target_per_sm))
             .clamp(1, MAX_SPLITS);
         let args = AttnArgs {
             n_heads: p.n_heads as i32,
@@ -923,3 +973,44 @@ struct PrologueArgs {
 
 // SAFETY: plain #[repr(C)] data, laid out as the CUDA struct.
 unsafe impl cudarc::driver::DeviceRepr for PrologueArgs {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The kernel and split count of the decode shapes issue #9 measured (H200: 132 SMs),
+    /// f16 KV, head_dim 128. Assumes AFM_ATTN_DECODE_OLD is not set.
+    #[test]
+    fn decode_plan_picks_kernel_and_splits() {
+        let plan = |gh, keys, blocks| DecodePlan::new(132, gh, 128, 2, keys, blocks, true);
+        let splits = |p: DecodePlan, keys, blocks| {
+            split_count(132, blocks, keys, p.min_keys, p.target_per_sm)
+        };
+        // Qwen3-8B, batch 1 (8 KV heads, GH 4): the decode kernel, a split per 32 keys.
+        let p = plan(4, 1024, 8);
+        assert!(p.decode);
+        assert_eq!(splits(p, 1024, 8), 32);
+        assert_eq!(splits(p, 16384, 8), MAX_SPLITS);
+        // Qwen3-0.6B (GH 2) at 64 streams: decode kernel up to the 1k class, attn_impl above.
+        let p = plan(2, 1024, 512);
+        assert!(p.decode);
+        assert_eq!(splits(p, 1024, 512), 4);
+        let p = plan(2, 16384, 512);
+        assert!(!p.decode);
+        assert_eq!(splits(p, 16384, 512), 2);
+        // ... but batch 1 keeps the decode kernel at any context.
+        assert!(plan(2, 16384, 8).decode);
+        // No decode kernel: f32 caches, head_dim 512, prefill tiles.
+        assert!(!DecodePlan::new(132, 2, 128, 4, 1024, 8, true).decode);
+        assert!(!DecodePlan::new(132, 1, 512, 2, 1024, 8, true).decode);
+        assert!(!DecodePlan::new(132, 2, 128, 2, 1024, 8, false).decode);
+    }
+
+    #[test]
+    fn decode_kernel_names_match_the_instantiations() {
+        let names = decode_kernel_names();
+        assert_eq!(names.len(), 8);
+        assert!(names.contains(&"attn_dec_f16_128_4".to_string()));
+        assert!(!names.contains(&"attn_dec_f16_256_4".to_string()));
+    }
+}
