@@ -6,13 +6,14 @@
 //! matmul (MMQ) against dequantize + cuBLAS and the int8 GEMV at 17..64 rows, Q/K/V and gate+up fused
 //! and not, decode attention at 1k and 16k context with split-K on and off, the attention
 //! prologue fused and unfused, prefill attention (the tensor-core kernel against the SIMT one
-//! at Qwen3-0.6B's heads, 1k and 16k tokens) and sampling.
+//! at Qwen3-0.6B's heads, 1k and 16k tokens) and sampling; `small`: issue #9's latency-bound
+//! kernels (add_rms_norm, gated_act, decode attention new against AFM_ATTN_DECODE_OLD's).
 //!
 //! Every timed buffer set is rotated over ≥ 512 MB so the 60 MB L2 cannot serve repeats; data is
 //! random; times are CUDA-event medians of 5 batches after warm-up.
 //! Run: `target/cuda/bin/cuda_bench [SECTION...]` (device `AFM_CUDA_DEVICE`, default 0); with
 //! section names (copy, gemv, mmq, fused_projections, prefill_matmul, decode_attention,
-//! prologue, prefill_mma, sampling) only those run (the copy ceiling always does).
+//! prologue, prefill_mma, sampling, small) only those run (the copy ceiling always does).
 //!
 //! Measured 2026-11-29 on the H200 (copy ceiling 4251 GB/s), batch-1 GEMV as % of it (the
 //! quantized kernels of then are gone; the int8 ones' times are in bench/RESULTS.md, "Quantized
@@ -671,6 +672,19 @@ fn small_norm(c: &mut CudaContext, out: &mut Vec<String>) -> R<()> {
             })?;
             out.push(format!(
                 "| small add_rms_norm d {d:4} | rows {rows:2} | {:6.2} us |",
+                ms * 1e3
+            ));
+            println!("{}", out.last().expect("pushed"));
+            // SiLU(gate) * up over a fused [rows][2 * ff] gate_up, ff = 3d (Qwen3's).
+            let ff = 3 * d;
+            let gu = c.upload(&vals(&mut rng, rows * 2 * ff))?;
+            let mut a: CudaSlice<f32> = c.alloc(rows * ff)?;
+            let ms = time_ms(c, 1000, |c, _| {
+                c.gated_act_fused(Activation::Silu, &gu, rows, ff, &mut a)
+                    .expect("gated_act")
+            })?;
+            out.push(format!(
+                "| small gated_act ff {ff:5} | rows {rows:2} | {:6.2} us |",
                 ms * 1e3
             ));
             println!("{}", out.last().expect("pushed"));

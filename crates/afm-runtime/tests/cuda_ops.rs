@@ -176,15 +176,28 @@ fn rope_matches_cpu_bit_for_bit() {
 fn activations_add_and_softcap_match_cpu() {
     let c = ctx();
     let mut rng = Rng(4);
-    let (n, ff) = (7, 1000);
-    let gu = rng.vec(n * 2 * ff, 6.0);
-    for (act, host) in [
-        (Activation::Silu, afm_runtime::compute::Activation::Silu),
+    // ff 1000 takes the float4 path, 999 the scalar one.
+    for (n, ff, act, host) in [
         (
+            7,
+            1000,
+            Activation::Silu,
+            afm_runtime::compute::Activation::Silu,
+        ),
+        (
+            7,
+            1000,
             Activation::GeluTanh,
             afm_runtime::compute::Activation::GeluTanh,
         ),
+        (
+            3,
+            999,
+            Activation::Silu,
+            afm_runtime::compute::Activation::Silu,
+        ),
     ] {
+        let gu = rng.vec(n * 2 * ff, 6.0);
         let mut want = Vec::new();
         for r in 0..n {
             let mut g = gu[r * 2 * ff..r * 2 * ff + ff].to_vec();

@@ -15,6 +15,13 @@
 //! (`attention_mma.rs`, which says when it serves a layer); their SIMT tiles come after all
 //! others, so that a step they take launches the SIMT kernel over the first `short_tiles` only.
 //!
+//! Decode steps over f16 caches of head_dim 64/128/256 take `attn_decode_impl` (attention.cu),
+//! built for latency: block tables read before the PDL wait, K/V through a cp.async ring,
+//! splits of at least [`DECODE_MIN_KEYS`] applied to each context (so a CUDA graph's split
+//! count, baked for its context class, suits shorter contexts too), one-pass merge.
+//! [`DecodePlan`] says when (GH <= 2 over long contexts at many streams keeps `attn_impl`);
+//! `AFM_ATTN_DECODE_OLD=1` sends every decode step to `attn_impl` (A/B).
+//!
 //! [`CudaContext::attn_prologue`] is the step before attention in one launch: per-head Q/K
 //! RMSNorm, RoPE and the K/V write.
 
@@ -450,7 +457,7 @@ impl AttnBatch {
         let elem = if f16 { 2 } else { 4 };
         let sm = ctx.info().sm_count;
         let plan = DecodePlan::new(sm, gh, shape.head_dim, elem, max_context, blocks, true);
-        let splits = split_count(sm, blocks, max_context, plan.min_keys, plan.target_per_sm);
+        let splits = split_count(sm, blocks, plan.max_splits(max_context), plan.target_per_sm);
         let off_seqs = bucket * max_blocks;
         Ok(Self {
             meta,
@@ -505,19 +512,13 @@ fn check(what: &'static str, got: usize, want: usize) -> Result<()> {
     super::check(what, got, want)
 }
 
-/// Key-range splits for `blocks` attention blocks over contexts of `keys` positions: enough
-/// blocks in flight to fill the device (`per_sm` each), at least `min_keys` keys per split.
-fn split_count(
-    sm_count: usize,
-    blocks: usize,
-    keys: usize,
-    min_keys: usize,
-    per_sm: usize,
-) -> usize {
+/// Key-range splits for `blocks` attention blocks: enough blocks in flight to fill the device
+/// (`per_sm` each), at most `max_splits` ([`DecodePlan::max_splits`]).
+fn split_count(sm_count: usize, blocks: usize, max_splits: usize, per_sm: usize) -> usize {
     let target = per_sm * sm_count;
     target
         .div_ceil(blocks.max(1))
-        .clamp(1, (keys / min_keys).max(1))
+        .clamp(1, max_splits.max(1))
         .min(MAX_SPLITS)
 }
 
@@ -574,6 +575,20 @@ impl DecodePlan {
                 min_keys: SPLIT_MIN_KEYS,
                 target_per_sm: SPLIT_TARGET_BLOCKS_PER_SM,
             }
+        }
+    }
+
+    /// Most splits over `keys` keys. The decode kernel takes `min_keys` per split up to
+    /// 16 · `min_keys` keys and twice that above (attention.cu applies the same floor to the
+    /// context at hand): on the H200 a 140-key context was fastest in 5 splits (6.3 us, 3
+    /// splits 7.8) and a 1k one in 16 (10.0 us, 32 splits 11.3).
+    fn max_splits(&self, keys: usize) -> usize {
+        if !self.decode {
+            keys / self.min_keys
+        } else if keys <= 16 * self.min_keys {
+            keys.div_ceil(self.min_keys)
+        } else {
+            keys / (2 * self.min_keys)
         }
     }
 }
@@ -804,7 +819,7 @@ impl CudaContext {
         let (decode, min_keys) = (plan.decode, plan.min_keys);
         let n_splits = splits
             .or(batch.forced_splits)
-            .unwrap_or_else(|| split_count(sm, blocks, keys, min_keys, plan.target_per_sm))
+            .unwrap_or_else(|| split_count(sm, blocks, plan.max_splits(keys), plan.target_per_sm))
             .clamp(1, MAX_SPLITS);
         let args = AttnArgs {
             n_heads: p.n_heads as i32,
@@ -984,12 +999,14 @@ mod tests {
     fn decode_plan_picks_kernel_and_splits() {
         let plan = |gh, keys, blocks| DecodePlan::new(132, gh, 128, 2, keys, blocks, true);
         let splits = |p: DecodePlan, keys, blocks| {
-            split_count(132, blocks, keys, p.min_keys, p.target_per_sm)
+            split_count(132, blocks, p.max_splits(keys), p.target_per_sm)
         };
         // Qwen3-8B, batch 1 (8 KV heads, GH 4): the decode kernel, a split per 32 keys.
         let p = plan(4, 1024, 8);
         assert!(p.decode);
-        assert_eq!(splits(p, 1024, 8), 32);
+        assert_eq!(splits(p, 140, 8), 5);
+        assert_eq!(splits(p, 512, 8), 16);
+        assert_eq!(splits(p, 1024, 8), 16);
         assert_eq!(splits(p, 16384, 8), MAX_SPLITS);
         // Qwen3-0.6B (GH 2) at 64 streams: decode kernel up to the 1k class, attn_impl above.
         let p = plan(2, 1024, 512);

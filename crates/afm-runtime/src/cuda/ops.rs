@@ -282,8 +282,15 @@ impl CudaContext {
             Activation::Silu => 0i32,
             Activation::GeluTanh => 1,
         };
+        // float4 columns where rows stay 16-byte aligned (see elementwise.cu).
+        let v4 = ff.is_multiple_of(4)
+            && stride.is_multiple_of(4)
+            && [gp, upp, op].iter().all(|p| p.is_multiple_of(16))
+            && n * ff / 4 < i32::MAX as usize;
+        let threads = if v4 { n * ff / 4 } else { n * ff };
         let f = self.kernel("gated_act")?;
-        launch!(self, f, grid_1d(n * ff, 256); gp, upp, op, ni, ffi, si, a)
+        let v4 = i32::from(v4);
+        launch!(self, f, grid_1d(threads, 256); gp, upp, op, ni, ffi, si, a, v4)
     }
 
     /// `x += y`.

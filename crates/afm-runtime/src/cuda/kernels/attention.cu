@@ -253,8 +253,8 @@ ATTN(false, f32, 512, 1) ATTN(true, f16, 512, 1)
 //  - K and V stream through shared memory by cp.async in stages of DEC_KEYS keys, 4 (2 for
 //    512-byte rows) in the ring, so the next keys load while the current ones are computed,
 //    and the block's GH heads share each row read from global memory;
-//  - a split takes at least `min_keys` keys, in whole stages: a short context uses only the
-//    splits it needs (`used`); the others exit at once. A tile with one split used writes its
+//  - a split takes at least `min_keys` keys (twice that past 16 · min_keys), in whole stages:
+//    a short context uses only the splits it needs (`used`); the others exit at once. A tile with one split used writes its
 //    output directly; otherwise the last split to finish merges the `used` partials in one
 //    pass, each thread over its own output elements (no barriers).
 // A lane holds units (16 bytes, less for short rows) li, li + 8, ... of a row, so the 8 lanes
@@ -345,7 +345,9 @@ __device__ void attn_decode_impl(const float* __restrict__ q, const u32* __restr
     if (len == 0) return;  // padding of a CUDA-graph batch (exiting needs no PDL wait)
     const int first = a.window > 0 ? max(0, pos + 1 - a.window) : 0;
     const int n = pos + 1 - first;
-    int chunk = max((n + a.n_splits - 1) / a.n_splits, a.min_keys);
+    // At least min_keys keys per split, twice that past 16 · min_keys (DecodePlan::max_splits).
+    const int floor_keys = n <= 16 * a.min_keys ? a.min_keys : 2 * a.min_keys;
+    int chunk = max((n + a.n_splits - 1) / a.n_splits, floor_keys);
     chunk = (chunk + KEYS - 1) / KEYS * KEYS;
     const int used = (n + chunk - 1) / chunk;
     if ((int)blockIdx.z >= used) return;  // past the context: no keys
