@@ -3,14 +3,18 @@
 #
 #   scripts/gpu_check.sh build   here, no GPU needed: the CUDA builds of the reference-logits test,
 #                                the DeepSeek V4 test (tests/deepseek_v4.rs), the compute-dispatch
-#                                unit tests and examples/device_compare, plus
+#                                unit tests, the kernel tests (tests/cuda_ops.rs,
+#                                cuda_attention_mma.rs, cuda_gemv_int8.rs, cuda_mmq.rs) and
+#                                examples/device_compare, plus
 #                                subsets of the real GGUFs in models/ (scripts/gguf_subset.py),
-#                                all into target/cuda/gpucheck (~40 MB: carry that folder).
+#                                all into target/cuda/gpucheck (~45 MB, the binaries packed in
+#                                bins.tar.xz: carry that folder).
 #   scripts/gpu_check.sh run     on the GPU machine, from the repo root (needs python3 with torch,
 #                                transformers and a CUDA device 0). MODELS picks the random models
 #                                (none: skip them); GGUFS=0 skips the real-GGUF subsets.
 #
-# `run` checks: every dispatch op on the GPU against the CPU; transformers' logits on the tiny
+# `run` checks: each CUDA kernel against the CPU (the kernel tests); every dispatch op on the GPU
+# against the CPU; transformers' logits on the tiny
 # fixtures (relative error <= 1e-3 in f32; DeepSeek V4's own test: prefill, decode, chunks, two
 # sequences, rejected drafts, ratio 128, an f16 pool); CPU vs GPU greedy and logits on the real-GGUF subsets and
 # on real-shape random bf16 models; the engine's GPU decode path (CUDA graphs + device sampling)
@@ -26,7 +30,8 @@ build)
     export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target/cuda}
     json=$(cargo test --release -p afm-models -p afm-runtime --features afm-runtime/cuda \
         --no-run --message-format=json)
-    for pair in reference_logits:reference_logits deepseek_v4:deepseek_v4 afm_runtime:runtime_lib; do
+    kernel_tests="cuda_ops:cuda_ops cuda_attention_mma:cuda_attention_mma cuda_gemv_int8:cuda_gemv_int8 cuda_mmq:cuda_mmq"
+    for pair in reference_logits:reference_logits deepseek_v4:deepseek_v4 afm_runtime:runtime_lib $kernel_tests; do
         exe=$(printf '%s\n' "$json" | python3 -c '
 import json, sys
 for line in sys.stdin:
@@ -38,7 +43,9 @@ for line in sys.stdin:
     done
     cargo build --release -p afm-models --features cuda --example device_compare
     cp "$CARGO_TARGET_DIR/release/examples/device_compare" "$D/"
-    strip --strip-debug "$D"/reference_logits "$D"/deepseek_v4 "$D"/runtime_lib "$D"/device_compare
+    bins="reference_logits deepseek_v4 runtime_lib device_compare cuda_ops cuda_attention_mma cuda_gemv_int8 cuda_mmq"
+    # Stripped and packed: the folder travels to the GPU machine beside the working tree (64 MiB).
+    (cd "$D" && strip --strip-debug $bins && tar cJf bins.tar.xz $bins && rm -f $bins gguf_new_families)
     M=${MODELS_DIR:-models}
     [ -f "$D/qwen2.5-l1-v4k.gguf" ] || python3 scripts/gguf_subset.py "$M/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf" "$D/qwen2.5-l1-v4k.gguf" 1 4096
     [ -f "$D/gemma3-l2-v4k.gguf" ] || python3 scripts/gguf_subset.py "$M/gemma-3-270m-q4_k_m.gguf" "$D/gemma3-l2-v4k.gguf" 2 4096
@@ -47,20 +54,26 @@ for line in sys.stdin:
     ;;
 run)
     export AFM_TEST_DEVICE=cuda AFM_FIXTURES_DIR="$PWD/tests/fixtures/tiny" PYTHONUNBUFFERED=1
+    B=$(mktemp -d)
+    tar xJf "$D/bins.tar.xz" -C "$B"
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
     # Every check runs even when one fails; the exit status says whether all passed.
     failed=()
     check() { "$@" || failed+=("$*"); }
+    for t in cuda_ops cuda_attention_mma cuda_gemv_int8 cuda_mmq; do
+        echo "== kernel tests: $t"
+        check "$B/$t" --test-threads=1
+    done
     echo "== compute dispatch on the GPU vs the CPU"
-    check "$D/runtime_lib" compute --test-threads=1
+    check "$B/runtime_lib" compute --test-threads=1
     echo "== transformers reference logits on the GPU"
-    check "$D/reference_logits"
+    check "$B/reference_logits"
     echo "== DeepSeek V4 against transformers on the GPU"
-    check "$D/deepseek_v4" --nocapture
+    check "$B/deepseek_v4" --nocapture
     for g in "$D"/*.gguf; do
         [ "${GGUFS:-1}" = 0 ] && break
         echo "== $g"
-        check "$D/device_compare" "$g" cuda 32 32 16 1
+        check "$B/device_compare" "$g" cuda 32 32 16 1
         echo "== $g: GPU decode path (graphs + device sampling) vs host path"
         check "$G/graph_check" "$g" cuda
     done
@@ -69,7 +82,7 @@ run)
     [ -z "$models" ] || [ -d "/tmp/afm-gpucheck/${models%%,*}" ] || python3 scripts/gpu_random_models.py /tmp/afm-gpucheck "$models"
     for m in ${models//,/ }; do
         echo "== $m"
-        check "$D/device_compare" "/tmp/afm-gpucheck/$m" cuda 32 32 16 1
+        check "$B/device_compare" "/tmp/afm-gpucheck/$m" cuda 32 32 16 1
         echo "== $m: GPU decode path (graphs + device sampling) vs host path"
         check "$G/graph_check" "/tmp/afm-gpucheck/$m" cuda
     done
