@@ -18,6 +18,7 @@ mod common;
 
 use afm_runtime::cuda::{Activation, CudaSlice, DeviceWeight, MatmulPath};
 use afm_runtime::{DType, WeightMatrix};
+use common::int8::{activations, gelu_tanh, gpu_matmul, int8_rounded, silu};
 use common::weights::{dequantized, dot_rows, random_weight};
 use common::{assert_close, ctx, poisoned, rel_err, Rng};
 
@@ -34,39 +35,6 @@ const SHAPES: [(usize, usize); 6] = [
     (13, 12288),
 ];
 const BATCHES: [usize; 5] = [1, 3, 8, 13, 16];
-
-/// Uniform in ±1 with every 61st column 8× larger: hidden states have outlier channels, which
-/// set a block's int8 scale.
-fn activations(rng: &mut Rng, n: usize, cols: usize) -> Vec<f32> {
-    let mut x = rng.vec(n * cols, 1.0);
-    for (i, v) in x.iter_mut().enumerate() {
-        if (i % cols).is_multiple_of(61) {
-            *v *= 8.0;
-        }
-    }
-    x
-}
-
-/// `x` as the int8 GEMV sees it: per block of 32, `q = round(x · 127/amax)` (half to even)
-/// and `x̂ = (amax/127) · q`.
-fn int8_rounded(x: &[f32]) -> Vec<f32> {
-    let mut out = Vec::with_capacity(x.len());
-    for b in x.chunks_exact(32) {
-        let amax = b.iter().fold(0f32, |m, v| m.max(v.abs()));
-        let id = if amax > 0.0 { 127.0 / amax } else { 0.0 };
-        let d = amax / 127.0;
-        out.extend(b.iter().map(|&v| d * (v * id).round_ties_even()));
-    }
-    out
-}
-
-fn gpu_matmul(path: MatmulPath, w: &DeviceWeight, x: &[f32], n: usize) -> Vec<f32> {
-    let mut c = ctx();
-    let xd = c.upload(x).expect("upload");
-    let mut out = poisoned(&c, n * w.rows());
-    c.matmul_with(path, w, &xd, n, &mut out).expect("matmul");
-    c.download(&out).expect("download")
-}
 
 #[test]
 fn int8_gemv_equals_dequantized_weights_times_rounded_activations() {
@@ -181,14 +149,6 @@ fn shared_quantization_matches_separate_matmuls() {
             }
         }
     }
-}
-
-fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
-}
-
-fn gelu_tanh(x: f32) -> f32 {
-    0.5 * x * (1.0 + (0.797_884_6 * (x + 0.044715 * x * x * x)).tanh())
 }
 
 #[test]

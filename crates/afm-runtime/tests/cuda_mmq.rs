@@ -21,6 +21,7 @@ mod common;
 
 use afm_runtime::cuda::{Activation, CudaSlice, DeviceWeight, MatmulPath, MMQ_GATED_MAX_ROWS};
 use afm_runtime::{DType, WeightMatrix};
+use common::int8::{activations, gelu_tanh, gpu_matmul, int8_rounded, silu};
 use common::weights::{dequantized, dot_rows, random_weight};
 use common::{assert_close, ctx, poisoned, rel_err, Rng};
 
@@ -31,39 +32,6 @@ const QUANT: [DType; 3] = [DType::Q8_0, DType::Q4K, DType::Q6K];
 const SHAPES: [(usize, usize); 5] = [(37, 256), (70, 2816), (45, 4096), (517, 4096), (19, 12288)];
 /// The automatic path's MMQ batches: tile edges (17, 33), whole tiles (32, 64).
 const BATCHES: [usize; 4] = [17, 32, 33, 64];
-
-/// Uniform in ±1 with every 61st column 8× larger: hidden states have outlier channels, which
-/// set a block's int8 scale.
-fn activations(rng: &mut Rng, n: usize, cols: usize) -> Vec<f32> {
-    let mut x = rng.vec(n * cols, 1.0);
-    for (i, v) in x.iter_mut().enumerate() {
-        if (i % cols).is_multiple_of(61) {
-            *v *= 8.0;
-        }
-    }
-    x
-}
-
-/// `x` as the int8 kernels see it: per block of 32, `q = round(x · 127/amax)` (half to even)
-/// and `x̂ = (amax/127) · q`.
-fn int8_rounded(x: &[f32]) -> Vec<f32> {
-    let mut out = Vec::with_capacity(x.len());
-    for b in x.chunks_exact(32) {
-        let amax = b.iter().fold(0f32, |m, v| m.max(v.abs()));
-        let id = if amax > 0.0 { 127.0 / amax } else { 0.0 };
-        let d = amax / 127.0;
-        out.extend(b.iter().map(|&v| d * (v * id).round_ties_even()));
-    }
-    out
-}
-
-fn gpu_matmul(path: MatmulPath, w: &DeviceWeight, x: &[f32], n: usize) -> Vec<f32> {
-    let mut c = ctx();
-    let xd = c.upload(x).expect("upload");
-    let mut out = poisoned(&c, n * w.rows());
-    c.matmul_with(path, w, &xd, n, &mut out).expect("matmul");
-    c.download(&out).expect("download")
-}
 
 fn mmq_env_off() -> bool {
     std::env::var("AFM_MMQ").is_ok_and(|v| v == "0")
@@ -215,14 +183,6 @@ fn shared_quantization_matches_separate_mmq() {
             }
         }
     }
-}
-
-fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
-}
-
-fn gelu_tanh(x: f32) -> f32 {
-    0.5 * x * (1.0 + (0.797_884_6 * (x + 0.044715 * x * x * x)).tanh())
 }
 
 /// Gate and up in one MMQ launch (16 rows of each per block) with the activation applied give

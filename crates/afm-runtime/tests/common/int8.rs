@@ -1,0 +1,50 @@
+//! What the int8 matmul tests (`cuda_gemv_int8`, `cuda_mmq`) share: activations with outlier
+//! channels, the int8 rounding the kernels apply to them, one matmul on the device, and the two
+//! gated activations as the kernels compute them.
+
+use afm_runtime::cuda::{DeviceWeight, MatmulPath};
+
+use super::{ctx, poisoned, Rng};
+
+/// Uniform in ±1 with every 61st column 8× larger: hidden states have outlier channels, which
+/// set a block's int8 scale.
+pub fn activations(rng: &mut Rng, n: usize, cols: usize) -> Vec<f32> {
+    let mut x = rng.vec(n * cols, 1.0);
+    for (i, v) in x.iter_mut().enumerate() {
+        if (i % cols).is_multiple_of(61) {
+            *v *= 8.0;
+        }
+    }
+    x
+}
+
+/// `x` as the int8 kernels see it: per block of 32, `q = round(x · 127/amax)` (half to even)
+/// and `x̂ = (amax/127) · q`.
+pub fn int8_rounded(x: &[f32]) -> Vec<f32> {
+    let mut out = Vec::with_capacity(x.len());
+    for b in x.chunks_exact(32) {
+        let amax = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let id = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+        let d = amax / 127.0;
+        out.extend(b.iter().map(|&v| d * (v * id).round_ties_even()));
+    }
+    out
+}
+
+/// `x · wᵀ` for `n` rows through `path`, into a NaN-poisoned output.
+pub fn gpu_matmul(path: MatmulPath, w: &DeviceWeight, x: &[f32], n: usize) -> Vec<f32> {
+    let mut c = ctx();
+    let xd = c.upload(x).expect("upload");
+    let mut out = poisoned(&c, n * w.rows());
+    c.matmul_with(path, w, &xd, n, &mut out).expect("matmul");
+    c.download(&out).expect("download")
+}
+
+pub fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+/// GELU, tanh form, as elementwise.cu's gated_act.
+pub fn gelu_tanh(x: f32) -> f32 {
+    0.5 * x * (1.0 + (0.797_884_6 * (x + 0.044715 * x * x * x)).tanh())
+}
