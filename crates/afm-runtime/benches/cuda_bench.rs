@@ -30,7 +30,7 @@
 use afm_runtime::attention::{AttnParams, AttnSeq};
 use afm_runtime::cuda::{
     Activation, AttnBatch, AttnKernel, CudaContext, CudaSlice, DeviceKvCache, DeviceWeight,
-    MatmulPath, RopeTable, SampleParams,
+    MatmulPath, RopeTable, SampleParams, MMQ_GATED_MAX_ROWS,
 };
 use afm_runtime::kv_store::{KvDtype, LayerKvShape};
 use afm_runtime::ops::{Rope, RopeStyle};
@@ -54,6 +54,17 @@ impl Rng {
 }
 
 const ROTATE_BYTES: usize = 512 << 20;
+
+/// Enough device copies of the matrices `host` (one set) to pass [`ROTATE_BYTES`], so the L2
+/// never serves a repeat: (the set's weight bytes, the copies).
+fn rotated_sets(c: &CudaContext, host: &[&WeightMatrix]) -> R<(usize, Vec<Vec<DeviceWeight>>)> {
+    let set_bytes: usize = host.iter().map(|w| w.bytes().len()).sum();
+    let copies = ROTATE_BYTES.div_ceil(set_bytes).clamp(2, 1024);
+    let sets = (0..copies)
+        .map(|_| host.iter().map(|w| DeviceWeight::upload(c, w)).collect())
+        .collect::<Result<_, _>>()?;
+    Ok((set_bytes, sets))
+}
 
 /// Median over 5 batches of `reps` calls (after 3 warm-up calls) of the mean ms per call.
 fn time_ms(c: &mut CudaContext, reps: usize, mut f: impl FnMut(&mut CudaContext, usize)) -> R<f64> {
@@ -151,12 +162,7 @@ fn gemv(c: &mut CudaContext, copy_gbs: f64, out: &mut Vec<String>) -> R<()> {
     for dtype in [DType::Q4K, DType::Q6K, DType::Q8_0, DType::BF16] {
         for ((rows, cols), small) in shapes.clone() {
             let w = random_weight(&mut rng, dtype, rows, cols)?;
-            let bytes = w.bytes().len();
-            // Enough copies to pass 512 MB, so the L2 never serves a repeat.
-            let copies = ROTATE_BYTES.div_ceil(bytes).clamp(2, 1024);
-            let ws: Vec<DeviceWeight> = (0..copies)
-                .map(|_| DeviceWeight::upload(c, &w))
-                .collect::<Result<_, _>>()?;
+            let (bytes, ws) = rotated_sets(c, &[&w])?;
             // Quantized 8B matrices also at 16 and 32 rows, by GEMV launches and by the
             // dequantize + cuBLAS path, to place the switch between them (`matmul.rs`).
             let quant = dtype != DType::BF16;
@@ -171,7 +177,7 @@ fn gemv(c: &mut CudaContext, copy_gbs: f64, out: &mut Vec<String>) -> R<()> {
                 let mut y: CudaSlice<f32> = c.alloc(n * rows)?;
                 for &path in bench_paths(dtype, rows, n) {
                     let ms = time_ms(c, 20, |c, i| {
-                        c.matmul_with(path, &ws[i % copies], &xd, n, &mut y)
+                        c.matmul_with(path, &ws[i % ws.len()][0], &xd, n, &mut y)
                             .expect("matmul")
                     })?;
                     let gbs = bytes as f64 / ms / 1e6;
@@ -194,19 +200,15 @@ fn gemv(c: &mut CudaContext, copy_gbs: f64, out: &mut Vec<String>) -> R<()> {
 /// activation rows, the batch sizes that `matmul.rs` sends to MMQ: MMQ (activation quantization
 /// included; columns split over 4 and over 8 warps per block, `mmq.rs` picks 8 from 4096
 /// columns) against dequantize + cuBLAS and the int8 GEMV (launches of 8 rows), µs and GB/s of
-/// weights read; then gate+up with SiLU in one MMQ launch against two, and Q/K/V in one
-/// against three. Weights rotate over ≥ 512 MB as in `gemv`.
+/// weights read; then gate+up with SiLU as the engine runs them against two MMQ launches, and
+/// Q/K/V in one launch against three. Weights rotate over ≥ 512 MB ([`rotated_sets`]).
 fn mmq(c: &mut CudaContext, copy_gbs: f64, out: &mut Vec<String>) -> R<()> {
     let mut rng = Rng(7);
     let shapes = [(4096, 4096), (4096, 12288), (12288, 4096), (1024, 4096)];
     for dtype in [DType::Q4K, DType::Q6K] {
         for (rows, cols) in shapes {
             let w = random_weight(&mut rng, dtype, rows, cols)?;
-            let bytes = w.bytes().len();
-            let copies = ROTATE_BYTES.div_ceil(bytes).clamp(2, 1024);
-            let ws: Vec<DeviceWeight> = (0..copies)
-                .map(|_| DeviceWeight::upload(c, &w))
-                .collect::<Result<_, _>>()?;
+            let (bytes, ws) = rotated_sets(c, &[&w])?;
             for n in [17, 32, 64] {
                 let x: Vec<f32> = (0..n * cols).map(|_| rng.sym()).collect();
                 let xd = c.upload(&x)?;
@@ -218,7 +220,7 @@ fn mmq(c: &mut CudaContext, copy_gbs: f64, out: &mut Vec<String>) -> R<()> {
                     (MatmulPath::Gemv, "int8"),
                 ] {
                     let ms = time_ms(c, 20, |c, i| {
-                        c.matmul_with(path, &ws[i % copies], &xd, n, &mut y)
+                        c.matmul_with(path, &ws[i % ws.len()][0], &xd, n, &mut y)
                             .expect("matmul")
                     })?;
                     let gbs = bytes as f64 / ms / 1e6;
@@ -233,45 +235,50 @@ fn mmq(c: &mut CudaContext, copy_gbs: f64, out: &mut Vec<String>) -> R<()> {
             }
         }
     }
-    // Qwen3-8B's gate and up (Q4_K) with SiLU: one MMQ launch against two (each quantizing x
-    // again; the SiLU not applied).
+    // Qwen3-8B's gate and up (Q4_K) with SiLU as the engine runs them (one fused MMQ launch up
+    // to MMQ_GATED_MAX_ROWS rows; past it one two-matrix launch, then the activation) against
+    // two MMQ launches (each quantizing x again; the SiLU not applied).
     let (rows, cols) = (12288, 4096);
     let host = [
         random_weight(&mut rng, DType::Q4K, rows, cols)?,
         random_weight(&mut rng, DType::Q4K, rows, cols)?,
     ];
-    let set_bytes = 2 * host[0].bytes().len();
-    let copies = ROTATE_BYTES.div_ceil(set_bytes).clamp(2, 1024);
-    let sets: Vec<[DeviceWeight; 2]> = (0..copies)
-        .map(|_| -> R<[DeviceWeight; 2]> {
-            Ok([
-                DeviceWeight::upload(c, &host[0])?,
-                DeviceWeight::upload(c, &host[1])?,
-            ])
-        })
-        .collect::<R<_>>()?;
+    let (set_bytes, sets) = rotated_sets(c, &[&host[0], &host[1]])?;
     for n in [32, 64] {
         let x: Vec<f32> = (0..n * cols).map(|_| rng.sym()).collect();
         let xd = c.upload(&x)?;
         let mut y: CudaSlice<f32> = c.alloc(n * rows)?;
         let mut y2: CudaSlice<f32> = c.alloc(n * rows)?;
-        let fused = time_ms(c, 20, |c, i| {
-            let [g, u] = &sets[i % copies];
-            let done = c.matmul_gated(g, u, Activation::Silu, &xd, n, &mut y);
-            assert!(done.expect("gated"), "MMQ gate+up applies (AFM_MMQ=0 set?)");
+        let mut act: CudaSlice<f32> = c.alloc(n * rows)?;
+        let fused = n <= MMQ_GATED_MAX_ROWS;
+        let engine = time_ms(c, 20, |c, i| {
+            let (g, u) = (&sets[i % sets.len()][0], &sets[i % sets.len()][1]);
+            if fused {
+                let done = c.matmul_gated(g, u, Activation::Silu, &xd, n, &mut act);
+                assert!(done.expect("gated"), "MMQ gate+up applies (AFM_MMQ=0 set?)");
+            } else {
+                let done = c.matmul_many(&[g, u], &xd, n, &mut [&mut y, &mut y2]);
+                assert!(
+                    done.expect("gate+up"),
+                    "MMQ gate+up applies (AFM_MMQ=0 set?)"
+                );
+                c.gated_act(Activation::Silu, &y, &y2, n, rows, rows, &mut act)
+                    .expect("activation");
+            }
         })?;
         let separate = time_ms(c, 20, |c, i| {
-            let [g, u] = &sets[i % copies];
+            let (g, u) = (&sets[i % sets.len()][0], &sets[i % sets.len()][1]);
             c.matmul_with(MatmulPath::Mmq, g, &xd, n, &mut y)
                 .expect("gate");
             c.matmul_with(MatmulPath::Mmq, u, &xd, n, &mut y2)
                 .expect("up");
         })?;
+        let how = if fused { "fused" } else { "2 + act" };
         out.push(format!(
-            "| gate+up Q4_K {rows}x{cols} | {n:2} | MMQ fused {:7.2} us | separate {:7.2} us | {:6.0} GB/s fused |",
-            fused * 1e3,
+            "| gate+up Q4_K {rows}x{cols} | {n:2} | MMQ {how:7} {:7.2} us | separate {:7.2} us | {:6.0} GB/s |",
+            engine * 1e3,
             separate * 1e3,
-            set_bytes as f64 / fused / 1e6
+            set_bytes as f64 / engine / 1e6
         ));
         println!("{}", out.last().expect("pushed"));
     }
@@ -282,11 +289,8 @@ fn mmq(c: &mut CudaContext, copy_gbs: f64, out: &mut Vec<String>) -> R<()> {
         .iter()
         .map(|&(t, r)| random_weight(&mut rng, t, r, cols))
         .collect::<R<_>>()?;
-    let set_bytes: usize = host.iter().map(|w| w.bytes().len()).sum();
-    let copies = ROTATE_BYTES.div_ceil(set_bytes).clamp(2, 1024);
-    let sets: Vec<Vec<DeviceWeight>> = (0..copies)
-        .map(|_| host.iter().map(|w| DeviceWeight::upload(c, w)).collect())
-        .collect::<Result<_, _>>()?;
+    let (set_bytes, sets) = rotated_sets(c, &host.iter().collect::<Vec<_>>())?;
+    let copies = sets.len();
     for n in [32, 64] {
         let x: Vec<f32> = (0..n * cols).map(|_| rng.sym()).collect();
         let xd = c.upload(&x)?;
@@ -332,11 +336,8 @@ fn fused_projections(c: &mut CudaContext, out: &mut Vec<String>) -> R<()> {
                 .iter()
                 .map(|&(t, r)| random_weight(&mut rng, t, r, cols))
                 .collect::<R<_>>()?;
-            let set_bytes: usize = host.iter().map(|w| w.bytes().len()).sum();
-            let copies = ROTATE_BYTES.div_ceil(set_bytes).clamp(2, 1024);
-            let sets: Vec<Vec<DeviceWeight>> = (0..copies)
-                .map(|_| host.iter().map(|w| DeviceWeight::upload(c, w)).collect())
-                .collect::<Result<_, _>>()?;
+            let (_, sets) = rotated_sets(c, &host.iter().collect::<Vec<_>>())?;
+            let copies = sets.len();
             for n in [1, 8] {
                 let x: Vec<f32> = (0..n * cols).map(|_| rng.sym()).collect();
                 let xd = c.upload(&x)?;
