@@ -18,9 +18,11 @@ mod common;
 
 use afm_runtime::cuda::{Activation, CudaSlice, DeviceWeight, MatmulPath};
 use afm_runtime::{DType, WeightMatrix};
-use common::int8::{activations, gelu_tanh, gpu_matmul, int8_rounded, silu};
+use common::int8::{
+    activations, assert_as_accurate_as_the_cpu, gelu_tanh, gpu_matmul, int8_rounded, silu,
+};
 use common::weights::{dequantized, dot_rows, random_weight};
-use common::{assert_close, ctx, poisoned, rel_err, Rng};
+use common::{assert_close, ctx, poisoned, Rng};
 
 const QUANT: [DType; 3] = [DType::Q8_0, DType::Q4K, DType::Q6K];
 /// (rows, cols): row counts not multiples of the 4 rows of a thread group (nor of 8 or 16);
@@ -64,29 +66,8 @@ fn int8_gemv_equals_dequantized_weights_times_rounded_activations() {
 
 #[test]
 fn int8_gemv_is_as_accurate_as_the_cpu_matmul() {
-    let mut rng = Rng(22);
-    for dtype in QUANT {
-        for (rows, cols) in [(70, 1024), (23, 2816), (13, 12288)] {
-            let w = random_weight(&mut rng, dtype, rows, cols);
-            let dw = DeviceWeight::upload(&ctx(), &w).expect("upload");
-            let wd = dequantized(&w);
-            for n in [1, 8, 16] {
-                let x = activations(&mut rng, n, cols);
-                let exact = dot_rows(&wd, rows, cols, &x, n);
-                let mut cpu = vec![0f32; n * rows];
-                w.matmul(&x, n, &mut cpu);
-                let got = gpu_matmul(MatmulPath::Auto, &dw, &x, n);
-                let (e_gpu, e_cpu) = (rel_err(&got, &exact), rel_err(&cpu, &exact));
-                eprintln!(
-                    "{dtype:?} {rows}x{cols} n={n}: vs exact gpu {e_gpu:.2e} cpu {e_cpu:.2e}"
-                );
-                assert!(
-                    e_gpu <= 1.1 * e_cpu + 1e-5,
-                    "{dtype:?} {rows}x{cols} n={n}: GPU error {e_gpu:.3e} > CPU's {e_cpu:.3e}"
-                );
-            }
-        }
-    }
+    let shapes = [(70, 1024), (23, 2816), (13, 12288)];
+    assert_as_accurate_as_the_cpu(&mut Rng(22), MatmulPath::Auto, &QUANT, &shapes, &[1, 8, 16]);
 }
 
 /// Q/K/V of mixed quantized types (as Q4_K_M files have) in one launch after one quantization

@@ -21,9 +21,11 @@ mod common;
 
 use afm_runtime::cuda::{Activation, CudaSlice, DeviceWeight, MatmulPath, MMQ_GATED_MAX_ROWS};
 use afm_runtime::{DType, WeightMatrix};
-use common::int8::{activations, gelu_tanh, gpu_matmul, int8_rounded, silu};
+use common::int8::{
+    activations, assert_as_accurate_as_the_cpu, gelu_tanh, gpu_matmul, int8_rounded, silu,
+};
 use common::weights::{dequantized, dot_rows, random_weight};
-use common::{assert_close, ctx, poisoned, rel_err, Rng};
+use common::{assert_close, ctx, poisoned, Rng};
 
 const QUANT: [DType; 3] = [DType::Q8_0, DType::Q4K, DType::Q6K];
 /// (rows, cols): rows not multiples of 32 (nor 16 or 8); 256 columns is one super-block (three
@@ -74,29 +76,14 @@ fn mmq_equals_dequantized_weights_times_rounded_activations() {
 
 #[test]
 fn mmq_is_as_accurate_as_the_cpu_matmul() {
-    let mut rng = Rng(32);
-    for dtype in QUANT {
-        for (rows, cols) in [(70, 2816), (45, 4096), (19, 12288)] {
-            let w = random_weight(&mut rng, dtype, rows, cols);
-            let dw = DeviceWeight::upload(&ctx(), &w).expect("upload");
-            let wd = dequantized(&w);
-            for n in [17, 32, 64] {
-                let x = activations(&mut rng, n, cols);
-                let exact = dot_rows(&wd, rows, cols, &x, n);
-                let mut cpu = vec![0f32; n * rows];
-                w.matmul(&x, n, &mut cpu);
-                let got = gpu_matmul(MatmulPath::Mmq, &dw, &x, n);
-                let (e_gpu, e_cpu) = (rel_err(&got, &exact), rel_err(&cpu, &exact));
-                eprintln!(
-                    "{dtype:?} {rows}x{cols} n={n}: vs exact mmq {e_gpu:.2e} cpu {e_cpu:.2e}"
-                );
-                assert!(
-                    e_gpu <= 1.1 * e_cpu + 1e-5,
-                    "{dtype:?} {rows}x{cols} n={n}: MMQ error {e_gpu:.3e} > CPU's {e_cpu:.3e}"
-                );
-            }
-        }
-    }
+    let shapes = [(70, 2816), (45, 4096), (19, 12288)];
+    assert_as_accurate_as_the_cpu(
+        &mut Rng(32),
+        MatmulPath::Mmq,
+        &QUANT,
+        &shapes,
+        &[17, 32, 64],
+    );
 }
 
 /// `Auto` runs the int8 GEMV up to 16 rows, MMQ from 17 to 64 and dequantize + cuBLAS above

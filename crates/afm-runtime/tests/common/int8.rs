@@ -1,10 +1,13 @@
 //! What the int8 matmul tests (`cuda_gemv_int8`, `cuda_mmq`) share: activations with outlier
-//! channels, the int8 rounding the kernels apply to them, one matmul on the device, and the two
-//! gated activations as the kernels compute them.
+//! channels, the int8 rounding the kernels apply to them, one matmul on the device, the accuracy
+//! check against the CPU's own int8 matmul, and the two gated activations as the kernels compute
+//! them.
 
 use afm_runtime::cuda::{DeviceWeight, MatmulPath};
+use afm_runtime::DType;
 
-use super::{ctx, poisoned, Rng};
+use super::weights::{dequantized, dot_rows, random_weight};
+use super::{ctx, poisoned, rel_err, Rng};
 
 /// Uniform in ±1 with every 61st column 8× larger: hidden states have outlier channels, which
 /// set a block's int8 scale.
@@ -38,6 +41,40 @@ pub fn gpu_matmul(path: MatmulPath, w: &DeviceWeight, x: &[f32], n: usize) -> Ve
     let mut out = poisoned(&c, n * w.rows());
     c.matmul_with(path, w, &xd, n, &mut out).expect("matmul");
     c.download(&out).expect("download")
+}
+
+/// `path` on the device is no less accurate than the CPU's own quantized matmul (llama.cpp's
+/// Q8/Q8_K activations), both measured against the exact product of the dequantized weights,
+/// for each of `dtypes`, `shapes` (rows, cols) and batch sizes `batches`.
+pub fn assert_as_accurate_as_the_cpu(
+    rng: &mut Rng,
+    path: MatmulPath,
+    dtypes: &[DType],
+    shapes: &[(usize, usize)],
+    batches: &[usize],
+) {
+    for &dtype in dtypes {
+        for &(rows, cols) in shapes {
+            let w = random_weight(rng, dtype, rows, cols);
+            let dw = DeviceWeight::upload(&ctx(), &w).expect("upload");
+            let wd = dequantized(&w);
+            for &n in batches {
+                let x = activations(rng, n, cols);
+                let exact = dot_rows(&wd, rows, cols, &x, n);
+                let mut cpu = vec![0f32; n * rows];
+                w.matmul(&x, n, &mut cpu);
+                let got = gpu_matmul(path, &dw, &x, n);
+                let (e_gpu, e_cpu) = (rel_err(&got, &exact), rel_err(&cpu, &exact));
+                eprintln!(
+                    "{dtype:?} {rows}x{cols} n={n}: vs exact {path:?} {e_gpu:.2e} cpu {e_cpu:.2e}"
+                );
+                assert!(
+                    e_gpu <= 1.1 * e_cpu + 1e-5,
+                    "{dtype:?} {rows}x{cols} n={n}: {path:?} error {e_gpu:.3e} > CPU's {e_cpu:.3e}"
+                );
+            }
+        }
+    }
 }
 
 pub fn silu(x: f32) -> f32 {
