@@ -138,16 +138,31 @@ impl GatedMlp {
     }
 
     pub fn forward(&self, dev: &Device, x: &Tensor) -> Result<Tensor> {
-        let g = if self.gate.b.is_none() && self.up.b.is_none() {
-            // Gate, up and activation in one launch where the device can.
-            dev.gated_linear(x, &self.gate.w, &self.up.w, self.act)?
-        } else {
-            let mut g = self.gate.forward(dev, x)?;
-            let u = self.up.forward(dev, x)?;
-            dev.gated_act(self.act, &mut g, &u)?;
-            g
-        };
+        let g = self.gated(dev, x)?;
         self.down.forward(dev, &g)
+    }
+
+    /// `x += forward(norm(x))`: the MLP sub-layer with its pre-norm and residual add, each
+    /// folded into a product's launches where the device can (a GPU's decode GEMVs).
+    pub fn forward_residual(&self, dev: &Device, norm: &RmsNorm, x: &mut Tensor) -> Result<()> {
+        let g = if self.gate.b.is_none() && self.up.b.is_none() {
+            dev.norm_gated_linear(x, &norm.w, norm.eps, &self.gate.w, &self.up.w, self.act)?
+        } else {
+            self.gated(dev, &norm.forward(dev, x)?)?
+        };
+        dev.linear_add(&g, &self.down.w, self.down.b.as_ref(), x)
+    }
+
+    /// `act(gate(x)) · up(x)`.
+    fn gated(&self, dev: &Device, x: &Tensor) -> Result<Tensor> {
+        if self.gate.b.is_none() && self.up.b.is_none() {
+            // Gate, up and activation in one launch where the device can.
+            return dev.gated_linear(x, &self.gate.w, &self.up.w, self.act);
+        }
+        let mut g = self.gate.forward(dev, x)?;
+        let u = self.up.forward(dev, x)?;
+        dev.gated_act(self.act, &mut g, &u)?;
+        Ok(g)
     }
 }
 

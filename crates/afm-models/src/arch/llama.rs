@@ -139,18 +139,22 @@ impl Llama {
         })
     }
 
+    /// `x += o_proj(attention(norm(x)))`: the attention sub-layer with its pre-norm and
+    /// residual add, each folded into a projection's launches where the device can.
     fn attention(
         &self,
-        a: &Attention,
-        x: &Tensor,
+        b: &Block,
+        x: &mut Tensor,
         kv: &mut KvPool,
         layer: usize,
         step: &Step,
-    ) -> Result<Tensor, ComputeError> {
-        let (dev, hd) = (&self.dev, self.cfg.head_dim);
-        // One launch for the three projections where the device can.
-        let qkv = dev.linear_many(
+    ) -> Result<(), ComputeError> {
+        let (dev, hd, a) = (&self.dev, self.cfg.head_dim, &b.attn);
+        // One launch for the norm and the three projections where the device can.
+        let qkv = dev.norm_linear_many(
             x,
+            &b.input_norm.w,
+            b.input_norm.eps,
             &[
                 (&a.q.w, a.q.b.as_ref()),
                 (&a.k.w, a.k.b.as_ref()),
@@ -181,7 +185,7 @@ impl Llama {
             softcap: None,
         };
         let o = dev.attend(kv, layer, step, &q, &params)?;
-        a.o.forward(dev, &o)
+        dev.linear_add(&o, &a.o.w, a.o.b.as_ref(), x)
     }
 }
 
@@ -189,23 +193,14 @@ impl CausalLm for Llama {
     fn forward(&self, batch: &ForwardBatch, kv: &mut KvPool) -> Result<Vec<f32>, ComputeError> {
         let dev = &self.dev;
         let step = dev.step(&batch.attn_seqs(), kv, self.cfg.num_heads)?;
+        // The residual stream: each sub-layer normalizes it inside its first product and adds
+        // its output back inside its last.
         let mut x = self.embed.forward(dev, batch.tokens)?;
-        // Each residual add is fused with the norm that follows it (the next layer's input norm).
-        let mut h = match self.layers.first() {
-            Some(l) => l.input_norm.forward(dev, &x)?,
-            None => dev.rms_norm(&x, &self.norm.w, self.norm.eps)?,
-        };
         for (i, layer) in self.layers.iter().enumerate() {
-            let a = self.attention(&layer.attn, &h, kv, i, &step)?;
-            let pn = &layer.post_attn_norm;
-            let h2 = dev.add_rms_norm(&mut x, &a, &pn.w, pn.eps)?;
-            let m = layer.mlp.forward(dev, &h2)?;
-            match self.layers.get(i + 1) {
-                Some(next) => {
-                    h = dev.add_rms_norm(&mut x, &m, &next.input_norm.w, next.input_norm.eps)?
-                }
-                None => dev.add_assign(&mut x, &m)?,
-            }
+            self.attention(layer, &mut x, kv, i, &step)?;
+            layer
+                .mlp
+                .forward_residual(dev, &layer.post_attn_norm, &mut x)?;
         }
         let mut last = dev.gather_rows(&x, &batch.logit_rows())?;
         self.norm.forward_inplace(dev, &mut last)?;

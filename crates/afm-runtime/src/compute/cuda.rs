@@ -168,6 +168,13 @@ fn weight<'a>(w: &'a Weight, op: &'static str) -> Result<&'a DeviceWeight> {
     }
 }
 
+fn cuda_act(act: Activation) -> cuda::Activation {
+    match act {
+        Activation::Silu => cuda::Activation::Silu,
+        Activation::GeluTanh => cuda::Activation::GeluTanh,
+    }
+}
+
 /// Device buffer for `n` values (at least one element: zero-byte allocations are refused).
 fn alloc<T: DeviceRepr>(ctx: &CudaContext, n: usize) -> Result<CudaSlice<T>> {
     Ok(ctx.alloc::<T>(n.max(1))?)
@@ -691,6 +698,64 @@ impl CudaDevice {
         Ok(ctx.matmul_many(&dws, &xv, n, &mut refs)?.then_some(outs))
     }
 
+    /// `linear_many(rms_norm(x, w), ws)` with the norm folded into the matmul's launches;
+    /// `None` (nothing launched) where it cannot be.
+    pub(super) fn norm_linear_many(
+        &self,
+        x: &Tensor,
+        norm: (&Vector, f32),
+        ws: &[&Weight],
+    ) -> Result<Option<Vec<CudaSlice<f32>>>> {
+        let mut ctx = self.lock();
+        let n = x.rows;
+        let dws = ws
+            .iter()
+            .map(|w| weight(w, "linear"))
+            .collect::<Result<Vec<_>>>()?;
+        let mut outs = dws
+            .iter()
+            .map(|w| alloc::<f32>(&ctx, n * w.rows()))
+            .collect::<Result<Vec<_>>>()?;
+        let mut refs: Vec<&mut CudaSlice<f32>> = outs.iter_mut().collect();
+        let (xv, nv) = (view(x, "linear")?, vector(norm.0, "rms_norm")?);
+        let rn = cuda::RowNorm { w: nv, eps: norm.1 };
+        Ok(ctx
+            .matmul_many_norm(&dws, &xv, rn, n, &mut refs)?
+            .then_some(outs))
+    }
+
+    /// `gated_linear(rms_norm(x, w), gate, up)` with the norm folded in; `None` (nothing
+    /// launched) where it cannot be.
+    pub(super) fn norm_gated_linear(
+        &self,
+        x: &Tensor,
+        norm: (&Vector, f32),
+        gate: &Weight,
+        up: &Weight,
+        act: Activation,
+    ) -> Result<Option<CudaSlice<f32>>> {
+        let mut ctx = self.lock();
+        let n = x.rows;
+        let (g, u) = (weight(gate, "gated_linear")?, weight(up, "gated_linear")?);
+        let mut out = alloc::<f32>(&ctx, n * g.rows())?;
+        let (xv, nv) = (view(x, "gated_linear")?, vector(norm.0, "rms_norm")?);
+        let rn = cuda::RowNorm { w: nv, eps: norm.1 };
+        Ok(ctx
+            .matmul_gated_norm(g, u, cuda_act(act), &xv, rn, n, &mut out)?
+            .then_some(out))
+    }
+
+    /// `acc += x · Wᵀ`, the matmul adding into `acc` itself.
+    pub(super) fn linear_add(&self, x: &Tensor, w: &Weight, acc: &mut Tensor) -> Result<()> {
+        if x.rows == 0 {
+            return Ok(());
+        }
+        let mut ctx = self.lock();
+        let xv = view(x, "linear")?;
+        let mut av = view_mut(acc, "linear")?;
+        Ok(ctx.matmul_add(weight(w, "linear")?, &xv, x.rows, &mut av)?)
+    }
+
     pub(super) fn gated_linear(
         &self,
         x: &Tensor,
@@ -702,12 +767,10 @@ impl CudaDevice {
         let n = x.rows;
         let (g, u) = (weight(gate, "gated_linear")?, weight(up, "gated_linear")?);
         let mut out = alloc::<f32>(&ctx, n * g.rows())?;
-        let a = match act {
-            Activation::Silu => cuda::Activation::Silu,
-            Activation::GeluTanh => cuda::Activation::GeluTanh,
-        };
         let xv = view(x, "gated_linear")?;
-        Ok(ctx.matmul_gated(g, u, a, &xv, n, &mut out)?.then_some(out))
+        Ok(ctx
+            .matmul_gated(g, u, cuda_act(act), &xv, n, &mut out)?
+            .then_some(out))
     }
 
     pub(super) fn add_rms_norm(

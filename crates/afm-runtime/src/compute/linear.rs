@@ -127,6 +127,87 @@ impl Device {
         self.gated_act(act, &mut g, &u)?;
         Ok(g)
     }
+    /// `acc += x · Wᵀ (+ b)`: a residual add folded into the projection (on a GPU the
+    /// matmul adds into `acc` in its own store; with a bias, `linear` then an add).
+    pub fn linear_add(
+        &self,
+        x: &Tensor,
+        w: &Weight,
+        bias: Option<&Vector>,
+        acc: &mut Tensor,
+    ) -> Result<()> {
+        check_linear(x, w, bias)?;
+        check("linear_add accumulator rows", acc.rows, x.rows)?;
+        check("linear_add accumulator columns", acc.cols, w.rows)?;
+        #[cfg(feature = "cuda")]
+        if let (Device::Cuda(c), None) = (self, bias) {
+            return c.linear_add(x, w, acc);
+        }
+        let y = self.linear(x, w, bias)?;
+        self.add_assign(acc, &y)
+    }
+
+    /// [`linear_many`](Self::linear_many) of `rms_norm(x, norm)`: on a GPU the norm is folded
+    /// into the product's launches where they are GEMVs (each block sums the squares of x
+    /// itself) or quantize x first (one launch for both); otherwise normalized first.
+    pub fn norm_linear_many(
+        &self,
+        x: &Tensor,
+        norm: &Vector,
+        eps: f32,
+        ws: &[(&Weight, Option<&Vector>)],
+    ) -> Result<Vec<Tensor>> {
+        super::elementwise::check_norm(x, norm)?;
+        #[cfg(feature = "cuda")]
+        if let Device::Cuda(c) = self {
+            if norm.len == x.cols && ws.iter().all(|(w, b)| b.is_none() && w.cols == x.cols) {
+                let plain: Vec<&Weight> = ws.iter().map(|(w, _)| *w).collect();
+                if let Some(outs) = c.norm_linear_many(x, (norm, eps), &plain)? {
+                    return Ok(outs
+                        .into_iter()
+                        .zip(&plain)
+                        .map(|(o, w)| Tensor {
+                            rows: x.rows,
+                            cols: w.rows,
+                            data: Data::Cuda(o),
+                        })
+                        .collect());
+                }
+            }
+        }
+        self.linear_many(&self.rms_norm(x, norm, eps)?, ws)
+    }
+
+    /// [`gated_linear`](Self::gated_linear) of `rms_norm(x, norm)`, the norm folded in on a
+    /// GPU as in [`norm_linear_many`](Self::norm_linear_many).
+    pub fn norm_gated_linear(
+        &self,
+        x: &Tensor,
+        norm: &Vector,
+        eps: f32,
+        gate: &Weight,
+        up: &Weight,
+        act: Activation,
+    ) -> Result<Tensor> {
+        super::elementwise::check_norm(x, norm)?;
+        #[cfg(feature = "cuda")]
+        if let Device::Cuda(c) = self {
+            if norm.len == x.cols
+                && gate.cols == x.cols
+                && up.cols == x.cols
+                && gate.rows == up.rows
+            {
+                if let Some(o) = c.norm_gated_linear(x, (norm, eps), gate, up, act)? {
+                    return Ok(Tensor {
+                        rows: x.rows,
+                        cols: gate.rows,
+                        data: Data::Cuda(o),
+                    });
+                }
+            }
+        }
+        self.gated_linear(&self.rms_norm(x, norm, eps)?, gate, up, act)
+    }
 }
 
 /// A `linear`'s shapes: the input as wide as the weight's columns, a bias as long as its rows.

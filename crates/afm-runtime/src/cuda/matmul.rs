@@ -24,7 +24,7 @@ use cudarc::cublas::result::gemm_ex;
 use cudarc::cublas::sys::{
     cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType_t,
 };
-use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig};
+use cudarc::driver::{CudaSlice, CudaView, DevicePtr, DevicePtrMut, LaunchConfig};
 
 use super::context::scratch;
 use super::mmq::mmq_env_on;
@@ -57,6 +57,11 @@ const MMQ_MAX_ROWS: usize = 64;
 pub const MMQ_GATED_MAX_ROWS: usize = 32;
 /// Weight rows per GEMV block (`GEMV_ROWS` in gemv.cu); per thread group in the int8 kernels.
 const GEMV_ROWS: usize = 4;
+/// Activation rows up to which the 16-bit GEMV folds a preceding RMSNorm in (gemv.cu
+/// `gemv3n_*`, `gemvgn_*`): on the H200 at one row Qwen3-0.6B went from 940 to 1,051 tok/s; at 8
+/// rows the extra products per weight (the step is issue-bound there) made Qwen3-8B 29% slower
+/// than a separate norm launch (706 vs 989 tok/s; session 7, bench/RESULTS.md).
+const NORM_FOLD_MAX_ROWS: usize = 1;
 /// Threads per GEMV block (`GEMV_THREADS` in gemv.cu).
 const GEMV_THREADS: usize = 128;
 /// Values per int8 activation block (and weights per int8 GEMV work unit).
@@ -205,15 +210,18 @@ struct Q8Mats {
     out: [u64; 3],
     ty: [i32; 3],
     rows: [i32; 3],
+    /// 1: `out += x · Wᵀ` (a residual add folded into the projection).
+    accumulate: i32,
 }
 
-// SAFETY: plain #[repr(C)] data, laid out as the CUDA struct (six pointers, six ints).
+// SAFETY: plain #[repr(C)] data, laid out as the CUDA struct (six pointers, seven ints).
 unsafe impl cudarc::driver::DeviceRepr for Q8Mats {}
 
 /// Every kernel of gemv.cu, for the context's loader.
 pub(super) fn kernel_names() -> Vec<String> {
     let mut v: Vec<String> = [
         "quantize_x_q8",
+        "norm_quantize_x_q8",
         "dequant_f16_q8_0",
         "dequant_f16_q4_k",
         "dequant_f16_q6_k",
@@ -225,6 +233,10 @@ pub(super) fn kernel_names() -> Vec<String> {
             v.push(format!("gemv_{t}_{n}"));
             v.push(format!("gemv3_{t}_{n}"));
             v.push(format!("gemvg_{t}_{n}"));
+            if n <= NORM_FOLD_MAX_ROWS {
+                v.push(format!("gemv3n_{t}_{n}"));
+                v.push(format!("gemvgn_{t}_{n}"));
+            }
         }
         for k in ["gemv8", "gemv8g", "gemv8r1", "gemv8gr1"] {
             v.push(format!("{k}_{n}"));
@@ -278,6 +290,31 @@ impl CudaContext {
         n: usize,
         out: &mut impl DevicePtrMut<f32>,
     ) -> Result<()> {
+        self.matmul_into(path, w, x, n, out, false)
+    }
+
+    /// `out[i, r] += Σ_c x[i, c] · W[r, c]`: a residual add folded into the projection (every
+    /// path accumulates in its own store, so this costs no launch of its own).
+    pub fn matmul_add(
+        &mut self,
+        w: &DeviceWeight,
+        x: &impl DevicePtr<f32>,
+        n: usize,
+        out: &mut impl DevicePtrMut<f32>,
+    ) -> Result<()> {
+        self.matmul_into(MatmulPath::Auto, w, x, n, out, true)
+    }
+
+    /// [`matmul_with`](Self::matmul_with), adding to `out` when `accumulate` is set.
+    pub fn matmul_into(
+        &mut self,
+        path: MatmulPath,
+        w: &DeviceWeight,
+        x: &impl DevicePtr<f32>,
+        n: usize,
+        out: &mut impl DevicePtrMut<f32>,
+        accumulate: bool,
+    ) -> Result<()> {
         check_len("matmul input", x.len(), n * w.cols)?;
         check_len("matmul output", out.len(), n * w.rows)?;
         if n == 0 || w.rows == 0 {
@@ -302,7 +339,7 @@ impl CudaContext {
         if let Some(warps) = mmq_warps {
             self.mmq_check(w)?;
             let acts = self.mmq_quantize(xp, n, w.cols)?;
-            return self.mmq(&[w], &[op], acts, warps);
+            return self.mmq(&[w], &[op], acts, warps, accumulate);
         }
         // The 16-bit GEMV reads activations as float4.
         let gemv_ok = quant || (half && w.cols.is_multiple_of(8) && xp.is_multiple_of(16));
@@ -312,7 +349,7 @@ impl CudaContext {
             MatmulPath::Gemm | MatmulPath::Mmq | MatmulPath::MmqWarps(_) => false,
         };
         if !use_gemv {
-            self.gemm(w, xp, n, op)
+            self.gemm(w, xp, n, op, accumulate)
         } else if quant {
             let forced = match path {
                 MatmulPath::GemvRows(r) if r == 1 || r == GEMV_ROWS => Some(r),
@@ -325,10 +362,10 @@ impl CudaContext {
                 }
                 _ => None,
             };
-            let acts = self.quantize_q8(xp, n, w.cols)?;
-            self.gemv_q8(&[w], &[op], acts, n, forced)
+            let acts = self.quantize_q8(xp, n, w.cols, None)?;
+            self.gemv_q8(&[w], &[op], acts, n, forced, accumulate)
         } else {
-            self.gemv_half(w, xp, n, op)
+            self.gemv_half(w, xp, n, op, accumulate)
         }
     }
 
@@ -337,16 +374,38 @@ impl CudaContext {
         (GEMV_MAX_ROWS + 1..=MMQ_MAX_ROWS).contains(&n) && mmq_env_on() && self.mmq_supported()
     }
 
-    /// Quantizes `n` rows of `cols` activations at `xp` to int8 blocks of 32 in the scratch.
-    fn quantize_q8(&mut self, xp: u64, n: usize, cols: usize) -> Result<Q8Acts> {
+    /// Quantizes `n` rows of `cols` activations at `xp` to int8 blocks of 32 in the scratch;
+    /// with a `norm` (weight, eps), rows of `rms_norm(x)`, in one launch with the norm.
+    fn quantize_q8(
+        &mut self,
+        xp: u64,
+        n: usize,
+        cols: usize,
+        norm: Option<NormArg>,
+    ) -> Result<Q8Acts> {
         let nblocks = n * cols / Q8_BLOCK;
         let stream = self.stream().clone();
         let q = scratch(&stream, &mut self.ws.xq, n * cols)?;
         let d = scratch(&stream, &mut self.ws.xd, nblocks)?;
         let s = scratch(&stream, &mut self.ws.xs, nblocks)?;
-        let nbi = nblocks as i64;
-        let f = self.kernel("quantize_x_q8")?;
-        launch!(self, f, grid_1d(nblocks * 32, 256); xp, q, d, s, nbi)?;
+        match norm {
+            None => {
+                let nbi = nblocks as i64;
+                let f = self.kernel("quantize_x_q8")?;
+                launch!(self, f, grid_1d(nblocks * 32, 256); xp, q, d, s, nbi)?;
+            }
+            Some(NormArg { w: nw, eps }) => {
+                // One block per row, a warp per 32-block up to 256 threads.
+                let cfg = LaunchConfig {
+                    grid_dim: (n as u32, 1, 1),
+                    block_dim: ((cols / Q8_BLOCK).clamp(1, 8) as u32 * 32, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                let ci = cols as i32;
+                let f = self.kernel("norm_quantize_x_q8")?;
+                launch!(self, f, cfg; xp, nw, eps, q, d, s, ci)?;
+            }
+        }
         Ok(Q8Acts { q, d, s, cols })
     }
 
@@ -360,6 +419,7 @@ impl CudaContext {
         acts: Q8Acts,
         n: usize,
         forced: Option<usize>,
+        accumulate: bool,
     ) -> Result<()> {
         debug_assert!((1..=3).contains(&ws.len()) && ws.len() == outs.len());
         let rows: Vec<usize> = ws.iter().map(|w| w.rows).collect();
@@ -372,6 +432,7 @@ impl CudaContext {
             out: [outs[0]; 3],
             ty: [q8_type(ws[0].dtype); 3],
             rows: [0; 3],
+            accumulate: i32::from(accumulate),
         };
         for (i, w) in ws.iter().enumerate().skip(1) {
             m.w[i] = self.ptr(&w.bytes);
@@ -393,8 +454,15 @@ impl CudaContext {
     }
 
     /// The 16-bit GEMV (f32 activations), in launches of at most `GEMV_MAX_BATCH` rows.
-    fn gemv_half(&mut self, w: &DeviceWeight, xp: u64, n: usize, op: u64) -> Result<()> {
-        let (rows, cols) = (w.rows, w.cols);
+    fn gemv_half(
+        &mut self,
+        w: &DeviceWeight,
+        xp: u64,
+        n: usize,
+        op: u64,
+        accumulate: bool,
+    ) -> Result<()> {
+        let (rows, cols, acc) = (w.rows, w.cols, i32::from(accumulate));
         let wp = self.ptr(&w.bytes);
         let (ri, ci) = (rows as i32, cols as i32);
         let cfg = LaunchConfig {
@@ -407,20 +475,34 @@ impl CudaContext {
             let x0 = xp + (c0 * cols * 4) as u64;
             let o0 = op + (c0 * rows * 4) as u64;
             let f = self.kernel(&format!("gemv_{}_{nb}", half_name(w)))?;
-            launch!(self, f, cfg; wp, x0, o0, ri, ci)?;
+            launch!(self, f, cfg; wp, x0, o0, ri, ci, acc)?;
         }
         Ok(())
     }
 
-    fn gemm(&mut self, w: &DeviceWeight, xp: u64, n: usize, op: u64) -> Result<()> {
+    /// Through cuBLAS (quantized weights dequantized to f16 in chunks first); `accumulate`:
+    /// out += result (cuBLAS's beta = 1).
+    fn gemm(
+        &mut self,
+        w: &DeviceWeight,
+        xp: u64,
+        n: usize,
+        op: u64,
+        accumulate: bool,
+    ) -> Result<()> {
         let (rows, cols) = (w.rows, w.cols);
         let wp = self.ptr(&w.bytes);
         let stream = self.stream().clone();
+        let dims = GemmDims {
+            m: rows,
+            n,
+            k: cols,
+            ldc: rows,
+            accumulate,
+        };
         match w.dtype {
-            DType::F32 => {
-                self.blas_gemm(cudaDataType_t::CUDA_R_32F, wp, xp, op, rows, n, cols, rows)
-            }
-            DType::BF16 | DType::F16 => self.gemm_many_half(&[w], xp, n, &[op]),
+            DType::F32 => self.blas_gemm(cudaDataType_t::CUDA_R_32F, wp, xp, op, dims),
+            DType::BF16 | DType::F16 => self.gemm_many_half(&[w], xp, n, &[op], accumulate),
             _ => {
                 let name = match w.dtype {
                     DType::Q8_0 => "dequant_f16_q8_0",
@@ -442,7 +524,8 @@ impl CudaContext {
                     let f = self.kernel(name)?;
                     launch!(self, f, grid_1d(nr * cols / 32, 256); w0, hw, nri, ci, rbi)?;
                     let o0 = op + (r0 * 4) as u64;
-                    self.blas_gemm(cudaDataType_t::CUDA_R_16F, hw, hx, o0, nr, n, cols, rows)?;
+                    let part = GemmDims { m: nr, ..dims };
+                    self.blas_gemm(cudaDataType_t::CUDA_R_16F, hw, hx, o0, part)?;
                 }
                 Ok(())
             }
@@ -458,6 +541,7 @@ impl CudaContext {
         xp: u64,
         n: usize,
         ops: &[u64],
+        accumulate: bool,
     ) -> Result<()> {
         let Some(first) = ws.first() else {
             return Ok(());
@@ -476,28 +560,25 @@ impl CudaContext {
         for (w, &op) in ws.iter().zip(ops) {
             if w.rows > 0 {
                 let wp = self.ptr(&w.bytes);
-                self.blas_gemm(ty, wp, hx, op, w.rows, n, cols, w.rows)?;
+                let dims = GemmDims {
+                    m: w.rows,
+                    n,
+                    k: cols,
+                    ldc: w.rows,
+                    accumulate,
+                };
+                self.blas_gemm(ty, wp, hx, op, dims)?;
             }
         }
         Ok(())
     }
 
     /// Column-major cuBLAS view of row-major `out[n, rows] = x[n, k] · W[rows, k]ᵀ`:
-    /// `C (m×n, ldc) = Aᵀ (A: k×m, lda = k) · B (k×n, ldb = k)`, f32 output and accumulation.
-    #[allow(clippy::too_many_arguments)]
-    fn blas_gemm(
-        &self,
-        ty: cudaDataType_t,
-        a: u64,
-        b: u64,
-        c: u64,
-        m: usize,
-        n: usize,
-        k: usize,
-        ldc: usize,
-    ) -> Result<()> {
-        let (alpha, beta) = (1.0f32, 0.0f32);
-        let (mi, ni, ki, ldci) = (m as i32, n as i32, k as i32, ldc as i32);
+    /// `C (m×n, ldc) = Aᵀ (A: k×m, lda = k) · B (k×n, ldb = k)` (`+ C` with `accumulate`), f32
+    /// output and accumulation.
+    fn blas_gemm(&self, ty: cudaDataType_t, a: u64, b: u64, c: u64, d: GemmDims) -> Result<()> {
+        let (alpha, beta) = (1.0f32, if d.accumulate { 1.0f32 } else { 0.0 });
+        let (mi, ni, ki, ldci) = (d.m as i32, d.n as i32, d.k as i32, d.ldc as i32);
         // SAFETY: a, b and c are device buffers of at least m·k, k·n and (n−1)·ldc + m
         // elements, checked by the callers.
         unsafe {
@@ -524,6 +605,43 @@ impl CudaContext {
             )?;
         }
         Ok(())
+    }
+}
+
+/// A cuBLAS product's shape (see [`CudaContext::blas_gemm`]) and whether it adds to C.
+#[derive(Clone, Copy)]
+struct GemmDims {
+    m: usize,
+    n: usize,
+    k: usize,
+    ldc: usize,
+    accumulate: bool,
+}
+
+/// An RMSNorm folded into a product's input: its weight (one per input column) and epsilon.
+pub struct RowNorm<'a> {
+    pub w: CudaView<'a, f32>,
+    pub eps: f32,
+}
+
+/// A [`RowNorm`] as the kernels take it: the weight's device address (0: no norm) and epsilon.
+#[derive(Clone, Copy)]
+struct NormArg {
+    w: u64,
+    eps: f32,
+}
+
+impl CudaContext {
+    /// The kernels' form of `norm`, checked to be one weight per column of `cols`.
+    fn norm_arg(&self, norm: Option<&RowNorm>, cols: usize) -> Result<Option<NormArg>> {
+        norm.map(|n| {
+            check_len("folded norm weight", n.w.len(), cols)?;
+            Ok(NormArg {
+                w: self.ptr(&n.w),
+                eps: n.eps,
+            })
+        })
+        .transpose()
     }
 }
 
@@ -586,36 +704,68 @@ impl CudaContext {
         n: usize,
         outs: &mut [&mut CudaSlice<f32>],
     ) -> Result<bool> {
+        self.many(ws, x, None, n, outs)
+    }
+
+    /// [`matmul_many`](Self::matmul_many) of `rms_norm(x)`, the norm folded into the 16-bit
+    /// GEMV (each block sums the squares of its activation rows itself) or into the int8
+    /// quantization (one launch for both): a launch fewer per block of a decode step. `false`
+    /// (nothing launched) where neither applies (past the GEMV's batch sizes): the caller
+    /// normalizes first.
+    pub fn matmul_many_norm(
+        &mut self,
+        ws: &[&DeviceWeight],
+        x: &impl DevicePtr<f32>,
+        norm: RowNorm,
+        n: usize,
+        outs: &mut [&mut CudaSlice<f32>],
+    ) -> Result<bool> {
+        self.many(ws, x, Some(&norm), n, outs)
+    }
+
+    fn many(
+        &mut self,
+        ws: &[&DeviceWeight],
+        x: &impl DevicePtr<f32>,
+        norm: Option<&RowNorm>,
+        n: usize,
+        outs: &mut [&mut CudaSlice<f32>],
+    ) -> Result<bool> {
         let xp = self.ptr(x);
         if !(2..=3).contains(&ws.len()) || ws.len() != outs.len() {
             return Ok(false);
         }
+        let norm = self.norm_arg(norm, ws[0].cols)?;
         let same_quant = ws.iter().all(|w| is_quant(w.dtype) && w.cols == ws[0].cols);
         let mmq = same_quant && self.mmq_auto(n);
         let quant = quant_shared_ok(ws, n);
         let half_gemm = half_gemm_ok(ws, n);
-        if !mmq && !quant && !half_gemm && !fused_ok(ws, n, xp) {
+        let fused = fused_ok(ws, n, xp);
+        let applies = if norm.is_some() {
+            quant || (fused && n <= NORM_FOLD_MAX_ROWS)
+        } else {
+            mmq || quant || half_gemm || fused
+        };
+        if !applies {
             return Ok(false);
         }
         check_len("matmul input", x.len(), n * ws[0].cols)?;
         for (w, o) in ws.iter().zip(outs.iter()) {
             check_len("matmul output", o.len(), n * w.rows)?;
         }
-        if mmq {
+        let ops: Vec<u64> = outs.iter_mut().map(|o| self.ptr_mut(&mut **o)).collect();
+        if norm.is_none() && mmq {
             let acts = self.mmq_quantize(xp, n, ws[0].cols)?;
-            let ops: Vec<u64> = outs.iter_mut().map(|o| self.ptr_mut(&mut **o)).collect();
-            self.mmq(ws, &ops, acts, None)?;
+            self.mmq(ws, &ops, acts, None, false)?;
             return Ok(true);
         }
         if quant {
-            let acts = self.quantize_q8(xp, n, ws[0].cols)?;
-            let ops: Vec<u64> = outs.iter_mut().map(|o| self.ptr_mut(&mut **o)).collect();
-            self.gemv_q8(ws, &ops, acts, n, None)?;
+            let acts = self.quantize_q8(xp, n, ws[0].cols, norm)?;
+            self.gemv_q8(ws, &ops, acts, n, None, false)?;
             return Ok(true);
         }
-        if half_gemm {
-            let ops: Vec<u64> = outs.iter_mut().map(|o| self.ptr_mut(&mut **o)).collect();
-            self.gemm_many_half(ws, xp, n, &ops)?;
+        if norm.is_none() && half_gemm {
+            self.gemm_many_half(ws, xp, n, &ops, false)?;
             return Ok(true);
         }
         let w3 = |i: usize| ws.get(i).unwrap_or(&ws[0]);
@@ -624,11 +774,8 @@ impl CudaContext {
             self.ptr(&w3(1).bytes),
             self.ptr(&w3(2).bytes),
         );
-        let mut ptrs = [0u64; 3];
-        for (p, o) in ptrs.iter_mut().zip(outs.iter_mut()) {
-            *p = self.ptr_mut(&mut **o);
-        }
-        let (o0, o1, o2) = (ptrs[0], ptrs[1], ptrs[2]);
+        let (o0, o1, o2) = (ops[0], ops[1], ops.get(2).copied().unwrap_or(0));
+        let NormArg { w: nw, eps } = norm.unwrap_or(NormArg { w: 0, eps: 0.0 });
         let rows = |i: usize| ws.get(i).map_or(0, |w| w.rows) as i32;
         let (r0, r1, r2, ci) = (rows(0), rows(1), rows(2), ws[0].cols as i32);
         let blocks: usize = ws.iter().map(|w| w.rows.div_ceil(GEMV_ROWS)).sum();
@@ -637,8 +784,9 @@ impl CudaContext {
             block_dim: (128, 1, 1),
             shared_mem_bytes: 0,
         };
-        let f = self.kernel(&format!("gemv3_{}_{n}", half_name(ws[0])))?;
-        launch!(self, f, cfg; w0, w1, w2, xp, o0, o1, o2, r0, r1, r2, ci)?;
+        let name = if norm.is_some() { "gemv3n" } else { "gemv3" };
+        let f = self.kernel(&format!("{name}_{}_{n}", half_name(ws[0])))?;
+        launch!(self, f, cfg; w0, w1, w2, xp, nw, eps, o0, o1, o2, r0, r1, r2, ci)?;
         Ok(true)
     }
 
@@ -655,14 +803,48 @@ impl CudaContext {
         n: usize,
         out: &mut CudaSlice<f32>,
     ) -> Result<bool> {
+        self.gated_into(gate, up, act, x, None, n, out)
+    }
+
+    /// [`matmul_gated`](Self::matmul_gated) of `rms_norm(x)`, the norm folded in as
+    /// [`matmul_many_norm`](Self::matmul_many_norm) does; `false` (nothing launched) where it
+    /// cannot be (MMQ's rows and past them).
+    #[allow(clippy::too_many_arguments)]
+    pub fn matmul_gated_norm(
+        &mut self,
+        gate: &DeviceWeight,
+        up: &DeviceWeight,
+        act: super::Activation,
+        x: &impl DevicePtr<f32>,
+        norm: RowNorm,
+        n: usize,
+        out: &mut CudaSlice<f32>,
+    ) -> Result<bool> {
+        self.gated_into(gate, up, act, x, Some(&norm), n, out)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn gated_into(
+        &mut self,
+        gate: &DeviceWeight,
+        up: &DeviceWeight,
+        act: super::Activation,
+        x: &impl DevicePtr<f32>,
+        norm: Option<&RowNorm>,
+        n: usize,
+        out: &mut CudaSlice<f32>,
+    ) -> Result<bool> {
         let xp = self.ptr(x);
+        let norm = self.norm_arg(norm, gate.cols)?;
         let quant = gate.dtype == up.dtype && quant_shared_ok(&[gate, up], n);
-        let mmq = gate.dtype == up.dtype
+        let mmq = norm.is_none()
+            && gate.dtype == up.dtype
             && is_quant(gate.dtype)
             && gate.cols == up.cols
             && n <= MMQ_GATED_MAX_ROWS
             && self.mmq_auto(n);
-        if gate.rows != up.rows || !(mmq || quant || fused_ok(&[gate, up], n, xp)) {
+        let fused = fused_ok(&[gate, up], n, xp) && (norm.is_none() || n <= NORM_FOLD_MAX_ROWS);
+        if gate.rows != up.rows || !(mmq || quant || fused) {
             return Ok(false);
         }
         check_len("matmul input", x.len(), n * gate.cols)?;
@@ -686,7 +868,7 @@ impl CudaContext {
             if gate.rows == 0 {
                 return Ok(true);
             }
-            let acts = self.quantize_q8(xp, n, gate.cols)?;
+            let acts = self.quantize_q8(xp, n, gate.cols, norm)?;
             let shape = Q8Launch::new(&[gate.rows], gate.cols, self.info().sm_count, None);
             let (cfg, groups, ty) = (shape.cfg, shape.groups, q8_type(gate.dtype));
             for c0 in (0..n).step_by(GEMV_MAX_BATCH) {
@@ -705,8 +887,10 @@ impl CudaContext {
             block_dim: (128, 1, 1),
             shared_mem_bytes: 0,
         };
-        let f = self.kernel(&format!("gemvg_{}_{n}", half_name(gate)))?;
-        launch!(self, f, cfg; gp, up_, xp, op, ri, ci, a)?;
+        let NormArg { w: nw, eps } = norm.unwrap_or(NormArg { w: 0, eps: 0.0 });
+        let name = if norm.is_some() { "gemvgn" } else { "gemvg" };
+        let f = self.kernel(&format!("{name}_{}_{n}", half_name(gate)))?;
+        launch!(self, f, cfg; gp, up_, xp, nw, eps, op, ri, ci, a)?;
         Ok(true)
     }
 }

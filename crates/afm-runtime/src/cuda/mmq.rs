@@ -70,9 +70,11 @@ struct MmqMats {
     out: [u64; 3],
     ty: [i32; 3],
     rows: [i32; 3],
+    /// 1: `out += x · Wᵀ` (a residual add folded into the projection).
+    accumulate: i32,
 }
 
-// SAFETY: plain #[repr(C)] data, laid out as the CUDA struct (six pointers, six ints).
+// SAFETY: plain #[repr(C)] data, laid out as the CUDA struct (six pointers, seven ints).
 unsafe impl cudarc::driver::DeviceRepr for MmqMats {}
 
 /// Device addresses of activations quantized for MMQ (`mmq_quantize`'s outputs).
@@ -129,13 +131,14 @@ impl CudaContext {
     /// `outs[i] = x · wsᵢᵀ` (`[n][wsᵢ.rows]`) for one to three quantized matrices of one
     /// width (types may differ: Q/K/V of a Q4_K_M file) against activations from
     /// [`Self::mmq_quantize`], in one launch per [`MMQ_LAUNCH_ROWS`] rows, with `warps` warps
-    /// per block (4 or 8; `None`: by width, see [`WIDE_COLS`]).
+    /// per block (4 or 8; `None`: by width, see [`WIDE_COLS`]); `accumulate`: outs += result.
     pub(super) fn mmq(
         &mut self,
         ws: &[&DeviceWeight],
         outs: &[u64],
         acts: MmqActs,
         warps: Option<usize>,
+        accumulate: bool,
     ) -> Result<()> {
         if !(1..=3).contains(&ws.len()) || ws.len() != outs.len() {
             return Err(CudaError::Unsupported {
@@ -149,6 +152,7 @@ impl CudaContext {
             out: [0; 3],
             ty: [0; 3],
             rows: [0; 3],
+            accumulate: i32::from(accumulate),
         };
         for (i, (w, &o)) in ws.iter().zip(outs).enumerate() {
             m.ty[i] = self.mmq_check(w)?;
@@ -183,6 +187,7 @@ impl CudaContext {
             out: [out, 0, 0],
             ty: [ty, ty, ty],
             rows: [gate.rows() as i32, 0, 0],
+            accumulate: 0,
         };
         let blocks = gate.rows().div_ceil(BLOCK_ROWS / 2);
         self.mmq_launch(m, blocks, act, acts, None)

@@ -33,7 +33,7 @@ pub use attention_mma::AttnKernel;
 pub(crate) use context::arch_for;
 pub use context::{compile_kernels, CudaContext, DeviceInfo, GpuTimer, Workspace, KERNEL_MODULES};
 pub use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, DevicePtr, DevicePtrMut};
-pub use matmul::{DeviceWeight, MatmulPath, GEMV_MAX_BATCH, MMQ_GATED_MAX_ROWS};
+pub use matmul::{DeviceWeight, MatmulPath, RowNorm, GEMV_MAX_BATCH, MMQ_GATED_MAX_ROWS};
 pub use mmq::MMQ_LAUNCH_ROWS;
 pub use ops::{Activation, RopeTable};
 pub use sampling::{LogitAdjust, SampleParams};

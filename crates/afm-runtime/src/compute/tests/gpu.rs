@@ -301,6 +301,41 @@ fn fused_decode_ops_match_the_cpu() {
                 d.gated_linear(&tensor(d, n, h, 17), &wg, &wu, act).unwrap()
             });
         }
+        // The norm folded into the projections (up to 8 rows; past them normalized first).
+        for i in 0..3 {
+            both(
+                &g,
+                &format!("norm_linear_many, {n} rows, output {i}"),
+                tol,
+                |d| {
+                    let (wq, wk, wv) = (
+                        bf16_weight(d, nq, h, 21),
+                        bf16_weight(d, nkv, h, 22),
+                        bf16_weight(d, nkv, h, 23),
+                    );
+                    let norm = d.vector(splitmix(24, h)).unwrap();
+                    let x = tensor(d, n, h, 25);
+                    let mut out = d
+                        .norm_linear_many(&x, &norm, 1e-6, &[(&wq, None), (&wk, None), (&wv, None)])
+                        .unwrap();
+                    out.swap_remove(i)
+                },
+            );
+        }
+        both(&g, &format!("norm_gated_linear, {n} rows"), tol, |d| {
+            let (wg, wu) = (bf16_weight(d, ff, h, 26), bf16_weight(d, ff, h, 27));
+            let norm = d.vector(splitmix(28, h)).unwrap();
+            let x = tensor(d, n, h, 29);
+            d.norm_gated_linear(&x, &norm, 1e-6, &wg, &wu, Activation::Silu)
+                .unwrap()
+        });
+        both(&g, &format!("linear_add, {n} rows"), tol, |d| {
+            let w = bf16_weight(d, h, ff, 30);
+            let mut acc = tensor(d, n, h, 31);
+            d.linear_add(&tensor(d, n, ff, 32), &w, None, &mut acc)
+                .unwrap();
+            acc
+        });
         both(&g, &format!("add_rms_norm, {n} rows"), 1e-5, |d| {
             let w = d.vector(splitmix(18, h)).unwrap();
             let mut x = tensor(d, n, h, 19);

@@ -19,10 +19,12 @@
 #define GEMV_THREADS 128
 #define GEMV_ROWS 4  // weight rows per block: each activation load serves all of them
 
-// Sums each (row, batch) accumulator over the block and writes out[b][row0 + r].
+// Sums each (row, batch) accumulator over the block and writes out[b][row0 + r], times inv[b]
+// (1/rms of activation row b, in shared memory) when the norm was folded in, and added to what
+// out holds when `accumulate` is set (a residual add folded into the projection).
 template <int N>
 __device__ __forceinline__ void gemv_finish(float (&acc)[GEMV_ROWS][N], float* out, int rows,
-                                            int row0) {
+                                            int row0, const float* inv, int accumulate) {
     __shared__ float sh[GEMV_ROWS * N][GEMV_THREADS / 32];
     const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
 #pragma unroll
@@ -39,8 +41,35 @@ __device__ __forceinline__ void gemv_finish(float (&acc)[GEMV_ROWS][N], float* o
         float s = 0.f;
 #pragma unroll
         for (int i = 0; i < GEMV_THREADS / 32; i++) s += sh[threadIdx.x][i];
-        if (row0 + r < rows) out[(i64)b * rows + row0 + r] = s;
+        if (inv) s *= inv[b];
+        if (row0 + r < rows) {
+            float* o = out + (i64)b * rows + row0 + r;
+            *o = accumulate ? *o + s : s;
+        }
     }
+}
+
+// 1/rms of each activation row, as rms_norm computes it (1/sqrt(sum x^2 / d + eps)), from the
+// threads' partial sums of squares (the block's threads cover every column), into inv[N] in
+// shared memory for every thread.
+template <int N>
+__device__ __forceinline__ void gemv_inv_rms(const float (&ss)[N], int cols, float eps,
+                                             float* inv) {
+    __shared__ float sh[N][GEMV_THREADS / 32];
+    const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+#pragma unroll
+    for (int b = 0; b < N; b++) {
+        const float v = warp_sum(ss[b]);
+        if (l == 0) sh[b][w] = v;
+    }
+    __syncthreads();
+    if (threadIdx.x < N) {
+        float s = 0.f;
+#pragma unroll
+        for (int i = 0; i < GEMV_THREADS / 32; i++) s += sh[threadIdx.x][i];
+        inv[threadIdx.x] = 1.0f / sqrtf(s / (float)cols + eps);
+    }
+    __syncthreads();
 }
 
 #define GEMV_ZERO(acc)                                                                         \
@@ -48,10 +77,14 @@ __device__ __forceinline__ void gemv_finish(float (&acc)[GEMV_ROWS][N], float* o
     _Pragma("unroll") for (int r = 0; r < GEMV_ROWS; r++)                                      \
         _Pragma("unroll") for (int b = 0; b < N; b++) acc[r][b] = 0.f;
 
-// Accumulates GEMV_ROWS rows of a 16-bit matrix from row0 against N activation rows.
-template <int N, bool BF16>
-__device__ __forceinline__ void gemv_half_acc(const u16* W, const float* x, int rows, int cols,
-                                              int row0, float (&acc)[GEMV_ROWS][N]) {
+// Accumulates GEMV_ROWS rows of a 16-bit matrix from row0 against N activation rows. With a
+// norm weight `nw` (NORM > 0) x is RMSNorm's input: the products take x * nw, so the caller's
+// inv * acc is W . (x * inv * nw), the normalized row's product (up to rounding order), and with
+// NORM == 2 ss[b] gathers this thread's share of sum x^2 for inv.
+template <int N, bool BF16, int NORM>
+__device__ __forceinline__ void gemv_half_acc(const u16* W, const float* x, const float* nw,
+                                              int rows, int cols, int row0,
+                                              float (&acc)[GEMV_ROWS][N], float (&ss)[N]) {
     for (int u = threadIdx.x; u < cols / 8; u += GEMV_THREADS) {
         float w[GEMV_ROWS][8];
 #pragma unroll
@@ -69,10 +102,22 @@ __device__ __forceinline__ void gemv_half_acc(const u16* W, const float* x, int 
                 }
             }
         }
+        float4 ga = make_float4(1.f, 1.f, 1.f, 1.f), gc = ga;
+        if (NORM) {
+            ga = ((const float4*)(nw + 8 * u))[0];
+            gc = ((const float4*)(nw + 8 * u))[1];
+        }
 #pragma unroll
         for (int b = 0; b < N; b++) {
             const float4* xv = (const float4*)(x + (i64)b * cols + 8 * u);
-            const float4 a = xv[0], c = xv[1];
+            float4 a = xv[0], c = xv[1];
+            if (NORM == 2)
+                ss[b] += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w + c.x * c.x + c.y * c.y +
+                         c.z * c.z + c.w * c.w;
+            if (NORM) {
+                a = make_float4(a.x * ga.x, a.y * ga.y, a.z * ga.z, a.w * ga.w);
+                c = make_float4(c.x * gc.x, c.y * gc.y, c.z * gc.z, c.w * gc.w);
+            }
 #pragma unroll
             for (int r = 0; r < GEMV_ROWS; r++)
                 acc[r][b] += w[r][0] * a.x + w[r][1] * a.y + w[r][2] * a.z + w[r][3] * a.w +
@@ -81,32 +126,46 @@ __device__ __forceinline__ void gemv_half_acc(const u16* W, const float* x, int 
     }
 }
 
-template <int N, bool BF16>
-__device__ void gemv_half_rows(const u16* W, const float* x, float* out, int rows, int cols,
-                               int row0) {
+// GEMV_ROWS rows of out from row0: out = x . W^T, or with NORM rms_norm(x, nw, eps) . W^T;
+// added to out when `accumulate` is set.
+template <int N, bool BF16, bool NORM>
+__device__ void gemv_half_rows(const u16* W, const float* x, const float* nw, float eps,
+                               float* out, int rows, int cols, int row0, int accumulate) {
     GEMV_ZERO(acc)
-    gemv_half_acc<N, BF16>(W, x, rows, cols, row0, acc);
-    gemv_finish<N>(acc, out, rows, row0);
+    float ss[N] = {};
+    if (NORM) {
+        __shared__ float inv[N];
+        gemv_half_acc<N, BF16, 2>(W, x, nw, rows, cols, row0, acc, ss);
+        gemv_inv_rms<N>(ss, cols, eps, inv);
+        gemv_finish<N>(acc, out, rows, row0, inv, accumulate);
+    } else {
+        gemv_half_acc<N, BF16, 0>(W, x, nw, rows, cols, row0, acc, ss);
+        gemv_finish<N>(acc, out, rows, row0, nullptr, accumulate);
+    }
 }
 
 template <int N, bool BF16>
-__device__ void gemv_half(const u16* W, const float* x, float* out, int rows, int cols) {
-    gemv_half_rows<N, BF16>(W, x, out, rows, cols, blockIdx.x * GEMV_ROWS);
+__device__ void gemv_half(const u16* W, const float* x, float* out, int rows, int cols,
+                          int accumulate) {
+    gemv_half_rows<N, BF16, false>(W, x, nullptr, 0.f, out, rows, cols, blockIdx.x * GEMV_ROWS,
+                                   accumulate);
 }
 
 // Up to three 16-bit matrices against the same activations in one launch (Q, K and V): the
-// first ceil(r0/4) blocks serve W0, the next ceil(r1/4) W1, the rest W2.
-template <int N, bool BF16>
+// first ceil(r0/4) blocks serve W0, the next ceil(r1/4) W1, the rest W2. With NORM, of
+// rms_norm(x, nw, eps) (each block sums the squares of x itself).
+template <int N, bool BF16, bool NORM>
 __device__ void gemv3_half(const u16* W0, const u16* W1, const u16* W2, const float* x,
-                           float* o0, float* o1, float* o2, int r0, int r1, int r2, int cols) {
+                           const float* nw, float eps, float* o0, float* o1, float* o2, int r0,
+                           int r1, int r2, int cols) {
     const int b0 = (r0 + GEMV_ROWS - 1) / GEMV_ROWS, b1 = (r1 + GEMV_ROWS - 1) / GEMV_ROWS;
     int b = blockIdx.x;
     if (b < b0) {
-        gemv_half_rows<N, BF16>(W0, x, o0, r0, cols, b * GEMV_ROWS);
+        gemv_half_rows<N, BF16, NORM>(W0, x, nw, eps, o0, r0, cols, b * GEMV_ROWS, 0);
     } else if ((b -= b0) < b1) {
-        gemv_half_rows<N, BF16>(W1, x, o1, r1, cols, b * GEMV_ROWS);
+        gemv_half_rows<N, BF16, NORM>(W1, x, nw, eps, o1, r1, cols, b * GEMV_ROWS, 0);
     } else {
-        gemv_half_rows<N, BF16>(W2, x, o2, r2, cols, (b - b1) * GEMV_ROWS);
+        gemv_half_rows<N, BF16, NORM>(W2, x, nw, eps, o2, r2, cols, (b - b1) * GEMV_ROWS, 0);
     }
 }
 
@@ -147,43 +206,67 @@ __device__ __forceinline__ float gemv_gelu_tanh(float x) {
 }
 
 // out[b][row] = act(gate row . x[b]) * (up row . x[b]): the gated MLP's first half in one
-// launch, with the same sums and activation as gemv + gated_act (act 0 = SiLU, 1 = GELU tanh).
-template <int N, bool BF16>
-__device__ void gemv_gated_half(const u16* G, const u16* U, const float* x, float* out, int rows,
-                                int cols, int act) {
+// launch, with the same sums and activation as gemv + gated_act (act 0 = SiLU, 1 = GELU tanh);
+// with NORM, of rms_norm(x, nw, eps) as gemv_half_rows.
+template <int N, bool BF16, bool NORM>
+__device__ void gemv_gated_half(const u16* G, const u16* U, const float* x, const float* nw,
+                                float eps, float* out, int rows, int cols, int act) {
     const int row0 = blockIdx.x * GEMV_ROWS;
+    __shared__ float inv[N];
     GEMV_ZERO(ag)
     GEMV_ZERO(au)
-    gemv_half_acc<N, BF16>(G, x, rows, cols, row0, ag);
-    gemv_half_acc<N, BF16>(U, x, rows, cols, row0, au);
-    const float g = gemv_reduce<N>(ag);
-    const float u = gemv_reduce<N>(au);
+    float ss[N] = {};
+    if (NORM) {
+        gemv_half_acc<N, BF16, 2>(G, x, nw, rows, cols, row0, ag, ss);
+        gemv_half_acc<N, BF16, 1>(U, x, nw, rows, cols, row0, au, ss);
+        gemv_inv_rms<N>(ss, cols, eps, inv);
+    } else {
+        gemv_half_acc<N, BF16, 0>(G, x, nw, rows, cols, row0, ag, ss);
+        gemv_half_acc<N, BF16, 0>(U, x, nw, rows, cols, row0, au, ss);
+    }
+    float g = gemv_reduce<N>(ag);
+    float u = gemv_reduce<N>(au);
     if (threadIdx.x < GEMV_ROWS * N) {
         const int r = threadIdx.x / N, b = threadIdx.x % N;
+        if (NORM) {
+            g *= inv[b];
+            u *= inv[b];
+        }
         if (row0 + r < rows)
             out[(i64)b * rows + row0 + r] = (act == 0 ? gemv_silu(g) : gemv_gelu_tanh(g)) * u;
     }
 }
 
 #define GEMV_H(NAME, BF, N)                                                                    \
-    extern "C" __global__ void __launch_bounds__(GEMV_THREADS)                                 \
-        gemv_##NAME##_##N(const u16* W, const float* x, float* out, int rows, int cols) { pdl_begin();      \
-        gemv_half<N, BF>(W, x, out, rows, cols);                                               \
+    extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_##NAME##_##N(              \
+        const u16* W, const float* x, float* out, int rows, int cols, int accumulate) {        \
+        pdl_begin();                                                                           \
+        gemv_half<N, BF>(W, x, out, rows, cols, accumulate);                                   \
     }
-#define GEMV_3(NAME, BF, N)                                                                    \
-    extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv3_##NAME##_##N(             \
-        const u16* W0, const u16* W1, const u16* W2, const float* x, float* o0, float* o1,     \
-        float* o2, int r0, int r1, int r2, int cols) { pdl_begin();                                         \
-        gemv3_half<N, BF>(W0, W1, W2, x, o0, o1, o2, r0, r1, r2, cols);                        \
+// gemv3_*: Q/K/V; gemv3n_*: the same of rms_norm(x, nw, eps) (nw and eps unused in gemv3_*).
+#define GEMV_3(NAME, BF, N, KNAME, NORM)                                                       \
+    extern "C" __global__ void __launch_bounds__(GEMV_THREADS) KNAME##_##NAME##_##N(           \
+        const u16* W0, const u16* W1, const u16* W2, const float* x, const float* nw,          \
+        float eps, float* o0, float* o1, float* o2, int r0, int r1, int r2, int cols) {        \
+        pdl_begin();                                                                           \
+        gemv3_half<N, BF, NORM>(W0, W1, W2, x, nw, eps, o0, o1, o2, r0, r1, r2, cols);         \
     }
-#define GEMV_G(NAME, BF, N)                                                                    \
-    extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemvg_##NAME##_##N(             \
-        const u16* G, const u16* U, const float* x, float* out, int rows, int cols, int act) { pdl_begin(); \
-        gemv_gated_half<N, BF>(G, U, x, out, rows, cols, act);                                 \
+// gemvg_*: gate + up; gemvgn_*: the same of rms_norm(x, nw, eps).
+#define GEMV_G(NAME, BF, N, KNAME, NORM)                                                       \
+    extern "C" __global__ void __launch_bounds__(GEMV_THREADS) KNAME##_##NAME##_##N(           \
+        const u16* G, const u16* U, const float* x, const float* nw, float eps, float* out,    \
+        int rows, int cols, int act) {                                                         \
+        pdl_begin();                                                                           \
+        gemv_gated_half<N, BF, NORM>(G, U, x, nw, eps, out, rows, cols, act);                  \
     }
 #define GEMV_ALL(N)                                                                            \
-    GEMV_H(bf16, true, N) GEMV_H(f16, false, N) GEMV_3(bf16, true, N) GEMV_3(f16, false, N) \
-    GEMV_G(bf16, true, N) GEMV_G(f16, false, N)
+    GEMV_H(bf16, true, N) GEMV_H(f16, false, N)                                                \
+    GEMV_3(bf16, true, N, gemv3, false) GEMV_3(f16, false, N, gemv3, false)                    \
+    GEMV_G(bf16, true, N, gemvg, false) GEMV_G(f16, false, N, gemvg, false)
+// The norm folded in at one activation row only (cuda/matmul.rs NORM_FOLD_MAX_ROWS): at 8 rows
+// the extra products made the step slower than a separate norm launch.
+GEMV_3(bf16, true, 1, gemv3n, true) GEMV_3(f16, false, 1, gemv3n, true)
+GEMV_G(bf16, true, 1, gemvgn, true) GEMV_G(f16, false, 1, gemvgn, true)
 
 GEMV_ALL(1)
 GEMV_ALL(2)
@@ -223,13 +306,9 @@ __device__ __forceinline__ int dot16(int4 x, int w0, int w1, int w2, int w3) {
     return dp4a(x.w, w3, dp4a(x.z, w2, dp4a(x.y, w1, dp4a(x.x, w0, 0))));
 }
 
-// Quantizes x (rows of `cols`, a multiple of 32) to int8 blocks of 32: one warp per block.
-extern "C" __global__ void quantize_x_q8(const float* x, signed char* xq, float* xd, float* xs,
-                                         i64 nblocks) { pdl_begin();
-    const i64 blk = (blockIdx.x * (i64)blockDim.x + threadIdx.x) >> 5;
-    const int lane = threadIdx.x & 31;
-    if (blk >= nblocks) return;  // whole warps: the grid is a multiple of 32 threads
-    const float v = x[blk * 32 + lane];
+// Lane `lane`'s value v of 32-block `blk` to int8 (one warp per block, every lane present).
+__device__ __forceinline__ void q8_block(float v, i64 blk, int lane, signed char* xq, float* xd,
+                                         float* xs) {
     const float amax = warp_max(fabsf(v));
     const float id = amax > 0.f ? __fdiv_rn(127.0f, amax) : 0.f;
     const int q = __float2int_rn(__fmul_rn(v, id));
@@ -239,6 +318,35 @@ extern "C" __global__ void quantize_x_q8(const float* x, signed char* xq, float*
         const float d = __fdiv_rn(amax, 127.0f);
         xd[blk] = d;
         xs[blk] = __fmul_rn(d, sum);
+    }
+}
+
+// Quantizes x (rows of `cols`, a multiple of 32) to int8 blocks of 32: one warp per block.
+extern "C" __global__ void quantize_x_q8(const float* x, signed char* xq, float* xd, float* xs,
+                                         i64 nblocks) {
+    pdl_begin();
+    const i64 blk = (blockIdx.x * (i64)blockDim.x + threadIdx.x) >> 5;
+    const int lane = threadIdx.x & 31;
+    if (blk >= nblocks) return;  // whole warps: the grid is a multiple of 32 threads
+    q8_block(x[blk * 32 + lane], blk, lane, xq, xd, xs);
+}
+
+// quantize_x_q8 of rms_norm(x, nw, eps), one block per row: the block sums the row's squares,
+// then its warps quantize the row's 32-blocks of x * (inv * nw), the value rms_norm stores.
+extern "C" __global__ void norm_quantize_x_q8(const float* x, const float* nw, float eps,
+                                              signed char* xq, float* xd, float* xs, int cols) {
+    pdl_begin();
+    __shared__ float sh[32];
+    const float* xr = x + (i64)blockIdx.x * cols;
+    float ss = 0.f;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) ss += xr[c] * xr[c];
+    ss = block_sum(ss, sh);
+    const float inv = 1.0f / sqrtf(ss / (float)cols + eps);
+    const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+    const i64 blk0 = (i64)blockIdx.x * (cols / 32);
+    for (int k = threadIdx.x >> 5; k < cols / 32; k += warps) {
+        const int c = 32 * k + lane;
+        q8_block(xr[c] * (inv * nw[c]), blk0 + k, lane, xq, xd, xs);
     }
 }
 
@@ -469,12 +577,16 @@ __device__ __forceinline__ float gemv8_reduce(float (&acc)[R][N], const Q8Group&
     return group_reduce<N, R>(acc, g.tig, g.gw, g.w0);
 }
 
-// Thread r * N + b of each group writes out[b][row0 + r].
+// Thread r * N + b of each group writes out[b][row0 + r] (adds to it with `accumulate`).
 template <int N, int R>
-__device__ __forceinline__ void gemv8_store(float v, float* out, int rows, const Q8Group& g) {
+__device__ __forceinline__ void gemv8_store(float v, float* out, int rows, const Q8Group& g,
+                                            int accumulate) {
     if (g.tig < R * N) {
         const int r = g.tig / N, b = g.tig % N;
-        if (g.row0 + r < rows) out[(i64)b * rows + g.row0 + r] = v;
+        if (g.row0 + r < rows) {
+            float* o = out + (i64)b * rows + g.row0 + r;
+            *o = accumulate ? *o + v : v;
+        }
     }
 }
 
@@ -509,6 +621,7 @@ struct Q8Mats {
     const u8 *w0, *w1, *w2;
     float *o0, *o1, *o2;
     int t0, t1, t2, r0, r1, r2;
+    int accumulate;  // out_i += x . W_i^T (a residual add folded in)
 };
 
 // The matrix block `blk` serves; `blk` becomes the block's index within that matrix's blocks.
@@ -545,7 +658,7 @@ __device__ __forceinline__ Q8Pick q8_pick(const Q8Mats& m, int rows_per_block, i
         pdl_begin();                                                                           \
         float acc[R][N] = {};                                                                  \
         acc8<N, R>(p.type, p.w, xq, xd, xs, p.rows, cols, g, acc);                             \
-        gemv8_store<N, R>(gemv8_reduce<N, R>(acc, g), p.out, p.rows, g);                       \
+        gemv8_store<N, R>(gemv8_reduce<N, R>(acc, g), p.out, p.rows, g, m.accumulate);                       \
     }
 // out[b][row] = act(gate row . x[b]) * (up row . x[b]) for gate and up of one type, with the
 // sums of a gemv8 launch (act 0 = SiLU, 1 = GELU tanh).
@@ -565,7 +678,7 @@ __device__ __forceinline__ Q8Pick q8_pick(const Q8Mats& m, int rows_per_block, i
         acc8<N, R>(type, U, xq, xd, xs, rows, cols, g, au);                                    \
         const float sg = gemv8_reduce<N, R>(ag, g);                                            \
         const float su = gemv8_reduce<N, R>(au, g);                                            \
-        gemv8_store<N, R>((act == 0 ? gemv_silu(sg) : gemv_gelu_tanh(sg)) * su, out, rows, g); \
+        gemv8_store<N, R>((act == 0 ? gemv_silu(sg) : gemv_gelu_tanh(sg)) * su, out, rows, g, 0); \
     }
 // Four rows per thread group (gemv8_N, gemv8g_N), and one (gemv8r1_N, gemv8gr1_N: more warps
 // for small matrices).

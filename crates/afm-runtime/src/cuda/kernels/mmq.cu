@@ -85,6 +85,7 @@ struct MmqMats {
     const u8 *w0, *w1, *w2;
     float *o0, *o1, *o2;
     int t0, t1, t2, r0, r1, r2;
+    int accumulate;  // out_i += x . W_i^T (a residual add folded in; not with gate+up)
 };
 
 // A thread's place: lane parts g and t, its warp, and its block's two 16-row weight tiles
@@ -365,11 +366,11 @@ __device__ __forceinline__ float mmq_act(float x, int act) {
 // Sums the warps' partial tiles in a fixed order and stores them. With 8 warps, warps 4..7 first
 // hand theirs to warps 0..3 (w + 4 to w). Then warp w (< 4) finishes accumulator element w of
 // every (mt, nt), summing warps 0..3 in order (element e: row g + 8 (e >> 1), activation row
-// 2t + (e & 1)), and writes it, or for gate+up (act >= 0) act(gate) * up from the two tiles.
-// 32 KB of shared memory at MT * NT = 16.
+// 2t + (e & 1)), and writes it (adds it to out with `accumulate`), or for gate+up (act >= 0)
+// act(gate) * up from the two tiles. 32 KB of shared memory at MT * NT = 16.
 template <int NT, int WARPS>
 __device__ __forceinline__ void mmq_store(float (&acc)[2][NT][4], float* out, int rows, int n,
-                                          int act, const MmqLane& l) {
+                                          int act, int accumulate, const MmqLane& l) {
     static_assert(WARPS == 4 || WARPS == 8, "4 or 8 warps");
     __shared__ float red[4][2 * NT * 4][32];
     const int lane = threadIdx.x & 31;
@@ -424,7 +425,10 @@ __device__ __forceinline__ void mmq_store(float (&acc)[2][NT][4], float* out, in
 #pragma unroll
             for (int mt = 0; mt < 2; mt++) {
                 const int row = l.row0[mt] + l.g + 8 * (e >> 1);
-                if (row < rows) out[(i64)col * rows + row] = v[mt];
+                if (row < rows) {
+                    float* o = out + (i64)col * rows + row;
+                    *o = accumulate ? *o + v[mt] : v[mt];
+                }
             }
         }
     }
@@ -448,7 +452,7 @@ __device__ __forceinline__ void mmq(const MmqMats& m, const signed char* xq, con
     if (type == MMQ_Q4_K) mmq_q4_k<2, NT, WARPS>(xq, ds, rows, cols, np, l, acc);
     else if (type == MMQ_Q6_K) mmq_q6_k<2, NT, WARPS>(xq, ds, rows, cols, np, l, acc);
     else mmq_q8_0<2, NT, WARPS>(xq, ds, rows, cols, np, l, acc);
-    mmq_store<NT, WARPS>(acc, l.out, rows, n, act, l);
+    mmq_store<NT, WARPS>(acc, l.out, rows, n, act, m.accumulate, l);
 }
 
 // mmq_w<WARPS>_<NT>: activation rows 8 (NT - 1) + 1 ..= 8 NT, two 16-row weight tiles per block

@@ -1,0 +1,167 @@
+#![cfg(feature = "cuda")]
+//! The RMSNorm and the residual add folded into the decode matmuls (`matmul_many_norm`,
+//! `matmul_gated_norm`, `matmul_add`) against the CPU: the normalized products within 1e-5 of
+//! `ops::rms_norm` then the exact product for 16-bit weights (f32 activations: only the
+//! rounding order differs), 1e-2 for quantized ones (int8 activations, as the CPU's own
+//! matmul rounds them; 2e-2 for act(gate) · up, a product of two rounded sums); the accumulating matmul equal to the plain one plus what the output
+//! held, on every path (GEMV, MMQ, cuBLAS, dequantize + cuBLAS). Outputs start poisoned or
+//! random, so an unwritten or overwritten element fails.
+//!
+//! Needs a CUDA device (`AFM_CUDA_DEVICE`, default 0). Run with `--test-threads=1`.
+
+mod common;
+
+use afm_runtime::cuda::{Activation, DeviceWeight, MatmulPath, RowNorm};
+use afm_runtime::ops;
+use afm_runtime::{DType, WeightMatrix};
+use common::int8::silu;
+use common::weights::random_weight;
+use common::{assert_close, ctx, poisoned, Rng};
+
+const TYPES: [DType; 5] = [DType::BF16, DType::F16, DType::Q8_0, DType::Q4K, DType::Q6K];
+const EPS: f32 = 1e-6;
+
+fn is_quant(t: DType) -> bool {
+    matches!(t, DType::Q8_0 | DType::Q4K | DType::Q6K)
+}
+
+/// Rows of `x` normalized by the CPU, with a norm weight away from 1 (so a missing or doubled
+/// weight shows) and activations of mixed scale per row (so a shared 1/rms shows).
+fn inputs(rng: &mut Rng, n: usize, cols: usize) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let mut x = rng.vec(n * cols, 1.0);
+    for (i, row) in x.chunks_exact_mut(cols).enumerate() {
+        row.iter_mut().for_each(|v| *v *= 0.5 + i as f32);
+    }
+    let g: Vec<f32> = (0..cols).map(|_| 0.5 + rng.unit()).collect();
+    let mut xn = vec![0f32; n * cols];
+    for (r, o) in x.chunks_exact(cols).zip(xn.chunks_exact_mut(cols)) {
+        ops::rms_norm_into(r, &g, EPS, o);
+    }
+    (x, g, xn)
+}
+
+fn reference(w: &WeightMatrix, x: &[f32], n: usize) -> Vec<f32> {
+    let mut y = vec![0f32; n * w.rows()];
+    w.matmul_reference(x, n, &mut y);
+    y
+}
+
+#[test]
+fn norm_folds_into_the_projections_up_to_the_gemv_batch() {
+    let mut c = ctx();
+    let mut rng = Rng(91);
+    for cols in [1024, 4096] {
+        for dtype in TYPES {
+            // Q, K and V shapes: rows that leave partial blocks of 4 and of a thread group.
+            let ws: Vec<WeightMatrix> = [70, 23, 41]
+                .iter()
+                .map(|&r| random_weight(&mut rng, dtype, r, cols))
+                .collect();
+            let dws: Vec<DeviceWeight> = ws
+                .iter()
+                .map(|w| DeviceWeight::upload(&c, w).unwrap())
+                .collect();
+            let refs: Vec<&DeviceWeight> = dws.iter().collect();
+            for n in [1, 3, 8, 13, 16, 17] {
+                let (x, g, xn) = inputs(&mut rng, n, cols);
+                let (xd, gd) = (c.upload(&x).unwrap(), c.upload(&g).unwrap());
+                let norm = RowNorm {
+                    w: gd.slice(..),
+                    eps: EPS,
+                };
+                let mut outs: Vec<_> = ws.iter().map(|w| poisoned(&c, n * w.rows())).collect();
+                let mut o: Vec<_> = outs.iter_mut().collect();
+                let folded = c.matmul_many_norm(&refs, &xd, norm, n, &mut o).unwrap();
+                // The 16-bit GEMV folds it in at one row, the int8 quantization up to 16 rows;
+                // past them the caller normalizes first.
+                let expect = n <= if is_quant(dtype) { 16 } else { 1 };
+                assert_eq!(folded, expect, "{dtype:?} n={n}: folded");
+                if !folded {
+                    continue;
+                }
+                let tol = if is_quant(dtype) { 1e-2 } else { 1e-5 };
+                for (w, out) in ws.iter().zip(&outs) {
+                    let what = format!("norm+matmul {dtype:?} {}x{cols} n={n}", w.rows());
+                    let got = c.download(out).unwrap();
+                    assert_close(&what, &got, &reference(w, &xn, n), tol);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn norm_folds_into_gate_and_up() {
+    let mut c = ctx();
+    let mut rng = Rng(92);
+    let (rows, cols) = (45, 2048);
+    for dtype in TYPES {
+        let (gw, uw) = (
+            random_weight(&mut rng, dtype, rows, cols),
+            random_weight(&mut rng, dtype, rows, cols),
+        );
+        let (gd, ud) = (
+            DeviceWeight::upload(&c, &gw).unwrap(),
+            DeviceWeight::upload(&c, &uw).unwrap(),
+        );
+        for n in [1, 5, 8, 16] {
+            let (x, g, xn) = inputs(&mut rng, n, cols);
+            let (xd, nd) = (c.upload(&x).unwrap(), c.upload(&g).unwrap());
+            let norm = RowNorm {
+                w: nd.slice(..),
+                eps: EPS,
+            };
+            let mut out = poisoned(&c, n * rows);
+            let folded = c
+                .matmul_gated_norm(&gd, &ud, Activation::Silu, &xd, norm, n, &mut out)
+                .unwrap();
+            assert_eq!(
+                folded,
+                n <= if is_quant(dtype) { 16 } else { 1 },
+                "{dtype:?} n={n}"
+            );
+            if !folded {
+                continue;
+            }
+            let (yg, yu) = (reference(&gw, &xn, n), reference(&uw, &xn, n));
+            let want: Vec<f32> = yg.iter().zip(&yu).map(|(&a, &b)| silu(a) * b).collect();
+            // Quantized: both factors carry the int8 rounding of the activations.
+            let tol = if is_quant(dtype) { 2e-2 } else { 1e-5 };
+            let what = format!("norm+gate/up {dtype:?} {rows}x{cols} n={n}");
+            assert_close(&what, &c.download(&out).unwrap(), &want, tol);
+        }
+    }
+}
+
+#[test]
+fn accumulating_matmul_adds_to_the_output_on_every_path() {
+    let mut c = ctx();
+    let mut rng = Rng(93);
+    let (rows, cols) = (70, 4096);
+    for dtype in [
+        DType::F32,
+        DType::BF16,
+        DType::F16,
+        DType::Q8_0,
+        DType::Q4K,
+        DType::Q6K,
+    ] {
+        let w = random_weight(&mut rng, dtype, rows, cols);
+        let dw = DeviceWeight::upload(&c, &w).unwrap();
+        // GEMV, int8 GEMV, MMQ / cuBLAS, dequantize + cuBLAS.
+        for n in [1, 8, 13, 40, 70] {
+            let x = rng.vec(n * cols, 1.0);
+            let xd = c.upload(&x).unwrap();
+            let mut plain = poisoned(&c, n * rows);
+            c.matmul_with(MatmulPath::Auto, &dw, &xd, n, &mut plain)
+                .unwrap();
+            let y = c.download(&plain).unwrap();
+            let r = rng.vec(n * rows, 1.0);
+            let mut acc = c.upload(&r).unwrap();
+            c.matmul_add(&dw, &xd, n, &mut acc).unwrap();
+            let want: Vec<f32> = r.iter().zip(&y).map(|(a, b)| a + b).collect();
+            let what = format!("matmul_add {dtype:?} {rows}x{cols} n={n}");
+            assert_close(&what, &c.download(&acc).unwrap(), &want, 1e-6);
+        }
+    }
+}
