@@ -3,7 +3,8 @@
 //! Qwen3-8B shapes (Q4_K, Q6_K, Q8_0, BF16; GB/s of weights read, as a fraction of the copy
 //! rate; quantized ones through the int8/dp4a kernels, with one and four weight rows per
 //! thread group, `int8r1`/`int8r4` (`int8`: the automatic choice)), the int8 tensor-core
-//! matmul (MMQ) against dequantize + cuBLAS and the int8 GEMV at 17..64 rows, Q/K/V and gate+up fused
+//! matmul (MMQ) against dequantize + cuBLAS and the int8 GEMV at 17..64 rows, the 16-bit one
+//! (MMH) against x → bf16 + cuBLAS at 16..64 rows, Q/K/V and gate+up fused
 //! and not, decode attention at 1k and 16k context with split-K on and off, the attention
 //! prologue fused and unfused, prefill attention (the tensor-core kernel against the SIMT one
 //! at Qwen3-0.6B's heads, 1k and 16k tokens) and sampling; `small`: issue #9's latency-bound
@@ -12,7 +13,7 @@
 //! Every timed buffer set is rotated over ≥ 512 MB so the 60 MB L2 cannot serve repeats; data is
 //! random; times are CUDA-event medians of 5 batches after warm-up.
 //! Run: `target/cuda/bin/cuda_bench [SECTION...]` (device `AFM_CUDA_DEVICE`, default 0); with
-//! section names (copy, gemv, mmq, fused_projections, prefill_matmul, decode_attention,
+//! section names (copy, gemv, mmq, mmh, fused_projections, prefill_matmul, decode_attention,
 //! prologue, prefill_mma, sampling, small) only those run (the copy ceiling always does).
 //!
 //! Measured 2026-11-29 on the H200 (copy ceiling 4251 GB/s), batch-1 GEMV as % of it (the
@@ -315,6 +316,217 @@ fn mmq(c: &mut CudaContext, copy_gbs: f64, out: &mut Vec<String>) -> R<()> {
             fused * 1e3,
             separate * 1e3,
             set_bytes as f64 / fused / 1e6
+        ));
+        println!("{}", out.last().expect("pushed"));
+    }
+    Ok(())
+}
+
+/// Issue #9's 16-bit matmul at 16, 32 and 64 rows (BF16, Qwen3-8B and -0.6B projections):
+/// MMH with its automatic shape against the cuBLAS path it replaces (x → bf16 conversion
+/// included), µs and GB/s of weights read, then every forced shape (4 or 8 warps per block,
+/// K split 1..16 ways) to check `mmh.rs`'s choice; then Q/K/V in one launch, gate+up fused and
+/// as a two-matrix launch plus the activation, and the O projection with the residual add
+/// folded in (`matmul_add`) against matmul + add. Weights rotate over ≥ 512 MB.
+fn mmh(c: &mut CudaContext, copy_gbs: f64, out: &mut Vec<String>) -> R<()> {
+    let mut rng = Rng(8);
+    let shapes = QWEN3_8B[..3]
+        .iter()
+        .chain(&[(1024, 4096)])
+        .chain(&QWEN3_06B)
+        .copied();
+    for (rows, cols) in shapes {
+        let w = random_weight(&mut rng, DType::BF16, rows, cols)?;
+        let (bytes, ws) = rotated_sets(c, &[&w])?;
+        for n in [16, 32, 64] {
+            let x: Vec<f32> = (0..n * cols).map(|_| rng.sym()).collect();
+            let xd = c.upload(&x)?;
+            let mut y: CudaSlice<f32> = c.alloc(n * rows)?;
+            let mut time = |c: &mut CudaContext, path| {
+                time_ms(c, 20, |c, i| {
+                    c.matmul_with(path, &ws[i % ws.len()][0], &xd, n, &mut y)
+                        .expect("matmul")
+                })
+            };
+            let auto = time(c, MatmulPath::Mmh)?;
+            let blas = time(c, MatmulPath::Gemm)?;
+            let MatmulPath::MmhWith {
+                warps: aw,
+                splits: asp,
+                fixup: afx,
+                prefetch: apf,
+            } = c.mmh_auto_path(&[rows], false, cols, n)
+            else {
+                unreachable!("mmh_auto_path returns MmhWith");
+            };
+            // The automatic shape with other prefetch distances and the other way of summing the
+            // splits, then every warps x splits (f: the last split sums in the kernel, r:
+            // mmh_reduce).
+            let mut sweep = Vec::new();
+            for prefetch in [0, 2, 8] {
+                let path = MatmulPath::MmhWith {
+                    warps: aw,
+                    splits: asp,
+                    fixup: afx,
+                    prefetch,
+                };
+                sweep.push(format!("pf{prefetch} {:.1}", time(c, path)? * 1e3));
+            }
+            let how = |fixup: bool| if fixup { "f" } else { "r" };
+            if asp > 1 {
+                let path = MatmulPath::MmhWith {
+                    warps: aw,
+                    splits: asp,
+                    fixup: !afx,
+                    prefetch: apf,
+                };
+                sweep.push(format!("{} {:.1}", how(!afx), time(c, path)? * 1e3));
+            }
+            for warps in [4, 8] {
+                for splits in [1, 2, 4, 8, 16].into_iter().filter(|&s| s <= cols / 64) {
+                    for fixup in [true, false].into_iter().filter(|&f| f || splits > 1) {
+                        let path = MatmulPath::MmhWith {
+                            warps,
+                            splits,
+                            fixup,
+                            prefetch: apf,
+                        };
+                        let ms = time(c, path)?;
+                        sweep.push(format!("w{warps}s{splits}{} {:.1}", how(fixup), ms * 1e3));
+                    }
+                }
+            }
+            let gbs = bytes as f64 / auto / 1e6;
+            out.push(format!(
+                "| BF16 {rows:5}x{cols:<5} | {n:2} | MMH w{aw}s{asp}{}pf{apf} {:6.2} us {gbs:5.0} GB/s {:5.1}% | cuBLAS {:6.2} us | {} |",
+                how(afx),
+                auto * 1e3,
+                100.0 * gbs / copy_gbs,
+                blas * 1e3,
+                sweep.join(", ")
+            ));
+            println!("{}", out.last().expect("pushed"));
+        }
+    }
+    // Q/K/V (one MMH launch vs three cuBLAS calls, each converting x) and gate+up (fused with
+    // SiLU; as one two-matrix launch + the activation; cuBLAS twice + the activation).
+    for (hidden, q, kv, ff) in [(4096, 4096, 1024, 12288), (1024, 2048, 1024, 3072)] {
+        let host: Vec<WeightMatrix> = [q, kv, kv, ff, ff]
+            .iter()
+            .map(|&r| random_weight(&mut rng, DType::BF16, r, hidden))
+            .collect::<R<_>>()?;
+        let (set_bytes, sets) = rotated_sets(c, &host.iter().collect::<Vec<_>>())?;
+        let qkv_bytes = (q + 2 * kv) * hidden * 2;
+        let copies = sets.len();
+        for n in [32, 64] {
+            let x: Vec<f32> = (0..n * hidden).map(|_| rng.sym()).collect();
+            let xd = c.upload(&x)?;
+            let mut ys: Vec<CudaSlice<f32>> = [q, kv, kv, ff, ff, ff]
+                .iter()
+                .map(|&r| c.alloc(n * r))
+                .collect::<Result<_, _>>()?;
+            let one = time_ms(c, 20, |c, i| {
+                let ws: Vec<&DeviceWeight> = sets[i % copies][..3].iter().collect();
+                let mut outs: Vec<&mut CudaSlice<f32>> = ys[..3].iter_mut().collect();
+                let done = c.matmul_many(&ws, &xd, n, &mut outs).expect("q+k+v");
+                assert!(done, "MMH Q/K/V applies (AFM_MMH=0 set?)");
+            })?;
+            let three = time_ms(c, 20, |c, i| {
+                for (w, y) in sets[i % copies][..3].iter().zip(ys.iter_mut()) {
+                    c.matmul_with(MatmulPath::Gemm, w, &xd, n, y)
+                        .expect("matmul");
+                }
+            })?;
+            out.push(format!(
+                "| q+k+v BF16 x {hidden} | {n:2} | MMH one launch {:7.2} us {:5.0} GB/s | cuBLAS x3 {:7.2} us |",
+                one * 1e3,
+                qkv_bytes as f64 / one / 1e6,
+                three * 1e3
+            ));
+            println!("{}", out.last().expect("pushed"));
+            let (gu, rest) = ys[3..].split_at_mut(2);
+            let (g, u) = gu.split_at_mut(1);
+            let act = &mut rest[0];
+            let fused = time_ms(c, 20, |c, i| {
+                let (wg, wu) = (&sets[i % copies][3], &sets[i % copies][4]);
+                c.matmul_gated_with(MatmulPath::Mmh, wg, wu, Activation::Silu, &xd, n, act)
+                    .expect("gated");
+            })?;
+            let two = time_ms(c, 20, |c, i| {
+                let (wg, wu) = (&sets[i % copies][3], &sets[i % copies][4]);
+                let done = c.matmul_many(&[wg, wu], &xd, n, &mut [&mut g[0], &mut u[0]]);
+                assert!(
+                    done.expect("gate+up"),
+                    "MMH gate+up applies (AFM_MMH=0 set?)"
+                );
+                c.gated_act(Activation::Silu, &g[0], &u[0], n, ff, ff, act)
+                    .expect("activation");
+            })?;
+            let blas = time_ms(c, 20, |c, i| {
+                let (wg, wu) = (&sets[i % copies][3], &sets[i % copies][4]);
+                c.matmul_with(MatmulPath::Gemm, wg, &xd, n, &mut g[0])
+                    .expect("gate");
+                c.matmul_with(MatmulPath::Gemm, wu, &xd, n, &mut u[0])
+                    .expect("up");
+                c.gated_act(Activation::Silu, &g[0], &u[0], n, ff, ff, act)
+                    .expect("activation");
+            })?;
+            // The fused launch at other shapes (the automatic one first in the line).
+            let mut sweep = vec![format!("{:?}", c.mmh_auto_path(&[ff], true, hidden, n))];
+            for (warps, splits) in [(4, 1), (8, 1), (4, 2), (8, 2), (8, 4)] {
+                let path = MatmulPath::MmhWith {
+                    warps,
+                    splits,
+                    fixup: splits <= 2,
+                    prefetch: 4,
+                };
+                let ms = time_ms(c, 20, |c, i| {
+                    let (wg, wu) = (&sets[i % copies][3], &sets[i % copies][4]);
+                    c.matmul_gated_with(path, wg, wu, Activation::Silu, &xd, n, act)
+                        .expect("gated");
+                })?;
+                sweep.push(format!("w{warps}s{splits} {:.1}", ms * 1e3));
+            }
+            out.push(format!(
+                "| gate+up BF16 {ff}x{hidden} | {n:2} | MMH fused {:7.2} us {:5.0} GB/s | MMH 2 + act {:7.2} us | cuBLAS x2 + act {:7.2} us | {} |",
+                fused * 1e3,
+                (set_bytes - qkv_bytes) as f64 / fused / 1e6,
+                two * 1e3,
+                blas * 1e3,
+                sweep.join(", ")
+            ));
+            println!("{}", out.last().expect("pushed"));
+        }
+    }
+    // The O projection with the residual add: one MMH launch with accumulate, against MMH +
+    // add and the cuBLAS path + add.
+    let (rows, cols) = (4096, 4096);
+    let w = random_weight(&mut rng, DType::BF16, rows, cols)?;
+    let (_, ws) = rotated_sets(c, &[&w])?;
+    for n in [32, 64] {
+        let xd = c.upload(&(0..n * cols).map(|_| rng.sym()).collect::<Vec<f32>>())?;
+        let mut h: CudaSlice<f32> = c.zeros(n * rows)?;
+        let mut y: CudaSlice<f32> = c.alloc(n * rows)?;
+        let folded = time_ms(c, 20, |c, i| {
+            c.matmul_into(MatmulPath::Mmh, &ws[i % ws.len()][0], &xd, n, &mut h, true)
+                .expect("matmul_add");
+        })?;
+        let mut with_add = |c: &mut CudaContext, path| {
+            time_ms(c, 20, |c, i| {
+                c.matmul_with(path, &ws[i % ws.len()][0], &xd, n, &mut y)
+                    .expect("matmul");
+                c.add_assign(&mut h, &y).expect("add");
+            })
+        };
+        let (mmh_add, blas_add) = (
+            with_add(c, MatmulPath::Mmh)?,
+            with_add(c, MatmulPath::Gemm)?,
+        );
+        out.push(format!(
+            "| o_proj + residual BF16 {rows}x{cols} | {n:2} | MMH accumulate {:7.2} us | MMH + add {:7.2} us | cuBLAS + add {:7.2} us |",
+            folded * 1e3,
+            mmh_add * 1e3,
+            blas_add * 1e3
         ));
         println!("{}", out.last().expect("pushed"));
     }
@@ -822,6 +1034,9 @@ fn main() -> R<()> {
     }
     if run("mmq") {
         mmq(&mut c, copy_gbs, &mut table)?;
+    }
+    if run("mmh") {
+        mmh(&mut c, copy_gbs, &mut table)?;
     }
     if run("fused_projections") {
         fused_projections(&mut c, &mut table)?;

@@ -285,7 +285,8 @@ fn matmul_matches_exact_reference() {
                     let tol = match (dtype, path) {
                         (DType::F32, _) => 1e-5,
                         (DType::BF16, MatmulPath::Gemm) => 2e-2,
-                        // Auto hands 16-bit weights to the bf16 GEMM past GEMV_MAX_BATCH rows.
+                        // Auto hands 16-bit weights to MMH (to 64 rows) or the bf16 GEMM past
+                        // GEMV_MAX_BATCH rows: both round activations to bf16.
                         (DType::BF16, MatmulPath::Auto) if n > 8 => 2e-2,
                         // The quantized GEMV rounds activations to int8 blocks (as the CPU
                         // matmul does): ~4e-3 here; tests/cuda_gemv_int8.rs checks it exactly.

@@ -22,10 +22,11 @@ use super::{CudaError, Result};
 const COMMON: &str = include_str!("kernels/common.cuh");
 
 /// The kernel modules: name and CUDA C source (each compiled with `common.cuh` in front).
-pub const KERNEL_MODULES: [(&str, &str); 6] = [
+pub const KERNEL_MODULES: [(&str, &str); 7] = [
     ("elementwise", include_str!("kernels/elementwise.cu")),
     ("gemv", include_str!("kernels/gemv.cu")),
     ("mmq", include_str!("kernels/mmq.cu")),
+    ("mmh", include_str!("kernels/mmh.cu")),
     ("attention", include_str!("kernels/attention.cu")),
     ("attention_mma", include_str!("kernels/attention_mma.cu")),
     ("sampling", include_str!("kernels/sampling.cu")),
@@ -53,6 +54,7 @@ fn kernel_names(module: &str) -> Vec<String> {
         }
         "gemv" => super::matmul::kernel_names(),
         "mmq" => super::mmq::kernel_names(),
+        "mmh" => super::mmh::kernel_names(),
         "attention" => {
             let mut v = fixed(&[
                 "kv_write_f32",
@@ -133,6 +135,9 @@ pub struct Workspace {
     pub attn: Option<CudaSlice<f32>>,
     /// Split-K arrival counters of paged attention, zero between launches (see attention.cu).
     pub attn_done: Option<CudaSlice<i32>>,
+    /// MMH's split-K partials and arrival counters (zero between launches; see mmh.cu).
+    pub mmh_part: Option<CudaSlice<f32>>,
+    pub mmh_done: Option<CudaSlice<i32>>,
     pub sample: Option<CudaSlice<f32>>,
 }
 
@@ -266,6 +271,8 @@ impl CudaContext {
             at(&w.half_x, st),
             at(&w.attn, st),
             at(&w.attn_done, st),
+            at(&w.mmh_part, st),
+            at(&w.mmh_done, st),
             at(&w.sample, st),
         ]
     }

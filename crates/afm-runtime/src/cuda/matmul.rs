@@ -4,7 +4,10 @@
 //! ```text
 //! F32                         any n     cuBLAS SGEMM (f32 throughout)
 //! BF16/F16    n ≤ 8           GEMV kernels, one launch, f32 activations
-//!             n > 8           x → bf16/f16 (once for Q/K/V, once for gate and up), cuBLAS
+//!             9 ≤ n ≤ 64      MMH: 16-bit tensor cores, x rounded to bf16/f16 in the kernel
+//!                             (`mmh.rs`; sm_80+, width a multiple of 64, `AFM_MMH=0` turns it
+//!                             off)
+//!             n > 64          x → bf16/f16 (once for Q/K/V, once for gate and up), cuBLAS
 //!                             GEMM with f32 accumulation and output
 //! Q8_0/Q4_K/Q6_K  n ≤ 16      x → int8 blocks of 32, GEMV kernels on the GGML blocks (dp4a),
 //!                             8 activation rows per launch
@@ -27,6 +30,7 @@ use cudarc::cublas::sys::{
 use cudarc::driver::{CudaSlice, CudaView, DevicePtr, DevicePtrMut, LaunchConfig};
 
 use super::context::scratch;
+use super::mmh::{mmh_shape, MMH_GATED_MAX_ROWS};
 use super::mmq::mmq_env_on;
 use super::ops::grid_1d;
 use super::{check_len, launch, CudaContext, CudaError, Result};
@@ -125,6 +129,19 @@ pub enum MatmulPath {
     /// As `Mmq`, with the blocks' warps forced to 4 or 8 rather than chosen by width: tests
     /// cover both kernel sets, and `cuda_bench` times both to check the choice.
     MmqWarps(usize),
+    /// The 16-bit tensor-core kernels (`mmh.rs`) at any batch size, regardless of `AFM_MMH`:
+    /// BF16/F16 weights whose width is a multiple of 64, on sm_80 and later (an error elsewhere).
+    Mmh,
+    /// As `Mmh`, with the launch shape forced rather than chosen by the weights' shape: warps
+    /// per block 4 or 8, K splits ≥ 1 (at most one per 64 columns are used), whether the last
+    /// split sums them in the kernel (`fixup`) or a second launch does (at most 16 splits), L2
+    /// prefetch distance in 64-column chunks (0: none). Tests and `cuda_bench`.
+    MmhWith {
+        warps: usize,
+        splits: usize,
+        fixup: bool,
+        prefetch: usize,
+    },
 }
 
 /// Whether the quantized GEMV prefetches its first weights into L2 before waiting on the
@@ -341,12 +358,23 @@ impl CudaContext {
             let acts = self.mmq_quantize(xp, n, w.cols)?;
             return self.mmq(&[w], &[op], acts, warps, accumulate);
         }
+        let mmh_shape = match path {
+            MatmulPath::Auto if self.mmh_auto(&[w], n, xp) => Some(None),
+            path => mmh_shape(path),
+        };
+        if let Some(shape) = mmh_shape {
+            return self.mmh(&[w], xp, n, &[op], shape, accumulate);
+        }
         // The 16-bit GEMV reads activations as float4.
         let gemv_ok = quant || (half && w.cols.is_multiple_of(8) && xp.is_multiple_of(16));
         let use_gemv = match path {
             MatmulPath::Auto => gemv_ok && n <= if quant { GEMV_MAX_ROWS } else { GEMV_MAX_BATCH },
             MatmulPath::Gemv | MatmulPath::GemvRows(_) => gemv_ok,
-            MatmulPath::Gemm | MatmulPath::Mmq | MatmulPath::MmqWarps(_) => false,
+            MatmulPath::Gemm
+            | MatmulPath::Mmq
+            | MatmulPath::MmqWarps(_)
+            | MatmulPath::Mmh
+            | MatmulPath::MmhWith { .. } => false,
         };
         if !use_gemv {
             self.gemm(w, xp, n, op, accumulate)
@@ -692,9 +720,9 @@ fn quant_shared_ok(ws: &[&DeviceWeight], n: usize) -> bool {
 
 impl CudaContext {
     /// Two or three projections of the same `n` rows (Q, K, V; gate and up): `outs[i] = x ·
-    /// wsᵢᵀ`, 16-bit weights in one GEMV launch (or past its batch sizes one conversion of x
-    /// and a cuBLAS GEMM each), quantized ones (types may differ) from one int8 quantization of
-    /// x and one GEMV or MMQ launch. `false` (nothing launched) when none applies (more rows
+    /// wsᵢᵀ`, 16-bit weights in one GEMV launch (from 9 to 64 rows one MMH launch, past that
+    /// one conversion of x and a cuBLAS GEMM each), quantized ones (types may differ) from one
+    /// int8 quantization of x and one GEMV or MMQ launch. `false` (nothing launched) when none applies (more rows
     /// than the GEMV and MMQ take, mixed 16-bit and quantized weights): the caller runs them
     /// one by one.
     pub fn matmul_many(
@@ -739,12 +767,13 @@ impl CudaContext {
         let same_quant = ws.iter().all(|w| is_quant(w.dtype) && w.cols == ws[0].cols);
         let mmq = same_quant && self.mmq_auto(n);
         let quant = quant_shared_ok(ws, n);
+        let mmh = self.mmh_auto(ws, n, xp);
         let half_gemm = half_gemm_ok(ws, n);
         let fused = fused_ok(ws, n, xp);
         let applies = if norm.is_some() {
             quant || (fused && n <= NORM_FOLD_MAX_ROWS)
         } else {
-            mmq || quant || half_gemm || fused
+            mmq || quant || mmh || half_gemm || fused
         };
         if !applies {
             return Ok(false);
@@ -762,6 +791,10 @@ impl CudaContext {
         if quant {
             let acts = self.quantize_q8(xp, n, ws[0].cols, norm)?;
             self.gemv_q8(ws, &ops, acts, n, None, false)?;
+            return Ok(true);
+        }
+        if norm.is_none() && mmh {
+            self.mmh(ws, xp, n, &ops, None, false)?;
             return Ok(true);
         }
         if norm.is_none() && half_gemm {
@@ -793,7 +826,8 @@ impl CudaContext {
     /// `out = act(x · gateᵀ) · (x · upᵀ)` in one GEMV launch (act 0 = SiLU, 1 = GELU tanh),
     /// for 16-bit or same-typed quantized weights (after one int8 quantization of x, in
     /// launches of at most `GEMV_MAX_BATCH` rows; from 17 to [`MMQ_GATED_MAX_ROWS`] rows one MMQ
-    /// launch); `false` (nothing launched) where the fused kernels do not apply.
+    /// launch; 16-bit ones from 9 to `MMH_GATED_MAX_ROWS` one MMH launch); `false` (nothing
+    /// launched) where the fused kernels do not apply.
     pub fn matmul_gated(
         &mut self,
         gate: &DeviceWeight,
@@ -843,8 +877,9 @@ impl CudaContext {
             && gate.cols == up.cols
             && n <= MMQ_GATED_MAX_ROWS
             && self.mmq_auto(n);
+        let mmh = norm.is_none() && n <= MMH_GATED_MAX_ROWS && self.mmh_auto(&[gate, up], n, xp);
         let fused = fused_ok(&[gate, up], n, xp) && (norm.is_none() || n <= NORM_FOLD_MAX_ROWS);
-        if gate.rows != up.rows || !(mmq || quant || fused) {
+        if gate.rows != up.rows || !(mmq || quant || mmh || fused) {
             return Ok(false);
         }
         check_len("matmul input", x.len(), n * gate.cols)?;
@@ -862,6 +897,10 @@ impl CudaContext {
         if mmq {
             let acts = self.mmq_quantize(xp, n, gate.cols)?;
             self.mmq_gated(gate, up, a, acts, op)?;
+            return Ok(true);
+        }
+        if mmh {
+            self.mmh_gated(gate, up, a, xp, n, op, None)?;
             return Ok(true);
         }
         if quant {

@@ -8,6 +8,8 @@
 //!   (cuBLAS) and Q8_0/Q4_K/Q6_K (own GEMV kernels reading GGML blocks; dequantize + cuBLAS
 //!   for large batches).
 //! - `mmq`: Q8_0/Q4_K/Q6_K times 17..64 activation rows on int8 tensor cores (`mma.sync`).
+//! - `mmh`: BF16/F16 times 9..64 activation rows on 16-bit tensor cores (`mma.sync`), with
+//!   Q/K/V, gate+up and `out +=` in one launch each.
 //! - `attention`: the paged KV cache on the device, the KV write, the attention prologue (head
 //!   norms, RoPE and the KV write in one launch) and paged attention (decode with a split over
 //!   the key range for long contexts, merged in the same launch, and prefill).
@@ -24,6 +26,7 @@ mod attention;
 mod attention_mma;
 mod context;
 mod matmul;
+mod mmh;
 mod mmq;
 mod ops;
 mod sampling;
@@ -34,6 +37,7 @@ pub(crate) use context::arch_for;
 pub use context::{compile_kernels, CudaContext, DeviceInfo, GpuTimer, Workspace, KERNEL_MODULES};
 pub use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, DevicePtr, DevicePtrMut};
 pub use matmul::{DeviceWeight, MatmulPath, RowNorm, GEMV_MAX_BATCH, MMQ_GATED_MAX_ROWS};
+pub use mmh::{MMH_GATED_MAX_ROWS, MMH_LAUNCH_ROWS, MMH_MAX_ROWS};
 pub use mmq::MMQ_LAUNCH_ROWS;
 pub use ops::{Activation, RopeTable};
 pub use sampling::{LogitAdjust, SampleParams};

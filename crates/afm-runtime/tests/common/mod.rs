@@ -1,4 +1,4 @@
-//! Set-up shared by the GPU test binaries (`cuda_ops`, `cuda_gemv_int8`, `cuda_mmq`,
+//! Set-up shared by the GPU test binaries (`cuda_ops`, `cuda_gemv_int8`, `cuda_mmq`, `cuda_mmh`, `cuda_fused`,
 //! `cuda_attention_mma`): the one device context per binary, reproducible random data, error
 //! measures and poisoned outputs here; random GGML weights and their CPU references in
 //! [`weights`]; the int8 matmul tests' activations and references in [`int8`]; attention

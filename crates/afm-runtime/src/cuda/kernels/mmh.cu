@@ -1,0 +1,445 @@
+// 16-bit weights times 1..64 activation rows on tensor cores (MMH): out[n][row] = x[n] . W[row]
+// for W bf16 or f16 [rows][cols] row-major (cols a multiple of 64), x f32 [n][cols] rounded to
+// the weights' type as it is staged (round to nearest even, as elementwise.cu's f32_to_bf16 /
+// f32_to_f16, which the cuBLAS path runs first), f32 accumulation. One launch replaces that
+// conversion plus one cuBLAS GEMM per matrix.
+//
+// mma.sync m16n8k16 (.bf16 or .f16, f32 accumulate). Fragment layout (PTX ISA, "Matrix Fragments
+// for mma.m16n8k16 with floating point type"; lane = 4g + t, g = lane >> 2, t = lane & 3; a
+// 32-bit register holds two 16-bit values, the lower k in the low half), as attention_mma.cu:
+//   A 16x16 (row-major)  a0: (row g, k 2t..2t+1)    a1: (row g+8, k 2t..2t+1)
+//                        a2: (row g, k 2t+8..2t+9)  a3: (row g+8, k 2t+8..2t+9)
+//   B 16x8 (k x n)       b0: (k 2t..2t+1, col g)    b1: (k 2t+8..2t+9, col g)
+//   C 16x8 f32           c0, c1: (row g, cols 2t, 2t+1)  c2, c3: (row g+8, cols 2t, 2t+1)
+// A dot product does not depend on the order of k, so A and B may take any one assignment of a
+// chunk's columns to the mma's k slots. A chunk of 64 columns is four mma (j = 0..3), and lane t
+// holds columns 8t..8t+7 and 32+8t..32+8t+7 of its rows: two 16-byte loads per row, each warp
+// instruction reading 64 contiguous bytes of 8 rows. mma j gives lane t's k slots 2t, 2t+1,
+// 2t+8, 2t+9 to the columns 32(j >> 1) + 8t + 4(j & 1) + 0..3, in A (weights) and B
+// (activations) alike, so the registers are the loaded words as they are:
+//   j = 0: a0 = row g .x, a2 = row g .y, a1/a3 = row g+8 .x/.y of the first load, b = .x, .y
+//   j = 1: the same with .z, .w;  j = 2, 3: the second load's .x/.y and .z/.w.
+//
+// Tiling. A block of W warps (4 or 8) owns 32W consecutive weight rows (warp w: two 16-row
+// tiles, rows 32w.. of the block), or for gate+up 16W rows of both (warp w: gate rows 16w.. and
+// the same up rows, so act(gate) * up is formed from its two tiles), and every activation row
+// (NT tiles of 8). blockIdx.y = s of `splits` takes chunks [s nch / splits, (s+1) nch / splits)
+// of the nch = cols / 64. Per chunk the block stages x's 8NT x 64 slice in shared memory as
+// 16-bit pairs (rows n..8NT zero) while each warp loads its weights straight from global memory
+// into A registers, one chunk ahead (and asks L2 for the chunk `pf` ahead): every weight byte
+// is read once per call; x is re-read by each block from L2.
+//
+//   xs: u32 [8 NT][48] per buffer, two buffers: row c's 64 columns as 32 pairs, then 16 words
+//       of padding (192-byte rows: a quarter warp's two rows land on different banks)
+//
+// Split-K (splits > 1): each block writes its C fragments, in fragment order, to `part`
+// ([block][split][2 NT][32 W] float4). Then either (fixup) it counts itself in done[block] and
+// the last of the block's splits to arrive sums the splits' partials in split order, writes the
+// output and sets done[block] back to 0 (no second launch, but one block reads all splits'
+// partials); or mmh_reduce, launched next, sums them in split order with every SM. Either way
+// the sum's order is fixed, so the result does not depend on scheduling.
+// accumulate != 0: out += result (the residual add of the O and down projections).
+
+#define MMH_XS_STRIDE 48
+#define MMH_CHUNK 64
+
+// Up to three matrices of one type and width against the same activations (Q, K, V): the first
+// ceil(r0 / rb) blocks serve W0, the next ceil(r1 / rb) W1, the rest W2 (rows 0 for absent ones;
+// rb = 32 W). For gate+up (act >= 0) w0 is the gate, w1 the up matrix (rows r0, output o0) and
+// rb = 16 W. Fields, not arrays: a kernel parameter indexed at run time would go to the stack.
+struct MmhMats {
+    const u16 *w0, *w1, *w2;
+    float *o0, *o1, *o2;
+    int r0, r1, r2;
+};
+
+// c += A . B on the tensor cores (registers as in the layout above). BF: bf16, else f16. Before
+// sm_80 there is no bf16 mma: cuda/mmh.rs never launches these kernels there.
+template <bool BF>
+__device__ __forceinline__ void mmh_mma(float (&c)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0,
+                                        u32 b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    if (BF) {
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+            "{%8,%9}, {%0,%1,%2,%3};"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    } else {
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+            "{%8,%9}, {%0,%1,%2,%3};"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    }
+#else
+    __trap();
+#endif
+}
+
+// Two activations as one register of 16-bit values (a in the low half), rounded as the cuBLAS
+// path's conversion kernels do.
+template <bool BF>
+__device__ __forceinline__ u32 mmh_pack(float a, float b) {
+    const u16 lo = BF ? f2bf(a) : f2h(a), hi = BF ? f2bf(b) : f2h(b);
+    return (u32)lo | ((u32)hi << 16);
+}
+
+__device__ __forceinline__ float mmh_act(float x, int act) {
+    if (act == 0) return x / (1.0f + expf(-x));  // SiLU, as gemv.cu's gemv_silu
+    const float C = 0.7978846f;                  // GELU tanh: sqrt(2/pi), as gemv_gelu_tanh
+    return 0.5f * x * (1.0f + tanhf(C * (x + 0.044715f * x * x * x)));
+}
+
+// A warp's place: its two 16-row tiles (matrix and first row), the block's matrix and output.
+struct MmhWarp {
+    const u16* w[2];
+    int row0[2];
+    int rows;
+    float* out;
+    bool active;  // the warp has rows (a block's last warps may not)
+};
+
+// Warp `warp` of row block b in a launch of W warps per block.
+__device__ __forceinline__ MmhWarp mmh_warp(const MmhMats& m, int act, int b, int warp, int W) {
+    MmhWarp l;
+    if (act >= 0) {
+        const int rb = 16 * W;
+        l.w[0] = m.w0;
+        l.w[1] = m.w1;
+        l.row0[0] = l.row0[1] = b * rb + 16 * warp;
+        l.rows = m.r0;
+        l.out = m.o0;
+    } else {
+        const int rb = 32 * W, nb0 = (m.r0 + rb - 1) / rb, nb1 = (m.r1 + rb - 1) / rb;
+        const u16* w = m.w0;
+        l.out = m.o0;
+        l.rows = m.r0;
+        if (b >= nb0 + nb1) {
+            b -= nb0 + nb1;
+            w = m.w2;
+            l.out = m.o2;
+            l.rows = m.r2;
+        } else if (b >= nb0) {
+            b -= nb0;
+            w = m.w1;
+            l.out = m.o1;
+            l.rows = m.r1;
+        }
+        l.w[0] = l.w[1] = w;
+        l.row0[0] = b * rb + 32 * warp;
+        l.row0[1] = l.row0[0] + 16;
+    }
+    l.active = l.row0[0] < l.rows;
+    return l;
+}
+
+// Float4s of x per thread per chunk: 8 NT rows x 16.
+template <int NT, int W>
+struct MmhX {
+    static constexpr int PER = (NT * 128 + 32 * W - 1) / (32 * W);
+};
+
+// This thread's share of x's chunk `c` (rows >= n zero), loaded now, stored later.
+template <int NT, int W>
+__device__ __forceinline__ void mmh_load_x(const float* x, int cols, int n, int c,
+                                           float4 (&xr)[MmhX<NT, W>::PER]) {
+#pragma unroll
+    for (int i = 0; i < MmhX<NT, W>::PER; i++) {
+        const int idx = threadIdx.x + 32 * W * i, row = idx >> 4, c4 = idx & 15;
+        xr[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (idx < NT * 128 && row < n)
+            xr[i] = *(const float4*)(x + (i64)row * cols + MMH_CHUNK * c + 4 * c4);
+    }
+}
+
+template <bool BF, int NT, int W>
+__device__ __forceinline__ void mmh_store_x(u32 (*xs)[MMH_XS_STRIDE],
+                                            const float4 (&xr)[MmhX<NT, W>::PER]) {
+#pragma unroll
+    for (int i = 0; i < MmhX<NT, W>::PER; i++) {
+        const int idx = threadIdx.x + 32 * W * i, row = idx >> 4, c4 = idx & 15;
+        if (idx < NT * 128)
+            *(uint2*)&xs[row][2 * c4] =
+                make_uint2(mmh_pack<BF>(xr[i].x, xr[i].y), mmh_pack<BF>(xr[i].z, xr[i].w));
+    }
+}
+
+// The warp's weights of chunk c: wv[mt][h][q] = row row0[mt] + 8h + g, columns 64c + 32q + 8t..+7
+// (rows past the matrix read its last row; their outputs are not stored).
+__device__ __forceinline__ void mmh_load_w(const u16* const (&wp)[2][2], int c,
+                                           uint4 (&wv)[2][2][2]) {
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+#pragma unroll
+            for (int q = 0; q < 2; q++)
+                wv[mt][h][q] = *(const uint4*)(wp[mt][h] + MMH_CHUNK * c + 32 * q);
+}
+
+__device__ __forceinline__ void mmh_prefetch(const u16* p) {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
+
+// One chunk: 4 mma per (weight tile, activation tile), B from the staged activations.
+template <bool BF, int NT>
+__device__ __forceinline__ void mmh_chunk(const u32 (*xs)[MMH_XS_STRIDE],
+                                          const uint4 (&wv)[2][2][2], int g, int t,
+                                          float (&acc)[2][NT][4]) {
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) {
+        const uint4 b0 = *(const uint4*)&xs[8 * nt + g][4 * t];
+        const uint4 b1 = *(const uint4*)&xs[8 * nt + g][16 + 4 * t];
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++) {
+            const uint4 *r = wv[mt][0], *s = wv[mt][1];  // rows g and g + 8
+            mmh_mma<BF>(acc[mt][nt], r[0].x, s[0].x, r[0].y, s[0].y, b0.x, b0.y);
+            mmh_mma<BF>(acc[mt][nt], r[0].z, s[0].z, r[0].w, s[0].w, b0.z, b0.w);
+            mmh_mma<BF>(acc[mt][nt], r[1].x, s[1].x, r[1].y, s[1].y, b1.x, b1.y);
+            mmh_mma<BF>(acc[mt][nt], r[1].z, s[1].z, r[1].w, s[1].w, b1.z, b1.w);
+        }
+    }
+}
+
+// Writes a lane's results of activation tile nt (element e of weight tile mt: row row0[mt] + g +
+// 8 (e >> 1), activation row 8 nt + 2t + (e & 1)), or for gate+up act(gate) * up; accumulate:
+// added to the output.
+__device__ __forceinline__ void mmh_store_tile(const float (&v)[2][4], const MmhWarp& l, int g,
+                                               int t, int nt, int n, int act, int accumulate) {
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        const int col = 8 * nt + 2 * t + (e & 1);
+        if (col >= n) continue;
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++) {
+            if (act >= 0 && mt == 1) break;
+            const int row = l.row0[mt] + g + 8 * (e >> 1);
+            if (row >= l.rows) continue;
+            float r = act >= 0 ? mmh_act(v[0][e], act) * v[1][e] : v[mt][e];
+            float* o = l.out + (i64)col * l.rows + row;
+            if (accumulate) r += *o;
+            *o = r;
+        }
+    }
+}
+
+template <int NT>
+__device__ __forceinline__ void mmh_store(const float (&acc)[2][NT][4], const MmhWarp& l, int g,
+                                          int t, int n, int act, int accumulate) {
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) {
+        const float v[2][4] = {{acc[0][nt][0], acc[0][nt][1], acc[0][nt][2], acc[0][nt][3]},
+                               {acc[1][nt][0], acc[1][nt][1], acc[1][nt][2], acc[1][nt][3]}};
+        mmh_store_tile(v, l, g, t, nt, n, act, accumulate);
+    }
+}
+
+// Split-K partials: [block][split][2 NT][32 W] float4, a thread's float4s adjacent to its
+// neighbours' (coalesced), element (mt, nt) at index mt NT + nt.
+__device__ __forceinline__ i64 mmh_part_at(int b, int s, int splits, int q, int nt2, int threads,
+                                           int tid) {
+    return (((i64)b * splits + s) * nt2 + q) * threads + tid;
+}
+
+template <int NT, int W>
+__device__ __forceinline__ void mmh_write_part(const float (&acc)[2][NT][4], float4* part,
+                                               int splits) {
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            const float* a = acc[mt][nt];
+            part[mmh_part_at(blockIdx.x, blockIdx.y, splits, mt * NT + nt, 2 * NT, 32 * W,
+                             threadIdx.x)] = make_float4(a[0], a[1], a[2], a[3]);
+        }
+}
+
+// Split-K in the kernel: publishes this split's fragments; returns whether this block is its
+// row block's last split, which then holds the sum of all splits (in split order) in acc.
+template <int NT, int W>
+__device__ __forceinline__ bool mmh_fixup(float (&acc)[2][NT][4], float4* part, int* done,
+                                          int splits, bool active) {
+    const int s = blockIdx.y, tid = threadIdx.x;
+    float4* base = part + (i64)blockIdx.x * splits * (2 * NT) * (32 * W);
+    if (active) mmh_write_part<NT, W>(acc, part, splits);
+    __shared__ int last;
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) {
+        int* c = done + blockIdx.x;
+        last = atomicAdd(c, 1) == splits - 1;
+        if (last) *c = 0;  // every split has counted: ready for the next launch
+    }
+    __syncthreads();
+    if (!last) return false;
+    __threadfence();
+    if (!active) return true;
+    // Splits in order; this block's own from its registers (the same bits). Each split's 2 NT
+    // loads go out together: the last block reads splits x 2 NT x 32 W float4, a latency chain
+    // of `splits` L2 round trips.
+    float sum[2][NT][4];
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) sum[mt][nt][e] = 0.f;
+    for (int sp = 0; sp < splits; sp++) {
+        float4 p[2][NT];
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                const float* a = acc[mt][nt];
+                // Past L1: other blocks wrote these.
+                p[mt][nt] = sp == s ? make_float4(a[0], a[1], a[2], a[3])
+                                    : __ldcg(base + ((i64)sp * 2 * NT + mt * NT + nt) * (32 * W) + tid);
+            }
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                float* v = sum[mt][nt];
+                v[0] += p[mt][nt].x;
+                v[1] += p[mt][nt].y;
+                v[2] += p[mt][nt].z;
+                v[3] += p[mt][nt].w;
+            }
+    }
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[mt][nt][e] = sum[mt][nt][e];
+    return true;
+}
+
+template <bool BF, int NT, int W>
+__device__ __forceinline__ void mmh(const MmhMats& m, const float* x, float4* part, int* done,
+                                    int cols, int n, int splits, int fixup, int pf, int act,
+                                    int accumulate) {
+    __shared__ __align__(16) u32 xs[2][8 * NT][MMH_XS_STRIDE];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const MmhWarp l = mmh_warp(m, act, blockIdx.x, warp, W);
+    const u16* wp[2][2];
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int r = min(l.row0[mt] + 8 * h + g, l.rows - 1);
+            wp[mt][h] = l.w[mt] + (i64)r * cols + 8 * t;
+        }
+    // L2 prefetch `pf` chunks ahead: lane L asks for the 128-byte line of the warp's row L
+    // (tile L >> 4, row L & 15), deepening the pipeline past the one chunk held in registers.
+    // (Selected, not indexed: a run-time index would put `l` on the stack.)
+    const bool pf_hi = lane >= 16;
+    const u16* pfp = (pf_hi ? l.w[1] : l.w[0]) +
+                     (i64)min((pf_hi ? l.row0[1] : l.row0[0]) + (lane & 15), l.rows - 1) * cols;
+    const int nch = cols / MMH_CHUNK, s = blockIdx.y;
+    const int c0 = (int)((i64)nch * s / splits), c1 = (int)((i64)nch * (s + 1) / splits);
+    float acc[2][NT][4];
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[mt][nt][e] = 0.f;
+    uint4 wv[2][2][2], wn[2][2][2];
+    float4 xr[MmhX<NT, W>::PER];
+    if (c0 < c1) {
+        // Chunks c0 + 2 .. c0 + pf - 1 (c0 + 1 is loaded by the first step, later ones by the
+        // step pf before).
+        for (int d = 2; l.active && d < pf && c0 + d < c1; d++) mmh_prefetch(pfp + MMH_CHUNK * (c0 + d));
+        if (l.active) mmh_load_w(wp, c0, wv);
+        mmh_load_x<NT, W>(x, cols, n, c0, xr);
+        mmh_store_x<BF, NT, W>(xs[0], xr);
+        __syncthreads();
+    }
+    for (int c = c0; c < c1; c++) {
+        const int buf = (c - c0) & 1;
+        const bool more = c + 1 < c1;
+        // The next chunk's loads go out before this chunk's mma.
+        if (l.active && pf > 0 && c + pf < c1) mmh_prefetch(pfp + MMH_CHUNK * (c + pf));
+        if (more) {
+            if (l.active) mmh_load_w(wp, c + 1, wn);
+            mmh_load_x<NT, W>(x, cols, n, c + 1, xr);
+        }
+        if (l.active) mmh_chunk<BF, NT>(xs[buf], wv, g, t, acc);
+        // xs[buf ^ 1] was last read before the previous barrier.
+        if (more) mmh_store_x<BF, NT, W>(xs[buf ^ 1], xr);
+        __syncthreads();
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+#pragma unroll
+                for (int q = 0; q < 2; q++) wv[mt][h][q] = wn[mt][h][q];
+    }
+    if (splits > 1 && !fixup) {
+        if (l.active) mmh_write_part<NT, W>(acc, part, splits);  // mmh_reduce sums them
+        return;
+    }
+    if (splits > 1 && !mmh_fixup<NT, W>(acc, part, done, splits, l.active)) return;
+    if (l.active) mmh_store<NT>(acc, l, g, t, n, act, accumulate);
+}
+
+// Split-K after the main kernel (fixup == 0): one thread per (row block, activation tile nt,
+// main-kernel thread) sums that thread's two float4 of every split in split order (all loads
+// in flight at once: one L2 round trip) and stores them as the main kernel would have.
+#define MMH_MAX_SPLITS 16
+extern "C" __global__ void mmh_reduce(MmhMats m, const float4* part, int blocks, int splits,
+                                      int nt_count, int warps, int n, int act, int accumulate) {
+    pdl_begin();
+    const int threads = 32 * warps;
+    const i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x;
+    if (i >= (i64)blocks * nt_count * threads) return;
+    const int tid = (int)(i % threads), nt = (int)(i / threads % nt_count);
+    const int b = (int)(i / ((i64)threads * nt_count));
+    const int lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const MmhWarp l = mmh_warp(m, act, b, tid >> 5, warps);
+    if (!l.active) return;
+    float4 p[MMH_MAX_SPLITS][2];
+#pragma unroll
+    for (int s = 0; s < MMH_MAX_SPLITS; s++)
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++)
+            if (s < splits)
+                p[s][mt] = __ldcg(part + mmh_part_at(b, s, splits, mt * nt_count + nt,
+                                                     2 * nt_count, threads, tid));
+    float v[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+    for (int s = 0; s < MMH_MAX_SPLITS; s++)
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++)
+            if (s < splits) {
+                v[mt][0] += p[s][mt].x;
+                v[mt][1] += p[s][mt].y;
+                v[mt][2] += p[s][mt].z;
+                v[mt][3] += p[s][mt].w;
+            }
+    mmh_store_tile(v, l, g, t, nt, n, act, accumulate);
+}
+
+// mmh_<bf16|f16>_w<W>_<NT>: activation rows 8 (NT - 1) + 1 ..= 8 NT; grid (row blocks, splits)
+// of 32 W threads (cuda/mmh.rs picks W and the splits). `part` and `done`: split-K scratch
+// (unused when splits == 1; done zero between launches); fixup: 1 = the last split to arrive
+// sums the partials in the kernel, 0 = mmh_reduce (launched next) does; pf: L2 prefetch
+// distance in chunks (0: none).
+#define MMH(T, BF, W, NT)                                                                      \
+    extern "C" __global__ void __launch_bounds__(32 * W) mmh_##T##_w##W##_##NT(                \
+        MmhMats m, const float* x, float4* part, int* done, int cols, int n, int splits,      \
+        int fixup, int pf, int act, int accumulate) {                                          \
+        pdl_begin();                                                                           \
+        mmh<BF, NT, W>(m, x, part, done, cols, n, splits, fixup, pf, act, accumulate);         \
+    }
+#define MMH_ALL(NT) MMH(bf16, true, 4, NT) MMH(bf16, true, 8, NT) MMH(f16, false, 4, NT) \
+    MMH(f16, false, 8, NT)
+
+MMH_ALL(1)
+MMH_ALL(2)
+MMH_ALL(3)
+MMH_ALL(4)
+MMH_ALL(5)
+MMH_ALL(6)
+MMH_ALL(7)
+MMH_ALL(8)

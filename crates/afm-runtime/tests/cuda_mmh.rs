@@ -1,0 +1,348 @@
+#![cfg(feature = "cuda")]
+//! The 16-bit tensor-core matmul (MMH: `mma.sync` m16n8k16 bf16/f16 on BF16/F16 weights,
+//! cuda/mmh.rs) against the CPU, at 9, 16, 17, 32, 33 and 64 activation rows (and 1, 8 and 100
+//! when forced: one tile, two launches), weight row counts that are not multiples of the
+//! kernels' 16-row tiles nor of their 128/256-row blocks, and widths 1024, 3072 and 4096:
+//! - exactly the weights times the activations rounded to bf16/f16 (half's round to nearest
+//!   even, as the kernel and the cuBLAS path's conversion do; relative error 5e-5: float
+//!   summation order only), with 4 and 8 warps per block, K split 1, 3 and 16 ways (summed by
+//!   the last split in the kernel and by `mmh_reduce`), L2 prefetch on and off, and the
+//!   automatic shape; a split-K launch run twice gives the same bits;
+//! - no less accurate than the cuBLAS path it replaces (x → bf16/f16, GEMM), both measured
+//!   against the CPU's f32 matmul, and within cuda_ops's bounds for that path (2e-2 bf16,
+//!   1e-3 f16);
+//! - the automatic path takes MMH from 9 to 64 rows (GEMV below, cuBLAS above) unless
+//!   `AFM_MMH=0` or the width is not a multiple of 64; Q/K/V in one launch give the single
+//!   launches' results; gate+up in one launch with SiLU / GELU tanh the activation of the
+//!   separate results; the accumulating matmul gives the output before plus the matmul, bit for bit;
+//! - quantized weights, widths that are not a multiple of 64 and warp counts other than 4 and
+//!   8 are refused with an error naming them.
+//!
+//! Outputs are poisoned with NaN first. Needs a CUDA device of compute capability 8.0 or
+//! later (`AFM_CUDA_DEVICE`, default 0); run with `--test-threads=1` (one shared context).
+
+mod common;
+
+use afm_runtime::cuda::{Activation, CudaSlice, DeviceWeight, MatmulPath, MMH_GATED_MAX_ROWS};
+use afm_runtime::{DType, WeightMatrix};
+use common::int8::{activations, gelu_tanh, gpu_matmul, silu};
+use common::weights::{dequantized, dot_rows, random_weight};
+use common::{assert_close, ctx, poisoned, rel_err, Rng};
+use half::{bf16, f16};
+
+const HALF: [DType; 2] = [DType::BF16, DType::F16];
+/// (rows, cols): rows not multiples of 16; 517 = two 256-row blocks and 5 rows; widths of
+/// Qwen3-0.6B (1024, its down projection's 3072) and -8B (4096).
+const SHAPES: [(usize, usize); 4] = [(37, 1024), (517, 1024), (70, 3072), (300, 4096)];
+/// The automatic path's MMH batches: tile edges (9, 17, 33), whole tiles (16, 32, 64).
+const BATCHES: [usize; 6] = [9, 16, 17, 32, 33, 64];
+/// (warps, splits, fixup, L2 prefetch chunks) forced: no split, an uneven split of the chunks
+/// summed in the kernel and by `mmh_reduce`, the most splits both ways; prefetch off, shorter
+/// and longer than a split's chunks.
+const FORCED: [(usize, usize, bool, usize); 6] = [
+    (4, 1, true, 0),
+    (8, 1, true, 4),
+    (4, 3, true, 2),
+    (8, 3, false, 4),
+    (8, 16, true, 8),
+    (4, 16, false, 0),
+];
+
+fn forced(warps: usize, splits: usize, fixup: bool, prefetch: usize) -> MatmulPath {
+    MatmulPath::MmhWith {
+        warps,
+        splits,
+        fixup,
+        prefetch,
+    }
+}
+
+fn mmh_env_off() -> bool {
+    std::env::var("AFM_MMH").is_ok_and(|v| v == "0")
+}
+
+/// `x` as the kernels see it: each value rounded to the weights' 16-bit type.
+fn rounded(x: &[f32], dtype: DType) -> Vec<f32> {
+    x.iter()
+        .map(|&v| match dtype {
+            DType::BF16 => bf16::from_f32(v).to_f32(),
+            _ => f16::from_f32(v).to_f32(),
+        })
+        .collect()
+}
+
+#[test]
+fn mmh_equals_weights_times_rounded_activations() {
+    let mut rng = Rng(41);
+    for dtype in HALF {
+        for (rows, cols) in SHAPES {
+            let w = random_weight(&mut rng, dtype, rows, cols);
+            let dw = DeviceWeight::upload(&ctx(), &w).expect("upload");
+            let wd = dequantized(&w);
+            let forced_only = if rows < 100 {
+                &[1, 8, 100][..]
+            } else {
+                &[][..]
+            };
+            for &n in BATCHES.iter().chain(forced_only) {
+                let x = activations(&mut rng, n, cols);
+                let want = dot_rows(&wd, rows, cols, &rounded(&x, dtype), n);
+                for (warps, splits, fixup, prefetch) in FORCED {
+                    let path = forced(warps, splits, fixup, prefetch);
+                    let got = gpu_matmul(path, &dw, &x, n);
+                    let what = format!(
+                        "{dtype:?} {rows}x{cols} n={n} {warps} warps {splits} splits fixup {fixup}"
+                    );
+                    assert_close(&what, &got, &want, 5e-5);
+                    if splits > 1 {
+                        // The split-K sum runs in a fixed order, whichever block arrives last.
+                        let again = gpu_matmul(path, &dw, &x, n);
+                        assert_eq!(got, again, "{what}: a second run differs");
+                    }
+                }
+                let got = gpu_matmul(MatmulPath::Mmh, &dw, &x, n);
+                let what = format!("{dtype:?} {rows}x{cols} n={n} automatic shape");
+                assert_close(&what, &got, &want, 5e-5);
+            }
+        }
+    }
+}
+
+/// MMH gives the cuBLAS path's result to summation order (both round x with common.cuh's
+/// f2bf / f2h); against the CPU's f32 matmul (activations not rounded) it errs no more than
+/// that path, and stays within tests/cuda_ops.rs's bounds for it.
+#[test]
+fn mmh_is_as_accurate_as_the_cublas_path() {
+    let mut rng = Rng(42);
+    for dtype in HALF {
+        for (rows, cols) in [(70, 3072), (300, 4096)] {
+            let w = random_weight(&mut rng, dtype, rows, cols);
+            let dw = DeviceWeight::upload(&ctx(), &w).expect("upload");
+            for n in [9, 32, 64] {
+                let x = activations(&mut rng, n, cols);
+                let mut cpu = vec![0f32; n * rows];
+                w.matmul_reference(&x, n, &mut cpu);
+                let (mmh, blas) = (
+                    gpu_matmul(MatmulPath::Mmh, &dw, &x, n),
+                    gpu_matmul(MatmulPath::Gemm, &dw, &x, n),
+                );
+                // The same rounding of x (common.cuh's f2bf / f2h in both): the same products
+                // but for the order of summation.
+                let what = format!("{dtype:?} {rows}x{cols} n={n} MMH vs cuBLAS");
+                assert_close(&what, &mmh, &blas, 5e-5);
+                let (e_mmh, e_blas) = (rel_err(&mmh, &cpu), rel_err(&blas, &cpu));
+                let bound = if dtype == DType::BF16 { 2e-2 } else { 1e-3 };
+                eprintln!(
+                    "{dtype:?} {rows}x{cols} n={n}: vs CPU MMH {e_mmh:.2e} cuBLAS {e_blas:.2e}"
+                );
+                assert!(
+                    e_mmh <= 1.05 * e_blas + 1e-6 && e_mmh <= bound,
+                    "{dtype:?} {rows}x{cols} n={n}: MMH error {e_mmh:.3e} (cuBLAS {e_blas:.3e}, bound {bound:.0e})"
+                );
+            }
+        }
+    }
+}
+
+/// `Auto` runs the GEMV up to 8 rows, MMH from 9 to 64 and cuBLAS above (each compared bit for
+/// bit with the forced path); with `AFM_MMH=0`, or a width MMH does not take, cuBLAS from 9.
+#[test]
+fn auto_path_takes_mmh_from_9_to_64_rows() {
+    let mut rng = Rng(43);
+    let off = mmh_env_off();
+    // 1040 columns: a multiple of 16 (the GEMV takes it), not of 64.
+    for (rows, cols) in [(300, 4096), (45, 1040)] {
+        let w = random_weight(&mut rng, DType::BF16, rows, cols);
+        let dw = DeviceWeight::upload(&ctx(), &w).expect("upload");
+        let mmh = !off && cols.is_multiple_of(64);
+        for n in [8, 9, 64, 65] {
+            let expected = match n {
+                8 => MatmulPath::Gemv,
+                65 => MatmulPath::Gemm,
+                _ if mmh => MatmulPath::Mmh,
+                _ => MatmulPath::Gemm,
+            };
+            let x = activations(&mut rng, n, cols);
+            let auto = gpu_matmul(MatmulPath::Auto, &dw, &x, n);
+            let forced = gpu_matmul(expected, &dw, &x, n);
+            assert_eq!(
+                auto, forced,
+                "{rows}x{cols} n={n}: Auto is not {expected:?} (AFM_MMH=0: {off})"
+            );
+        }
+    }
+}
+
+/// Q/K/V (2048, 1024, 517 rows) in one launch give the single launches' results (to float
+/// summation order: the shapes, so the K splits, differ).
+#[test]
+fn shared_launch_matches_single_mmh() {
+    if mmh_env_off() {
+        eprintln!("skipped: AFM_MMH=0 keeps matmul_many off the MMH path");
+        return;
+    }
+    let mut rng = Rng(44);
+    for (dtype, cols) in [(DType::BF16, 1024), (DType::F16, 4096)] {
+        let ws: Vec<WeightMatrix> = [2048, 1024, 517]
+            .iter()
+            .map(|&rows| random_weight(&mut rng, dtype, rows, cols))
+            .collect();
+        let mut c = ctx();
+        let dws: Vec<DeviceWeight> = ws
+            .iter()
+            .map(|w| DeviceWeight::upload(&c, w).expect("upload"))
+            .collect();
+        for n in [9, 33, 64] {
+            let x = activations(&mut rng, n, cols);
+            let xd = c.upload(&x).expect("upload");
+            for k in [2, 3] {
+                let mut outs: Vec<CudaSlice<f32>> = dws[..k]
+                    .iter()
+                    .map(|w| poisoned(&c, n * w.rows()))
+                    .collect();
+                let mut refs: Vec<&mut CudaSlice<f32>> = outs.iter_mut().collect();
+                let wrefs: Vec<&DeviceWeight> = dws[..k].iter().collect();
+                let fused = c
+                    .matmul_many(&wrefs, &xd, n, &mut refs)
+                    .expect("matmul_many");
+                assert!(fused, "{dtype:?} n={n}: matmul_many declined");
+                for (w, o) in dws.iter().zip(&outs) {
+                    let mut one = poisoned(&c, n * w.rows());
+                    c.matmul_with(MatmulPath::Mmh, w, &xd, n, &mut one)
+                        .expect("matmul");
+                    let got = c.download(o).expect("download");
+                    let want = c.download(&one).expect("download");
+                    let what = format!("{dtype:?} {}x{cols} n={n} of {k} in one launch", w.rows());
+                    assert_close(&what, &got, &want, 1e-6);
+                }
+            }
+        }
+    }
+}
+
+/// Gate and up in one launch with the activation applied give the activation of the single
+/// MMH results, with the automatic shape (via `matmul_gated`) and forced ones.
+#[test]
+fn gated_mmh_equals_activation_of_single_mmh() {
+    let mut rng = Rng(45);
+    let off = mmh_env_off();
+    for dtype in HALF {
+        // 45 rows: one block of 64 or 128; 3201: 26 blocks of 128 (8 warps).
+        for (rows, cols) in [(45, 1024), (3201, 4096)] {
+            let (g, u) = (
+                random_weight(&mut rng, dtype, rows, cols),
+                random_weight(&mut rng, dtype, rows, cols),
+            );
+            let mut c = ctx();
+            let (dg, du) = (
+                DeviceWeight::upload(&c, &g).expect("upload"),
+                DeviceWeight::upload(&c, &u).expect("upload"),
+            );
+            for n in [9, 17, 33, 64] {
+                let x = activations(&mut rng, n, cols);
+                let xd = c.upload(&x).expect("upload");
+                let mut gs = poisoned(&c, n * rows);
+                let mut us = poisoned(&c, n * rows);
+                c.matmul_with(MatmulPath::Mmh, &dg, &xd, n, &mut gs)
+                    .expect("gate");
+                c.matmul_with(MatmulPath::Mmh, &du, &xd, n, &mut us)
+                    .expect("up");
+                let (gs, us) = (
+                    c.download(&gs).expect("download"),
+                    c.download(&us).expect("download"),
+                );
+                for (act, f) in [
+                    (Activation::Silu, silu as fn(f32) -> f32),
+                    (Activation::GeluTanh, gelu_tanh),
+                ] {
+                    let want: Vec<f32> = gs.iter().zip(&us).map(|(&a, &b)| f(a) * b).collect();
+                    let what = format!("gated MMH {act:?} {dtype:?} {rows}x{cols} n={n}");
+                    let mut out = poisoned(&c, n * rows);
+                    let fused = c
+                        .matmul_gated(&dg, &du, act, &xd, n, &mut out)
+                        .expect("gated");
+                    assert_eq!(
+                        fused,
+                        !off && n <= MMH_GATED_MAX_ROWS,
+                        "{what}: matmul_gated's choice (AFM_MMH=0: {off})"
+                    );
+                    if fused {
+                        let got = c.download(&out).expect("download");
+                        assert_close(&format!("{what} auto"), &got, &want, 1e-5);
+                    }
+                    for (warps, splits, fixup) in [(4, 1, true), (8, 5, true), (4, 6, false)] {
+                        let mut out = poisoned(&c, n * rows);
+                        let path = forced(warps, splits, fixup, 4);
+                        c.matmul_gated_with(path, &dg, &du, act, &xd, n, &mut out)
+                            .expect("gated");
+                        let got = c.download(&out).expect("download");
+                        let what = format!("{what} {warps} warps {splits} splits");
+                        assert_close(&what, &got, &want, 1e-5);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The accumulating matmul adds the product to what the output held: bit for bit the output
+/// before plus the plain MMH result of the same shape (tests/cuda_fused.rs covers the other
+/// paths).
+#[test]
+fn matmul_add_accumulates_into_the_output() {
+    let mut rng = Rng(46);
+    let mut c = ctx();
+    for (dtype, rows, cols) in [(DType::BF16, 517, 1024), (DType::F16, 300, 4096)] {
+        let w =
+            DeviceWeight::upload(&c, &random_weight(&mut rng, dtype, rows, cols)).expect("upload");
+        for n in [9, 33, 64] {
+            let x = activations(&mut rng, n, cols);
+            let xd = c.upload(&x).expect("upload");
+            let before = rng.vec(n * rows, 4.0);
+            for path in [
+                forced(4, 1, true, 0),
+                forced(8, 7, true, 4),
+                forced(4, 7, false, 4),
+                MatmulPath::Mmh,
+            ] {
+                let mut plain = poisoned(&c, n * rows);
+                c.matmul_with(path, &w, &xd, n, &mut plain).expect("matmul");
+                let plain = c.download(&plain).expect("download");
+                let want: Vec<f32> = before.iter().zip(&plain).map(|(a, b)| a + b).collect();
+                let mut out = c.upload(&before).expect("upload");
+                c.matmul_into(path, &w, &xd, n, &mut out, true)
+                    .expect("add");
+                let got = c.download(&out).expect("download");
+                assert_eq!(
+                    got, want,
+                    "{dtype:?} {rows}x{cols} n={n} {path:?}: out + x·Wᵀ"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn mmh_refuses_what_it_cannot_serve() {
+    let mut rng = Rng(47);
+    let mut c = ctx();
+    let xd = c.upload(&rng.vec(32 * 1040, 1.0)).expect("upload");
+    let mut out = poisoned(&c, 32 * 8);
+    for (dtype, cols) in [(DType::Q4K, 1024), (DType::BF16, 1040)] {
+        let w = DeviceWeight::upload(&c, &random_weight(&mut rng, dtype, 8, cols)).expect("upload");
+        let err = c
+            .matmul_with(MatmulPath::Mmh, &w, &xd, 32, &mut out)
+            .expect_err("not servable");
+        let msg = err.to_string();
+        assert!(
+            msg.contains("MMH weights") && msg.contains(&format!("{cols}")),
+            "{msg}"
+        );
+    }
+    let w =
+        DeviceWeight::upload(&c, &random_weight(&mut rng, DType::BF16, 8, 1024)).expect("upload");
+    let err = c
+        .matmul_with(forced(5, 1, true, 0), &w, &xd, 32, &mut out)
+        .expect_err("5 warps");
+    assert!(err.to_string().contains("MMH warps per block"), "{err}");
+}

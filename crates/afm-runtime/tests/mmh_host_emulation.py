@@ -1,0 +1,328 @@
+#!/usr/bin/env python3
+"""Checks mmh.cu (the 16-bit tensor-core matmul) on a machine without a GPU, by running its own code.
+
+    python3 crates/afm-runtime/tests/mmh_host_emulation.py      (needs g++ with C++20 and numpy)
+
+The whole of mmh.cu is compiled with g++ under host stand-ins: every block runs as 128 or 256
+std::threads (4- and 8-warp kernels), __syncthreads is a barrier of the block, and mma.sync
+m16n8k16 (bf16 and f16, f32 accumulate) is emulated per warp through a barrier of its 32 threads,
+which gathers the lanes' registers into A (16x16), B (16x8) by the fragment layout of the PTX ISA
+("Matrix Fragments for mma.m16n8k16 with floating point type": lane 4g+t holds A rows g, g+8 at
+k 2t, 2t+1 and 2t+8, 2t+9, B column g at the same k, C rows g, g+8 at columns 2t, 2t+1; lower k in
+the low half of a register), multiplies them and hands each lane its C elements. Only the mma is
+replaced (and the L2 prefetch checked to stay inside the weights); the staging and rounding of
+x, the column-to-slot assignment, the tiling, the split-K partials and their sum (by the last
+split in the kernel, and by mmh_reduce) run as written. Blocks run one at a time in a shuffled
+order (split-K's last arriver varies) and every result is checked bit for bit against the same
+launch in grid order and against the other way of summing the splits: the sum must not depend
+on scheduling.
+The driver launches mmh_<type>_w<4|8>_<NT> in chunks of <= 64 rows, as cuda/mmh.rs does (then
+mmh_reduce where it sums the splits): one to three matrices, gate+up fused with SiLU / GELU
+tanh, and accumulate (out += x W^T) on a given output; other outputs are poisoned with NaN (an
+element never written fails).
+Reference: the weights times x rounded to bf16 / f16 by numpy (round to nearest even), in f64.
+Relative error should be float accumulation (~1e-7).
+"""
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "../src/cuda/kernels/mmh.cu")
+src = open(SRC).read()
+os.chdir(tempfile.mkdtemp(prefix="mmh_emu_"))
+
+
+def cut(text, sig):
+    """`text` without the function whose signature contains `sig` (its body is replaced)."""
+    i = text.rfind("\n", 0, text.index(sig)) + 1
+    i = text.rfind("template", 0, i) if text[text.rfind("\n", 0, i - 1) + 1:i].startswith("template") else i
+    k = text.index("{", text.index(sig))
+    depth = 0
+    for m in range(k, len(text)):
+        if text[m] == "{":
+            depth += 1
+        elif text[m] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[:i] + text[m + 1:]
+    raise SystemExit("unbalanced " + sig)
+
+
+body = cut(cut(src, "void mmh_mma("), "void mmh_prefetch(")
+
+prelude = r'''
+#include <algorithm>
+#include <atomic>
+#include <barrier>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <thread>
+#include <vector>
+typedef unsigned char u8; typedef unsigned short u16; typedef unsigned int u32; typedef long long i64;
+struct uint2 { u32 x, y; }; struct uint4 { u32 x, y, z, w; };
+struct float4 { float x, y, z, w; };
+static inline uint2 make_uint2(u32 a, u32 b) { return {a, b}; }
+static inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
+struct Dim { unsigned x, y, z; };
+static thread_local Dim threadIdx;
+static Dim blockIdx, blockDim;
+#define __device__
+#define __global__
+#define __forceinline__ inline
+#define __launch_bounds__(x)
+#define __shared__ static
+#define __align__(x) __attribute__((aligned(x)))
+using std::min;
+static inline void pdl_begin() {}
+// The L2 prefetch does nothing here but must point into a weight matrix (whole 128-byte line).
+static const u16* w_lo[3]; static const u16* w_hi[3];
+static inline void mmh_prefetch(const u16* p) {
+    for (int i = 0; i < 3; i++) if (w_lo[i] && p >= w_lo[i] && p + 64 <= w_hi[i]) return;
+    fprintf(stderr, "prefetch outside the weights\n");
+    abort();
+}
+static inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+static inline float4 __ldcg(const float4* p) { return *p; }
+static inline int atomicAdd(int* p, int v) { int o = *p; *p = o + v; return o; }
+static inline float bf2f(u16 b) { u32 u = (u32)b << 16; float f; memcpy(&f, &u, 4); return f; }
+static inline u16 f2bf(float f) {   // common.cuh's, verbatim
+    u32 u; memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (u16)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (u16)(u >> 16);
+}
+static inline u16 f2h(float f) { _Float16 h = (_Float16)f; u16 b; memcpy(&b, &h, 2); return b; }
+static inline float h2f(u16 b) { _Float16 h; memcpy(&h, &b, 2); return (float)h; }
+
+static std::barrier<>* block_bar;
+static std::barrier<>* warp_bar[8];
+static inline void __syncthreads() { block_bar->arrive_and_wait(); }
+static u32 lane_a[8][32][4], lane_b[8][32][2];
+
+// mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}, from the PTX ISA's fragment tables.
+template <bool BF>
+static void mmh_mma(float (&c)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+    const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+    lane_a[w][l][0] = a0; lane_a[w][l][1] = a1; lane_a[w][l][2] = a2; lane_a[w][l][3] = a3;
+    lane_b[w][l][0] = b0; lane_b[w][l][1] = b1;
+    warp_bar[w]->arrive_and_wait();
+    auto v = [](u32 r, int half) { const u16 b = (u16)(r >> (16 * half)); return BF ? bf2f(b) : h2f(b); };
+    float A[16][16], B[16][8];
+    for (int L = 0; L < 32; L++) {
+        const int g = L >> 2, t = L & 3;
+        for (int j = 0; j < 2; j++) {
+            A[g][2 * t + j] = v(lane_a[w][L][0], j);
+            A[g + 8][2 * t + j] = v(lane_a[w][L][1], j);
+            A[g][2 * t + 8 + j] = v(lane_a[w][L][2], j);
+            A[g + 8][2 * t + 8 + j] = v(lane_a[w][L][3], j);
+            B[2 * t + j][g] = v(lane_b[w][L][0], j);
+            B[2 * t + 8 + j][g] = v(lane_b[w][L][1], j);
+        }
+    }
+    warp_bar[w]->arrive_and_wait();
+    const int g = l >> 2, t = l & 3;
+    const int rc[4][2] = {{g, 2 * t}, {g, 2 * t + 1}, {g + 8, 2 * t}, {g + 8, 2 * t + 1}};
+    for (int e = 0; e < 4; e++) {
+        double s = 0;  // products of 16-bit values are exact in f32; the sum rounds once here
+        for (int k = 0; k < 16; k++) s += (double)A[rc[e][0]][k] * B[k][rc[e][1]];
+        c[e] = (float)((double)c[e] + s);
+    }
+}
+'''
+
+driver = r'''
+typedef void (*Kernel)(MmhMats, const float*, float4*, int*, int, int, int, int, int, int, int);
+#define K8(T, W) {nullptr, mmh_##T##_w##W##_1, mmh_##T##_w##W##_2, mmh_##T##_w##W##_3, \
+    mmh_##T##_w##W##_4, mmh_##T##_w##W##_5, mmh_##T##_w##W##_6, mmh_##T##_w##W##_7, mmh_##T##_w##W##_8}
+static const Kernel KERNELS[2][2][9] = {{K8(f16, 4), K8(f16, 8)}, {K8(bf16, 4), K8(bf16, 8)}};
+
+// Runs the grid's blocks one at a time, in grid order or shuffled by `seed`.
+template <class F>
+static void run_grid(unsigned gx, unsigned gy, unsigned threads, unsigned seed, F f) {
+    blockDim.x = threads;
+    std::vector<std::pair<unsigned, unsigned>> order;
+    for (unsigned y = 0; y < gy; y++)
+        for (unsigned x = 0; x < gx; x++) order.push_back({x, y});
+    if (seed) std::shuffle(order.begin(), order.end(), std::mt19937(seed));
+    for (auto [x, y] : order) {
+        blockIdx.x = x;
+        blockIdx.y = y;
+        std::barrier<> bb(threads);
+        for (unsigned w = 0; w < threads / 32; w++) warp_bar[w] = new std::barrier<>(32);
+        block_bar = &bb;
+        std::vector<std::thread> ts;
+        for (unsigned t = 0; t < threads; t++) ts.emplace_back([t, &f] { threadIdx.x = t; f(); });
+        for (auto& t : ts) t.join();
+        for (unsigned w = 0; w < threads / 32; w++) delete warp_bar[w];
+    }
+}
+
+static char* rd(const char* p, size_t& len) {
+    FILE* f = fopen(p, "rb"); if (!f) exit(2);
+    fseek(f, 0, SEEK_END); len = ftell(f); fseek(f, 0, SEEK_SET);
+    char* b = (char*)malloc(len); if (fread(b, 1, len, f) != len) exit(2); fclose(f); return b;
+}
+
+int main(int argc, char** argv) {
+    // argv: bf cols n warps splits fixup act accumulate seed, then per matrix: rows file
+    // (x.bin: f32 [n][cols]; accumulate: init<i>.bin f32 [n][rows_i] is the output's start).
+    // act < 0: one to three matrices -> out<i>.bin; act >= 0: gate and up -> out0.bin.
+    const int bf = atoi(argv[1]), cols = atoi(argv[2]), n = atoi(argv[3]), warps = atoi(argv[4]);
+    const int splits = atoi(argv[5]), fixup = atoi(argv[6]), act = atoi(argv[7]);
+    const int accumulate = atoi(argv[8]);
+    const unsigned seed = (unsigned)atoi(argv[9]);
+    const int nm = (argc - 10) / 2;
+    size_t l;
+    const float* x = (const float*)rd("x.bin", l);
+    const u16* w[3] = {}; int rs[3] = {};
+    for (int i = 0; i < nm; i++) {
+        rs[i] = atoi(argv[10 + 2 * i]);
+        w[i] = (const u16*)rd(argv[11 + 2 * i], l);
+        w_lo[i] = w[i];
+        w_hi[i] = w[i] + l / 2;
+    }
+    const int nout = act >= 0 ? 1 : nm;
+    std::vector<std::vector<float>> outs(3);
+    for (int i = 0; i < nout; i++) {
+        if (accumulate) {
+            char name[32]; snprintf(name, sizeof name, "init%d.bin", i);
+            const float* init = (const float*)rd(name, l);
+            outs[i].assign(init, init + (size_t)n * rs[i]);
+        } else {
+            outs[i].assign((size_t)n * rs[i], NAN);
+        }
+    }
+    int blocks = 0;
+    if (act >= 0) blocks = (rs[0] + 16 * warps - 1) / (16 * warps);
+    else for (int i = 0; i < nm; i++) blocks += (rs[i] + 32 * warps - 1) / (32 * warps);
+    std::vector<float4> part((size_t)blocks * splits * 16 * 32 * warps, float4{NAN, NAN, NAN, NAN});
+    std::vector<int> done(blocks, 0);
+    for (int c0 = 0; c0 < n; c0 += 64) {   // launches of <= 64 rows, as cuda/mmh.rs
+        const int nb = std::min(64, n - c0), nt = (nb + 7) / 8;
+        float* o[3];
+        for (int i = 0; i < 3; i++) o[i] = i < nout ? outs[i].data() + (size_t)c0 * rs[i] : nullptr;
+        const MmhMats m{w[0], w[1], w[2], o[0], o[1], o[2], rs[0], act >= 0 ? rs[0] : rs[1], rs[2]};
+        const float* x0 = x + (size_t)c0 * cols;
+        run_grid((unsigned)blocks, (unsigned)splits, 32 * warps, seed, [&] {
+            KERNELS[bf][warps / 8][nt](m, x0, part.data(), done.data(), cols, nb, splits, fixup, 3, act,
+                                       accumulate);
+        });
+        if (splits > 1 && !fixup) {   // then mmh_reduce, as cuda/mmh.rs launches it
+            const unsigned total = (unsigned)(blocks * nt * 32 * warps);
+            run_grid((total + 255) / 256, 1, 256, seed, [&] {
+                mmh_reduce(m, part.data(), blocks, splits, nt, warps, nb, act, accumulate);
+            });
+        }
+    }
+    for (int d : done) if (d != 0) { fprintf(stderr, "split-K counter left at %d\n", d); return 3; }
+    for (int i = 0; i < nout; i++) {
+        char name[32]; snprintf(name, sizeof name, "out%d.bin", i);
+        FILE* f = fopen(name, "wb"); fwrite(outs[i].data(), 4, outs[i].size(), f); fclose(f);
+    }
+}
+'''
+open("emu.cpp", "w").write(prelude + body + driver)
+r = subprocess.run(["g++", "-O2", "-std=c++20", "-pthread", "-ffp-contract=off", "-o", "emu", "emu.cpp"],
+                   capture_output=True, text=True)
+if r.returncode:
+    print(r.stderr[:6000])
+    sys.exit(1)
+
+
+def to16(a, bf):
+    """f32 -> bf16 / f16 bits, round to nearest even."""
+    a = np.asarray(a, dtype=np.float32)
+    if not bf:
+        return a.astype(np.float16).view(np.uint16)
+    u = a.view(np.uint32).astype(np.uint64)
+    u = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+    return u.astype(np.uint16)
+
+
+def from16(b, bf):
+    if not bf:
+        return b.view(np.float16).astype(np.float64)
+    return (b.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+
+
+def rel(a, b):
+    return float(np.linalg.norm(a.astype(np.float64) - b) / np.linalg.norm(b))
+
+
+def emu(bf, cols, n, warps, splits, fixup, act, acc, mats, seed):
+    args = ["./emu", str(bf), str(cols), str(n), str(warps), str(splits), str(fixup), str(act), str(acc),
+            str(seed)]
+    for i, (rows, _) in enumerate(mats):
+        args += [str(rows), f"m{i}.bin"]
+    subprocess.run(args, check=True)
+    k = 1 if act >= 0 else len(mats)
+    return [np.fromfile(f"out{i}.bin", dtype=np.float32).reshape(n, mats[i][0]) for i in range(k)]
+
+
+rng = np.random.default_rng(16)
+failed, worst = False, 0.0
+ACTS = [lambda g: g / (1 + np.exp(-g)),
+        lambda g: 0.5 * g * (1 + np.tanh(0.7978846 * (g + 0.044715 * g ** 3)))]
+# (bf, mats [(rows)], cols, n, warps, splits, act, accumulate): rows not multiples of the 16-row
+# tile nor of a block's 32 W; one chunk (64 columns) and uneven chunk shares over the splits;
+# batches across tile edges; 100: launches of 64 and 36.
+CASES = [
+    (1, [37], 64, 9, 4, 1, -1, 0),
+    (1, [45], 320, 16, 8, 3, -1, 0),
+    (0, [70], 512, 17, 4, 4, -1, 0),
+    (0, [130], 192, 33, 8, 2, -1, 0),
+    (1, [300], 1024, 64, 4, 5, -1, 0),
+    (1, [19], 256, 100, 8, 2, -1, 0),
+    (0, [21], 128, 1, 4, 2, -1, 0),
+    (1, [70, 37, 19], 256, 40, 4, 3, -1, 0),   # Q/K/V in one launch
+    (0, [45, 45, 130], 128, 64, 8, 1, -1, 0),
+    (1, [37], 320, 33, 4, 2, -1, 1),           # accumulate
+    (0, [70], 256, 64, 8, 1, -1, 1),
+    (1, [37, 37], 256, 33, 4, 2, 0, 0),        # gate+up, SiLU
+    (0, [70, 70], 192, 17, 8, 1, 1, 0),        # GELU tanh
+    (1, [19, 19], 128, 64, 8, 3, 0, 1),        # gated + accumulate
+]
+for bf, rows_list, cols, n, warps, splits, act, acc in CASES:
+    x = (rng.standard_normal((n, cols)) * 2).astype(np.float32)
+    x[:, ::61] *= 8  # outlier channels, as hidden states
+    x.tofile("x.bin")
+    xr = from16(to16(x, bf), bf).reshape(n, cols)
+    mats, want = [], []
+    for i, rows in enumerate(rows_list):
+        wb = to16(rng.uniform(-0.1, 0.1, (rows, cols)), bf)
+        wb.tofile(f"m{i}.bin")
+        mats.append((rows, wb))
+        want.append(xr @ from16(wb, bf).T)
+    if act >= 0:
+        want = [ACTS[act](want[0]) * want[1]]
+    inits = []
+    for i, wv in enumerate(want):
+        init = rng.standard_normal(wv.shape).astype(np.float32) if acc else None
+        if acc:
+            init.tofile(f"init{i}.bin")
+            want[i] = wv + init.astype(np.float64)
+    # Split-K both ways: the last split sums in the kernel (fixup), or mmh_reduce does; the same
+    # bits either way (one order of summation).
+    in_order = emu(bf, cols, n, warps, splits, 1, act, acc, mats, 0)
+    shuffled = emu(bf, cols, n, warps, splits, 1, act, acc, mats, 7 + n)
+    reduced = emu(bf, cols, n, warps, splits, 0, act, acc, mats, 3 + n) if splits > 1 else in_order
+    what = (f"{'bf16' if bf else 'f16 '} {'+'.join(map(str, rows_list)):>10}x{cols:<5} n={n:3} "
+            f"{warps} warps {splits} splits act {act:2} acc {acc}")
+    for i, (got, wv) in enumerate(zip(in_order, want)):
+        e = rel(got, wv) if np.isfinite(got).all() else float("inf")
+        same = np.array_equal(got.view(np.uint32), shuffled[i].view(np.uint32))
+        same_r = np.array_equal(got.view(np.uint32), reduced[i].view(np.uint32))
+        worst = max(worst, e)
+        status = "ok" if e <= 1e-5 and same and same_r else "MISMATCH"
+        failed |= status != "ok"
+        print(f"{status:8} {what} out {i}: rel err {e:.2e}, shuffled blocks {'identical' if same else 'DIFFER'}"
+              f", mmh_reduce {'identical' if same_r else 'DIFFERS'}")
+print(f"mmh emulation vs f64 of 16-bit-rounded x: worst rel err {worst:.2e}")
+if failed:
+    sys.exit("mmh_host_emulation: FAILED")
