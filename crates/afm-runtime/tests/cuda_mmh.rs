@@ -12,7 +12,7 @@
 //!   against the CPU's f32 matmul, and within cuda_ops's bounds for that path (2e-2 bf16,
 //!   1e-3 f16);
 //! - the automatic path takes MMH from 9 to 64 rows (GEMV below, cuBLAS above) unless
-//!   `AFM_MMH=0` or the width is not a multiple of 64; Q/K/V in one launch give the single
+//!   MMH is off (no `AFM_MMH=1`) or the width is not a multiple of 64; Q/K/V in one launch give the single
 //!   launches' results; gate+up in one launch with SiLU / GELU tanh the activation of the
 //!   separate results; the accumulating matmul gives the output before plus the matmul, bit for bit;
 //! - quantized weights, widths that are not a multiple of 64 and warp counts other than 4 and
@@ -57,8 +57,9 @@ fn forced(warps: usize, splits: usize, fixup: bool, prefetch: usize) -> MatmulPa
     }
 }
 
+/// Automatic path choice takes MMH only with `AFM_MMH=1` (cuda/mmh.rs `mmh_env_on`).
 fn mmh_env_off() -> bool {
-    std::env::var("AFM_MMH").is_ok_and(|v| v == "0")
+    !std::env::var("AFM_MMH").is_ok_and(|v| v == "1")
 }
 
 /// `x` as the kernels see it: each value rounded to the weights' 16-bit type.
@@ -145,7 +146,7 @@ fn mmh_is_as_accurate_as_the_cublas_path() {
 }
 
 /// `Auto` runs the GEMV up to 8 rows, MMH from 9 to 64 and cuBLAS above (each compared bit for
-/// bit with the forced path); with `AFM_MMH=0`, or a width MMH does not take, cuBLAS from 9.
+/// bit with the forced path); without `AFM_MMH=1`, or a width MMH does not take, cuBLAS from 9.
 #[test]
 fn auto_path_takes_mmh_from_9_to_64_rows() {
     let mut rng = Rng(43);
@@ -167,7 +168,7 @@ fn auto_path_takes_mmh_from_9_to_64_rows() {
             let forced = gpu_matmul(expected, &dw, &x, n);
             assert_eq!(
                 auto, forced,
-                "{rows}x{cols} n={n}: Auto is not {expected:?} (AFM_MMH=0: {off})"
+                "{rows}x{cols} n={n}: Auto is not {expected:?} (MMH off: {off})"
             );
         }
     }
@@ -178,7 +179,7 @@ fn auto_path_takes_mmh_from_9_to_64_rows() {
 #[test]
 fn shared_launch_matches_single_mmh() {
     if mmh_env_off() {
-        eprintln!("skipped: AFM_MMH=0 keeps matmul_many off the MMH path");
+        eprintln!("skipped: without AFM_MMH=1 matmul_many stays off the MMH path");
         return;
     }
     let mut rng = Rng(44);

@@ -712,12 +712,15 @@ impl CudaDevice {
             .iter()
             .map(|w| weight(w, "linear"))
             .collect::<Result<Vec<_>>>()?;
+        let (xv, nv) = (view(x, "linear")?, vector(norm.0, "rms_norm")?);
+        if !ctx.folds_norm(&dws, n, &xv) {
+            return Ok(None);
+        }
         let mut outs = dws
             .iter()
             .map(|w| alloc::<f32>(&ctx, n * w.rows()))
             .collect::<Result<Vec<_>>>()?;
         let mut refs: Vec<&mut CudaSlice<f32>> = outs.iter_mut().collect();
-        let (xv, nv) = (view(x, "linear")?, vector(norm.0, "rms_norm")?);
         let rn = cuda::RowNorm { w: nv, eps: norm.1 };
         Ok(ctx
             .matmul_many_norm(&dws, &xv, rn, n, &mut refs)?
@@ -737,8 +740,11 @@ impl CudaDevice {
         let mut ctx = self.lock();
         let n = x.rows;
         let (g, u) = (weight(gate, "gated_linear")?, weight(up, "gated_linear")?);
-        let mut out = alloc::<f32>(&ctx, n * g.rows())?;
         let (xv, nv) = (view(x, "gated_linear")?, vector(norm.0, "rms_norm")?);
+        if !ctx.folds_norm(&[g, u], n, &xv) {
+            return Ok(None);
+        }
+        let mut out = alloc::<f32>(&ctx, n * g.rows())?;
         let rn = cuda::RowNorm { w: nv, eps: norm.1 };
         Ok(ctx
             .matmul_gated_norm(g, u, cuda_act(act), &xv, rn, n, &mut out)?

@@ -4,10 +4,10 @@
 //! ```text
 //! F32                         any n     cuBLAS SGEMM (f32 throughout)
 //! BF16/F16    n ≤ 8           GEMV kernels, one launch, f32 activations
-//!             9 ≤ n ≤ 64      MMH: 16-bit tensor cores, x rounded to bf16/f16 in the kernel
-//!                             (`mmh.rs`; sm_80+, width a multiple of 64, `AFM_MMH=0` turns it
-//!                             off)
-//!             n > 64          x → bf16/f16 (once for Q/K/V, once for gate and up), cuBLAS
+//!             9 ≤ n ≤ 64      with `AFM_MMH=1` (off by default: slower, see `mmh.rs`): MMH,
+//!                             16-bit tensor cores, x rounded to bf16/f16 in the kernel (sm_80+,
+//!                             width a multiple of 64)
+//!             n > 8           x → bf16/f16 (once for Q/K/V, once for gate and up), cuBLAS
 //!                             GEMM with f32 accumulation and output
 //! Q8_0/Q4_K/Q6_K  n ≤ 16      x → int8 blocks of 32, GEMV kernels on the GGML blocks (dp4a),
 //!                             8 activation rows per launch
@@ -248,6 +248,7 @@ pub(super) fn kernel_names() -> Vec<String> {
     for n in 1..=GEMV_MAX_BATCH {
         for t in ["bf16", "f16"] {
             v.push(format!("gemv_{t}_{n}"));
+            v.push(format!("gemva_{t}_{n}"));
             v.push(format!("gemv3_{t}_{n}"));
             v.push(format!("gemvg_{t}_{n}"));
             if n <= NORM_FOLD_MAX_ROWS {
@@ -490,7 +491,8 @@ impl CudaContext {
         op: u64,
         accumulate: bool,
     ) -> Result<()> {
-        let (rows, cols, acc) = (w.rows, w.cols, i32::from(accumulate));
+        let (rows, cols) = (w.rows, w.cols);
+        let name = if accumulate { "gemva" } else { "gemv" };
         let wp = self.ptr(&w.bytes);
         let (ri, ci) = (rows as i32, cols as i32);
         let cfg = LaunchConfig {
@@ -502,8 +504,8 @@ impl CudaContext {
             let nb = (n - c0).min(GEMV_MAX_BATCH);
             let x0 = xp + (c0 * cols * 4) as u64;
             let o0 = op + (c0 * rows * 4) as u64;
-            let f = self.kernel(&format!("gemv_{}_{nb}", half_name(w)))?;
-            launch!(self, f, cfg; wp, x0, o0, ri, ci, acc)?;
+            let f = self.kernel(&format!("{name}_{}_{nb}", half_name(w)))?;
+            launch!(self, f, cfg; wp, x0, o0, ri, ci)?;
         }
         Ok(())
     }
@@ -749,6 +751,13 @@ impl CudaContext {
         outs: &mut [&mut CudaSlice<f32>],
     ) -> Result<bool> {
         self.many(ws, x, Some(&norm), n, outs)
+    }
+
+    /// Whether [`matmul_many_norm`](Self::matmul_many_norm) and
+    /// [`matmul_gated_norm`](Self::matmul_gated_norm) can fold the norm in for `n` rows of
+    /// `ws` (so callers allocate outputs only then).
+    pub fn folds_norm(&self, ws: &[&DeviceWeight], n: usize, x: &impl DevicePtr<f32>) -> bool {
+        quant_shared_ok(ws, n) || (n <= NORM_FOLD_MAX_ROWS && fused_ok(ws, n, self.ptr(x)))
     }
 
     fn many(

@@ -7,8 +7,8 @@
 //!
 //! It owns the launches, their shape (warps per block, K splits, who sums the splits: the last
 //! one inside the kernel or the `mmh_reduce` launch, both in a fixed order, so results do not
-//! depend on scheduling) and the rule for when the device has them (sm_80 and later, `AFM_MMH`
-//! not `0`); which batch sizes take it is `matmul.rs`'s path choice.
+//! depend on scheduling) and the rule for when the device has them (sm_80 and later, with
+//! `AFM_MMH=1`); which batch sizes take it is `matmul.rs`'s path choice.
 
 use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig};
 
@@ -65,11 +65,14 @@ pub(super) fn kernel_names() -> Vec<String> {
     v
 }
 
-/// Whether `AFM_MMH` allows the tensor-core path in automatic path choice (read once; on
-/// unless `0`). An A/B switch: `AFM_MMH=0` sends those batches back to x → bf16 + cuBLAS.
+/// Whether `AFM_MMH=1` puts the tensor-core path in automatic path choice (read once; off
+/// otherwise). Off by default because it measured slower than x → bf16 + cuBLAS end to end on
+/// the H200 (session 7, gpu_bench, random bf16 models): Qwen3-0.6B at 64 streams 18,950 vs
+/// 23,015 tok/s, Qwen3-8B 5,810 vs 8,137 (its weights stream at 35–55% of copy bandwidth on
+/// the 8B matrices against cuBLAS's ~80%; `cuda_bench mmh`).
 fn mmh_env_on() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("AFM_MMH").map_or(true, |v| v != "0"))
+    *ON.get_or_init(|| std::env::var("AFM_MMH").is_ok_and(|v| v == "1"))
 }
 
 /// `MmhMats` in mmh.cu: up to three matrices (weights, outputs, rows; rows 0 for absent
@@ -170,7 +173,7 @@ impl CudaContext {
     }
 
     /// Whether automatic path choice sends `n` rows against `ws` to MMH: past the GEMV's
-    /// batches up to [`MMH_MAX_ROWS`], on sm_80+, unless `AFM_MMH=0`.
+    /// batches up to [`MMH_MAX_ROWS`], on sm_80+, with `AFM_MMH=1`.
     pub(super) fn mmh_auto(&self, ws: &[&DeviceWeight], n: usize, xp: u64) -> bool {
         (GEMV_MAX_BATCH + 1..=MMH_MAX_ROWS).contains(&n)
             && mmh_env_on()

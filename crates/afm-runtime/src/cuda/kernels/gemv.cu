@@ -21,10 +21,12 @@
 
 // Sums each (row, batch) accumulator over the block and writes out[b][row0 + r], times inv[b]
 // (1/rms of activation row b, in shared memory) when the norm was folded in, and added to what
-// out holds when `accumulate` is set (a residual add folded into the projection).
-template <int N>
+// out holds with ACC (a residual add folded into the projection). ACC is a template parameter:
+// as a run-time flag it changed ptxas's register allocation of the whole kernel (106 instead of
+// 128 registers at 8 rows) and Qwen3-8B at 8 streams decoded 15% slower.
+template <int N, bool ACC>
 __device__ __forceinline__ void gemv_finish(float (&acc)[GEMV_ROWS][N], float* out, int rows,
-                                            int row0, const float* inv, int accumulate) {
+                                            int row0, const float* inv) {
     __shared__ float sh[GEMV_ROWS * N][GEMV_THREADS / 32];
     const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
 #pragma unroll
@@ -44,7 +46,7 @@ __device__ __forceinline__ void gemv_finish(float (&acc)[GEMV_ROWS][N], float* o
         if (inv) s *= inv[b];
         if (row0 + r < rows) {
             float* o = out + (i64)b * rows + row0 + r;
-            *o = accumulate ? *o + s : s;
+            *o = ACC ? *o + s : s;
         }
     }
 }
@@ -127,28 +129,27 @@ __device__ __forceinline__ void gemv_half_acc(const u16* W, const float* x, cons
 }
 
 // GEMV_ROWS rows of out from row0: out = x . W^T, or with NORM rms_norm(x, nw, eps) . W^T;
-// added to out when `accumulate` is set.
-template <int N, bool BF16, bool NORM>
+// added to out with ACC.
+template <int N, bool BF16, bool NORM, bool ACC>
 __device__ void gemv_half_rows(const u16* W, const float* x, const float* nw, float eps,
-                               float* out, int rows, int cols, int row0, int accumulate) {
+                               float* out, int rows, int cols, int row0) {
     GEMV_ZERO(acc)
     float ss[N] = {};
     if (NORM) {
         __shared__ float inv[N];
         gemv_half_acc<N, BF16, 2>(W, x, nw, rows, cols, row0, acc, ss);
         gemv_inv_rms<N>(ss, cols, eps, inv);
-        gemv_finish<N>(acc, out, rows, row0, inv, accumulate);
+        gemv_finish<N, ACC>(acc, out, rows, row0, inv);
     } else {
         gemv_half_acc<N, BF16, 0>(W, x, nw, rows, cols, row0, acc, ss);
-        gemv_finish<N>(acc, out, rows, row0, nullptr, accumulate);
+        gemv_finish<N, ACC>(acc, out, rows, row0, nullptr);
     }
 }
 
-template <int N, bool BF16>
-__device__ void gemv_half(const u16* W, const float* x, float* out, int rows, int cols,
-                          int accumulate) {
-    gemv_half_rows<N, BF16, false>(W, x, nullptr, 0.f, out, rows, cols, blockIdx.x * GEMV_ROWS,
-                                   accumulate);
+template <int N, bool BF16, bool ACC>
+__device__ void gemv_half(const u16* W, const float* x, float* out, int rows, int cols) {
+    gemv_half_rows<N, BF16, false, ACC>(W, x, nullptr, 0.f, out, rows, cols,
+                                        blockIdx.x * GEMV_ROWS);
 }
 
 // Up to three 16-bit matrices against the same activations in one launch (Q, K and V): the
@@ -161,11 +162,12 @@ __device__ void gemv3_half(const u16* W0, const u16* W1, const u16* W2, const fl
     const int b0 = (r0 + GEMV_ROWS - 1) / GEMV_ROWS, b1 = (r1 + GEMV_ROWS - 1) / GEMV_ROWS;
     int b = blockIdx.x;
     if (b < b0) {
-        gemv_half_rows<N, BF16, NORM>(W0, x, nw, eps, o0, r0, cols, b * GEMV_ROWS, 0);
+        gemv_half_rows<N, BF16, NORM, false>(W0, x, nw, eps, o0, r0, cols, b * GEMV_ROWS);
     } else if ((b -= b0) < b1) {
-        gemv_half_rows<N, BF16, NORM>(W1, x, nw, eps, o1, r1, cols, b * GEMV_ROWS, 0);
+        gemv_half_rows<N, BF16, NORM, false>(W1, x, nw, eps, o1, r1, cols, b * GEMV_ROWS);
     } else {
-        gemv_half_rows<N, BF16, NORM>(W2, x, nw, eps, o2, r2, cols, (b - b1) * GEMV_ROWS, 0);
+        gemv_half_rows<N, BF16, NORM, false>(W2, x, nw, eps, o2, r2, cols,
+                                             (b - b1) * GEMV_ROWS);
     }
 }
 
@@ -237,11 +239,12 @@ __device__ void gemv_gated_half(const u16* G, const u16* U, const float* x, cons
     }
 }
 
-#define GEMV_H(NAME, BF, N)                                                                    \
-    extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_##NAME##_##N(              \
-        const u16* W, const float* x, float* out, int rows, int cols, int accumulate) {        \
+// gemv_*: out = x . W^T; gemva_*: out += x . W^T.
+#define GEMV_H(NAME, BF, N, KNAME, ACC)                                                        \
+    extern "C" __global__ void __launch_bounds__(GEMV_THREADS) KNAME##_##NAME##_##N(           \
+        const u16* W, const float* x, float* out, int rows, int cols) {                        \
         pdl_begin();                                                                           \
-        gemv_half<N, BF>(W, x, out, rows, cols, accumulate);                                   \
+        gemv_half<N, BF, ACC>(W, x, out, rows, cols);                                          \
     }
 // gemv3_*: Q/K/V; gemv3n_*: the same of rms_norm(x, nw, eps) (nw and eps unused in gemv3_*).
 #define GEMV_3(NAME, BF, N, KNAME, NORM)                                                       \
@@ -260,7 +263,8 @@ __device__ void gemv_gated_half(const u16* G, const u16* U, const float* x, cons
         gemv_gated_half<N, BF, NORM>(G, U, x, nw, eps, out, rows, cols, act);                  \
     }
 #define GEMV_ALL(N)                                                                            \
-    GEMV_H(bf16, true, N) GEMV_H(f16, false, N)                                                \
+    GEMV_H(bf16, true, N, gemv, false) GEMV_H(f16, false, N, gemv, false)                      \
+    GEMV_H(bf16, true, N, gemva, true) GEMV_H(f16, false, N, gemva, true)                      \
     GEMV_3(bf16, true, N, gemv3, false) GEMV_3(f16, false, N, gemv3, false)                    \
     GEMV_G(bf16, true, N, gemvg, false) GEMV_G(f16, false, N, gemvg, false)
 // The norm folded in at one activation row only (cuda/matmul.rs NORM_FOLD_MAX_ROWS): at 8 rows
