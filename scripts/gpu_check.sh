@@ -19,7 +19,9 @@
 # fixtures (relative error <= 1e-3 in f32; DeepSeek V4's own test: prefill, decode, chunks, two
 # sequences, rejected drafts, ratio 128, an f16 pool); CPU vs GPU greedy and logits on the real-GGUF subsets and
 # on real-shape random bf16 models; the engine's GPU decode path (CUDA graphs + device sampling)
-# against its host path on the same requests (graph_check, from `bench/gpu_bench.sh build`).
+# against its host path on the same requests (graph_check, from `bench/gpu_bench.sh build`); the
+# fused batch-1 decode step against the layer loop on the random llama/qwen2/qwen3 models
+# (tests/fused_decode.rs).
 # Speed: bench/gpu_bench.sh. GPUCHECK_DIR and CARGO_TARGET_DIR override the folders.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,7 +34,7 @@ build)
     json=$(cargo test --release -p afm-models -p afm-runtime --features afm-runtime/cuda \
         --no-run --message-format=json)
     kernel_tests="cuda_ops:cuda_ops cuda_attention_mma:cuda_attention_mma cuda_gemv_int8:cuda_gemv_int8 cuda_mmq:cuda_mmq cuda_mmh:cuda_mmh cuda_fused:cuda_fused"
-    for pair in reference_logits:reference_logits deepseek_v4:deepseek_v4 afm_runtime:runtime_lib $kernel_tests; do
+    for pair in reference_logits:reference_logits deepseek_v4:deepseek_v4 fused_decode:fused_decode afm_runtime:runtime_lib $kernel_tests; do
         exe=$(printf '%s\n' "$json" | python3 -c '
 import json, sys
 for line in sys.stdin:
@@ -44,7 +46,7 @@ for line in sys.stdin:
     done
     cargo build --release -p afm-models --features cuda --example device_compare
     cp "$CARGO_TARGET_DIR/release/examples/device_compare" "$D/"
-    bins="reference_logits deepseek_v4 runtime_lib device_compare cuda_ops cuda_attention_mma cuda_gemv_int8 cuda_mmq cuda_mmh cuda_fused"
+    bins="reference_logits deepseek_v4 fused_decode runtime_lib device_compare cuda_ops cuda_attention_mma cuda_gemv_int8 cuda_mmq cuda_mmh cuda_fused"
     # Stripped and packed: the folder travels to the GPU machine beside the working tree (64 MiB).
     (cd "$D" && strip --strip-debug $bins && tar cJf bins.tar.xz $bins && rm -f $bins gguf_new_families)
     M=${MODELS_DIR:-models}
@@ -81,6 +83,14 @@ run)
     models=${MODELS:-qwen3-0.6b}
     [ "$models" = none ] && models=
     [ -z "$models" ] || [ -d "/tmp/afm-gpucheck/${models%%,*}" ] || python3 scripts/gpu_random_models.py /tmp/afm-gpucheck "$models"
+    fused=()
+    for m in ${models//,/ }; do
+        case $m in qwen3-0.6b | qwen3-8b | qwen2.5-* | smollm2-*) fused+=("/tmp/afm-gpucheck/$m") ;; esac
+    done
+    if [ ${#fused[@]} -gt 0 ]; then
+        echo "== fused decode step vs the layer loop (tests/fused_decode.rs): $models"
+        check env AFM_FUSED_MODELS="$(IFS=,; echo "${fused[*]}")" "$B/fused_decode" --nocapture --test-threads=1
+    fi
     for m in ${models//,/ }; do
         echo "== $m"
         check "$B/device_compare" "/tmp/afm-gpucheck/$m" cuda 32 32 16 1

@@ -4,7 +4,8 @@
 
 use afm_runtime::attention::AttnParams;
 use afm_runtime::compute::{
-    Activation, ComputeError, Device, KvPool, QkNorm, Rotary, Step, Tensor,
+    Activation, ComputeError, Device, FusedDecoder, FusedLayer, KvPool, QkNorm, Rotary, Step,
+    Tensor,
 };
 use afm_runtime::kv_store::LayerKvShape;
 use afm_runtime::ops::{Rope, RopeStyle};
@@ -187,6 +188,48 @@ impl Llama {
         let o = dev.attend(kv, layer, step, &q, &params)?;
         dev.linear_add(&o, &a.o.w, a.o.b.as_ref(), x)
     }
+
+    /// The layer stack as `Device::fused_decode` reads it (one launch per decode step of one
+    /// sequence on a GPU that has it).
+    fn fused(&self) -> FusedDecoder<'_> {
+        let layers = self.layers.iter().map(|l| {
+            let a = &l.attn;
+            let qkv_bias = match (&a.q.b, &a.k.b, &a.v.b) {
+                (Some(q), Some(k), Some(v)) => Some([q, k, v]),
+                _ => None,
+            };
+            let qk_norm = match (&a.q_norm, &a.k_norm) {
+                (Some(qn), Some(kn)) => Some(QkNorm {
+                    q: &qn.w,
+                    k: &kn.w,
+                    eps: qn.eps,
+                }),
+                _ => None,
+            };
+            FusedLayer {
+                input_norm: (&l.input_norm.w, l.input_norm.eps),
+                q: &a.q.w,
+                k: &a.k.w,
+                v: &a.v.w,
+                qkv_bias,
+                qk_norm,
+                o: &a.o.w,
+                post_norm: (&l.post_attn_norm.w, l.post_attn_norm.eps),
+                gate: &l.mlp.gate.w,
+                up: &l.mlp.up.w,
+                down: &l.mlp.down.w,
+            }
+        });
+        FusedDecoder {
+            layers: layers.collect(),
+            n_heads: self.cfg.num_heads,
+            n_kv_heads: self.cfg.num_kv_heads,
+            head_dim: self.cfg.head_dim,
+            scale: 1.0 / (self.cfg.head_dim as f32).sqrt(),
+            act: self.layers.first().map_or(Activation::Silu, |l| l.mlp.act),
+            rope: &self.rope,
+        }
+    }
 }
 
 impl CausalLm for Llama {
@@ -196,11 +239,16 @@ impl CausalLm for Llama {
         // The residual stream: each sub-layer normalizes it inside its first product and adds
         // its output back inside its last.
         let mut x = self.embed.forward(dev, batch.tokens)?;
-        for (i, layer) in self.layers.iter().enumerate() {
-            self.attention(layer, &mut x, kv, i, &step)?;
-            layer
-                .mlp
-                .forward_residual(dev, &layer.post_attn_norm, &mut x)?;
+        // A decode step of one sequence: every layer in one launch where the device has it.
+        let fused =
+            batch.tokens.len() == 1 && dev.fused_decode(&self.fused(), &mut x, kv, &step)?;
+        if !fused {
+            for (i, layer) in self.layers.iter().enumerate() {
+                self.attention(layer, &mut x, kv, i, &step)?;
+                layer
+                    .mlp
+                    .forward_residual(dev, &layer.post_attn_norm, &mut x)?;
+            }
         }
         let mut last = dev.gather_rows(&x, &batch.logit_rows())?;
         self.norm.forward_inplace(dev, &mut last)?;

@@ -124,9 +124,12 @@ pub struct CudaDevice {
     graphs: Mutex<Option<graphs::Graphs>>,
     /// Bytes of every weight placed on the device (for `--gpu-profile`).
     weight_bytes: std::sync::atomic::AtomicUsize,
+    /// Device state of the fused decode step, per model (`decode_fused`).
+    fused: Mutex<decode_fused::FusedStates>,
 }
 
 mod attn_step;
+mod decode_fused;
 mod graphs;
 mod kv_rows;
 
@@ -254,6 +257,7 @@ impl CudaDevice {
             io: Mutex::new(None),
             graphs: Mutex::new(None),
             weight_bytes: Default::default(),
+            fused: Default::default(),
         })
     }
 

@@ -25,6 +25,7 @@
 //! rope_attention  rope, and attention with the KV store in one call
 //! attn_step       attention split at the KV store (attn_prologue, attend)
 //! decode_graphs   CUDA decode graphs and on-device sampling
+//! decode_fused    a llama-family decode step of one sequence as one GPU launch
 //! kv_rows, state_pool, host_compute   host access for hybrid and MoE models
 //! host, cuda      the CPU and CUDA arms
 //! ```
@@ -32,6 +33,7 @@
 mod attn_step;
 #[cfg(feature = "cuda")]
 mod cuda;
+mod decode_fused;
 mod decode_graphs;
 mod device;
 mod elementwise;
@@ -45,6 +47,7 @@ mod state_pool;
 mod tensors;
 
 pub use attn_step::QkNorm;
+pub use decode_fused::{FusedDecoder, FusedLayer};
 pub use kv_rows::KvPart;
 pub use state_pool::{LayerStateShape, StatePool, StateSnapshot};
 pub use tensors::{Activation, DecodeForward, DeviceLogits, DeviceSample, KvPool, Rotary};

@@ -16,6 +16,7 @@
 //! - `attention_mma`: prefill attention on tensor cores (mma.sync, FlashAttention-2 style) for
 //!   long chunks over an f16 cache, and the rule for when it replaces the SIMT kernel.
 //! - `sampling`: greedy and top-k/top-p/min-p sampling without copying logits to the host.
+//! - `decode_fused`: a whole llama-family decode step of one sequence in one persistent launch.
 //!
 //! Activations are f32 row-major `[rows][features]` buffers ([`CudaSlice<f32>`]), as on the CPU.
 //! Kernels are CUDA C (`kernels/*.cu`) compiled by NVRTC once when the context is created;
@@ -25,6 +26,7 @@
 mod attention;
 mod attention_mma;
 mod context;
+mod decode_fused;
 mod matmul;
 mod mmh;
 mod mmq;
@@ -36,6 +38,7 @@ pub use attention_mma::AttnKernel;
 pub(crate) use context::arch_for;
 pub use context::{compile_kernels, CudaContext, DeviceInfo, GpuTimer, Workspace, KERNEL_MODULES};
 pub use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, DevicePtr, DevicePtrMut};
+pub use decode_fused::{FusedShape, FusedState, LAYER_FIELDS};
 pub use matmul::{DeviceWeight, MatmulPath, RowNorm, GEMV_MAX_BATCH, MMQ_GATED_MAX_ROWS};
 pub use mmh::{MMH_GATED_MAX_ROWS, MMH_LAUNCH_ROWS, MMH_MAX_ROWS};
 pub use mmq::MMQ_LAUNCH_ROWS;

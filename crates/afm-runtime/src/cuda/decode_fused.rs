@@ -1,0 +1,269 @@
+//! The persistent decode kernel (`kernels/decode_fused.cu`): every layer of a llama-family
+//! step (one sequence, one new token) in one launch, phases separated by a grid barrier.
+//!
+//! Scope: 16-bit weights (bf16 or f16, one type for all layers), an f16 KV cache, head_dim 64
+//! or 128, GQA with any group size, optional Q/K/V biases and per-head Q/K norms, no sliding
+//! window or softcap. Callers check the model's side (`compute::decode_fused`); this file
+//! checks what the kernel needs of the device and owns the per-model device state:
+//! ```text
+//! layers  [n_layers][16] u64   wq wk wv wo wg wu wd | in_norm post_norm q_norm k_norm
+//!                              | bq bk bv | k cache, v cache    (0 = absent)
+//! scratch q[nh·D] k[nkv·D] v[nkv·D] att[nh·D] act[inter] f32; split partials
+//!         [nh][max_splits][D+2] f32; split counters [nkv·chunks] i32 (zero between phases)
+//! bar     one u64 that only grows: the grid barrier (reset-free across launches and graphs)
+//! ```
+//! Residency: the grid barrier needs every CTA running at once. The launch is an ordinary one
+//! (CUDA graphs capture it as a kernel node) of at most `SMs × occupancy` CTAs, and the device
+//! runs nothing else that could hold SMs forever: on the single stream the kernel before it
+//! has started all its CTAs when this one starts (PDL starts a dependent only once every CTA
+//! of the primary ran `griddepcontrol.launch_dependents`, i.e. was resident) and drains, and
+//! the kernel after it cannot start before this one's CTAs trigger it, which they do only by
+//! exiting. So every CTA of this grid becomes resident as SMs free up, and none waits on a
+//! kernel that waits on it. A barrier that still waits over 2 s traps (fails the launch).
+
+use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
+use cudarc::driver::{CudaSlice, LaunchConfig};
+
+use super::{launch, AttnBatch, CudaContext, CudaError, Result, RopeTable};
+
+/// `FD_*` in decode_fused.cu.
+const WARPS: usize = 8;
+const THREADS: u32 = 32 * WARPS as u32;
+const GH: usize = 4;
+const HEAD: usize = 64;
+/// Fields per layer in the pointer table (`L_FIELDS`).
+pub const LAYER_FIELDS: usize = 16;
+
+/// The model's shape as the kernel reads it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FusedShape {
+    pub n_layers: usize,
+    pub hidden: usize,
+    pub inter: usize,
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    /// bf16 weights (else f16).
+    pub bf16: bool,
+    /// 0 = SiLU, 1 = GELU (tanh).
+    pub act: i32,
+    pub eps: f32,
+    pub qk_eps: f32,
+    pub scale: f32,
+}
+
+/// Mirror of `FusedArgs` in decode_fused.cu.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct FusedArgs {
+    n_layers: i32,
+    hidden: i32,
+    inter: i32,
+    n_heads: i32,
+    n_kv_heads: i32,
+    block_size: i32,
+    max_blocks: i32,
+    rope_dims: i32,
+    neox: i32,
+    max_pos: i32,
+    act: i32,
+    max_splits: i32,
+    eps: f32,
+    qk_eps: f32,
+    scale: f32,
+    pad: f32,
+}
+
+// SAFETY: plain #[repr(C)] data, laid out as the CUDA struct.
+unsafe impl cudarc::driver::DeviceRepr for FusedArgs {}
+
+/// Device state of one model (and KV pool): the pointer table it was built from, scratch and
+/// the barrier counter. Never freed while the device lives, as CUDA graphs bake its addresses.
+pub struct FusedState {
+    shape: FusedShape,
+    table: Vec<u64>,
+    layers: CudaSlice<u64>,
+    q: CudaSlice<f32>,
+    k: CudaSlice<f32>,
+    v: CudaSlice<f32>,
+    att: CudaSlice<f32>,
+    act: CudaSlice<f32>,
+    ws: CudaSlice<f32>,
+    done: CudaSlice<i32>,
+    bar: CudaSlice<u64>,
+    grid: u32,
+    smem: u32,
+    max_splits: usize,
+}
+
+impl FusedState {
+    /// Whether this state was built for `shape` and exactly these layer addresses.
+    pub fn serves(&self, shape: &FusedShape, table: &[u64]) -> bool {
+        self.shape == *shape && self.table == table
+    }
+}
+
+fn kernel_name(shape: &FusedShape) -> String {
+    let t = if shape.bf16 { "bf16" } else { "f16" };
+    format!("decode_fused_{t}_{}", shape.head_dim)
+}
+
+/// Dynamic shared memory: `FD_HEAD` floats of block scratch, then the widest input vector or
+/// an attention item's buffers (`FdAttnSmem`: 4 q heads, a k head, (m, l) and D outputs per
+/// warp and head).
+fn smem_bytes(s: &FusedShape) -> usize {
+    let d = s.head_dim;
+    let vec = s.hidden.max(s.inter).max(s.n_heads * d);
+    let attn = GH * d + d + 2 * WARPS * GH + WARPS * GH * d;
+    4 * (HEAD + vec.max(attn))
+}
+
+/// Entry points of decode_fused.cu.
+pub(super) fn kernel_names() -> Vec<String> {
+    let mut v = Vec::new();
+    for t in ["bf16", "f16"] {
+        for d in [64, 128] {
+            v.push(format!("decode_fused_{t}_{d}"));
+        }
+    }
+    v
+}
+
+impl CudaContext {
+    /// Allocates the state for `shape` over `table` (`n_layers × LAYER_FIELDS` addresses).
+    /// `None`: the device cannot run the kernel at this shape (compute capability below 9.0,
+    /// too much shared memory, not one CTA per SM).
+    pub fn fused_decode_state(
+        &self,
+        shape: FusedShape,
+        table: &[u64],
+    ) -> Result<Option<FusedState>> {
+        super::check(
+            "fused decode layer table",
+            table.len(),
+            shape.n_layers * LAYER_FIELDS,
+        )?;
+        if self.info().compute_capability.0 < 9 || !matches!(shape.head_dim, 64 | 128) {
+            return Ok(None);
+        }
+        let f = self.kernel(&kernel_name(&shape))?;
+        let smem = smem_bytes(&shape);
+        let optin =
+            self.stream().context().attribute(
+                CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+            )? as usize;
+        if smem > optin {
+            return Ok(None);
+        }
+        f.set_attribute(
+            CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            smem as i32,
+        )?;
+        let per_sm = f.occupancy_max_active_blocks_per_multiprocessor(THREADS, smem, None)?;
+        if per_sm == 0 {
+            return Ok(None);
+        }
+        // One CTA per SM: the fewest CTAs at each barrier, and all resident (module header).
+        let grid = self.info().sm_count;
+        let d = shape.head_dim;
+        let chunks = (shape.n_heads / shape.n_kv_heads.max(1)).div_ceil(GH);
+        let max_splits = (grid / (shape.n_kv_heads * chunks).max(1)).max(1);
+        let (nq, nk) = (shape.n_heads * d, shape.n_kv_heads * d);
+        Ok(Some(FusedState {
+            shape,
+            table: table.to_vec(),
+            layers: self.upload(table)?,
+            q: self.zeros(nq)?,
+            k: self.zeros(nk)?,
+            v: self.zeros(nk)?,
+            att: self.zeros(nq)?,
+            act: self.zeros(shape.inter.max(1))?,
+            ws: self.zeros(shape.n_heads * max_splits * (d + 2))?,
+            done: self.zeros(shape.n_kv_heads * chunks)?,
+            bar: self.zeros(1)?,
+            grid: grid as u32,
+            smem: smem as u32,
+            max_splits,
+        }))
+    }
+
+    /// Runs every layer of the step for the batch's one sequence on `x` (`hidden` f32 at
+    /// device address `x`, the residual stream), in place. `batch` holds one decode sequence
+    /// (a padding one, of length 0, stores and attends nothing).
+    pub fn fused_decode(
+        &self,
+        st: &FusedState,
+        x: u64,
+        batch: &AttnBatch,
+        rope: &RopeTable,
+        block_size: usize,
+    ) -> Result<()> {
+        if batch.n_seqs() != 1 || batch.n_rows() > 1 {
+            return Err(CudaError::Shape {
+                what: "fused decode sequences (one, of one new token)",
+                got: batch.n_seqs().max(batch.n_rows()),
+                want: 1,
+            });
+        }
+        let s = &st.shape;
+        let (cs, neox) = rope.kernel_table(self);
+        let a = FusedArgs {
+            n_layers: s.n_layers as i32,
+            hidden: s.hidden as i32,
+            inter: s.inter as i32,
+            n_heads: s.n_heads as i32,
+            n_kv_heads: s.n_kv_heads as i32,
+            block_size: block_size as i32,
+            max_blocks: batch.max_blocks() as i32,
+            rope_dims: rope.dims() as i32,
+            neox: i32::from(neox),
+            max_pos: rope.max_pos() as i32,
+            act: s.act,
+            max_splits: st.max_splits as i32,
+            eps: s.eps,
+            qk_eps: s.qk_eps,
+            scale: s.scale,
+            pad: 0.0,
+        };
+        let (tab, seqs, _, _) = batch.ptrs(self);
+        let layers = self.ptr(&st.layers);
+        let (q, k, v) = (self.ptr(&st.q), self.ptr(&st.k), self.ptr(&st.v));
+        let (att, act, ws) = (self.ptr(&st.att), self.ptr(&st.act), self.ptr(&st.ws));
+        let (done, bar) = (self.ptr(&st.done), self.ptr(&st.bar));
+        let cfg = LaunchConfig {
+            grid_dim: (st.grid, 1, 1),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: st.smem,
+        };
+        let f = self.kernel(&kernel_name(s))?;
+        launch!(self, f, cfg; layers, x, q, k, v, att, act, ws, done, bar, tab, seqs, cs, a)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Qwen3-8B needs more than the 48 KB default (its 12288-wide MLP input); the attention
+    /// buffers bound the small models.
+    #[test]
+    fn shared_memory_covers_the_widest_phase() {
+        let s = |hidden, inter, n_heads, head_dim| FusedShape {
+            n_layers: 1,
+            hidden,
+            inter,
+            n_heads,
+            n_kv_heads: 8,
+            head_dim,
+            bf16: true,
+            act: 0,
+            eps: 1e-6,
+            qk_eps: 1e-6,
+            scale: 1.0,
+        };
+        assert_eq!(smem_bytes(&s(4096, 12288, 32, 128)), 4 * (64 + 12288));
+        let attn = 4 * (64 + 4 * 128 + 128 + 64 + 8 * 4 * 128);
+        assert_eq!(smem_bytes(&s(1024, 3072, 16, 128)), attn);
+        assert_eq!(kernel_names().len(), 4);
+    }
+}
