@@ -18,7 +18,7 @@
 #                              MODEL_TIMEOUT (seconds) bounds each model's gpu_bench, DEVICE=cpu
 #                              tries the flow without a GPU (no ceilings).
 #                              Batch 1 runs the fused decode step on llama/qwen2/qwen3 bf16
-#                              models; AFM_FUSED_DECODE=0 measures the per-layer kernels instead.
+#                              models; AFM_FUSED_DECODE=1 measures the fused decode step (off by default).
 #                              Then a second table: whether the logits were finite, decode tok/s
 #                              and device memory (weights, + KV pool, peak) per model.
 set -euo pipefail

@@ -14,7 +14,7 @@
 #                                         (tests/fused_decode.rs), then graph_check on two of them.
 #   target/cuda/h17/run.sh bench          batch-1 decode tok/s through the engine (graphs, device
 #                                         sampling) on qwen3-0.6b and qwen3-8b, old path
-#                                         (AFM_FUSED_DECODE=0) then fused (~5-8 min with the 8B
+#                                         (AFM_FUSED_DECODE=0) then fused (=1) (~5-8 min with the 8B
 #                                         model's generation).
 # Every command has a timeout; a hung grid barrier traps after 2 s by itself.
 set -uo pipefail

@@ -12,7 +12,9 @@
 //! `fused_decode` returns `false` whenever it does not apply — the CPU, a device below compute
 //! capability 9.0, weights other than bf16/f16, a non-f16 KV pool, head_dim other than 64/128,
 //! a step of several rows — and the model runs its layer loop instead, with the same results
-//! (to float rounding). `AFM_FUSED_DECODE=0` (or [`Device::set_fused_decode`]) turns it off.
+//! (to float rounding). Off unless `AFM_FUSED_DECODE=1` (or [`Device::set_fused_decode`]): on the
+//! H200 it measured slower than the layer loop (session 7: Qwen3-0.6B batch 1 988 vs 1,107
+//! tok/s, Qwen3-8B 190 vs 214; bench/RESULTS.md).
 
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 
@@ -49,7 +51,7 @@ pub struct FusedDecoder<'a> {
     pub rope: &'a Rotary,
 }
 
-/// Process-wide switch: 0 not read yet, 1 on, 2 off (`AFM_FUSED_DECODE=0`).
+/// Process-wide switch: 0 not read yet, 1 on (`AFM_FUSED_DECODE=1`), 2 off.
 static SWITCH: AtomicU8 = AtomicU8::new(0);
 
 /// Fused steps launched (or captured into a graph) by this process, for tests that must know
@@ -60,7 +62,7 @@ static LAUNCHES: AtomicU64 = AtomicU64::new(0);
 fn fused_decode_on() -> bool {
     match SWITCH.load(Ordering::Relaxed) {
         0 => {
-            let on = std::env::var("AFM_FUSED_DECODE").map_or(true, |v| v != "0");
+            let on = std::env::var("AFM_FUSED_DECODE").is_ok_and(|v| v == "1");
             SWITCH.store(if on { 1 } else { 2 }, Ordering::Relaxed);
             on
         }
@@ -69,7 +71,7 @@ fn fused_decode_on() -> bool {
 }
 
 impl Device {
-    /// Turns the fused decode step on or off for the whole process, as `AFM_FUSED_DECODE=0`
+    /// Turns the fused decode step on or off for the whole process, as `AFM_FUSED_DECODE`
     /// does (in-process A/B tests and benchmarks). CUDA graphs captured before keep the path
     /// they were captured with.
     pub fn set_fused_decode(on: bool) {
