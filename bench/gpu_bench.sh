@@ -17,8 +17,8 @@
 #                              deletes each random model after its run (disk: DeepSeek's is 28 GB),
 #                              MODEL_TIMEOUT (seconds) bounds each model's gpu_bench, DEVICE=cpu
 #                              tries the flow without a GPU (no ceilings).
-#                              Batch 1 runs the fused decode step on llama/qwen2/qwen3 bf16
-#                              models; AFM_FUSED_DECODE=1 measures the fused decode step (off by default).
+#                              AFM_FUSED_DECODE=1 runs batch 1 of llama/qwen2/qwen3 bf16 models
+#                              through the fused decode step (off by default: slower so far).
 #                              Then a second table: whether the logits were finite, decode tok/s
 #                              and device memory (weights, + KV pool, peak) per model.
 set -euo pipefail
