@@ -24,6 +24,7 @@ Reference: the weights times x rounded to bf16 / f16 by numpy (round to nearest 
 Relative error should be float accumulation (~1e-7).
 """
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -51,7 +52,13 @@ def cut(text, sig):
     raise SystemExit("unbalanced " + sig)
 
 
-body = cut(cut(src, "void mmh_mma("), "void mmh_prefetch(")
+body = src
+for sig in ["void mmh_mma(", "void mmh_prefetch(", "u32 mmh_pack(", "void mmh_cp16(", "void mmh_cp_commit(",
+            "void mmh_cp_wait("]:
+    body = cut(body, sig)
+SMEM_DECL = "extern __shared__ __align__(16) unsigned char mmh_smem[];"
+assert SMEM_DECL in body
+body = body.replace(SMEM_DECL, "unsigned char* const mmh_smem = emu_smem;")
 
 prelude = r'''
 #include <algorithm>
@@ -99,6 +106,55 @@ static inline u16 f2bf(float f) {   // common.cuh's, verbatim
 }
 static inline u16 f2h(float f) { _Float16 h = (_Float16)f; u16 b; memcpy(&b, &h, 2); return b; }
 static inline float h2f(u16 b) { _Float16 h; memcpy(&h, &b, 2); return (float)h; }
+// cvt.rn.{bf16,f16}x2.f32 as documented: each value rounded to nearest even, a in the low half.
+template <bool BF>
+static inline u32 mmh_pack(float a, float b) {
+    const u16 lo = BF ? f2bf(a) : f2h(a), hi = BF ? f2bf(b) : f2h(b);
+    return (u32)lo | ((u32)hi << 16);
+}
+
+// cp.async: each 16-byte copy is queued in the thread's open group (commit closes it) and lands
+// only when a wait_group needs it (lazy: a read before its wait sees stale or poisoned bytes),
+// or at once (eager: a copy into a stage still being read would change what is read). Sources
+// must lie inside the weights or x, destinations inside the launch's dynamic shared memory.
+#define MMH_STAGES_EMU %d
+alignas(16) static unsigned char emu_smem[232448];
+static size_t emu_smem_bytes;
+static bool eager;
+static const float *x_lo, *x_hi;
+struct Cp { void* d; const void* s; bool ok; };
+static thread_local std::vector<Cp> cp_open;
+static thread_local std::vector<std::vector<Cp>> cp_groups;
+static void land(const Cp& c) {
+    if (c.ok) memcpy(c.d, c.s, 16); else memset(c.d, 0, 16);
+}
+static void mmh_cp16(void* d, const void* s, bool ok) {
+    const unsigned char* dp = (const unsigned char*)d;
+    if (dp < emu_smem || dp + 16 > emu_smem + emu_smem_bytes || (size_t)(dp - emu_smem) % 16) {
+        fprintf(stderr, "cp.async outside the dynamic shared memory\n");
+        abort();
+    }
+    bool in = !ok;
+    const char* sp = (const char*)s;
+    if (sp >= (const char*)x_lo && sp + 16 <= (const char*)x_hi) in = true;
+    for (int i = 0; i < 3; i++)
+        if (w_lo[i] && sp >= (const char*)w_lo[i] && sp + 16 <= (const char*)w_hi[i]) in = true;
+    if (!in) { fprintf(stderr, "cp.async from outside the weights and x\n"); abort(); }
+    if (eager) land({d, s, ok}); else cp_open.push_back({d, s, ok});
+}
+static void mmh_cp_commit() { cp_groups.push_back(cp_open); cp_open.clear(); }
+static void mmh_cp_wait() {   // cp.async.wait_group MMH_STAGES - 2
+    while (cp_groups.size() > MMH_STAGES_EMU - 2) {
+        for (const Cp& c : cp_groups.front()) land(c);
+        cp_groups.erase(cp_groups.begin());
+    }
+}
+static void cp_check_drained() {
+    if (!cp_open.empty()) { fprintf(stderr, "cp.async copies never committed\n"); abort(); }
+    for (auto& g : cp_groups)
+        if (!g.empty()) { fprintf(stderr, "cp.async copies never waited for\n"); abort(); }
+    cp_groups.clear();
+}
 
 static std::barrier<>* block_bar;
 static std::barrier<>* warp_bar[8];
@@ -157,7 +213,9 @@ static void run_grid(unsigned gx, unsigned gy, unsigned threads, unsigned seed, 
         for (unsigned w = 0; w < threads / 32; w++) warp_bar[w] = new std::barrier<>(32);
         block_bar = &bb;
         std::vector<std::thread> ts;
-        for (unsigned t = 0; t < threads; t++) ts.emplace_back([t, &f] { threadIdx.x = t; f(); });
+        memset(emu_smem, 0xff, sizeof emu_smem);  // NaN until a copy lands
+        for (unsigned t = 0; t < threads; t++)
+            ts.emplace_back([t, &f] { threadIdx.x = t; f(); cp_check_drained(); });
         for (auto& t : ts) t.join();
         for (unsigned w = 0; w < threads / 32; w++) delete warp_bar[w];
     }
@@ -170,20 +228,23 @@ static char* rd(const char* p, size_t& len) {
 }
 
 int main(int argc, char** argv) {
-    // argv: bf cols n warps splits fixup act accumulate seed, then per matrix: rows file
+    // argv: bf cols n warps splits fixup act accumulate seed eager, then per matrix: rows file
     // (x.bin: f32 [n][cols]; accumulate: init<i>.bin f32 [n][rows_i] is the output's start).
     // act < 0: one to three matrices -> out<i>.bin; act >= 0: gate and up -> out0.bin.
     const int bf = atoi(argv[1]), cols = atoi(argv[2]), n = atoi(argv[3]), warps = atoi(argv[4]);
     const int splits = atoi(argv[5]), fixup = atoi(argv[6]), act = atoi(argv[7]);
     const int accumulate = atoi(argv[8]);
     const unsigned seed = (unsigned)atoi(argv[9]);
-    const int nm = (argc - 10) / 2;
+    eager = atoi(argv[10]) != 0;
+    const int nm = (argc - 11) / 2;
     size_t l;
     const float* x = (const float*)rd("x.bin", l);
+    x_lo = x;
+    x_hi = x + l / 4;
     const u16* w[3] = {}; int rs[3] = {};
     for (int i = 0; i < nm; i++) {
-        rs[i] = atoi(argv[10 + 2 * i]);
-        w[i] = (const u16*)rd(argv[11 + 2 * i], l);
+        rs[i] = atoi(argv[11 + 2 * i]);
+        w[i] = (const u16*)rd(argv[12 + 2 * i], l);
         w_lo[i] = w[i];
         w_hi[i] = w[i] + l / 2;
     }
@@ -209,6 +270,9 @@ int main(int argc, char** argv) {
         for (int i = 0; i < 3; i++) o[i] = i < nout ? outs[i].data() + (size_t)c0 * rs[i] : nullptr;
         const MmhMats m{w[0], w[1], w[2], o[0], o[1], o[2], rs[0], act >= 0 ? rs[0] : rs[1], rs[2]};
         const float* x0 = x + (size_t)c0 * cols;
+        // cuda/mmh.rs's smem_bytes: MMH_STAGES x (weights 32W rows x 128 B + x 8NT rows x 272 B).
+        emu_smem_bytes = (size_t)MMH_STAGES * (4096 * warps + 2176 * nt);
+        if (emu_smem_bytes > sizeof emu_smem) { fprintf(stderr, "smem too large\n"); return 4; }
         run_grid((unsigned)blocks, (unsigned)splits, 32 * warps, seed, [&] {
             KERNELS[bf][warps / 8][nt](m, x0, part.data(), done.data(), cols, nb, splits, fixup, 3, act,
                                        accumulate);
@@ -227,7 +291,8 @@ int main(int argc, char** argv) {
     }
 }
 '''
-open("emu.cpp", "w").write(prelude + body + driver)
+stages = int(re.search(r"#define MMH_STAGES (\d+)", src).group(1))
+open("emu.cpp", "w").write(prelude.replace("%d", str(stages)) + body + driver)
 r = subprocess.run(["g++", "-O2", "-std=c++20", "-pthread", "-ffp-contract=off", "-o", "emu", "emu.cpp"],
                    capture_output=True, text=True)
 if r.returncode:
@@ -255,9 +320,9 @@ def rel(a, b):
     return float(np.linalg.norm(a.astype(np.float64) - b) / np.linalg.norm(b))
 
 
-def emu(bf, cols, n, warps, splits, fixup, act, acc, mats, seed):
+def emu(bf, cols, n, warps, splits, fixup, act, acc, mats, seed, eager=0):
     args = ["./emu", str(bf), str(cols), str(n), str(warps), str(splits), str(fixup), str(act), str(acc),
-            str(seed)]
+            str(seed), str(eager)]
     for i, (rows, _) in enumerate(mats):
         args += [str(rows), f"m{i}.bin"]
     subprocess.run(args, check=True)
@@ -287,6 +352,9 @@ CASES = [
     (1, [37, 37], 256, 33, 4, 2, 0, 0),        # gate+up, SiLU
     (0, [70, 70], 192, 17, 8, 1, 1, 0),        # GELU tanh
     (1, [19, 19], 128, 64, 8, 3, 0, 1),        # gated + accumulate
+    (1, [130], 768, 24, 8, 1, -1, 0),          # 12 chunks: the stage ring wraps three times
+    (0, [37], 640, 9, 4, 1, -1, 1),
+    (1, [70, 70], 512, 33, 4, 1, 0, 0),
 ]
 for bf, rows_list, cols, n, warps, splits, act, acc in CASES:
     x = (rng.standard_normal((n, cols)) * 2).astype(np.float32)
@@ -310,10 +378,11 @@ for bf, rows_list, cols, n, warps, splits, act, acc in CASES:
     # Split-K both ways: the last split sums in the kernel (fixup), or mmh_reduce does; the same
     # bits either way (one order of summation).
     in_order = emu(bf, cols, n, warps, splits, 1, act, acc, mats, 0)
-    shuffled = emu(bf, cols, n, warps, splits, 1, act, acc, mats, 7 + n)
+    shuffled = emu(bf, cols, n, warps, splits, 1, act, acc, mats, 7 + n, eager=1)
     reduced = emu(bf, cols, n, warps, splits, 0, act, acc, mats, 3 + n) if splits > 1 else in_order
     what = (f"{'bf16' if bf else 'f16 '} {'+'.join(map(str, rows_list)):>10}x{cols:<5} n={n:3} "
             f"{warps} warps {splits} splits act {act:2} acc {acc}")
+    # shuffled: blocks in another order and every cp.async landing at once rather than at its wait.
     for i, (got, wv) in enumerate(zip(in_order, want)):
         e = rel(got, wv) if np.isfinite(got).all() else float("inf")
         same = np.array_equal(got.view(np.uint32), shuffled[i].view(np.uint32))

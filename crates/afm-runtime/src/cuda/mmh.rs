@@ -7,9 +7,12 @@
 //!
 //! It owns the launches, their shape (warps per block, K splits, who sums the splits: the last
 //! one inside the kernel or the `mmh_reduce` launch, both in a fixed order, so results do not
-//! depend on scheduling) and the rule for when the device has them (sm_80 and later, with
-//! `AFM_MMH=1`); which batch sizes take it is `matmul.rs`'s path choice.
+//! depend on scheduling), their shared memory (a ring of [`STAGES`] weight + activation tiles
+//! that cp.async fills ahead of the tensor cores) and the rule for when the device has them
+//! (sm_80 and later with the shared memory per block, with `AFM_MMH=1`); which batch sizes
+//! take it is `matmul.rs`'s path choice.
 
+use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute_enum};
 use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig};
 
 use super::context::{scratch, scratch_zeroed};
@@ -35,16 +38,24 @@ const CHUNK: usize = 64;
 const WARP_COUNTS: [usize; 2] = [4, 8];
 /// Most K splits of one launch (partials and the last block's sum grow with them).
 const MAX_SPLITS: usize = 16;
-/// How many 64-column chunks ahead each warp asks L2 for its weights (`pf` in mmh.cu; the
-/// registers hold one chunk ahead). A guess, not yet measured: `cuda_bench mmh` times 0, 2, 4
-/// and 8 at the automatic shape.
-const PREFETCH_CHUNKS: usize = 4;
+/// How many 64-column chunks ahead each warp asks L2 for its weights (`pf` in mmh.cu): none, as
+/// the cp.async ring already has `STAGES - 1` chunks in flight (96 KB per SM with 8 warps,
+/// about three times what the copy bandwidth needs at a microsecond's latency). Not yet
+/// measured with the ring: `cuda_bench mmh` times 0, 2 and 8 at the automatic shape.
+const PREFETCH_CHUNKS: usize = 0;
+/// Pipeline stages of the kernels (`MMH_STAGES` in mmh.cu): chunks in the shared-memory ring,
+/// `STAGES - 1` of them in flight while the warps multiply one.
+const STAGES: usize = 4;
+/// f32 per staged activation row (`MMH_XS_STRIDE`): 64 and 4 of padding.
+const XS_STRIDE: usize = 68;
+/// Most blocks per SM by registers (ptxas 12.9 -v, sm_90: 8 warps 172 registers, so one block
+/// of 256 threads; 4 warps at most 164, three of 128).
+const BLOCKS_PER_SM_BY_REGS: [(usize, usize); 2] = [(4, 3), (8, 1)];
 /// Weight rows (gate and up counted both) from which blocks have 8 warps (256 rows, 2 tiles of
 /// 16 per warp) rather than 4: at a given fill of the device, twice the rows per block halve
 /// the re-reads of x from L2 (half a weight byte per byte at 64 rows with 8 warps). Below it
 /// (Qwen3 K/V, Qwen3-0.6B's Q) 8-warp blocks are too few to fill the device without more
-/// splits than columns. A guess from ptxas's register counts (12.9, sm_90, 64 rows: 8 warps
-/// 226 registers, one block per SM; 4 warps 240, two), not yet measured: `cuda_bench mmh`
+/// splits than columns. A guess, not yet measured with the cp.async ring: `cuda_bench mmh`
 /// times both.
 const WIDE_ROWS: usize = 4096;
 
@@ -53,6 +64,20 @@ const WIDE_ROWS: usize = 4096;
 /// reading `splits - 1` partial tiles, 64 KB each at 64 rows and 8 warps). A guess, not yet
 /// measured: `cuda_bench mmh` times both at the automatic shape.
 const MAX_FIXUP_SPLITS: usize = 2;
+
+/// Dynamic shared memory of a launch with `warps` warps per block and `nt` activation tiles
+/// (`MmhSmem<NT, W>::BYTES` in mmh.cu): [`STAGES`] x (weights 32·warps rows x 128 bytes, x
+/// 8·nt rows x [`XS_STRIDE`] f32). 196 KB at 8 warps and 64 rows.
+fn smem_bytes(warps: usize, nt: usize) -> usize {
+    STAGES * (32 * warps * 2 * CHUNK + TILE_N * nt * XS_STRIDE * 4)
+}
+
+/// The device's shared memory in bytes: the most one block may opt in to, and per SM.
+#[derive(Debug, Clone, Copy)]
+struct Smem {
+    block: usize,
+    sm: usize,
+}
 
 /// Every kernel of mmh.cu, for the context's loader.
 pub(super) fn kernel_names() -> Vec<String> {
@@ -112,20 +137,40 @@ fn row_blocks(rows: &[usize], gated: bool, warps: usize) -> usize {
 /// many as keep the f32 partials (splits x n x rows x 4 bytes, written and read back through
 /// L2) within half the weights' bytes (rows x cols x 2): Qwen3-0.6B's 1024 columns at 64 rows
 /// take 4.
-fn auto_shape(rows: &[usize], gated: bool, cols: usize, n: usize, sm_count: usize) -> MmhShape {
+/// None where the device's shared memory per block is too small even for 4 warps.
+fn auto_shape(
+    rows: &[usize],
+    gated: bool,
+    cols: usize,
+    n: usize,
+    sm_count: usize,
+    smem: Smem,
+) -> Option<MmhShape> {
     let weight_rows: usize = rows.iter().sum::<usize>() * if gated { 2 } else { 1 };
-    let warps = if weight_rows >= WIDE_ROWS { 8 } else { 4 };
-    let slots = sm_count * 8 / warps;
-    let blocks = row_blocks(rows, gated, warps).max(1);
     let np = n.clamp(1, MMH_LAUNCH_ROWS).next_multiple_of(TILE_N);
+    let nt = np / TILE_N;
+    let wide = weight_rows >= WIDE_ROWS && smem_bytes(8, nt) <= smem.block;
+    let warps = if wide { 8 } else { 4 };
+    let bytes = smem_bytes(warps, nt);
+    if bytes > smem.block {
+        return None;
+    }
+    // Blocks per SM: shared memory (1 KB of it reserved per block) and registers.
+    let by_regs = BLOCKS_PER_SM_BY_REGS
+        .iter()
+        .find(|&&(w, _)| w == warps)
+        .map_or(1, |&(_, b)| b);
+    let per_sm = (smem.sm / (bytes + 1024)).clamp(1, by_regs);
+    let slots = sm_count * per_sm;
+    let blocks = row_blocks(rows, gated, warps).max(1);
     let most = (cols / CHUNK).min(MAX_SPLITS).min(cols / (4 * np)).max(1);
     let splits = (slots / blocks).clamp(1, most);
-    MmhShape {
+    Some(MmhShape {
         warps,
         splits,
         fixup: splits <= MAX_FIXUP_SPLITS,
         prefetch: PREFETCH_CHUNKS,
-    }
+    })
 }
 
 /// What a forced path asks of MMH: `Some(None)` for `Mmh` (automatic shape), `Some(shape)` for
@@ -167,18 +212,32 @@ impl CudaContext {
             })
     }
 
-    /// Whether the device runs the MMH kernels (bf16 `mma.sync` needs sm_80).
+    /// Whether the device runs the MMH kernels (bf16 `mma.sync` and cp.async need sm_80).
     fn mmh_supported(&self) -> bool {
         self.info().compute_capability.0 >= 8
     }
 
+    /// The device's shared memory per block (opt-in) and per SM.
+    fn mmh_smem(&self) -> Result<Smem> {
+        let ctx = self.stream().context();
+        let at = |a| ctx.attribute(a).map(|v| v.max(0) as usize);
+        Ok(Smem {
+            block: at(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?,
+            sm: at(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR)?,
+        })
+    }
+
     /// Whether automatic path choice sends `n` rows against `ws` to MMH: past the GEMV's
-    /// batches up to [`MMH_MAX_ROWS`], on sm_80+, with `AFM_MMH=1`.
+    /// batches up to [`MMH_MAX_ROWS`], on sm_80+ with the shared memory for 4-warp blocks, with
+    /// `AFM_MMH=1`.
     pub(super) fn mmh_auto(&self, ws: &[&DeviceWeight], n: usize, xp: u64) -> bool {
         (GEMV_MAX_BATCH + 1..=MMH_MAX_ROWS).contains(&n)
             && mmh_env_on()
             && self.mmh_supported()
             && self.mmh_fits(ws, xp)
+            && self
+                .mmh_smem()
+                .is_ok_and(|s| smem_bytes(4, n.div_ceil(TILE_N)) <= s.block)
     }
 
     /// Why MMH cannot serve `ws` at `xp` on this device, if it cannot (forced paths).
@@ -278,17 +337,30 @@ impl CudaContext {
         accumulate: bool,
     ) -> Result<()> {
         let (gated, cols) = (act >= 0, first.cols());
-        let shape = match shape {
-            None => auto_shape(rows, gated, cols, n, self.info().sm_count),
-            Some(s) if WARP_COUNTS.contains(&s.warps) && s.splits >= 1 => s,
-            Some(s) => {
-                return Err(CudaError::Unsupported {
-                    what: "MMH warps per block and K splits",
-                    value: format!("{} warps, {} splits", s.warps, s.splits),
-                    supported: "4 or 8 warps, at least 1 split",
-                })
-            }
-        };
+        let smem = self.mmh_smem()?;
+        let shape =
+            match shape {
+                None => auto_shape(rows, gated, cols, n, self.info().sm_count, smem).ok_or_else(
+                    || CudaError::Unsupported {
+                        what: "MMH shared memory per block",
+                        value: format!(
+                            "{} bytes (4 warps, {} rows; this device allows {})",
+                            smem_bytes(4, n.clamp(1, MMH_LAUNCH_ROWS).div_ceil(TILE_N)),
+                            n.min(MMH_LAUNCH_ROWS),
+                            smem.block
+                        ),
+                        supported: "at most the device's opt-in shared memory per block",
+                    },
+                )?,
+                Some(s) if WARP_COUNTS.contains(&s.warps) && s.splits >= 1 => s,
+                Some(s) => {
+                    return Err(CudaError::Unsupported {
+                        what: "MMH warps per block and K splits",
+                        value: format!("{} warps, {} splits", s.warps, s.splits),
+                        supported: "4 or 8 warps, at least 1 split",
+                    })
+                }
+            };
         // More splits than chunks would leave blocks without columns; mmh_reduce holds at most
         // MAX_SPLITS partials per thread.
         let splits = shape.splits.min(cols / CHUNK);
@@ -321,11 +393,6 @@ impl CudaContext {
             "f16"
         };
         let outs = m.out;
-        let cfg = LaunchConfig {
-            grid_dim: (blocks as u32, splits as u32, 1),
-            block_dim: (32 * shape.warps as u32, 1, 1),
-            shared_mem_bytes: 0,
-        };
         let (ci, si, acc) = (cols as i32, splits as i32, i32::from(accumulate));
         let pf = shape.prefetch.min(cols / CHUNK) as i32;
         let fixup = i32::from(shape.fixup);
@@ -338,7 +405,28 @@ impl CudaContext {
             }
             let x0 = xp + (c0 * cols * 4) as u64;
             let (ni, nt) = (nb as i32, nb.div_ceil(TILE_N));
+            let bytes = smem_bytes(shape.warps, nt);
+            if bytes > smem.block {
+                return Err(CudaError::Unsupported {
+                    what: "MMH shared memory per block",
+                    value: format!(
+                        "{bytes} bytes ({} warps, {nb} rows; this device allows {})",
+                        shape.warps, smem.block
+                    ),
+                    supported: "at most the device's opt-in shared memory per block",
+                });
+            }
+            let cfg = LaunchConfig {
+                grid_dim: (blocks as u32, splits as u32, 1),
+                block_dim: (32 * shape.warps as u32, 1, 1),
+                shared_mem_bytes: bytes as u32,
+            };
+            self.stream().context().bind_to_thread()?;
             let f = self.kernel(&format!("mmh_{ty}_w{}_{nt}", shape.warps))?;
+            f.set_attribute(
+                CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                bytes as i32,
+            )?;
             launch!(self, f, cfg; m, x0, part, done, ci, ni, si, fixup, pf, act, acc)?;
             if splits > 1 && !shape.fixup {
                 // One thread per (row block, activation tile, main-kernel thread).
@@ -352,14 +440,21 @@ impl CudaContext {
     }
 
     /// The shape `Mmh` picks for matrices of `rows` (gated: gate+up of `rows[0]` each) and
-    /// `cols`, as the `MmhWith` path that forces it (benchmarks print and vary it).
+    /// `cols`, as the `MmhWith` path that forces it (benchmarks print and vary it); `Gemm`
+    /// where the device's shared memory per block is too small for MMH at `n` rows.
     pub fn mmh_auto_path(&self, rows: &[usize], gated: bool, cols: usize, n: usize) -> MatmulPath {
-        let s = auto_shape(rows, gated, cols, n, self.info().sm_count);
-        MatmulPath::MmhWith {
-            warps: s.warps,
-            splits: s.splits.min((cols / CHUNK).max(1)),
-            fixup: s.fixup,
-            prefetch: s.prefetch,
+        let shape = self
+            .mmh_smem()
+            .ok()
+            .and_then(|smem| auto_shape(rows, gated, cols, n, self.info().sm_count, smem));
+        match shape {
+            Some(s) => MatmulPath::MmhWith {
+                warps: s.warps,
+                splits: s.splits.min((cols / CHUNK).max(1)),
+                fixup: s.fixup,
+                prefetch: s.prefetch,
+            },
+            None => MatmulPath::Gemm,
         }
     }
 
@@ -400,9 +495,16 @@ impl CudaContext {
 mod tests {
     use super::*;
 
+    /// The H200's shared memory (227 KB per block, 228 KB per SM).
+    const H200: Smem = Smem {
+        block: 232_448,
+        sm: 233_472,
+    };
+
     /// The automatic shapes at Qwen3-8B's and -0.6B's projections on the H200's 132 SMs at 64
     /// rows (16 where noted): 8-warp blocks from 4096 weight rows, splits that fill the device
-    /// once, never more than the chunks nor partials past half the weights' bytes.
+    /// once (one block per SM, two 4-warp blocks at 16 rows: shared memory), never more than
+    /// the chunks nor partials past half the weights' bytes.
     #[test]
     fn auto_shape_fills_the_device_once() {
         let s_at = |rows: &[usize], gated, cols, n| {
@@ -411,7 +513,7 @@ mod tests {
                 splits,
                 fixup,
                 ..
-            } = auto_shape(rows, gated, cols, n, 132);
+            } = auto_shape(rows, gated, cols, n, 132, H200).expect("fits the H200");
             assert_eq!(
                 fixup,
                 splits <= MAX_FIXUP_SPLITS,
@@ -432,5 +534,28 @@ mod tests {
         assert_eq!(s(&[2048, 1024, 1024], false, 1024), (8, 4)); // 16 x 4
         assert_eq!(s(&[1024], false, 3072), (4, 12)); // 8 x 12
         assert_eq!(s(&[10], false, 64), (4, 1)); // one chunk: no split
+    }
+
+    /// The ring's shared memory: 196 KB at 8 warps and 64 rows (the H200 takes it), so an A100
+    /// (163 KB per block) gets 4-warp blocks and a device of 99 KB per block MMH only up to 32
+    /// rows, with 4 warps.
+    #[test]
+    fn auto_shape_fits_the_shared_memory() {
+        assert_eq!(smem_bytes(8, 8), 200_704);
+        assert_eq!(smem_bytes(4, 8), 135_168);
+        let a100 = Smem {
+            block: 166_912,
+            sm: 167_936,
+        };
+        let small = Smem {
+            block: 101_376,
+            sm: 102_400,
+        };
+        let warps = |smem, n| auto_shape(&[4096], false, 4096, n, 108, smem).map(|s| s.warps);
+        assert_eq!(warps(H200, 64), Some(8));
+        assert_eq!(warps(a100, 64), Some(4));
+        assert_eq!(warps(small, 64), None);
+        assert_eq!(warps(small, 32), Some(4));
+        assert_eq!(warps(small, 33), None);
     }
 }

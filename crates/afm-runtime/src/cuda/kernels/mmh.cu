@@ -13,24 +13,39 @@
 //   C 16x8 f32           c0, c1: (row g, cols 2t, 2t+1)  c2, c3: (row g+8, cols 2t, 2t+1)
 // A dot product does not depend on the order of k, so A and B may take any one assignment of a
 // chunk's columns to the mma's k slots. A chunk of 64 columns is four mma (j = 0..3), and lane t
-// holds columns 8t..8t+7 and 32+8t..32+8t+7 of its rows: two 16-byte loads per row, each warp
-// instruction reading 64 contiguous bytes of 8 rows. mma j gives lane t's k slots 2t, 2t+1,
-// 2t+8, 2t+9 to the columns 32(j >> 1) + 8t + 4(j & 1) + 0..3, in A (weights) and B
-// (activations) alike, so the registers are the loaded words as they are:
-//   j = 0: a0 = row g .x, a2 = row g .y, a1/a3 = row g+8 .x/.y of the first load, b = .x, .y
-//   j = 1: the same with .z, .w;  j = 2, 3: the second load's .x/.y and .z/.w.
+// holds columns 8t..8t+7 and 32+8t..32+8t+7 of its rows: two 16-byte shared-memory loads per
+// row. mma j gives lane t's k slots 2t, 2t+1, 2t+8, 2t+9 to the columns 32(j >> 1) + 8t +
+// 4(j & 1) + 0..3, in A (weights) and B (activations) alike, so the A registers are the loaded
+// words as they are and B is x's same columns packed in pairs:
+//   j = 0: a0 = row g .x, a2 = row g .y, a1/a3 = row g+8 .x/.y of the first load,
+//          b0 = x cols 8t, 8t+1, b1 = 8t+2, 8t+3
+//   j = 1: the same with .z, .w and x cols 8t+4..8t+7;  j = 2, 3: the second load's and
+//          x cols 32+8t..32+8t+7.
 //
 // Tiling. A block of W warps (4 or 8) owns 32W consecutive weight rows (warp w: two 16-row
 // tiles, rows 32w.. of the block), or for gate+up 16W rows of both (warp w: gate rows 16w.. and
 // the same up rows, so act(gate) * up is formed from its two tiles), and every activation row
 // (NT tiles of 8). blockIdx.y = s of `splits` takes chunks [s nch / splits, (s+1) nch / splits)
-// of the nch = cols / 64. Per chunk the block stages x's 8NT x 64 slice in shared memory as
-// 16-bit pairs (rows n..8NT zero) while each warp loads its weights straight from global memory
-// into A registers, one chunk ahead (and asks L2 for the chunk `pf` ahead): every weight byte
-// is read once per call; x is re-read by each block from L2.
+// of the nch = cols / 64. Every weight byte is read once per call; x is re-read by each block
+// from L2 (f32: at 64 rows and 8 warps half a byte per weight byte, as cuBLAS's bf16 x with its
+// 128-row tiles).
 //
-//   xs: u32 [8 NT][48] per buffer, two buffers: row c's 64 columns as 32 pairs, then 16 words
-//       of padding (192-byte rows: a quarter warp's two rows land on different banks)
+// Pipeline. The block copies each chunk's weights (32W rows x 128 bytes) and x (8NT rows x 64
+// f32, rows >= n zero-filled) global -> shared by cp.async into a ring of MMH_STAGES stages, up
+// to MMH_STAGES - 1 chunks ahead of the one its warps multiply (~100+ KB in flight per SM with
+// 8 warps: enough for the copy bandwidth at one block per SM), one barrier per chunk. The
+// weights of the first chunks are asked for before pdl_begin (they do not depend on the kernel
+// before; x and the outputs do). Each warp reads its A registers from the stage (one 16-byte
+// load per row and half-chunk, the layout above) and rounds x to 16 bits as it forms B
+// (cvt.rn.{bf16,f16}x2.f32: round to nearest even, as f2bf / f2h).
+//
+//   stage: [32W rows][8 segments of 16 bytes] weights, segment s of row r stored at s ^ 4(r & 1)
+//          (a quarter warp reads rows g, g+1 at segments t or 4+t: no bank conflict), then
+//          [8NT rows][MMH_XS_STRIDE = 68] f32 x (row stride 272 bytes: rows g, g+1 of a
+//          quarter warp's float4 loads land 4 banks apart)
+//   block row r of the stage: rows b 32W + r of the block's matrix, or for gate+up gate rows
+//   b 16W + r (r < 16W) then up rows b 16W + r - 16W; rows past a matrix repeat its last row
+//   (their outputs are not stored)
 //
 // Split-K (splits > 1): each block writes its C fragments, in fragment order, to `part`
 // ([block][split][2 NT][32 W] float4). Then either (fixup) it counts itself in done[block] and
@@ -40,8 +55,9 @@
 // the sum's order is fixed, so the result does not depend on scheduling.
 // accumulate != 0: out += result (the residual add of the O and down projections).
 
-#define MMH_XS_STRIDE 48
+#define MMH_XS_STRIDE 68
 #define MMH_CHUNK 64
+#define MMH_STAGES 4
 
 // Up to three matrices of one type and width against the same activations (Q, K, V): the first
 // ceil(r0 / rb) blocks serve W0, the next ceil(r1 / rb) W1, the rest W2 (rows 0 for absent ones;
@@ -75,12 +91,49 @@ __device__ __forceinline__ void mmh_mma(float (&c)[4], u32 a0, u32 a1, u32 a2, u
 #endif
 }
 
-// Two activations as one register of 16-bit values (a in the low half), rounded as the cuBLAS
-// path's conversion kernels do.
+// Two activations as one register of 16-bit values (a in the low half), rounded to nearest
+// even as the cuBLAS path's conversion kernels (f2bf / f2h) for every finite value. cvt's
+// first source goes to the upper half.
 template <bool BF>
 __device__ __forceinline__ u32 mmh_pack(float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    u32 r;
+    if (BF)
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(b), "f"(a));
+    else
+        asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(b), "f"(a));
+    return r;
+#else
     const u16 lo = BF ? f2bf(a) : f2h(a), hi = BF ? f2bf(b) : f2h(b);
     return (u32)lo | ((u32)hi << 16);
+#endif
+}
+
+// 16 bytes global -> shared without registers (cp.async, sm_80+), or 16 zero bytes when !ok
+// (nothing read then). Before sm_80 a plain copy (these kernels are not launched there).
+__device__ __forceinline__ void mmh_cp16(void* dst, const void* src, bool ok) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    u32 a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(dst));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(a), "l"(src),
+                 "r"(ok ? 16 : 0)
+                 : "memory");
+#else
+    *(uint4*)dst = ok ? *(const uint4*)src : make_uint4(0u, 0u, 0u, 0u);
+#endif
+}
+
+__device__ __forceinline__ void mmh_cp_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+
+// Waits until at most MMH_STAGES - 2 of this thread's copy groups are pending.
+__device__ __forceinline__ void mmh_cp_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;" ::"n"(MMH_STAGES - 2) : "memory");
+#endif
 }
 
 __device__ __forceinline__ float mmh_act(float x, int act) {
@@ -132,70 +185,97 @@ __device__ __forceinline__ MmhWarp mmh_warp(const MmhMats& m, int act, int b, in
     return l;
 }
 
-// Float4s of x per thread per chunk: 8 NT rows x 16.
+// Bytes of one pipeline stage and of the ring (the launch's dynamic shared memory; cuda/mmh.rs
+// `smem_bytes` computes the same).
+template <int NT, int W>
+struct MmhSmem {
+    static constexpr int W_BYTES = 32 * W * 2 * MMH_CHUNK;
+    static constexpr int STAGE = W_BYTES + 8 * NT * MMH_XS_STRIDE * 4;
+    static constexpr int BYTES = MMH_STAGES * STAGE;
+};
+
+// 16-byte pieces a thread copies per chunk: weights 32W rows x 8 = 8 per thread, x 8NT rows x 16
+// spread over the block (some threads none at small NT).
 template <int NT, int W>
 struct MmhX {
     static constexpr int PER = (NT * 128 + 32 * W - 1) / (32 * W);
 };
 
-// This thread's share of x's chunk `c` (rows >= n zero), loaded now, stored later.
+// This thread's weight pieces k = 0..7: block row (tid >> 3) + 4W k, segment tid & 7 (8 threads
+// per 128-byte row: coalesced); src[k] points at the piece in chunk 0.
+template <int W>
+__device__ __forceinline__ void mmh_w_sources(const MmhMats& m, int act, int cols,
+                                              const u16* (&src)[8]) {
+    const int r0 = threadIdx.x >> 3, seg = threadIdx.x & 7;
+    const MmhWarp l = mmh_warp(m, act, blockIdx.x, 0, W);  // the block's first rows
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        const int r = r0 + 4 * W * k;
+        // Gate+up: gate rows first (k < 4: r < 16W), then the same up rows.
+        const bool up = act >= 0 && k >= 4;
+        const int row = min(l.row0[0] + (up ? r - 16 * W : r), l.rows - 1);
+        src[k] = (up ? l.w[1] : l.w[0]) + (i64)row * cols + 8 * seg;
+    }
+}
+
+// Asks for chunk c's weights into stage `st` (segment swizzled: see the stage layout).
+template <int W>
+__device__ __forceinline__ void mmh_copy_w(unsigned char* st, const u16* const (&src)[8], int c) {
+    const int r0 = threadIdx.x >> 3, seg = threadIdx.x & 7;
+    unsigned char* d = st + r0 * 2 * MMH_CHUNK + 16 * (seg ^ ((r0 & 1) << 2));
+#pragma unroll
+    for (int k = 0; k < 8; k++) mmh_cp16(d + k * 4 * W * 2 * MMH_CHUNK, src[k] + MMH_CHUNK * c, true);
+}
+
+// Asks for chunk c's activations (rows >= n zero) into stage `st`.
 template <int NT, int W>
-__device__ __forceinline__ void mmh_load_x(const float* x, int cols, int n, int c,
-                                           float4 (&xr)[MmhX<NT, W>::PER]) {
+__device__ __forceinline__ void mmh_copy_x(unsigned char* st, const float* x, int cols, int n,
+                                           int c) {
+    float* xs = (float*)(st + MmhSmem<NT, W>::W_BYTES);
 #pragma unroll
     for (int i = 0; i < MmhX<NT, W>::PER; i++) {
         const int idx = threadIdx.x + 32 * W * i, row = idx >> 4, c4 = idx & 15;
-        xr[i] = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (idx < NT * 128 && row < n)
-            xr[i] = *(const float4*)(x + (i64)row * cols + MMH_CHUNK * c + 4 * c4);
+        if (idx < NT * 128) {
+            const bool ok = row < n;
+            const float* p = ok ? x + (i64)row * cols + MMH_CHUNK * c + 4 * c4 : x;
+            mmh_cp16(xs + row * MMH_XS_STRIDE + 4 * c4, p, ok);
+        }
     }
-}
-
-template <bool BF, int NT, int W>
-__device__ __forceinline__ void mmh_store_x(u32 (*xs)[MMH_XS_STRIDE],
-                                            const float4 (&xr)[MmhX<NT, W>::PER]) {
-#pragma unroll
-    for (int i = 0; i < MmhX<NT, W>::PER; i++) {
-        const int idx = threadIdx.x + 32 * W * i, row = idx >> 4, c4 = idx & 15;
-        if (idx < NT * 128)
-            *(uint2*)&xs[row][2 * c4] =
-                make_uint2(mmh_pack<BF>(xr[i].x, xr[i].y), mmh_pack<BF>(xr[i].z, xr[i].w));
-    }
-}
-
-// The warp's weights of chunk c: wv[mt][h][q] = row row0[mt] + 8h + g, columns 64c + 32q + 8t..+7
-// (rows past the matrix read its last row; their outputs are not stored).
-__device__ __forceinline__ void mmh_load_w(const u16* const (&wp)[2][2], int c,
-                                           uint4 (&wv)[2][2][2]) {
-#pragma unroll
-    for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-        for (int h = 0; h < 2; h++)
-#pragma unroll
-            for (int q = 0; q < 2; q++)
-                wv[mt][h][q] = *(const uint4*)(wp[mt][h] + MMH_CHUNK * c + 32 * q);
 }
 
 __device__ __forceinline__ void mmh_prefetch(const u16* p) {
     asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 }
 
-// One chunk: 4 mma per (weight tile, activation tile), B from the staged activations.
-template <bool BF, int NT>
-__device__ __forceinline__ void mmh_chunk(const u32 (*xs)[MMH_XS_STRIDE],
-                                          const uint4 (&wv)[2][2][2], int g, int t,
-                                          float (&acc)[2][NT][4]) {
+// One chunk from stage `st`: per half chunk q, the A registers of each weight tile (rows g and
+// g + 8 of the tile at block row rt[mt]; columns 32q + 8t..+7) and, per activation tile, x's
+// same columns rounded to 16 bits as B; 2 mma per (q, weight tile, activation tile).
+template <bool BF, int NT, int W>
+__device__ __forceinline__ void mmh_chunk(const unsigned char* st, const int (&rt)[2], int g,
+                                          int t, float (&acc)[2][NT][4]) {
+    const float* xs = (const float*)(st + MmhSmem<NT, W>::W_BYTES);
+    const int sw = (g & 1) << 2;  // rt[mt] + 8h + g has g's parity
 #pragma unroll
-    for (int nt = 0; nt < NT; nt++) {
-        const uint4 b0 = *(const uint4*)&xs[8 * nt + g][4 * t];
-        const uint4 b1 = *(const uint4*)&xs[8 * nt + g][16 + 4 * t];
+    for (int q = 0; q < 2; q++) {
+        uint4 a[2][2];
 #pragma unroll
-        for (int mt = 0; mt < 2; mt++) {
-            const uint4 *r = wv[mt][0], *s = wv[mt][1];  // rows g and g + 8
-            mmh_mma<BF>(acc[mt][nt], r[0].x, s[0].x, r[0].y, s[0].y, b0.x, b0.y);
-            mmh_mma<BF>(acc[mt][nt], r[0].z, s[0].z, r[0].w, s[0].w, b0.z, b0.w);
-            mmh_mma<BF>(acc[mt][nt], r[1].x, s[1].x, r[1].y, s[1].y, b1.x, b1.y);
-            mmh_mma<BF>(acc[mt][nt], r[1].z, s[1].z, r[1].w, s[1].w, b1.z, b1.w);
+        for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+                a[mt][h] = *(const uint4*)(st + (rt[mt] + 8 * h + g) * 2 * MMH_CHUNK +
+                                           16 * ((4 * q + t) ^ sw));
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            const float* xr = xs + (8 * nt + g) * MMH_XS_STRIDE + 32 * q + 8 * t;
+            const float4 f0 = *(const float4*)xr, f1 = *(const float4*)(xr + 4);
+            const u32 b0 = mmh_pack<BF>(f0.x, f0.y), b1 = mmh_pack<BF>(f0.z, f0.w);
+            const u32 b2 = mmh_pack<BF>(f1.x, f1.y), b3 = mmh_pack<BF>(f1.z, f1.w);
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++) {
+                const uint4 &r = a[mt][0], &s = a[mt][1];  // rows g and g + 8
+                mmh_mma<BF>(acc[mt][nt], r.x, s.x, r.y, s.y, b0, b1);
+                mmh_mma<BF>(acc[mt][nt], r.z, s.z, r.w, s.w, b2, b3);
+            }
         }
     }
 }
@@ -318,19 +398,16 @@ template <bool BF, int NT, int W>
 __device__ __forceinline__ void mmh(const MmhMats& m, const float* x, float4* part, int* done,
                                     int cols, int n, int splits, int fixup, int pf, int act,
                                     int accumulate) {
-    __shared__ __align__(16) u32 xs[2][8 * NT][MMH_XS_STRIDE];
+    extern __shared__ __align__(16) unsigned char mmh_smem[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const MmhWarp l = mmh_warp(m, act, blockIdx.x, warp, W);
-    const u16* wp[2][2];
-#pragma unroll
-    for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int r = min(l.row0[mt] + 8 * h + g, l.rows - 1);
-            wp[mt][h] = l.w[mt] + (i64)r * cols + 8 * t;
-        }
-    // L2 prefetch `pf` chunks ahead: lane L asks for the 128-byte line of the warp's row L
-    // (tile L >> 4, row L & 15), deepening the pipeline past the one chunk held in registers.
+    // The warp's two tiles as block rows of a stage.
+    const int rt[2] = {act >= 0 ? 16 * warp : 32 * warp,
+                       act >= 0 ? 16 * W + 16 * warp : 32 * warp + 16};
+    const u16* src[8];
+    mmh_w_sources<W>(m, act, cols, src);
+    // L2 prefetch `pf` chunks ahead (0: none): lane L asks for the 128-byte line of the warp's
+    // row L (tile L >> 4, row L & 15); only useful past the MMH_STAGES - 1 chunks in flight.
     // (Selected, not indexed: a run-time index would put `l` on the stack.)
     const bool pf_hi = lane >= 16;
     const u16* pfp = (pf_hi ? l.w[1] : l.w[0]) +
@@ -344,36 +421,35 @@ __device__ __forceinline__ void mmh(const MmhMats& m, const float* x, float4* pa
         for (int nt = 0; nt < NT; nt++)
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[mt][nt][e] = 0.f;
-    uint4 wv[2][2][2], wn[2][2][2];
-    float4 xr[MmhX<NT, W>::PER];
-    if (c0 < c1) {
-        // Chunks c0 + 2 .. c0 + pf - 1 (c0 + 1 is loaded by the first step, later ones by the
-        // step pf before).
-        for (int d = 2; l.active && d < pf && c0 + d < c1; d++) mmh_prefetch(pfp + MMH_CHUNK * (c0 + d));
-        if (l.active) mmh_load_w(wp, c0, wv);
-        mmh_load_x<NT, W>(x, cols, n, c0, xr);
-        mmh_store_x<BF, NT, W>(xs[0], xr);
-        __syncthreads();
+    // Prologue: the first MMH_STAGES - 1 chunks' weights before waiting for the kernel before
+    // (which x comes from), then their x, one copy group per chunk (the first holds all their
+    // weights too).
+#pragma unroll
+    for (int d = 0; d < MMH_STAGES - 1; d++)
+        if (c0 + d < c1) mmh_copy_w<W>(mmh_smem + d * MmhSmem<NT, W>::STAGE, src, c0 + d);
+    pdl_begin();
+#pragma unroll
+    for (int d = 0; d < MMH_STAGES - 1; d++) {
+        if (c0 + d < c1) mmh_copy_x<NT, W>(mmh_smem + d * MmhSmem<NT, W>::STAGE, x, cols, n, c0 + d);
+        mmh_cp_commit();
     }
     for (int c = c0; c < c1; c++) {
-        const int buf = (c - c0) & 1;
-        const bool more = c + 1 < c1;
-        // The next chunk's loads go out before this chunk's mma.
-        if (l.active && pf > 0 && c + pf < c1) mmh_prefetch(pfp + MMH_CHUNK * (c + pf));
-        if (more) {
-            if (l.active) mmh_load_w(wp, c + 1, wn);
-            mmh_load_x<NT, W>(x, cols, n, c + 1, xr);
-        }
-        if (l.active) mmh_chunk<BF, NT>(xs[buf], wv, g, t, acc);
-        // xs[buf ^ 1] was last read before the previous barrier.
-        if (more) mmh_store_x<BF, NT, W>(xs[buf ^ 1], xr);
+        // Chunk c's group has landed (the groups of the MMH_STAGES - 2 chunks after it may be
+        // pending), for every thread after the barrier; every warp is past chunk c - 1, whose
+        // stage now takes chunk c + MMH_STAGES - 1.
+        mmh_cp_wait();
         __syncthreads();
-#pragma unroll
-        for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-            for (int h = 0; h < 2; h++)
-#pragma unroll
-                for (int q = 0; q < 2; q++) wv[mt][h][q] = wn[mt][h][q];
+        const int cn = c + MMH_STAGES - 1;
+        if (cn < c1) {
+            unsigned char* st = mmh_smem + ((cn - c0) % MMH_STAGES) * MmhSmem<NT, W>::STAGE;
+            mmh_copy_w<W>(st, src, cn);
+            mmh_copy_x<NT, W>(st, x, cols, n, cn);
+        }
+        mmh_cp_commit();  // empty past the end: the count of groups stays one per chunk
+        if (l.active && pf > 0 && c + pf < c1) mmh_prefetch(pfp + MMH_CHUNK * (c + pf));
+        if (l.active)
+            mmh_chunk<BF, NT, W>(mmh_smem + ((c - c0) % MMH_STAGES) * MmhSmem<NT, W>::STAGE, rt,
+                                 g, t, acc);
     }
     if (splits > 1 && !fixup) {
         if (l.active) mmh_write_part<NT, W>(acc, part, splits);  // mmh_reduce sums them
@@ -424,12 +500,11 @@ extern "C" __global__ void mmh_reduce(MmhMats m, const float4* part, int blocks,
 // of 32 W threads (cuda/mmh.rs picks W and the splits). `part` and `done`: split-K scratch
 // (unused when splits == 1; done zero between launches); fixup: 1 = the last split to arrive
 // sums the partials in the kernel, 0 = mmh_reduce (launched next) does; pf: L2 prefetch
-// distance in chunks (0: none).
+// distance in chunks (0: none). Dynamic shared memory: MmhSmem<NT, W>::BYTES.
 #define MMH(T, BF, W, NT)                                                                      \
     extern "C" __global__ void __launch_bounds__(32 * W) mmh_##T##_w##W##_##NT(                \
         MmhMats m, const float* x, float4* part, int* done, int cols, int n, int splits,      \
         int fixup, int pf, int act, int accumulate) {                                          \
-        pdl_begin();                                                                           \
         mmh<BF, NT, W>(m, x, part, done, cols, n, splits, fixup, pf, act, accumulate);         \
     }
 #define MMH_ALL(NT) MMH(bf16, true, 4, NT) MMH(bf16, true, 8, NT) MMH(f16, false, 4, NT) \
