@@ -24,7 +24,6 @@ Reference: the weights times x rounded to bf16 / f16 by numpy (round to nearest 
 Relative error should be float accumulation (~1e-7).
 """
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -117,7 +116,6 @@ static inline u32 mmh_pack(float a, float b) {
 // only when a wait_group needs it (lazy: a read before its wait sees stale or poisoned bytes),
 // or at once (eager: a copy into a stage still being read would change what is read). Sources
 // must lie inside the weights or x, destinations inside the launch's dynamic shared memory.
-#define MMH_STAGES_EMU %d
 alignas(16) static unsigned char emu_smem[232448];
 static size_t emu_smem_bytes;
 static bool eager;
@@ -143,8 +141,9 @@ static void mmh_cp16(void* d, const void* s, bool ok) {
     if (eager) land({d, s, ok}); else cp_open.push_back({d, s, ok});
 }
 static void mmh_cp_commit() { cp_groups.push_back(cp_open); cp_open.clear(); }
-static void mmh_cp_wait() {   // cp.async.wait_group MMH_STAGES - 2
-    while (cp_groups.size() > MMH_STAGES_EMU - 2) {
+template <int N>
+static void mmh_cp_wait() {   // cp.async.wait_group N
+    while (cp_groups.size() > N) {
         for (const Cp& c : cp_groups.front()) land(c);
         cp_groups.erase(cp_groups.begin());
     }
@@ -270,8 +269,9 @@ int main(int argc, char** argv) {
         for (int i = 0; i < 3; i++) o[i] = i < nout ? outs[i].data() + (size_t)c0 * rs[i] : nullptr;
         const MmhMats m{w[0], w[1], w[2], o[0], o[1], o[2], rs[0], act >= 0 ? rs[0] : rs[1], rs[2]};
         const float* x0 = x + (size_t)c0 * cols;
-        // cuda/mmh.rs's smem_bytes: MMH_STAGES x (weights 32W rows x 128 B + x 8NT rows x 272 B).
-        emu_smem_bytes = (size_t)MMH_STAGES * (4096 * warps + 2176 * nt);
+        // cuda/mmh.rs's smem_bytes: MMH_STAGES x (weights 32W rows x 128 B + x 8NT rows x 256 B),
+        // then two 16-bit x buffers of 8NT rows x 192 B.
+        emu_smem_bytes = (size_t)MMH_STAGES * (4096 * warps + 2048 * nt) + 2 * 1536 * nt;
         if (emu_smem_bytes > sizeof emu_smem) { fprintf(stderr, "smem too large\n"); return 4; }
         run_grid((unsigned)blocks, (unsigned)splits, 32 * warps, seed, [&] {
             KERNELS[bf][warps / 8][nt](m, x0, part.data(), done.data(), cols, nb, splits, fixup, 3, act,
@@ -291,8 +291,7 @@ int main(int argc, char** argv) {
     }
 }
 '''
-stages = int(re.search(r"#define MMH_STAGES (\d+)", src).group(1))
-open("emu.cpp", "w").write(prelude.replace("%d", str(stages)) + body + driver)
+open("emu.cpp", "w").write(prelude + body + driver)
 r = subprocess.run(["g++", "-O2", "-std=c++20", "-pthread", "-ffp-contract=off", "-o", "emu", "emu.cpp"],
                    capture_output=True, text=True)
 if r.returncode:

@@ -39,17 +39,15 @@ const WARP_COUNTS: [usize; 2] = [4, 8];
 /// Most K splits of one launch (partials and the last block's sum grow with them).
 const MAX_SPLITS: usize = 16;
 /// How many 64-column chunks ahead each warp asks L2 for its weights (`pf` in mmh.cu): none, as
-/// the cp.async ring already has `STAGES - 1` chunks in flight (96 KB per SM with 8 warps,
-/// about three times what the copy bandwidth needs at a microsecond's latency). Not yet
+/// the cp.async ring already has `STAGES - 2` chunks in flight past the next (64 KB per SM with
+/// 8 warps, about twice what the copy bandwidth needs at a microsecond's latency). Not yet
 /// measured with the ring: `cuda_bench mmh` times 0, 2 and 8 at the automatic shape.
 const PREFETCH_CHUNKS: usize = 0;
 /// Pipeline stages of the kernels (`MMH_STAGES` in mmh.cu): chunks in the shared-memory ring,
-/// `STAGES - 1` of them in flight while the warps multiply one.
+/// the one the warps multiply, the next (its x being rounded) and `STAGES - 2` in flight.
 const STAGES: usize = 4;
-/// f32 per staged activation row (`MMH_XS_STRIDE`): 64 and 4 of padding.
-const XS_STRIDE: usize = 68;
-/// Most blocks per SM by registers (ptxas 12.9 -v, sm_90: 8 warps 172 registers, so one block
-/// of 256 threads; 4 warps at most 164, three of 128).
+/// Words per row of the 16-bit x buffers (`MMH_XB_STRIDE`): 32 pairs and 16 of padding.
+const XB_STRIDE: usize = 48;
 const BLOCKS_PER_SM_BY_REGS: [(usize, usize); 2] = [(4, 3), (8, 1)];
 /// Weight rows (gate and up counted both) from which blocks have 8 warps (256 rows, 2 tiles of
 /// 16 per warp) rather than 4: at a given fill of the device, twice the rows per block halve
@@ -67,9 +65,14 @@ const MAX_FIXUP_SPLITS: usize = 2;
 
 /// Dynamic shared memory of a launch with `warps` warps per block and `nt` activation tiles
 /// (`MmhSmem<NT, W>::BYTES` in mmh.cu): [`STAGES`] x (weights 32·warps rows x 128 bytes, x
-/// 8·nt rows x [`XS_STRIDE`] f32). 196 KB at 8 warps and 64 rows.
+/// 8·nt rows x 64 f32), then two 16-bit x buffers of 8·nt rows x [`XB_STRIDE`] words. 216 KB
+/// at 8 warps and 64 rows.
 fn smem_bytes(warps: usize, nt: usize) -> usize {
-    STAGES * (32 * warps * 2 * CHUNK + TILE_N * nt * XS_STRIDE * 4)
+    let (stage, xb) = (
+        32 * warps * 2 * CHUNK + TILE_N * nt * CHUNK * 4,
+        TILE_N * nt * XB_STRIDE * 4,
+    );
+    STAGES * stage + 2 * xb
 }
 
 /// The device's shared memory in bytes: the most one block may opt in to, and per SM.
@@ -536,13 +539,13 @@ mod tests {
         assert_eq!(s(&[10], false, 64), (4, 1)); // one chunk: no split
     }
 
-    /// The ring's shared memory: 196 KB at 8 warps and 64 rows (the H200 takes it), so an A100
-    /// (163 KB per block) gets 4-warp blocks and a device of 99 KB per block MMH only up to 32
+    /// The ring's shared memory: 216 KB at 8 warps and 64 rows (the H200 takes it), so an A100
+    /// (163 KB per block) gets 4-warp blocks and a device of 99 KB per block MMH only up to 24
     /// rows, with 4 warps.
     #[test]
     fn auto_shape_fits_the_shared_memory() {
-        assert_eq!(smem_bytes(8, 8), 200_704);
-        assert_eq!(smem_bytes(4, 8), 135_168);
+        assert_eq!(smem_bytes(8, 8), 221_184);
+        assert_eq!(smem_bytes(4, 8), 155_648);
         let a100 = Smem {
             block: 166_912,
             sm: 167_936,
@@ -555,7 +558,7 @@ mod tests {
         assert_eq!(warps(H200, 64), Some(8));
         assert_eq!(warps(a100, 64), Some(4));
         assert_eq!(warps(small, 64), None);
-        assert_eq!(warps(small, 32), Some(4));
-        assert_eq!(warps(small, 33), None);
+        assert_eq!(warps(small, 24), Some(4));
+        assert_eq!(warps(small, 25), None);
     }
 }

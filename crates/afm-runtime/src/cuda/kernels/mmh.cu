@@ -32,17 +32,21 @@
 //
 // Pipeline. The block copies each chunk's weights (32W rows x 128 bytes) and x (8NT rows x 64
 // f32, rows >= n zero-filled) global -> shared by cp.async into a ring of MMH_STAGES stages, up
-// to MMH_STAGES - 1 chunks ahead of the one its warps multiply (~100+ KB in flight per SM with
-// 8 warps: enough for the copy bandwidth at one block per SM), one barrier per chunk. The
-// weights of the first chunks are asked for before pdl_begin (they do not depend on the kernel
-// before; x and the outputs do). Each warp reads its A registers from the stage (one 16-byte
-// load per row and half-chunk, the layout above) and rounds x to 16 bits as it forms B
-// (cvt.rn.{bf16,f16}x2.f32: round to nearest even, as f2bf / f2h).
+// to MMH_STAGES - 1 chunks ahead of the one its warps multiply, one barrier per chunk. While
+// the warps multiply chunk c, the block rounds chunk c + 1's x (landed) to 16-bit pairs into
+// the other half of a double buffer (cvt.rn.{bf16,f16}x2.f32: round to nearest even, as f2bf
+// / f2h), so chunks c + 2 .. c + MMH_STAGES - 1 are in flight (64 KB per SM with 8 warps: about
+// twice what the copy bandwidth needs at a microsecond's latency) and x is rounded once per
+// block rather than once per warp. The weights of the first chunks are asked for before
+// pdl_begin (they do not depend on the kernel before; x and the outputs do). Each warp reads
+// its A registers from the stage (one 16-byte load per row and half chunk: the layout above).
 //
 //   stage: [32W rows][8 segments of 16 bytes] weights, segment s of row r stored at s ^ 4(r & 1)
 //          (a quarter warp reads rows g, g+1 at segments t or 4+t: no bank conflict), then
-//          [8NT rows][MMH_XS_STRIDE = 68] f32 x (row stride 272 bytes: rows g, g+1 of a
-//          quarter warp's float4 loads land 4 banks apart)
+//          [8NT rows][64] f32 x
+//   xb (after the ring, two buffers): u32 [8NT][MMH_XB_STRIDE = 48], row c's 64 columns as 32
+//          pairs, then 16 words of padding (192-byte rows: a quarter warp's two rows land on
+//          different banks)
 //   block row r of the stage: rows b 32W + r of the block's matrix, or for gate+up gate rows
 //   b 16W + r (r < 16W) then up rows b 16W + r - 16W; rows past a matrix repeat its last row
 //   (their outputs are not stored)
@@ -55,7 +59,7 @@
 // the sum's order is fixed, so the result does not depend on scheduling.
 // accumulate != 0: out += result (the residual add of the O and down projections).
 
-#define MMH_XS_STRIDE 68
+#define MMH_XB_STRIDE 48
 #define MMH_CHUNK 64
 #define MMH_STAGES 4
 
@@ -129,10 +133,11 @@ __device__ __forceinline__ void mmh_cp_commit() {
 #endif
 }
 
-// Waits until at most MMH_STAGES - 2 of this thread's copy groups are pending.
+// Waits until at most N of this thread's copy groups are pending.
+template <int N>
 __device__ __forceinline__ void mmh_cp_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.wait_group %0;" ::"n"(MMH_STAGES - 2) : "memory");
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 #endif
 }
 
@@ -185,13 +190,14 @@ __device__ __forceinline__ MmhWarp mmh_warp(const MmhMats& m, int act, int b, in
     return l;
 }
 
-// Bytes of one pipeline stage and of the ring (the launch's dynamic shared memory; cuda/mmh.rs
-// `smem_bytes` computes the same).
+// Bytes of one pipeline stage, and of all the dynamic shared memory: the ring, then the two
+// 16-bit x buffers (cuda/mmh.rs `smem_bytes` computes the same).
 template <int NT, int W>
 struct MmhSmem {
     static constexpr int W_BYTES = 32 * W * 2 * MMH_CHUNK;
-    static constexpr int STAGE = W_BYTES + 8 * NT * MMH_XS_STRIDE * 4;
-    static constexpr int BYTES = MMH_STAGES * STAGE;
+    static constexpr int STAGE = W_BYTES + 8 * NT * MMH_CHUNK * 4;
+    static constexpr int XB = 8 * NT * MMH_XB_STRIDE * 4;
+    static constexpr int BYTES = MMH_STAGES * STAGE + 2 * XB;
 };
 
 // 16-byte pieces a thread copies per chunk: weights 32W rows x 8 = 8 per thread, x 8NT rows x 16
@@ -238,7 +244,22 @@ __device__ __forceinline__ void mmh_copy_x(unsigned char* st, const float* x, in
         if (idx < NT * 128) {
             const bool ok = row < n;
             const float* p = ok ? x + (i64)row * cols + MMH_CHUNK * c + 4 * c4 : x;
-            mmh_cp16(xs + row * MMH_XS_STRIDE + 4 * c4, p, ok);
+            mmh_cp16(xs + row * MMH_CHUNK + 4 * c4, p, ok);
+        }
+    }
+}
+
+// Rounds this thread's pieces of stage `st`'s x (the ones it copied) into the 16-bit buffer xb.
+template <bool BF, int NT, int W>
+__device__ __forceinline__ void mmh_round_x(const unsigned char* st, u32* xb) {
+    const float* xs = (const float*)(st + MmhSmem<NT, W>::W_BYTES);
+#pragma unroll
+    for (int i = 0; i < MmhX<NT, W>::PER; i++) {
+        const int idx = threadIdx.x + 32 * W * i, row = idx >> 4, c4 = idx & 15;
+        if (idx < NT * 128) {
+            const float4 v = *(const float4*)(xs + row * MMH_CHUNK + 4 * c4);
+            *(uint2*)(xb + row * MMH_XB_STRIDE + 2 * c4) =
+                make_uint2(mmh_pack<BF>(v.x, v.y), mmh_pack<BF>(v.z, v.w));
         }
     }
 }
@@ -247,13 +268,14 @@ __device__ __forceinline__ void mmh_prefetch(const u16* p) {
     asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 }
 
-// One chunk from stage `st`: per half chunk q, the A registers of each weight tile (rows g and
-// g + 8 of the tile at block row rt[mt]; columns 32q + 8t..+7) and, per activation tile, x's
-// same columns rounded to 16 bits as B; 2 mma per (q, weight tile, activation tile).
-template <bool BF, int NT, int W>
-__device__ __forceinline__ void mmh_chunk(const unsigned char* st, const int (&rt)[2], int g,
-                                          int t, float (&acc)[2][NT][4]) {
-    const float* xs = (const float*)(st + MmhSmem<NT, W>::W_BYTES);
+// One chunk: weights from stage `st`, x from the 16-bit buffer xb. Per half chunk q, the A
+// registers of each weight tile (rows g and g + 8 of the tile at block row rt[mt]; columns
+// 32q + 8t..+7) and per activation tile x's same columns as B; 2 mma per (q, weight tile,
+// activation tile).
+template <bool BF, int NT>
+__device__ __forceinline__ void mmh_chunk(const unsigned char* st, const u32* xb,
+                                          const int (&rt)[2], int g, int t,
+                                          float (&acc)[2][NT][4]) {
     const int sw = (g & 1) << 2;  // rt[mt] + 8h + g has g's parity
 #pragma unroll
     for (int q = 0; q < 2; q++) {
@@ -266,15 +288,12 @@ __device__ __forceinline__ void mmh_chunk(const unsigned char* st, const int (&r
                                            16 * ((4 * q + t) ^ sw));
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) {
-            const float* xr = xs + (8 * nt + g) * MMH_XS_STRIDE + 32 * q + 8 * t;
-            const float4 f0 = *(const float4*)xr, f1 = *(const float4*)(xr + 4);
-            const u32 b0 = mmh_pack<BF>(f0.x, f0.y), b1 = mmh_pack<BF>(f0.z, f0.w);
-            const u32 b2 = mmh_pack<BF>(f1.x, f1.y), b3 = mmh_pack<BF>(f1.z, f1.w);
+            const uint4 b = *(const uint4*)(xb + (8 * nt + g) * MMH_XB_STRIDE + 16 * q + 4 * t);
 #pragma unroll
             for (int mt = 0; mt < 2; mt++) {
                 const uint4 &r = a[mt][0], &s = a[mt][1];  // rows g and g + 8
-                mmh_mma<BF>(acc[mt][nt], r.x, s.x, r.y, s.y, b0, b1);
-                mmh_mma<BF>(acc[mt][nt], r.z, s.z, r.w, s.w, b2, b3);
+                mmh_mma<BF>(acc[mt][nt], r.x, s.x, r.y, s.y, b.x, b.y);
+                mmh_mma<BF>(acc[mt][nt], r.z, s.z, r.w, s.w, b.z, b.w);
             }
         }
     }
@@ -423,33 +442,42 @@ __device__ __forceinline__ void mmh(const MmhMats& m, const float* x, float4* pa
             for (int e = 0; e < 4; e++) acc[mt][nt][e] = 0.f;
     // Prologue: the first MMH_STAGES - 1 chunks' weights before waiting for the kernel before
     // (which x comes from), then their x, one copy group per chunk (the first holds all their
-    // weights too).
+    // weights too); then the first chunk's x rounded into xb[0].
+    using S = MmhSmem<NT, W>;
+    // xb(k): buffer k & 1 (arithmetic, not an array: a run-time index would go to the stack).
+    u32* const xb0 = (u32*)(mmh_smem + MMH_STAGES * S::STAGE);
+    auto xb = [xb0](int k) { return xb0 + (k & 1) * (S::XB / 4); };
 #pragma unroll
     for (int d = 0; d < MMH_STAGES - 1; d++)
-        if (c0 + d < c1) mmh_copy_w<W>(mmh_smem + d * MmhSmem<NT, W>::STAGE, src, c0 + d);
+        if (c0 + d < c1) mmh_copy_w<W>(mmh_smem + d * S::STAGE, src, c0 + d);
     pdl_begin();
 #pragma unroll
     for (int d = 0; d < MMH_STAGES - 1; d++) {
-        if (c0 + d < c1) mmh_copy_x<NT, W>(mmh_smem + d * MmhSmem<NT, W>::STAGE, x, cols, n, c0 + d);
+        if (c0 + d < c1) mmh_copy_x<NT, W>(mmh_smem + d * S::STAGE, x, cols, n, c0 + d);
         mmh_cp_commit();
     }
+    if (c0 < c1) {
+        mmh_cp_wait<MMH_STAGES - 2>();  // chunk c0's group (each thread rounds its own copies)
+        mmh_round_x<BF, NT, W>(mmh_smem, xb(0));
+    }
     for (int c = c0; c < c1; c++) {
-        // Chunk c's group has landed (the groups of the MMH_STAGES - 2 chunks after it may be
-        // pending), for every thread after the barrier; every warp is past chunk c - 1, whose
-        // stage now takes chunk c + MMH_STAGES - 1.
-        mmh_cp_wait();
+        const int i = c - c0;
+        // Chunk c + 1's group has landed (the groups of the MMH_STAGES - 3 chunks after it may
+        // be pending); after the barrier every warp is past chunk c - 1, so its stage takes
+        // chunk c + MMH_STAGES - 1 and its x buffer chunk c + 1's rounded x, and xb(i)
+        // (chunk c's, rounded in the step before) is complete.
+        mmh_cp_wait<MMH_STAGES - 3>();
         __syncthreads();
         const int cn = c + MMH_STAGES - 1;
         if (cn < c1) {
-            unsigned char* st = mmh_smem + ((cn - c0) % MMH_STAGES) * MmhSmem<NT, W>::STAGE;
+            unsigned char* st = mmh_smem + ((i + MMH_STAGES - 1) % MMH_STAGES) * S::STAGE;
             mmh_copy_w<W>(st, src, cn);
             mmh_copy_x<NT, W>(st, x, cols, n, cn);
         }
         mmh_cp_commit();  // empty past the end: the count of groups stays one per chunk
+        if (c + 1 < c1) mmh_round_x<BF, NT, W>(mmh_smem + ((i + 1) % MMH_STAGES) * S::STAGE, xb(i + 1));
         if (l.active && pf > 0 && c + pf < c1) mmh_prefetch(pfp + MMH_CHUNK * (c + pf));
-        if (l.active)
-            mmh_chunk<BF, NT, W>(mmh_smem + ((c - c0) % MMH_STAGES) * MmhSmem<NT, W>::STAGE, rt,
-                                 g, t, acc);
+        if (l.active) mmh_chunk<BF, NT>(mmh_smem + (i % MMH_STAGES) * S::STAGE, xb(i), rt, g, t, acc);
     }
     if (splits > 1 && !fixup) {
         if (l.active) mmh_write_part<NT, W>(acc, part, splits);  // mmh_reduce sums them
