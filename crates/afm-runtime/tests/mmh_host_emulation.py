@@ -269,9 +269,9 @@ int main(int argc, char** argv) {
         for (int i = 0; i < 3; i++) o[i] = i < nout ? outs[i].data() + (size_t)c0 * rs[i] : nullptr;
         const MmhMats m{w[0], w[1], w[2], o[0], o[1], o[2], rs[0], act >= 0 ? rs[0] : rs[1], rs[2]};
         const float* x0 = x + (size_t)c0 * cols;
-        // cuda/mmh.rs's smem_bytes: MMH_STAGES x (weights 32W rows x 128 B + x 8NT rows x 256 B),
-        // then two 16-bit x buffers of 8NT rows x 192 B.
-        emu_smem_bytes = (size_t)MMH_STAGES * (4096 * warps + 2048 * nt) + 2 * 1536 * nt;
+        // cuda/mmh.rs's smem_bytes: 4 (8 warps) or 6 (4 warps) stages x (weights 32W rows x
+        // 128 B + x 8NT rows x 256 B), then two 16-bit x buffers of 8NT rows x 192 B.
+        emu_smem_bytes = (size_t)(warps == 8 ? 4 : 6) * (4096 * warps + 2048 * nt) + 2 * 1536 * nt;
         if (emu_smem_bytes > sizeof emu_smem) { fprintf(stderr, "smem too large\n"); return 4; }
         run_grid((unsigned)blocks, (unsigned)splits, 32 * warps, seed, [&] {
             KERNELS[bf][warps / 8][nt](m, x0, part.data(), done.data(), cols, nb, splits, fixup, 3, act,

@@ -7,7 +7,7 @@
 //!
 //! It owns the launches, their shape (warps per block, K splits, who sums the splits: the last
 //! one inside the kernel or the `mmh_reduce` launch, both in a fixed order, so results do not
-//! depend on scheduling), their shared memory (a ring of [`STAGES`] weight + activation tiles
+//! depend on scheduling), their shared memory (a ring of [`stages`] weight + activation tiles
 //! that cp.async fills ahead of the tensor cores) and the rule for when the device has them
 //! (sm_80 and later with the shared memory per block, with `AFM_MMH=1`); which batch sizes
 //! take it is `matmul.rs`'s path choice.
@@ -39,13 +39,20 @@ const WARP_COUNTS: [usize; 2] = [4, 8];
 /// Most K splits of one launch (partials and the last block's sum grow with them).
 const MAX_SPLITS: usize = 16;
 /// How many 64-column chunks ahead each warp asks L2 for its weights (`pf` in mmh.cu): none, as
-/// the cp.async ring already has `STAGES - 2` chunks in flight past the next (64 KB per SM with
-/// 8 warps, about twice what the copy bandwidth needs at a microsecond's latency). Not yet
-/// measured with the ring: `cuda_bench mmh` times 0, 2 and 8 at the automatic shape.
+/// the cp.async ring already has [`stages`] - 2 chunks in flight past the next (64 KB per
+/// block, about twice what the copy bandwidth needs per SM at a microsecond's latency). Not
+/// yet measured with the ring: `cuda_bench mmh` times 0, 2 and 8 at the automatic shape.
 const PREFETCH_CHUNKS: usize = 0;
-/// Pipeline stages of the kernels (`MMH_STAGES` in mmh.cu): chunks in the shared-memory ring,
-/// the one the warps multiply, the next (its x being rounded) and `STAGES - 2` in flight.
-const STAGES: usize = 4;
+/// Pipeline stages of the kernels with `warps` warps (`MmhSmem::ST` in mmh.cu): chunks in the
+/// shared-memory ring, the one the warps multiply, the next (its x being rounded) and the rest
+/// in flight: 64 KB of weights at 8 warps (4 stages of 32 KB) and at 4 (6 of 16 KB).
+fn stages(warps: usize) -> usize {
+    if warps == 8 {
+        4
+    } else {
+        6
+    }
+}
 /// Words per row of the 16-bit x buffers (`MMH_XB_STRIDE`): 32 pairs and 16 of padding.
 const XB_STRIDE: usize = 48;
 const BLOCKS_PER_SM_BY_REGS: [(usize, usize); 2] = [(4, 3), (8, 1)];
@@ -64,15 +71,15 @@ const WIDE_ROWS: usize = 4096;
 const MAX_FIXUP_SPLITS: usize = 2;
 
 /// Dynamic shared memory of a launch with `warps` warps per block and `nt` activation tiles
-/// (`MmhSmem<NT, W>::BYTES` in mmh.cu): [`STAGES`] x (weights 32·warps rows x 128 bytes, x
+/// (`MmhSmem<NT, W>::BYTES` in mmh.cu): [`stages`] x (weights 32·warps rows x 128 bytes, x
 /// 8·nt rows x 64 f32), then two 16-bit x buffers of 8·nt rows x [`XB_STRIDE`] words. 216 KB
-/// at 8 warps and 64 rows.
+/// at 64 rows, with 4 warps as with 8.
 fn smem_bytes(warps: usize, nt: usize) -> usize {
     let (stage, xb) = (
         32 * warps * 2 * CHUNK + TILE_N * nt * CHUNK * 4,
         TILE_N * nt * XB_STRIDE * 4,
     );
-    STAGES * stage + 2 * xb
+    stages(warps) * stage + 2 * xb
 }
 
 /// The device's shared memory in bytes: the most one block may opt in to, and per SM.
@@ -135,12 +142,12 @@ fn row_blocks(rows: &[usize], gated: bool, warps: usize) -> usize {
 }
 
 /// The automatic shape for `n` activation rows: 8 warps per block from [`WIDE_ROWS`] weight
-/// rows, and as many K splits as fill the device once (one 8-warp block or two 4-warp blocks
-/// per SM: their register counts), at most one per 64-column chunk, [`MAX_SPLITS`], and as
-/// many as keep the f32 partials (splits x n x rows x 4 bytes, written and read back through
-/// L2) within half the weights' bytes (rows x cols x 2): Qwen3-0.6B's 1024 columns at 64 rows
-/// take 4.
-/// None where the device's shared memory per block is too small even for 4 warps.
+/// rows, and as many K splits as fill the device once (blocks per SM by shared memory and
+/// registers: one at the Qwen3 shapes on the H200), at most one per 64-column chunk,
+/// [`MAX_SPLITS`], and as many as keep the f32 partials (splits x n x rows x 4 bytes, written
+/// and read back through L2) within half the weights' bytes (rows x cols x 2): Qwen3-0.6B's
+/// 1024 columns at 64 rows take 4. None where the device's shared memory per block is too
+/// small even for 4 warps.
 fn auto_shape(
     rows: &[usize],
     gated: bool,
@@ -506,7 +513,7 @@ mod tests {
 
     /// The automatic shapes at Qwen3-8B's and -0.6B's projections on the H200's 132 SMs at 64
     /// rows (16 where noted): 8-warp blocks from 4096 weight rows, splits that fill the device
-    /// once (one block per SM, two 4-warp blocks at 16 rows: shared memory), never more than
+    /// once (one block per SM: shared memory), never more than
     /// the chunks nor partials past half the weights' bytes.
     #[test]
     fn auto_shape_fills_the_device_once() {
@@ -539,13 +546,14 @@ mod tests {
         assert_eq!(s(&[10], false, 64), (4, 1)); // one chunk: no split
     }
 
-    /// The ring's shared memory: 216 KB at 8 warps and 64 rows (the H200 takes it), so an A100
-    /// (163 KB per block) gets 4-warp blocks and a device of 99 KB per block MMH only up to 24
-    /// rows, with 4 warps.
+    /// The ring's shared memory: 216 KB at 64 rows (the H200 takes it); an A100 (163 KB per
+    /// block) gets MMH up to 32 rows, with 4-warp blocks (8 warps need 172 KB there), and a
+    /// device of 99 KB per block none.
     #[test]
     fn auto_shape_fits_the_shared_memory() {
         assert_eq!(smem_bytes(8, 8), 221_184);
-        assert_eq!(smem_bytes(4, 8), 155_648);
+        assert_eq!(smem_bytes(4, 8), 221_184);
+        assert_eq!(smem_bytes(8, 4), 176_128);
         let a100 = Smem {
             block: 166_912,
             sm: 167_936,
@@ -556,9 +564,9 @@ mod tests {
         };
         let warps = |smem, n| auto_shape(&[4096], false, 4096, n, 108, smem).map(|s| s.warps);
         assert_eq!(warps(H200, 64), Some(8));
-        assert_eq!(warps(a100, 64), Some(4));
-        assert_eq!(warps(small, 64), None);
-        assert_eq!(warps(small, 24), Some(4));
-        assert_eq!(warps(small, 25), None);
+        assert_eq!(warps(a100, 64), None);
+        assert_eq!(warps(a100, 33), None);
+        assert_eq!(warps(a100, 32), Some(4));
+        assert_eq!(warps(small, 9), None);
     }
 }

@@ -31,12 +31,12 @@
 // 128-row tiles).
 //
 // Pipeline. The block copies each chunk's weights (32W rows x 128 bytes) and x (8NT rows x 64
-// f32, rows >= n zero-filled) global -> shared by cp.async into a ring of MMH_STAGES stages, up
-// to MMH_STAGES - 1 chunks ahead of the one its warps multiply, one barrier per chunk. While
-// the warps multiply chunk c, the block rounds chunk c + 1's x (landed) to 16-bit pairs into
-// the other half of a double buffer (cvt.rn.{bf16,f16}x2.f32: round to nearest even, as f2bf
-// / f2h), so chunks c + 2 .. c + MMH_STAGES - 1 are in flight (64 KB per SM with 8 warps: about
-// twice what the copy bandwidth needs at a microsecond's latency) and x is rounded once per
+// f32, rows >= n zero-filled) global -> shared by cp.async into a ring of ST stages (4 with 8
+// warps, 6 with 4), up to ST - 1 chunks ahead of the one its warps multiply, one barrier per
+// chunk. While the warps multiply chunk c, the block rounds chunk c + 1's x (landed) to 16-bit
+// pairs into the other half of a double buffer (cvt.rn.{bf16,f16}x2.f32: round to nearest
+// even, as f2bf / f2h), so chunks c + 2 .. c + ST - 1 are in flight (64 KB per block, about
+// twice what the copy bandwidth needs per SM at a microsecond's latency) and x is rounded once per
 // block rather than once per warp. The weights of the first chunks are asked for before
 // pdl_begin (they do not depend on the kernel before; x and the outputs do). Each warp reads
 // its A registers from the stage (one 16-byte load per row and half chunk: the layout above).
@@ -61,7 +61,6 @@
 
 #define MMH_XB_STRIDE 48
 #define MMH_CHUNK 64
-#define MMH_STAGES 4
 
 // Up to three matrices of one type and width against the same activations (Q, K, V): the first
 // ceil(r0 / rb) blocks serve W0, the next ceil(r1 / rb) W1, the rest W2 (rows 0 for absent ones;
@@ -190,14 +189,15 @@ __device__ __forceinline__ MmhWarp mmh_warp(const MmhMats& m, int act, int b, in
     return l;
 }
 
-// Bytes of one pipeline stage, and of all the dynamic shared memory: the ring, then the two
-// 16-bit x buffers (cuda/mmh.rs `smem_bytes` computes the same).
+// The ring's stages, bytes of one stage, and of all the dynamic shared memory: the ring, then
+// the two 16-bit x buffers (cuda/mmh.rs `smem_bytes` computes the same).
 template <int NT, int W>
 struct MmhSmem {
+    static constexpr int ST = W == 8 ? 4 : 6;
     static constexpr int W_BYTES = 32 * W * 2 * MMH_CHUNK;
     static constexpr int STAGE = W_BYTES + 8 * NT * MMH_CHUNK * 4;
     static constexpr int XB = 8 * NT * MMH_XB_STRIDE * 4;
-    static constexpr int BYTES = MMH_STAGES * STAGE + 2 * XB;
+    static constexpr int BYTES = ST * STAGE + 2 * XB;
 };
 
 // 16-byte pieces a thread copies per chunk: weights 32W rows x 8 = 8 per thread, x 8NT rows x 16
@@ -426,7 +426,7 @@ __device__ __forceinline__ void mmh(const MmhMats& m, const float* x, float4* pa
     const u16* src[8];
     mmh_w_sources<W>(m, act, cols, src);
     // L2 prefetch `pf` chunks ahead (0: none): lane L asks for the 128-byte line of the warp's
-    // row L (tile L >> 4, row L & 15); only useful past the MMH_STAGES - 1 chunks in flight.
+    // row L (tile L >> 4, row L & 15); only useful past the ST - 1 chunks in flight.
     // (Selected, not indexed: a run-time index would put `l` on the stack.)
     const bool pf_hi = lane >= 16;
     const u16* pfp = (pf_hi ? l.w[1] : l.w[0]) +
@@ -440,44 +440,44 @@ __device__ __forceinline__ void mmh(const MmhMats& m, const float* x, float4* pa
         for (int nt = 0; nt < NT; nt++)
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[mt][nt][e] = 0.f;
-    // Prologue: the first MMH_STAGES - 1 chunks' weights before waiting for the kernel before
+    using S = MmhSmem<NT, W>;
+    // Prologue: the first S::ST - 1 chunks' weights before waiting for the kernel before
     // (which x comes from), then their x, one copy group per chunk (the first holds all their
     // weights too); then the first chunk's x rounded into xb[0].
-    using S = MmhSmem<NT, W>;
     // xb(k): buffer k & 1 (arithmetic, not an array: a run-time index would go to the stack).
-    u32* const xb0 = (u32*)(mmh_smem + MMH_STAGES * S::STAGE);
+    u32* const xb0 = (u32*)(mmh_smem + S::ST * S::STAGE);
     auto xb = [xb0](int k) { return xb0 + (k & 1) * (S::XB / 4); };
 #pragma unroll
-    for (int d = 0; d < MMH_STAGES - 1; d++)
+    for (int d = 0; d < S::ST - 1; d++)
         if (c0 + d < c1) mmh_copy_w<W>(mmh_smem + d * S::STAGE, src, c0 + d);
     pdl_begin();
 #pragma unroll
-    for (int d = 0; d < MMH_STAGES - 1; d++) {
+    for (int d = 0; d < S::ST - 1; d++) {
         if (c0 + d < c1) mmh_copy_x<NT, W>(mmh_smem + d * S::STAGE, x, cols, n, c0 + d);
         mmh_cp_commit();
     }
     if (c0 < c1) {
-        mmh_cp_wait<MMH_STAGES - 2>();  // chunk c0's group (each thread rounds its own copies)
+        mmh_cp_wait<S::ST - 2>();  // chunk c0's group (each thread rounds its own copies)
         mmh_round_x<BF, NT, W>(mmh_smem, xb(0));
     }
     for (int c = c0; c < c1; c++) {
         const int i = c - c0;
-        // Chunk c + 1's group has landed (the groups of the MMH_STAGES - 3 chunks after it may
+        // Chunk c + 1's group has landed (the groups of the S::ST - 3 chunks after it may
         // be pending); after the barrier every warp is past chunk c - 1, so its stage takes
-        // chunk c + MMH_STAGES - 1 and its x buffer chunk c + 1's rounded x, and xb(i)
+        // chunk c + S::ST - 1 and its x buffer chunk c + 1's rounded x, and xb(i)
         // (chunk c's, rounded in the step before) is complete.
-        mmh_cp_wait<MMH_STAGES - 3>();
+        mmh_cp_wait<S::ST - 3>();
         __syncthreads();
-        const int cn = c + MMH_STAGES - 1;
+        const int cn = c + S::ST - 1;
         if (cn < c1) {
-            unsigned char* st = mmh_smem + ((i + MMH_STAGES - 1) % MMH_STAGES) * S::STAGE;
+            unsigned char* st = mmh_smem + ((i + S::ST - 1) % S::ST) * S::STAGE;
             mmh_copy_w<W>(st, src, cn);
             mmh_copy_x<NT, W>(st, x, cols, n, cn);
         }
         mmh_cp_commit();  // empty past the end: the count of groups stays one per chunk
-        if (c + 1 < c1) mmh_round_x<BF, NT, W>(mmh_smem + ((i + 1) % MMH_STAGES) * S::STAGE, xb(i + 1));
+        if (c + 1 < c1) mmh_round_x<BF, NT, W>(mmh_smem + ((i + 1) % S::ST) * S::STAGE, xb(i + 1));
         if (l.active && pf > 0 && c + pf < c1) mmh_prefetch(pfp + MMH_CHUNK * (c + pf));
-        if (l.active) mmh_chunk<BF, NT>(mmh_smem + (i % MMH_STAGES) * S::STAGE, xb(i), rt, g, t, acc);
+        if (l.active) mmh_chunk<BF, NT>(mmh_smem + (i % S::ST) * S::STAGE, xb(i), rt, g, t, acc);
     }
     if (splits > 1 && !fixup) {
         if (l.active) mmh_write_part<NT, W>(acc, part, splits);  // mmh_reduce sums them
