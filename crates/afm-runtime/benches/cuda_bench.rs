@@ -327,7 +327,9 @@ fn mmq(c: &mut CudaContext, copy_gbs: f64, out: &mut Vec<String>) -> R<()> {
 /// included), µs and GB/s of weights read, then every forced shape (4 or 8 warps per block,
 /// K split 1..16 ways) to check `mmh.rs`'s choice; then Q/K/V in one launch, gate+up fused and
 /// as a two-matrix launch plus the activation, and the O projection with the residual add
-/// folded in (`matmul_add`) against matmul + add. Weights rotate over ≥ 512 MB.
+/// folded in (`matmul_add`) against matmul + add. Weights rotate over ≥ 512 MB. The Q/K/V
+/// and gate+up lines go through automatic path choice: run with `AFM_MMH=1` while MMH is off
+/// by default.
 fn mmh(c: &mut CudaContext, copy_gbs: f64, out: &mut Vec<String>) -> R<()> {
     let mut rng = Rng(8);
     let shapes = QWEN3_8B[..3]
@@ -429,7 +431,10 @@ fn mmh(c: &mut CudaContext, copy_gbs: f64, out: &mut Vec<String>) -> R<()> {
                 let ws: Vec<&DeviceWeight> = sets[i % copies][..3].iter().collect();
                 let mut outs: Vec<&mut CudaSlice<f32>> = ys[..3].iter_mut().collect();
                 let done = c.matmul_many(&ws, &xd, n, &mut outs).expect("q+k+v");
-                assert!(done, "MMH Q/K/V applies (AFM_MMH=0 set?)");
+                assert!(
+                    done,
+                    "MMH Q/K/V applies (automatic path choice takes MMH: AFM_MMH)"
+                );
             })?;
             let three = time_ms(c, 20, |c, i| {
                 for (w, y) in sets[i % copies][..3].iter().zip(ys.iter_mut()) {
@@ -457,7 +462,7 @@ fn mmh(c: &mut CudaContext, copy_gbs: f64, out: &mut Vec<String>) -> R<()> {
                 let done = c.matmul_many(&[wg, wu], &xd, n, &mut [&mut g[0], &mut u[0]]);
                 assert!(
                     done.expect("gate+up"),
-                    "MMH gate+up applies (AFM_MMH=0 set?)"
+                    "MMH gate+up applies (automatic path choice takes MMH: AFM_MMH)"
                 );
                 c.gated_act(Activation::Silu, &g[0], &u[0], n, ff, ff, act)
                     .expect("activation");
