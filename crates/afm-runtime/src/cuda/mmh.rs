@@ -468,6 +468,19 @@ impl CudaContext {
         }
     }
 
+    /// Registers per thread and local (spilled) bytes per thread of every MMH kernel as the
+    /// driver compiled it for this device: (name, registers, local bytes).
+    pub fn mmh_resources(&self) -> Result<Vec<(String, i32, i32)>> {
+        kernel_names()
+            .into_iter()
+            .map(|k| {
+                let f = self.kernel(&k)?;
+                let (regs, local) = (f.num_regs()?, f.local_size_bytes()?);
+                Ok((k, regs, local))
+            })
+            .collect()
+    }
+
     /// Gate+up with the activation through MMH at any batch size, `path` `Mmh` (automatic
     /// shape) or `MmhWith` (forced): what [`Self::matmul_gated`] launches from 9 to
     /// [`MMH_GATED_MAX_ROWS`] rows, for tests and benchmarks. An error where MMH cannot serve
