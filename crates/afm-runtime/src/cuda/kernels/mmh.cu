@@ -36,8 +36,8 @@
 // chunk. While the warps multiply chunk c, the block rounds chunk c + 1's x (landed) to 16-bit
 // pairs into the other half of a double buffer (cvt.rn.{bf16,f16}x2.f32: round to nearest
 // even, as f2bf / f2h), so chunks c + 2 .. c + ST - 1 are in flight (64 KB per block, about
-// twice what the copy bandwidth needs per SM at a microsecond's latency) and x is rounded once per
-// block rather than once per warp. The weights of the first chunks are asked for before
+// twice what the copy bandwidth needs per SM at a microsecond's latency) and x is rounded once
+// per block rather than once per warp. The weights of the first chunks are asked for before
 // pdl_begin (they do not depend on the kernel before; x and the outputs do). Each warp reads
 // its A registers from the stage (one 16-byte load per row and half chunk: the layout above).
 //
@@ -230,7 +230,8 @@ __device__ __forceinline__ void mmh_copy_w(unsigned char* st, const u16* const (
     const int r0 = threadIdx.x >> 3, seg = threadIdx.x & 7;
     unsigned char* d = st + r0 * 2 * MMH_CHUNK + 16 * (seg ^ ((r0 & 1) << 2));
 #pragma unroll
-    for (int k = 0; k < 8; k++) mmh_cp16(d + k * 4 * W * 2 * MMH_CHUNK, src[k] + MMH_CHUNK * c, true);
+    for (int k = 0; k < 8; k++)
+        mmh_cp16(d + k * 4 * W * 2 * MMH_CHUNK, src[k] + MMH_CHUNK * c, true);
 }
 
 // Asks for chunk c's activations (rows >= n zero) into stage `st`.
@@ -443,7 +444,7 @@ __device__ __forceinline__ void mmh(const MmhMats& m, const float* x, float4* pa
     using S = MmhSmem<NT, W>;
     // Prologue: the first S::ST - 1 chunks' weights before waiting for the kernel before
     // (which x comes from), then their x, one copy group per chunk (the first holds all their
-    // weights too); then the first chunk's x rounded into xb[0].
+    // weights too); then the first chunk's x rounded into xb(0).
     // xb(k): buffer k & 1 (arithmetic, not an array: a run-time index would go to the stack).
     u32* const xb0 = (u32*)(mmh_smem + S::ST * S::STAGE);
     auto xb = [xb0](int k) { return xb0 + (k & 1) * (S::XB / 4); };
