@@ -9,13 +9,17 @@ m16n8k16 (bf16 and f16, f32 accumulate) is emulated per warp through a barrier o
 which gathers the lanes' registers into A (16x16), B (16x8) by the fragment layout of the PTX ISA
 ("Matrix Fragments for mma.m16n8k16 with floating point type": lane 4g+t holds A rows g, g+8 at
 k 2t, 2t+1 and 2t+8, 2t+9, B column g at the same k, C rows g, g+8 at columns 2t, 2t+1; lower k in
-the low half of a register), multiplies them and hands each lane its C elements. Only the mma is
-replaced (and the L2 prefetch checked to stay inside the weights); the staging and rounding of
-x, the column-to-slot assignment, the tiling, the split-K partials and their sum (by the last
-split in the kernel, and by mmh_reduce) run as written. Blocks run one at a time in a shuffled
-order (split-K's last arriver varies) and every result is checked bit for bit against the same
-launch in grid order and against the other way of summing the splits: the sum must not depend
-on scheduling.
+the low half of a register), multiplies them and hands each lane its C elements. cp.async is
+emulated by per-thread copy groups that land only at the cp.async.wait_group that needs them
+(or, in the shuffled run, at once), into a dynamic shared memory of the size cuda/mmh.rs asks
+for (poisoned with NaN per block; copies outside it or from outside x and the weights abort),
+and cvt.rn.{bf16,f16}x2 by common.cuh's round-to-nearest-even. Only these, the mma and the L2
+prefetch (checked to stay inside the weights) are replaced; the ring's pipeline, the rounding of
+x, the column-to-slot assignment and swizzle, the tiling, the split-K partials and their sum (by
+the last split in the kernel, and by mmh_reduce) run as written. Blocks run one at a time in a
+shuffled order (split-K's last arriver varies) and every result is checked bit for bit against
+the same launch in grid order and against the other way of summing the splits: the sum must
+not depend on scheduling.
 The driver launches mmh_<type>_w<4|8>_<NT> in chunks of <= 64 rows, as cuda/mmh.rs does (then
 mmh_reduce where it sums the splits): one to three matrices, gate+up fused with SiLU / GELU
 tanh, and accumulate (out += x W^T) on a given output; other outputs are poisoned with NaN (an
