@@ -215,7 +215,8 @@ fn shared_launch_matches_single_mmh() {
                     let got = c.download(o).expect("download");
                     let want = c.download(&one).expect("download");
                     let what = format!("{dtype:?} {}x{cols} n={n} of {k} in one launch", w.rows());
-                    assert_close(&what, &got, &want, 1e-6);
+                    // Different K splits sum in a different order: the H200 showed 1.01e-6.
+                    assert_close(&what, &got, &want, 1e-5);
                 }
             }
         }

@@ -102,9 +102,12 @@ pub(super) fn kernel_names() -> Vec<String> {
 
 /// Whether `AFM_MMH=1` puts the tensor-core path in automatic path choice (read once; off
 /// otherwise). Off by default because it measured slower than x → bf16 + cuBLAS end to end on
-/// the H200 (session 7, gpu_bench, random bf16 models): Qwen3-0.6B at 64 streams 18,950 vs
-/// 23,015 tok/s, Qwen3-8B 5,810 vs 8,137 (its weights stream at 35–55% of copy bandwidth on
-/// the 8B matrices against cuBLAS's ~80%; `cuda_bench mmh`).
+/// the H200 (session 7, gpu_bench, random bf16 models, AFM_MMH=1 vs 0; the second version,
+/// weights through a cp.async ring): Qwen3-0.6B 7,855 vs 7,370 tok/s at 16 streams, 13,076 vs
+/// 12,980 at 32, but 19,519 vs 22,968 at 64; Qwen3-8B slower at all three (2,229 vs 2,406,
+/// 3,806 vs 4,450, 5,505 vs 8,126). `cuda_bench mmh`: 12288×4096 at 64 rows 70 µs against
+/// cuBLAS's 32.5 (Hopper cuBLAS uses wgmma; `mma.sync` with its shared-memory traffic does not
+/// reach the weights' bandwidth at 64 rows).
 fn mmh_env_on() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var("AFM_MMH").is_ok_and(|v| v == "1"))
