@@ -717,7 +717,7 @@ impl CudaDevice {
             .map(|w| weight(w, "linear"))
             .collect::<Result<Vec<_>>>()?;
         let (xv, nv) = (view(x, "linear")?, vector(norm.0, "rms_norm")?);
-        if !ctx.folds_norm(&dws, n, &xv) {
+        if !ctx.folds_norm(&dws, false, n, &xv) {
             return Ok(None);
         }
         let mut outs = dws
@@ -745,7 +745,7 @@ impl CudaDevice {
         let n = x.rows;
         let (g, u) = (weight(gate, "gated_linear")?, weight(up, "gated_linear")?);
         let (xv, nv) = (view(x, "gated_linear")?, vector(norm.0, "rms_norm")?);
-        if !ctx.folds_norm(&[g, u], n, &xv) {
+        if !ctx.folds_norm(&[g, u], true, n, &xv) {
             return Ok(None);
         }
         let mut out = alloc::<f32>(&ctx, n * g.rows())?;

@@ -66,6 +66,11 @@ const GEMV_ROWS: usize = 4;
 /// rows the extra products per weight (the step is issue-bound there) made Qwen3-8B 29% slower
 /// than a separate norm launch (706 vs 989 tok/s; session 7, bench/RESULTS.md).
 const NORM_FOLD_MAX_ROWS: usize = 1;
+/// Widest input the gate+up GEMV folds the norm into (gemv.cu `gemvgn_*`). ncu on the H200
+/// (session 7, batch 1): at Qwen3-0.6B's 1,024 columns the folded launch took 6.9 µs against
+/// 5.8 µs + a ~3 µs norm launch; at Qwen3-8B's 4,096 it took 53.8 µs against 47.8 + 3.4 (each
+/// of its passes over x also multiplies by the norm weight, and there are two).
+const NORM_FOLD_GATED_MAX_COLS: usize = 2048;
 /// Threads per GEMV block (`GEMV_THREADS` in gemv.cu).
 const GEMV_THREADS: usize = 128;
 /// Values per int8 activation block (and weights per int8 GEMV work unit).
@@ -675,6 +680,11 @@ impl CudaContext {
     }
 }
 
+/// Whether the 16-bit GEMV folds a norm in for `n` rows of `ws` (gate+up when `gated`).
+fn half_norm_fold(ws: &[&DeviceWeight], gated: bool, n: usize) -> bool {
+    n <= NORM_FOLD_MAX_ROWS && (!gated || ws.iter().all(|w| w.cols <= NORM_FOLD_GATED_MAX_COLS))
+}
+
 /// Whether fused GEMV launches serve `n` rows of 16-bit weights `ws` (same type and width,
 /// 16-byte aligned activations).
 fn fused_ok(ws: &[&DeviceWeight], n: usize, xp: u64) -> bool {
@@ -756,8 +766,15 @@ impl CudaContext {
     /// Whether [`matmul_many_norm`](Self::matmul_many_norm) and
     /// [`matmul_gated_norm`](Self::matmul_gated_norm) can fold the norm in for `n` rows of
     /// `ws` (so callers allocate outputs only then).
-    pub fn folds_norm(&self, ws: &[&DeviceWeight], n: usize, x: &impl DevicePtr<f32>) -> bool {
-        quant_shared_ok(ws, n) || (n <= NORM_FOLD_MAX_ROWS && fused_ok(ws, n, self.ptr(x)))
+    /// `gated`: gate and up (`ws` = [gate, up]).
+    pub fn folds_norm(
+        &self,
+        ws: &[&DeviceWeight],
+        gated: bool,
+        n: usize,
+        x: &impl DevicePtr<f32>,
+    ) -> bool {
+        quant_shared_ok(ws, n) || (half_norm_fold(ws, gated, n) && fused_ok(ws, n, self.ptr(x)))
     }
 
     fn many(
@@ -780,7 +797,7 @@ impl CudaContext {
         let half_gemm = half_gemm_ok(ws, n);
         let fused = fused_ok(ws, n, xp);
         let applies = if norm.is_some() {
-            quant || (fused && n <= NORM_FOLD_MAX_ROWS)
+            quant || (fused && half_norm_fold(ws, false, n))
         } else {
             mmq || quant || mmh || half_gemm || fused
         };
@@ -887,7 +904,8 @@ impl CudaContext {
             && n <= MMQ_GATED_MAX_ROWS
             && self.mmq_auto(n);
         let mmh = norm.is_none() && n <= MMH_GATED_MAX_ROWS && self.mmh_auto(&[gate, up], n, xp);
-        let fused = fused_ok(&[gate, up], n, xp) && (norm.is_none() || n <= NORM_FOLD_MAX_ROWS);
+        let fused = fused_ok(&[gate, up], n, xp)
+            && (norm.is_none() || half_norm_fold(&[gate, up], true, n));
         if gate.rows != up.rows || !(mmq || quant || mmh || fused) {
             return Ok(false);
         }
