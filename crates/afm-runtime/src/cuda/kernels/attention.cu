@@ -589,6 +589,10 @@ __device__ void attn_prologue_impl(float* q, float* k, const float* v, void* kc,
                                    const float* cs, const int* tables, const int* seqs,
                                    const int* row_seq, const PrologueArgs a) {
     __shared__ float buf[PRO_WARPS][PRO_MAX_D];
+    // Before the PDL wait, everything no kernel of the step writes: the step's tables and
+    // positions (uploaded before its first launch), the norm weights and the rotary table. The
+    // chain of dependent loads (row -> sequence -> block) then overlaps the kernel before, and
+    // after the wait only q, k and v remain to be read.
     const int t = blockIdx.x, s = row_seq[t], D = a.D;
     const bool store = seqs[s * 4 + 1] != 0;  // padding of a CUDA-graph batch stores nothing
     i64 blk = 0;
@@ -598,6 +602,24 @@ __device__ void attn_prologue_impl(float* q, float* k, const float* v, void* kc,
         blk = tables[(i64)s * a.max_blocks + p / a.block_size];
         slot = p % a.block_size;
     }
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int head = blockIdx.y * PRO_WARPS + warp;
+    const bool is_q = head < a.n_heads;
+    const float* w = is_q ? qw : kw;
+    const bool v4 = (a.v4 >> (is_q ? 0 : 1)) & 1;
+    float4 wv[PRO_MAX_D / 128];
+    if (w && v4) {
+#pragma unroll
+        for (int k = 0; k < PRO_MAX_D / 128; k++)
+            if (lane + 32 * k < D / 4) wv[k] = ((const float4*)w)[lane + 32 * k];
+    }
+    const int p = pos[t], half = a.dims / 2;
+    const bool rot = p >= 0 && p < a.max_pos;
+    float2 cpre[PRO_MAX_D / 64];  // (cos, sin) of pairs lane, lane + 32, ...
+#pragma unroll
+    for (int k = 0; k < PRO_MAX_D / 64; k++)
+        if (rot && lane + 32 * k < half) cpre[k] = ((const float2*)cs)[(i64)p * half + lane + 32 * k];
+    pdl_begin();
     if (store) {
         const int nv = a.n_kv_heads * D;
         for (int e = blockIdx.y * blockDim.x + threadIdx.x; e < nv; e += gridDim.y * blockDim.x) {
@@ -607,15 +629,10 @@ __device__ void attn_prologue_impl(float* q, float* k, const float* v, void* kc,
         }
     }
 
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int head = blockIdx.y * PRO_WARPS + warp;
     if (head >= a.n_heads + a.n_kv_heads) return;  // whole warps: no block barrier follows
-    const bool is_q = head < a.n_heads;
     const int hh = is_q ? head : head - a.n_heads;
     float* x = is_q ? q + (i64)t * a.q_stride + hh * D : k + (i64)t * a.k_stride + hh * D;
-    const float* w = is_q ? qw : kw;
     float* sb = buf[warp];
-    const bool v4 = (a.v4 >> (is_q ? 0 : 1)) & 1;
     if (w && v4) {  // rms_norm_warp on one head, its float4 path's order: the same bits
         float4 xv[PRO_MAX_D / 128];
         const int units = D / 4;
@@ -638,11 +655,10 @@ __device__ void attn_prologue_impl(float* q, float* k, const float* v, void* kc,
         for (int k = 0; k < PRO_MAX_D / 128; k++) {
             const int i = lane + 32 * k;
             if (i < units) {
-                const float4 wv = ((const float4*)w)[i];
-                sb[4 * i] = xv[k].x * (inv * wv.x);
-                sb[4 * i + 1] = xv[k].y * (inv * wv.y);
-                sb[4 * i + 2] = xv[k].z * (inv * wv.z);
-                sb[4 * i + 3] = xv[k].w * (inv * wv.w);
+                sb[4 * i] = xv[k].x * (inv * wv[k].x);
+                sb[4 * i + 1] = xv[k].y * (inv * wv[k].y);
+                sb[4 * i + 2] = xv[k].z * (inv * wv[k].z);
+                sb[4 * i + 3] = xv[k].w * (inv * wv[k].w);
             }
         }
     } else if (w) {  // its scalar path
@@ -665,11 +681,12 @@ __device__ void attn_prologue_impl(float* q, float* k, const float* v, void* kc,
         for (int i = lane; i < D; i += 32) sb[i] = x[i];
     }
     __syncwarp();
-    const int p = pos[t];
-    if (p >= 0 && p < a.max_pos) {  // rope on one head
-        const int half = a.dims / 2;
-        for (int i = lane; i < half; i += 32) {
-            const float c = cs[((i64)p * half + i) * 2], sn = cs[((i64)p * half + i) * 2 + 1];
+    if (rot) {  // rope on one head
+#pragma unroll
+        for (int k = 0; k < PRO_MAX_D / 64; k++) {
+            const int i = lane + 32 * k;
+            if (i >= half) break;
+            const float c = cpre[k].x, sn = cpre[k].y;
             const int ia = a.neox ? i : 2 * i, ib = a.neox ? i + half : 2 * i + 1;
             const float x0 = sb[ia], x1 = sb[ib];
             sb[ia] = __fmaf_rn(x0, c, -__fmul_rn(x1, sn));
@@ -689,7 +706,7 @@ __device__ void attn_prologue_impl(float* q, float* k, const float* v, void* kc,
     extern "C" __global__ void __launch_bounds__(PRO_WARPS * 32)                               \
         NAME(float* q, float* k, const float* v, void* kc, void* vc, const float* qw,          \
              const float* kw, const int* pos, const float* cs, const int* tables,              \
-             const int* seqs, const int* row_seq, const PrologueArgs a) { pdl_begin();                      \
+             const int* seqs, const int* row_seq, const PrologueArgs a) {                       \
         attn_prologue_impl<HALF>(q, k, v, kc, vc, qw, kw, pos, cs, tables, seqs, row_seq, a); \
     }
 ATTN_PROLOGUE(attn_prologue_f32, false)
