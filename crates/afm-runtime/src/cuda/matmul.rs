@@ -156,6 +156,24 @@ fn gemv_prefetch() -> i32 {
     i32::from(*ON.get_or_init(|| std::env::var("AFM_GEMV_PREFETCH").map_or(true, |v| v != "0")))
 }
 
+/// Widest matrix whose one-row 16-bit GEMV loads its first weights before the PDL wait (gemv.cu
+/// `gemv_preload`, the "p" kernels): it hides the weights' DRAM latency behind the kernel before,
+/// which matters where a launch reads ~1 µs of weights (Qwen3-0.6B); its registers (56 instead
+/// of 44-48) cost blocks per SM on wide matrices streamed by thousands of blocks (Qwen3-8B).
+const PRELOAD_MAX_COLS: usize = 3072;
+
+/// "p" (the preloading kernel) for `n` rows of a `cols`-wide 16-bit matrix, unless
+/// `AFM_GEMV_PRELOAD=0` (read once; an A/B switch).
+fn preload_suffix(n: usize, cols: usize) -> &'static str {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let on = *ON.get_or_init(|| std::env::var("AFM_GEMV_PRELOAD").map_or(true, |v| v != "0"));
+    if on && n == 1 && cols <= PRELOAD_MAX_COLS {
+        "p"
+    } else {
+        ""
+    }
+}
+
 fn is_quant(t: DType) -> bool {
     matches!(t, DType::Q8_0 | DType::Q4K | DType::Q6K)
 }
@@ -259,6 +277,11 @@ pub(super) fn kernel_names() -> Vec<String> {
             if n <= NORM_FOLD_MAX_ROWS {
                 v.push(format!("gemv3n_{t}_{n}"));
                 v.push(format!("gemvgn_{t}_{n}"));
+            }
+            if n == 1 {
+                for k in ["gemvp", "gemvap", "gemv3p", "gemvgp", "gemv3np", "gemvgnp"] {
+                    v.push(format!("{k}_{t}_{n}"));
+                }
             }
         }
         for k in ["gemv8", "gemv8g", "gemv8r1", "gemv8gr1"] {
@@ -498,6 +521,7 @@ impl CudaContext {
     ) -> Result<()> {
         let (rows, cols) = (w.rows, w.cols);
         let name = if accumulate { "gemva" } else { "gemv" };
+        let name = format!("{name}{}", preload_suffix(n, cols));
         let wp = self.ptr(&w.bytes);
         let (ri, ci) = (rows as i32, cols as i32);
         let cfg = LaunchConfig {
@@ -844,6 +868,7 @@ impl CudaContext {
             shared_mem_bytes: 0,
         };
         let name = if norm.is_some() { "gemv3n" } else { "gemv3" };
+        let name = format!("{name}{}", preload_suffix(n, ws[0].cols));
         let f = self.kernel(&format!("{name}_{}_{n}", half_name(ws[0])))?;
         launch!(self, f, cfg; w0, w1, w2, xp, nw, eps, o0, o1, o2, r0, r1, r2, ci)?;
         Ok(true)
@@ -955,6 +980,7 @@ impl CudaContext {
         };
         let NormArg { w: nw, eps } = norm.unwrap_or(NormArg { w: 0, eps: 0.0 });
         let name = if norm.is_some() { "gemvgn" } else { "gemvg" };
+        let name = format!("{name}{}", preload_suffix(n, gate.cols));
         let f = self.kernel(&format!("{name}_{}_{n}", half_name(gate)))?;
         launch!(self, f, cfg; gp, up_, xp, nw, eps, op, ri, ci, a)?;
         Ok(true)

@@ -83,15 +83,19 @@ __device__ __forceinline__ void gemv_inv_rms(const float (&ss)[N], int cols, flo
 // norm weight `nw` (NORM > 0) x is RMSNorm's input: the products take x * nw, so the caller's
 // inv * acc is W . (x * inv * nw), the normalized row's product (up to rounding order), and with
 // NORM == 2 ss[b] gathers this thread's share of sum x^2 for inv.
-template <int N, bool BF16, int NORM>
+// `pre` holds the thread's first unit (gemv_preload, issued before the PDL wait).
+template <int N, bool BF16, int NORM, bool PRE>
 __device__ __forceinline__ void gemv_half_acc(const u16* W, const float* x, const float* nw,
                                               int rows, int cols, int row0,
+                                              const uint4 (&pre)[GEMV_ROWS],
                                               float (&acc)[GEMV_ROWS][N], float (&ss)[N]) {
     for (int u = threadIdx.x; u < cols / 8; u += GEMV_THREADS) {
         float w[GEMV_ROWS][8];
 #pragma unroll
         for (int r = 0; r < GEMV_ROWS; r++) {
-            const uint4 q = ((const uint4*)(W + (i64)min(row0 + r, rows - 1) * cols))[u];
+            const uint4 q = PRE && u == threadIdx.x
+                                ? pre[r]
+                                : ((const uint4*)(W + (i64)min(row0 + r, rows - 1) * cols))[u];
             const u32 ws[4] = {q.x, q.y, q.z, q.w};
 #pragma unroll
             for (int i = 0; i < 4; i++) {
@@ -130,45 +134,51 @@ __device__ __forceinline__ void gemv_half_acc(const u16* W, const float* x, cons
 
 // GEMV_ROWS rows of out from row0: out = x . W^T, or with NORM rms_norm(x, nw, eps) . W^T;
 // added to out with ACC.
-template <int N, bool BF16, bool NORM, bool ACC>
+// The thread's first unit of rows row0.. of W into registers. Kernels issue it before their
+// PDL wait (weights are never written by a kernel), so its DRAM latency overlaps the kernel
+// before: at batch 1 a Qwen3-0.6B projection is ~1 us of weight reads in a ~5 us launch.
+__device__ __forceinline__ void gemv_preload(const u16* W, int rows, int cols, int row0,
+                                             uint4 (&pre)[GEMV_ROWS]) {
+    const int u = threadIdx.x;
+#pragma unroll
+    for (int r = 0; r < GEMV_ROWS; r++)
+        if (u < cols / 8) pre[r] = ((const uint4*)(W + (i64)min(row0 + r, rows - 1) * cols))[u];
+}
+
+template <int N, bool BF16, bool NORM, bool ACC, bool PRE>
 __device__ void gemv_half_rows(const u16* W, const float* x, const float* nw, float eps,
-                               float* out, int rows, int cols, int row0) {
+                               float* out, int rows, int cols, int row0,
+                               const uint4 (&pre)[GEMV_ROWS]) {
     GEMV_ZERO(acc)
     float ss[N] = {};
     if (NORM) {
         __shared__ float inv[N];
-        gemv_half_acc<N, BF16, 2>(W, x, nw, rows, cols, row0, acc, ss);
+        gemv_half_acc<N, BF16, 2, PRE>(W, x, nw, rows, cols, row0, pre, acc, ss);
         gemv_inv_rms<N>(ss, cols, eps, inv);
         gemv_finish<N, ACC>(acc, out, rows, row0, inv);
     } else {
-        gemv_half_acc<N, BF16, 0>(W, x, nw, rows, cols, row0, acc, ss);
+        gemv_half_acc<N, BF16, 0, PRE>(W, x, nw, rows, cols, row0, pre, acc, ss);
         gemv_finish<N, ACC>(acc, out, rows, row0, nullptr);
     }
-}
-
-template <int N, bool BF16, bool ACC>
-__device__ void gemv_half(const u16* W, const float* x, float* out, int rows, int cols) {
-    gemv_half_rows<N, BF16, false, ACC>(W, x, nullptr, 0.f, out, rows, cols,
-                                        blockIdx.x * GEMV_ROWS);
 }
 
 // Up to three 16-bit matrices against the same activations in one launch (Q, K and V): the
 // first ceil(r0/4) blocks serve W0, the next ceil(r1/4) W1, the rest W2. With NORM, of
 // rms_norm(x, nw, eps) (each block sums the squares of x itself).
-template <int N, bool BF16, bool NORM>
-__device__ void gemv3_half(const u16* W0, const u16* W1, const u16* W2, const float* x,
-                           const float* nw, float eps, float* o0, float* o1, float* o2, int r0,
-                           int r1, int r2, int cols) {
+struct Gemv3Pick {
+    const u16* W;
+    float* out;
+    int rows, row0;
+};
+
+__device__ __forceinline__ Gemv3Pick gemv3_pick(const u16* W0, const u16* W1, const u16* W2,
+                                                float* o0, float* o1, float* o2, int r0, int r1,
+                                                int r2) {
     const int b0 = (r0 + GEMV_ROWS - 1) / GEMV_ROWS, b1 = (r1 + GEMV_ROWS - 1) / GEMV_ROWS;
     int b = blockIdx.x;
-    if (b < b0) {
-        gemv_half_rows<N, BF16, NORM, false>(W0, x, nw, eps, o0, r0, cols, b * GEMV_ROWS);
-    } else if ((b -= b0) < b1) {
-        gemv_half_rows<N, BF16, NORM, false>(W1, x, nw, eps, o1, r1, cols, b * GEMV_ROWS);
-    } else {
-        gemv_half_rows<N, BF16, NORM, false>(W2, x, nw, eps, o2, r2, cols,
-                                             (b - b1) * GEMV_ROWS);
-    }
+    if (b < b0) return {W0, o0, r0, b * GEMV_ROWS};
+    if ((b -= b0) < b1) return {W1, o1, r1, b * GEMV_ROWS};
+    return {W2, o2, r2, (b - b1) * GEMV_ROWS};
 }
 
 // The sum of one (row, batch) accumulator over a group of `gw` warps starting at warp `w0`,
@@ -210,21 +220,22 @@ __device__ __forceinline__ float gemv_gelu_tanh(float x) {
 // out[b][row] = act(gate row . x[b]) * (up row . x[b]): the gated MLP's first half in one
 // launch, with the same sums and activation as gemv + gated_act (act 0 = SiLU, 1 = GELU tanh);
 // with NORM, of rms_norm(x, nw, eps) as gemv_half_rows.
-template <int N, bool BF16, bool NORM>
+template <int N, bool BF16, bool NORM, bool PRE>
 __device__ void gemv_gated_half(const u16* G, const u16* U, const float* x, const float* nw,
-                                float eps, float* out, int rows, int cols, int act) {
+                                float eps, float* out, int rows, int cols, int act,
+                                const uint4 (&pg)[GEMV_ROWS], const uint4 (&pu)[GEMV_ROWS]) {
     const int row0 = blockIdx.x * GEMV_ROWS;
     __shared__ float inv[N];
     GEMV_ZERO(ag)
     GEMV_ZERO(au)
     float ss[N] = {};
     if (NORM) {
-        gemv_half_acc<N, BF16, 2>(G, x, nw, rows, cols, row0, ag, ss);
-        gemv_half_acc<N, BF16, 1>(U, x, nw, rows, cols, row0, au, ss);
+        gemv_half_acc<N, BF16, 2, PRE>(G, x, nw, rows, cols, row0, pg, ag, ss);
+        gemv_half_acc<N, BF16, 1, PRE>(U, x, nw, rows, cols, row0, pu, au, ss);
         gemv_inv_rms<N>(ss, cols, eps, inv);
     } else {
-        gemv_half_acc<N, BF16, 0>(G, x, nw, rows, cols, row0, ag, ss);
-        gemv_half_acc<N, BF16, 0>(U, x, nw, rows, cols, row0, au, ss);
+        gemv_half_acc<N, BF16, 0, PRE>(G, x, nw, rows, cols, row0, pg, ag, ss);
+        gemv_half_acc<N, BF16, 0, PRE>(U, x, nw, rows, cols, row0, pu, au, ss);
     }
     float g = gemv_reduce<N>(ag);
     float u = gemv_reduce<N>(au);
@@ -239,38 +250,58 @@ __device__ void gemv_gated_half(const u16* G, const u16* U, const float* x, cons
     }
 }
 
-// gemv_*: out = x . W^T; gemva_*: out += x . W^T.
-#define GEMV_H(NAME, BF, N, KNAME, ACC)                                                        \
+// gemv_*: out = x . W^T; gemva_*: out += x . W^T. The "p" kernels (gemvp_*, gemvap_*, ...:
+// one activation row) load their first weights (gemv_preload) before the PDL wait; the others
+// read them after it as before (the preload's registers cost blocks per SM where many blocks
+// stream a wide matrix: cuda/matmul.rs PRELOAD_MAX_COLS).
+#define GEMV_PRE(PRE, W, rows, cols, row0, pre)                                                \
+    uint4 pre[GEMV_ROWS];                                                                      \
+    if (PRE) gemv_preload(W, rows, cols, row0, pre);
+#define GEMV_H(NAME, BF, N, KNAME, ACC, PRE)                                                   \
     extern "C" __global__ void __launch_bounds__(GEMV_THREADS) KNAME##_##NAME##_##N(           \
         const u16* W, const float* x, float* out, int rows, int cols) {                        \
+        const int row0 = blockIdx.x * GEMV_ROWS;                                               \
+        GEMV_PRE(PRE, W, rows, cols, row0, pre)                                                \
         pdl_begin();                                                                           \
-        gemv_half<N, BF, ACC>(W, x, out, rows, cols);                                          \
+        gemv_half_rows<N, BF, false, ACC, PRE>(W, x, nullptr, 0.f, out, rows, cols, row0, pre); \
     }
 // gemv3_*: Q/K/V; gemv3n_*: the same of rms_norm(x, nw, eps) (nw and eps unused in gemv3_*).
-#define GEMV_3(NAME, BF, N, KNAME, NORM)                                                       \
+#define GEMV_3(NAME, BF, N, KNAME, NORM, PRE)                                                  \
     extern "C" __global__ void __launch_bounds__(GEMV_THREADS) KNAME##_##NAME##_##N(           \
         const u16* W0, const u16* W1, const u16* W2, const float* x, const float* nw,          \
         float eps, float* o0, float* o1, float* o2, int r0, int r1, int r2, int cols) {        \
+        const Gemv3Pick m = gemv3_pick(W0, W1, W2, o0, o1, o2, r0, r1, r2);                    \
+        GEMV_PRE(PRE, m.W, m.rows, cols, m.row0, pre)                                          \
         pdl_begin();                                                                           \
-        gemv3_half<N, BF, NORM>(W0, W1, W2, x, nw, eps, o0, o1, o2, r0, r1, r2, cols);         \
+        gemv_half_rows<N, BF, NORM, false, PRE>(m.W, x, nw, eps, m.out, m.rows, cols, m.row0,  \
+                                                pre);                                          \
     }
 // gemvg_*: gate + up; gemvgn_*: the same of rms_norm(x, nw, eps).
-#define GEMV_G(NAME, BF, N, KNAME, NORM)                                                       \
+#define GEMV_G(NAME, BF, N, KNAME, NORM, PRE)                                                  \
     extern "C" __global__ void __launch_bounds__(GEMV_THREADS) KNAME##_##NAME##_##N(           \
         const u16* G, const u16* U, const float* x, const float* nw, float eps, float* out,    \
         int rows, int cols, int act) {                                                         \
+        GEMV_PRE(PRE, G, rows, cols, blockIdx.x * GEMV_ROWS, pg)                               \
+        GEMV_PRE(PRE, U, rows, cols, blockIdx.x * GEMV_ROWS, pu)                               \
         pdl_begin();                                                                           \
-        gemv_gated_half<N, BF, NORM>(G, U, x, nw, eps, out, rows, cols, act);                  \
+        gemv_gated_half<N, BF, NORM, PRE>(G, U, x, nw, eps, out, rows, cols, act, pg, pu);     \
     }
 #define GEMV_ALL(N)                                                                            \
-    GEMV_H(bf16, true, N, gemv, false) GEMV_H(f16, false, N, gemv, false)                      \
-    GEMV_H(bf16, true, N, gemva, true) GEMV_H(f16, false, N, gemva, true)                      \
-    GEMV_3(bf16, true, N, gemv3, false) GEMV_3(f16, false, N, gemv3, false)                    \
-    GEMV_G(bf16, true, N, gemvg, false) GEMV_G(f16, false, N, gemvg, false)
+    GEMV_H(bf16, true, N, gemv, false, false) GEMV_H(f16, false, N, gemv, false, false)        \
+    GEMV_H(bf16, true, N, gemva, true, false) GEMV_H(f16, false, N, gemva, true, false)        \
+    GEMV_3(bf16, true, N, gemv3, false, false) GEMV_3(f16, false, N, gemv3, false, false)      \
+    GEMV_G(bf16, true, N, gemvg, false, false) GEMV_G(f16, false, N, gemvg, false, false)
 // The norm folded in at one activation row only (cuda/matmul.rs NORM_FOLD_MAX_ROWS): at 8 rows
 // the extra products made the step slower than a separate norm launch.
-GEMV_3(bf16, true, 1, gemv3n, true) GEMV_3(f16, false, 1, gemv3n, true)
-GEMV_G(bf16, true, 1, gemvgn, true) GEMV_G(f16, false, 1, gemvgn, true)
+GEMV_3(bf16, true, 1, gemv3n, true, false) GEMV_3(f16, false, 1, gemv3n, true, false)
+GEMV_G(bf16, true, 1, gemvgn, true, false) GEMV_G(f16, false, 1, gemvgn, true, false)
+// The same at one row with the first weights loaded before the PDL wait.
+GEMV_H(bf16, true, 1, gemvp, false, true) GEMV_H(f16, false, 1, gemvp, false, true)
+GEMV_H(bf16, true, 1, gemvap, true, true) GEMV_H(f16, false, 1, gemvap, true, true)
+GEMV_3(bf16, true, 1, gemv3p, false, true) GEMV_3(f16, false, 1, gemv3p, false, true)
+GEMV_G(bf16, true, 1, gemvgp, false, true) GEMV_G(f16, false, 1, gemvgp, false, true)
+GEMV_3(bf16, true, 1, gemv3np, true, true) GEMV_3(f16, false, 1, gemv3np, true, true)
+GEMV_G(bf16, true, 1, gemvgnp, true, true) GEMV_G(f16, false, 1, gemvgnp, true, true)
 
 GEMV_ALL(1)
 GEMV_ALL(2)
