@@ -11,7 +11,7 @@
 //   g++ -std=c++20 -O2 -ffp-contract=off -pthread scripts/decode_fused_emulate.cpp \
 //       -o /tmp/fd_emu && /tmp/fd_emu
 //
-// 8 cases. Prints each case's relative error (max |kernel - reference| / max |reference| over x) and
+// 9 cases. Prints each case's relative error (max |kernel - reference| / max |reference| over x) and
 // fails above 2e-3 (f16 rounding of q, K and V can land on either side in the two).
 
 #include <algorithm>
@@ -138,6 +138,13 @@ static inline int atomicAdd(int* p, int v) { return std::atomic_ref<int>(*p).fet
 static inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v) {
     return std::atomic_ref<unsigned long long>(*p).fetch_add(v);
 }
+static inline unsigned long long atomicMax(unsigned long long* p, unsigned long long v) {
+    std::atomic_ref<unsigned long long> r(*p);
+    unsigned long long old = r.load();
+    while (old < v && !r.compare_exchange_weak(old, v)) {
+    }
+    return old;
+}
 static inline void __trap() {
     fprintf(stderr, "trap: a grid barrier waited too long\n");
     abort();
@@ -176,7 +183,7 @@ static float block_sum(float v, float* sh) {
 #include "../crates/afm-runtime/src/cuda/kernels/decode_fused.cu"
 
 typedef void (*Kernel)(const u64*, float*, float*, float*, float*, float*, float*, float*, int*,
-                       u64*, const int*, const int*, const float*, const FusedArgs);
+                       u64*, const int*, const int*, const float*, u64*, const FusedArgs);
 
 static float bf(u16 b) { return __uint_as_float((u32)b << 16); }
 static u16 to_bf(float f) { return (u16)(__float_as_uint(f) >> 16); }  // truncation is fine
@@ -188,6 +195,7 @@ struct Case {
     int pos;    // the first step's position (the second step is pos + 1)
     int grid;   // CTAs
     bool active = true;
+    bool profile = false;
 };
 
 struct Layer {
@@ -263,6 +271,9 @@ static bool run(const Case& c, std::mt19937& rng) {
     const int attn_floats = FdAttnSmem<128>::TOTAL;
     const size_t smem = head_floats + max({h, f, nq, attn_floats});
 
+    // Every other case with the phase profile on (AFM_FUSED_PROFILE=1): its timestamps and report
+    // must leave the results alone.
+    std::vector<u64> prof(c.profile ? FD_PROF_SLOTS + 3 * 5 * c.layers : 0, 0);
     double worst = 0;
     bool ok = true;
     for (int step = 0; step < steps; step++) {
@@ -287,9 +298,14 @@ static bool run(const Case& c, std::mt19937& rng) {
                     cta = &ctas[b];
                     kernel(table.data(), x.data(), q.data(), k.data(), v.data(), att.data(),
                            act.data(), ws.data(), done.data(), bar.data(), tables.data(),
-                           seqs.data(), cs.data(), a);
+                           seqs.data(), cs.data(), prof.empty() ? nullptr : prof.data(), a);
                 });
         for (auto& t : th) t.join();
+        if (!prof.empty()) {  // the profile's report (prints on the second step)
+            threadIdx = {0, 0, 0};
+            blockIdx = {0, 0, 0};
+            decode_fused_profile(prof.data(), c.layers, steps);
+        }
 
         // The reference, in double (q, K and V rounded to f16 as the cache and kernel do).
         std::vector<double> X(x0.begin(), x0.end());
@@ -416,7 +432,11 @@ int main() {
         {"qwen3-like, splits over 300 keys", 2, 256, 512, 4, 2, 128, true, false, true, 300, 8},
         {"qwen2-like, 7 heads per kv (chunks)", 2, 192, 384, 14, 2, 64, false, true, true, 150, 6},
         {"qwen2-like, chunks and splits", 1, 192, 384, 14, 2, 64, false, true, true, 400, 12},
-        {"llama-like, interleaved rope, G 3", 3, 192, 320, 9, 3, 64, false, false, false, 70, 4},
+        {"llama-like, interleaved rope, G 3", 3, 192, 320, 9, 3, 64, false, false, false, 70, 4,
+         true, true},
+        // Rows longer than one stream step (hidden 896: 3.5 units per lane, inter 1600), profiled.
+        {"long ragged rows, 2 steps per task", 2, 896, 1600, 4, 2, 64, true, false, true, 50, 2,
+         true, true},
         {"many splits (grid 16), 1100 keys", 1, 128, 256, 2, 1, 64, true, false, true, 1100, 16},
         {"padding row (len 0)", 2, 256, 512, 4, 2, 128, true, false, true, 20, 3, false},
     };

@@ -20,6 +20,12 @@
 //! the kernel after it cannot start before this one's CTAs trigger it, which they do only by
 //! exiting. So every CTA of this grid becomes resident as SMs free up, and none waits on a
 //! kernel that waits on it. A barrier that still waits over 2 s traps (fails the launch).
+//!
+//! `AFM_FUSED_PROFILE=1` (read once): CTA 0 records `%globaltimer` at every barrier into a
+//! small device buffer, and a one-thread kernel after each step (captured into CUDA graphs like
+//! the step) sums them and prints per-phase means every [`PROFILE_EVERY`] steps (device printf,
+//! so on stdout, flushed at the next synchronisation): each phase's work, the skew to the last
+//! CTA's arrival, and the barrier's own latency. Off, the kernel only tests a null pointer.
 
 use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
 use cudarc::driver::{CudaSlice, LaunchConfig};
@@ -31,6 +37,10 @@ const WARPS: usize = 8;
 const THREADS: u32 = 32 * WARPS as u32;
 const GH: usize = 4;
 const HEAD: usize = 64;
+/// `FD_PROF_SLOTS`: the profile buffer's header (u64s) before 3 per barrier.
+const PROF_SLOTS: usize = 32;
+/// Steps per printed profile.
+const PROFILE_EVERY: i32 = 64;
 /// Fields per layer in the pointer table (`L_FIELDS`).
 pub const LAYER_FIELDS: usize = 16;
 
@@ -91,6 +101,8 @@ pub struct FusedState {
     ws: CudaSlice<f32>,
     done: CudaSlice<i32>,
     bar: CudaSlice<u64>,
+    /// The phase profile's buffer (`AFM_FUSED_PROFILE=1`).
+    prof: Option<CudaSlice<u64>>,
     grid: u32,
     smem: u32,
     max_splits: usize,
@@ -118,9 +130,14 @@ fn smem_bytes(s: &FusedShape) -> usize {
     4 * (HEAD + vec.max(attn))
 }
 
+fn profile_on() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("AFM_FUSED_PROFILE").is_ok_and(|v| v == "1"))
+}
+
 /// Entry points of decode_fused.cu.
 pub(super) fn kernel_names() -> Vec<String> {
-    let mut v = Vec::new();
+    let mut v = vec!["decode_fused_profile".to_string()];
     for t in ["bf16", "f16"] {
         for d in [64, 128] {
             v.push(format!("decode_fused_{t}_{d}"));
@@ -181,6 +198,11 @@ impl CudaContext {
             ws: self.zeros(shape.n_heads * max_splits * (d + 2))?,
             done: self.zeros(shape.n_kv_heads * chunks)?,
             bar: self.zeros(1)?,
+            prof: if profile_on() {
+                Some(self.zeros(PROF_SLOTS + 3 * 5 * shape.n_layers)?)
+            } else {
+                None
+            },
             grid: grid as u32,
             smem: smem as u32,
             max_splits,
@@ -235,8 +257,20 @@ impl CudaContext {
             block_dim: (THREADS, 1, 1),
             shared_mem_bytes: st.smem,
         };
+        let prof = st.prof.as_ref().map_or(0, |p| self.ptr(p));
         let f = self.kernel(&kernel_name(s))?;
-        launch!(self, f, cfg; layers, x, q, k, v, att, act, ws, done, bar, tab, seqs, cs, a)
+        launch!(self, f, cfg; layers, x, q, k, v, att, act, ws, done, bar, tab, seqs, cs, prof, a)?;
+        if prof != 0 {
+            let cfg = LaunchConfig {
+                grid_dim: (1, 1, 1),
+                block_dim: (32, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let (n_layers, every) = (s.n_layers as i32, PROFILE_EVERY);
+            let f = self.kernel("decode_fused_profile")?;
+            launch!(self, f, cfg; prof, n_layers, every)?;
+        }
+        Ok(())
     }
 }
 
@@ -264,6 +298,6 @@ mod tests {
         assert_eq!(smem_bytes(&s(4096, 12288, 32, 128)), 4 * (64 + 12288));
         let attn = 4 * (64 + 4 * 128 + 128 + 64 + 8 * 4 * 128);
         assert_eq!(smem_bytes(&s(1024, 3072, 16, 128)), attn);
-        assert_eq!(kernel_names().len(), 4);
+        assert_eq!(kernel_names().len(), 5);
     }
 }

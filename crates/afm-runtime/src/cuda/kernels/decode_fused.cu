@@ -14,10 +14,16 @@
 //     GU    rstd(x), h = x * rstd * post_norm; act[i] = silu(Wg[i] . h) * (Wu[i] . h)
 //     DOWN  x[r] += Wd[r] . act
 //
+// Each GEMV phase streams its weights per warp with two steps of 16-byte loads in flight
+// (fd_stream_run), and its first step is loaded into registers before the barrier ahead of it
+// (fd_stream_prime: weights never change), so DRAM latency overlaps the barrier.
+//
 // x stays the residual stream (f32 [hidden]); the final norm and lm_head run after this kernel.
 // Arithmetic follows the unfused kernels (gemv_half: bf16/f16 weights times f32 activations,
 // f32 sums; elementwise.cu's RMSNorm formula; attn_prologue's head norm and RoPE; f16 K/V and
 // f16-rounded q as attention.cu), in a different summation order (~1e-6 relative).
+//
+// AFM_FUSED_PROFILE=1 passes `prof` (else null): barrier timestamps, decode_fused_profile below.
 //
 // Grid barrier: a u64 counter that only grows (reset-free across launches and graph replays):
 // each CTA adds 1 and waits until the counter reaches the next multiple of gridDim.x. It traps
@@ -36,11 +42,14 @@
 // Fewest keys per attention split: one round of the key loop (every group's FD_KPG keys), so
 // a split costs one trip to memory, and short contexts skip the merge (one split up to 128).
 #define FD_MIN_KEYS (FD_WARPS * 4 * FD_KPG)
-#define FD_UNITS 12       // 16-byte weight loads in flight per lane in the GEMV phases
-#define FD_PF_BYTES 2048  // bytes of each next-phase row prefetched into L2 before a barrier
+#define FD_UNITS 6        // 16-byte weight loads per lane per stream step (two steps in flight; 8 spills at D 128)
 #ifndef FD_SPIN_NS
 #define FD_SPIN_NS 2000000000ull  // a barrier waiting longer traps
 #endif
+// The profile buffer (u64): [0] CTA 0's start, [1] the last CTA's end, [2..FD_PROF_SLOTS) the
+// report's running sums, then 3 per barrier (layer * 5 + phase): CTA 0 arrives, CTA 0 leaves,
+// the last CTA arrives.
+#define FD_PROF_SLOTS 32
 #define FD_HEAD 64        // floats of block scratch before the phases' shared buffers
 
 // Per-layer device addresses (0 = absent), as cuda/decode_fused.rs packs them.
@@ -108,15 +117,24 @@ __device__ __forceinline__ void fd_red_release(u64* p, u64 v) {
 // thread 0's release add by __syncthreads; thread 0 polls with acquire loads until all CTAs
 // have added, then releases the block. `target` is this barrier's count: the counter's value
 // at the launch's start (a multiple of gridDim.x, see fd_bar_base) plus gridDim.x per barrier.
-__device__ __forceinline__ void fd_grid_sync(u64* bar, u64& target) {
+// With a profile buffer (AFM_FUSED_PROFILE=1), barrier `slot` records CTA 0's arrival and exit
+// and the grid's last arrival (FdProf).
+__device__ __forceinline__ void fd_grid_sync(u64* bar, u64& target, u64* prof, int slot) {
     __syncthreads();
     if (threadIdx.x == 0) {
         target += gridDim.x;
+        u64* ps = prof ? prof + FD_PROF_SLOTS + 3 * slot : nullptr;
+        if (ps) {
+            const u64 t = fd_now();
+            atomicMax((unsigned long long*)ps + 2, (unsigned long long)t);
+            if (blockIdx.x == 0) ps[0] = t;
+        }
         fd_red_release(bar, 1);
         const u64 t0 = fd_now();
         while (fd_load_acquire(bar) < target) {
             if (fd_now() - t0 > FD_SPIN_NS) __trap();  // a missing CTA: fail, do not hang
         }
+        if (ps && blockIdx.x == 0) ps[1] = fd_now();
     }
     __syncthreads();
 }
@@ -127,14 +145,6 @@ __device__ __forceinline__ void fd_grid_sync(u64* bar, u64& target) {
 __device__ __forceinline__ u64 fd_bar_base(const u64* bar) {
     const u64 g = gridDim.x;
     return fd_load_acquire(bar) / g * g;
-}
-
-// The first FD_PF_BYTES of a row (`bytes` long) into L2, 128-byte lines over lanes l0..l0+15.
-__device__ __forceinline__ void fd_prefetch_row(const u16* row, int bytes, int l0) {
-    const int lane = (threadIdx.x & 31) - l0;
-    const int lines = (min(bytes, FD_PF_BYTES) + 127) / 128;
-    if (row && lane >= 0 && lane < 16)
-        for (int i = lane; i < lines; i += 16) fd_prefetch((const u8*)row + i * 128);
 }
 
 template <bool BF16>
@@ -152,43 +162,102 @@ __device__ __forceinline__ void fd_unpack(const uint4 q, float (&w)[8]) {
     }
 }
 
-// Dots of R weight rows (`cols` 16-bit values each, 16-byte aligned) with xs (shared, f32) by
-// one warp; every lane gets the sums. Lane l reads units l, l + 32, ...: a row's loads are
-// issued FD_UNITS / R at a time per lane before any is used.
-template <int R, bool BF16>
-__device__ __forceinline__ void fd_warp_dot(const u16* const (&rows)[R], const float* xs,
-                                            int cols, float (&out)[R]) {
+// ---- Weight streaming ----
+// A GEMV phase is one stream of 16-byte weight loads per warp: its tasks t = gw, gw + nw, ..
+// (R rows each, `cols` wide), each cut into steps of FD_UNITS / R units per lane per row (lane l
+// reads units l, l + 32, ..). Two steps are in flight while one is used (double buffering over
+// the task boundaries too), and a phase's first step is issued before the barrier that precedes
+// it (fd_stream_prime), so its DRAM latency overlaps the barrier and the input's reload.
+struct FdStream {
+    int cols, gw, nw, spt, total;  // steps per task, steps of this warp
+};
+
+template <int R>
+__device__ __forceinline__ FdStream fd_stream(int tasks, int cols, int gw, int nw) {
     constexpr int CH = FD_UNITS / R;
-    const int units = cols / 8, lane = threadIdx.x & 31;
-    float acc[R];
+    FdStream s;
+    s.cols = cols;
+    s.gw = gw;
+    s.nw = nw;
+    s.spt = ((cols / 8 + 31) / 32 + CH - 1) / CH;
+    s.total = gw < tasks ? (tasks - gw + nw - 1) / nw * s.spt : 0;
+    return s;
+}
+
+template <int R, class P>
+__device__ __forceinline__ void fd_load_step(const P& p, const FdStream& s, int step,
+                                             uint4 (&buf)[FD_UNITS]) {
+    constexpr int CH = FD_UNITS / R;
+    const int i = step / s.spt, b = step - i * s.spt, units = s.cols / 8, lane = threadIdx.x & 31;
+    const u16* rows[R];
+    p.rows(s.gw + i * s.nw, rows);
 #pragma unroll
-    for (int r = 0; r < R; r++) acc[r] = 0.f;
-    for (int u0 = lane; u0 < units; u0 += 32 * CH) {
-        uint4 q[R][CH];
+    for (int c = 0; c < CH; c++) {
+        const int u = (b * CH + c) * 32 + lane;
 #pragma unroll
-        for (int c = 0; c < CH; c++) {
-            const int u = u0 + 32 * c;
+        for (int r = 0; r < R; r++)
+            buf[r * CH + c] = u < units ? __ldg((const uint4*)rows[r] + u) : make_uint4(0, 0, 0, 0);
+    }
+}
+
+// Adds step `step`'s dots to acc; after a task's last step, the warp's sums go to p.emit.
+template <int R, bool BF16, class P>
+__device__ __forceinline__ void fd_use_step(const P& p, const FdStream& s, int step,
+                                            const uint4 (&buf)[FD_UNITS], const float* xs,
+                                            float (&acc)[R]) {
+    constexpr int CH = FD_UNITS / R;
+    const int i = step / s.spt, b = step - i * s.spt, units = s.cols / 8, lane = threadIdx.x & 31;
 #pragma unroll
-            for (int r = 0; r < R; r++)
-                q[r][c] = u < units ? __ldg((const uint4*)rows[r] + u) : make_uint4(0, 0, 0, 0);
-        }
+    for (int c = 0; c < CH; c++) {
+        const int u = (b * CH + c) * 32 + lane;
+        if (u < units) {
+            const float4 xa = ((const float4*)xs)[2 * u], xb = ((const float4*)xs)[2 * u + 1];
 #pragma unroll
-        for (int c = 0; c < CH; c++) {
-            const int u = u0 + 32 * c;
-            if (u < units) {
-                const float4 a = ((const float4*)xs)[2 * u], b = ((const float4*)xs)[2 * u + 1];
-#pragma unroll
-                for (int r = 0; r < R; r++) {
-                    float w[8];
-                    fd_unpack<BF16>(q[r][c], w);
-                    acc[r] += w[0] * a.x + w[1] * a.y + w[2] * a.z + w[3] * a.w + w[4] * b.x +
-                              w[5] * b.y + w[6] * b.z + w[7] * b.w;
-                }
+            for (int r = 0; r < R; r++) {
+                float w[8];
+                fd_unpack<BF16>(buf[r * CH + c], w);
+                acc[r] += w[0] * xa.x + w[1] * xa.y + w[2] * xa.z + w[3] * xa.w + w[4] * xb.x +
+                          w[5] * xb.y + w[6] * xb.z + w[7] * xb.w;
             }
         }
     }
+    if (b == s.spt - 1) {
+        float sums[R];
 #pragma unroll
-    for (int r = 0; r < R; r++) out[r] = warp_sum(acc[r]);
+        for (int r = 0; r < R; r++) {
+            sums[r] = warp_sum(acc[r]);
+            acc[r] = 0.f;
+        }
+        if (lane == 0) p.emit(s.gw + i * s.nw, sums);
+    }
+}
+
+// The stream's first step into buf (before the phase's barrier: weights never change).
+template <int R, class P>
+__device__ __forceinline__ void fd_stream_prime(const P& p, const FdStream& s,
+                                                uint4 (&buf)[FD_UNITS]) {
+    if (s.total > 0) {
+        fd_load_step<R>(p, s, 0, buf);
+    } else {  // written on every path, so buf's old value is dead (not kept across attention)
+#pragma unroll
+        for (int i = 0; i < FD_UNITS; i++) buf[i] = make_uint4(0, 0, 0, 0);
+    }
+}
+
+// The whole stream, its first step already in a (fd_stream_prime); xs: the input, shared.
+template <int R, bool BF16, class P>
+__device__ __forceinline__ void fd_stream_run(const P& p, const FdStream& s, const float* xs,
+                                              uint4 (&a)[FD_UNITS]) {
+    uint4 b[FD_UNITS];
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) acc[r] = 0.f;
+    for (int st = 0; st < s.total; st += 2) {  // warp-uniform
+        if (st + 1 < s.total) fd_load_step<R>(p, s, st + 1, b);
+        fd_use_step<R, BF16>(p, s, st, a, xs, acc);
+        if (st + 2 < s.total) fd_load_step<R>(p, s, st + 2, a);
+        if (st + 1 < s.total) fd_use_step<R, BF16>(p, s, st + 1, b, xs, acc);
+    }
 }
 
 // xs = x (n floats, written by other CTAs), then __syncthreads.
@@ -287,54 +356,62 @@ __device__ __forceinline__ const u16* fd_qkv_row(const u64* L, int r, int nq, in
     return fd_w(L, f) + (i64)r * hidden;
 }
 
-// ---- GEMV phases (gw: this warp's index over the grid, nw: warps in the grid) ----
-
-template <bool BF16>
-__device__ void fd_qkv(const u64* L, const FusedArgs& a, int D, const float* xs, float* q,
-                       float* k, float* v, int gw, int nw) {
-    const int nq = a.n_heads * D, nk = a.n_kv_heads * D, tasks = (nq + 2 * nk) / 2;
-    for (int t = gw; t < tasks; t += nw) {
-        float* o[2];
-        const float* b[2];
-        const u16* rows[2] = {fd_qkv_row(L, 2 * t, nq, nk, a.hidden, o[0], b[0], q, k, v),
-                              fd_qkv_row(L, 2 * t + 1, nq, nk, a.hidden, o[1], b[1], q, k, v)};
-        float s[2];
-        fd_warp_dot<2, BF16>(rows, xs, a.hidden, s);
-        if ((threadIdx.x & 31) == 0) {
-#pragma unroll
-            for (int r = 0; r < 2; r++) *o[r] = b[r] ? s[r] + __ldg(b[r]) : s[r];
-        }
-    }
-}
-
-// x[r] += W[r] . xs for the rows of W (rows x cols): the O and down projections.
-template <bool BF16>
-__device__ void fd_residual(const u16* W, int rows, int cols, const float* xs, float* x, int gw,
-                            int nw) {
-    for (int r = gw; r < rows; r += nw) {
-        const u16* row[1] = {W + (i64)r * cols};
-        float s[1];
-        fd_warp_dot<1, BF16>(row, xs, cols, s);
-        if ((threadIdx.x & 31) == 0) x[r] = __ldcg(x + r) + s[0];
-    }
-}
-
 __device__ __forceinline__ float fd_act(float g, int act) {
     if (act == 0) return g / (1.0f + expf(-g));
     const float C = 0.7978846f;  // sqrt(2/pi), as elementwise.cu's gated_act
     return 0.5f * g * (1.0f + tanhf(C * (g + 0.044715f * g * g * g)));
 }
 
-template <bool BF16>
-__device__ void fd_gate_up(const u64* L, const FusedArgs& a, const float* xs, float* out, int gw,
-                           int nw) {
-    for (int i = gw; i < a.inter; i += nw) {
-        const u16* rows[2] = {fd_w(L, L_WG) + (i64)i * a.hidden, fd_w(L, L_WU) + (i64)i * a.hidden};
-        float s[2];
-        fd_warp_dot<2, BF16>(rows, xs, a.hidden, s);
-        if ((threadIdx.x & 31) == 0) out[i] = fd_act(s[0], a.act) * s[1];
+// ---- The GEMV phases' streams: each task's rows and where its sums go ----
+
+// Rows 2t, 2t + 1 of Wq|Wk|Wv (+ bias) -> q, k, v.
+struct FdQkv {
+    const u64* L;
+    int nq, nk, hidden;
+    float *q, *k, *v;
+    __device__ __forceinline__ void rows(int t, const u16* (&r)[2]) const {
+        float* o;
+        const float* b;
+        r[0] = fd_qkv_row(L, 2 * t, nq, nk, hidden, o, b, q, k, v);
+        r[1] = fd_qkv_row(L, 2 * t + 1, nq, nk, hidden, o, b, q, k, v);
     }
-}
+    __device__ __forceinline__ void emit(int t, const float (&s)[2]) const {
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            float* o;
+            const float* b;
+            fd_qkv_row(L, 2 * t + i, nq, nk, hidden, o, b, q, k, v);
+            *o = b ? s[i] + __ldg(b) : s[i];
+        }
+    }
+};
+
+// x[t] += W[t] . xs: the O and down projections.
+struct FdResidual {
+    const u16* W;
+    int cols;
+    float* x;
+    __device__ __forceinline__ void rows(int t, const u16* (&r)[1]) const {
+        r[0] = W + (i64)t * cols;
+    }
+    __device__ __forceinline__ void emit(int t, const float (&s)[1]) const {
+        x[t] = __ldcg(x + t) + s[0];
+    }
+};
+
+// act[t] = act(Wg[t] . xs) * (Wu[t] . xs).
+struct FdGateUp {
+    const u16 *g, *u;
+    int cols, act;
+    float* out;
+    __device__ __forceinline__ void rows(int t, const u16* (&r)[2]) const {
+        r[0] = g + (i64)t * cols;
+        r[1] = u + (i64)t * cols;
+    }
+    __device__ __forceinline__ void emit(int t, const float (&s)[2]) const {
+        out[t] = fd_act(s[0], act) * s[1];
+    }
+};
 
 // ---- Attention ----
 
@@ -662,49 +739,59 @@ __device__ void fd_attention(const u64* L, const FusedArgs& a, const float* q, c
 template <int D, bool BF16>
 __device__ void fd_step(const u64* layers, float* x, float* q, float* k, float* v, float* att,
                         float* act, float* ws, int* done, u64* bar, const int* tables,
-                        const int* seqs, const float* cs, const FusedArgs a) {
+                        const int* seqs, const float* cs, u64* prof, const FusedArgs a) {
     float* red = fd_smem();                  // 32 floats for block_sum
     int* last_flag = (int*)(fd_smem() + 32);  // the attention merge's flag
     float* fd_sm = fd_smem() + FD_HEAD;
-    fd_pdl_wait();
-    u64 target = threadIdx.x == 0 ? fd_bar_base(bar) : 0;  // thread 0 runs the barriers
     const int warp = threadIdx.x >> 5;
     const int gw = warp * gridDim.x + blockIdx.x, nw = FD_WARPS * gridDim.x;
+    const int nq = a.n_heads * D, nk = a.n_kv_heads * D;
+    // Recomputed where used, not held: registers live across attention are scarce.
+#define s_qkv fd_stream<2>((nq + 2 * nk) / 2, a.hidden, gw, nw)
+#define s_o fd_stream<1>(a.hidden, nq, gw, nw)
+#define s_gu fd_stream<2>(a.inter, a.hidden, gw, nw)
+#define s_down fd_stream<1>(a.hidden, a.inter, gw, nw)
+    uint4 wb[FD_UNITS];  // the next phase's first weight step, loaded before its barrier
+    // Weights are no kernel's output: the first layer's loads start before the PDL wait.
+    fd_stream_prime<2>(FdQkv{layers, nq, nk, a.hidden, q, k, v}, s_qkv, wb);
+    fd_pdl_wait();
+    if (prof && threadIdx.x == 0 && blockIdx.x == 0) prof[0] = fd_now();
+    u64 target = threadIdx.x == 0 ? fd_bar_base(bar) : 0;  // thread 0 runs the barriers
     const bool active = seqs[1] > 0;  // sequence 0: [row0, len, pos0, 0]
     const int pos = seqs[2];
-    const int nq = a.n_heads * D, nk = a.n_kv_heads * D;
     for (int li = 0; li < a.n_layers; li++) {
         const u64* L = layers + (i64)li * L_FIELDS;
+        const int slot = li * 5;
         fd_load_normed(x, fd_v(L, L_IN_NORM), a.hidden, a.eps, fd_sm, red);
-        fd_qkv<BF16>(L, a, D, fd_sm, q, k, v, gw, nw);
+        fd_stream_run<2, BF16>(FdQkv{L, nq, nk, a.hidden, q, k, v}, s_qkv, fd_sm, wb);
         if (active) {
             if (li == 0) fd_attn_prefetch<D>(L, a, tables, pos);  // later layers: see below
             fd_prefetch_vec(fd_v(L, L_Q_NORM), D * 4);
             fd_prefetch_vec(fd_v(L, L_K_NORM), D * 4);
             if (pos < a.max_pos) fd_prefetch_vec(cs + (i64)pos * a.rope_dims, a.rope_dims * 4);
         }
-        fd_prefetch_row(gw < a.hidden ? fd_w(L, L_WO) + (i64)gw * nq : nullptr, nq * 2, 0);
-        fd_grid_sync(bar, target);
+        fd_grid_sync(bar, target, prof, slot);
 
         fd_attention<D>(L, a, q, k, v, att, ws, done, tables, pos, active, cs, fd_sm, last_flag);
-        fd_grid_sync(bar, target);
+        const FdResidual o{fd_w(L, L_WO), nq, x};
+        fd_stream_prime<1>(o, s_o, wb);
+        fd_grid_sync(bar, target, prof, slot + 1);
 
         fd_load_vec(att, nq, fd_sm);
-        fd_residual<BF16>(fd_w(L, L_WO), a.hidden, nq, fd_sm, x, gw, nw);
+        fd_stream_run<1, BF16>(o, s_o, fd_sm, wb);
         fd_prefetch_vec(fd_v(L, L_POST_NORM), a.hidden * 4);
-        if (gw < a.inter) {
-            fd_prefetch_row(fd_w(L, L_WG) + (i64)gw * a.hidden, a.hidden * 2, 0);
-            fd_prefetch_row(fd_w(L, L_WU) + (i64)gw * a.hidden, a.hidden * 2, 16);
-        }
-        fd_grid_sync(bar, target);
+        const FdGateUp gu{fd_w(L, L_WG), fd_w(L, L_WU), a.hidden, a.act, act};
+        fd_stream_prime<2>(gu, s_gu, wb);
+        fd_grid_sync(bar, target, prof, slot + 2);
 
         fd_load_normed(x, fd_v(L, L_POST_NORM), a.hidden, a.eps, fd_sm, red);
-        fd_gate_up<BF16>(L, a, fd_sm, act, gw, nw);
-        fd_prefetch_row(gw < a.hidden ? fd_w(L, L_WD) + (i64)gw * a.inter : nullptr, a.inter * 2, 0);
-        fd_grid_sync(bar, target);
+        fd_stream_run<2, BF16>(gu, s_gu, fd_sm, wb);
+        const FdResidual down{fd_w(L, L_WD), a.inter, x};
+        fd_stream_prime<1>(down, s_down, wb);
+        fd_grid_sync(bar, target, prof, slot + 3);
 
         fd_load_vec(act, a.inter, fd_sm);
-        fd_residual<BF16>(fd_w(L, L_WD), a.hidden, a.inter, fd_sm, x, gw, nw);
+        fd_stream_run<1, BF16>(down, s_down, fd_sm, wb);
         if (li + 1 < a.n_layers) {
             const u64* N = L + L_FIELDS;
             // The next layer's K/V history now, so it arrives while its QKV phase runs.
@@ -713,24 +800,62 @@ __device__ void fd_step(const u64* layers, float* x, float* q, float* k, float* 
             fd_prefetch_vec(fd_v(N, L_BQ), nq * 4);
             fd_prefetch_vec(fd_v(N, L_BK), nk * 4);
             fd_prefetch_vec(fd_v(N, L_BV), nk * 4);
-            const int r0 = 2 * gw;
-            if (r0 < nq + 2 * nk) {
-                float* o;
-                const float* b;
-                fd_prefetch_row(fd_qkv_row(N, r0, nq, nk, a.hidden, o, b, q, k, v), a.hidden * 2, 0);
-                fd_prefetch_row(fd_qkv_row(N, r0 + 1, nq, nk, a.hidden, o, b, q, k, v), a.hidden * 2, 16);
-            }
-            fd_grid_sync(bar, target);
+            fd_stream_prime<2>(FdQkv{N, nq, nk, a.hidden, q, k, v}, s_qkv, wb);
+            fd_grid_sync(bar, target, prof, slot + 4);
         }
     }
+    if (prof && threadIdx.x == 0) atomicMax((unsigned long long*)prof + 1, (unsigned long long)fd_now());
+#undef s_qkv
+#undef s_o
+#undef s_gu
+#undef s_down
+}
+
+// AFM_FUSED_PROFILE=1: one thread after each fused step. It adds the step's per-phase times
+// (from CTA 0's view, means over layers) to the running sums in prof[2..], clears the step's
+// slots, and every `every` steps prints the means (device printf: stdout) and starts over.
+//   work   CTA 0's phase, from its exit of the barrier before to its arrival at the next
+//   skew   the last CTA's arrival after CTA 0's (imbalance and slow CTAs)
+//   sync   CTA 0's exit after the last arrival (the barrier itself)
+extern "C" __global__ void decode_fused_profile(u64* prof, int n_layers, int every) {
+    fd_pdl_wait();
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    u64* sum = prof + 2;  // [phase][work, skew, sync] for 5 phases, then tail, total, steps
+    const u64* sl = prof + FD_PROF_SLOTS;
+    u64 prev = prof[0];
+    const int nb = n_layers * 5 - 1;
+    for (int b = 0; b < nb; b++) {
+        const u64 arrive = sl[3 * b], leave = sl[3 * b + 1], last = sl[3 * b + 2];
+        const int ph = b % 5;
+        sum[3 * ph] += arrive - prev;
+        sum[3 * ph + 1] += last > arrive ? last - arrive : 0;
+        sum[3 * ph + 2] += leave > last ? leave - last : 0;
+        prev = leave;
+        prof[FD_PROF_SLOTS + 3 * b + 2] = 0;
+    }
+    sum[15] += prof[1] > prev ? prof[1] - prev : 0;
+    sum[16] += prof[1] - prof[0];
+    prof[1] = 0;
+    if (++sum[17] < (u64)every) return;
+    const double n = (double)sum[17], us = 1e-3;
+    const char* names[5] = {"qkv", "attn", "o", "gate_up", "down"};
+    printf("[fused profile] %d steps, %d layers: step %.1f us (last down + end %.2f); per layer (us):",
+           (int)sum[17], n_layers, sum[16] * us / n, sum[15] * us / n);
+    for (int ph = 0; ph < 5; ph++) {
+        const double per = n * (ph == 4 ? n_layers - 1 : n_layers);
+        if (per > 0)
+            printf(" %s work %.2f skew %.2f sync %.2f%s", names[ph], sum[3 * ph] * us / per,
+                   sum[3 * ph + 1] * us / per, sum[3 * ph + 2] * us / per, ph == 4 ? "\n" : " |");
+    }
+    for (int i = 0; i < 18; i++) sum[i] = 0;
 }
 
 #define FD_KERNEL(D, NAME, BF16)                                                               \
     extern "C" __global__ void __launch_bounds__(FD_THREADS, 1) decode_fused_##NAME##_##D(     \
         const u64* layers, float* x, float* q, float* k, float* v, float* att, float* act,     \
         float* ws, int* done, u64* bar, const int* tables, const int* seqs, const float* cs,   \
-        const FusedArgs a) {                                                                   \
-        fd_step<D, BF16>(layers, x, q, k, v, att, act, ws, done, bar, tables, seqs, cs, a);    \
+        u64* prof, const FusedArgs a) {                                                        \
+        fd_step<D, BF16>(layers, x, q, k, v, att, act, ws, done, bar, tables, seqs, cs, prof, a); \
     }
 FD_KERNEL(64, bf16, true)
 FD_KERNEL(128, bf16, true)
