@@ -4,26 +4,30 @@
 #
 #   scripts/fused_decode_check.sh build   here, no GPU: the CUDA builds of tests/fused_decode.rs
 #                                         and the engine examples gpu_bench and graph_check,
-#                                         packed into target/cuda/h17/bins.tar.xz, plus
-#                                         target/cuda/h17/run.sh (this script). Carry
-#                                         target/cuda/h17.
-#   target/cuda/h17/run.sh test           on the GPU machine, repo root (~3-5 min): random bf16
-#                                         models (qwen3-0.6b, qwen2.5-0.5b: Q/K/V biases and 7
-#                                         query heads per KV head, smollm2-135m: llama, head_dim
-#                                         64), the fused step against the layer loop
-#                                         (tests/fused_decode.rs), then graph_check on two of them.
-#   target/cuda/h17/run.sh bench          batch-1 decode tok/s through the engine (graphs, device
-#                                         sampling) on qwen3-0.6b and qwen3-8b, old path
-#                                         (AFM_FUSED_DECODE=0) then fused (=1) (~5-8 min with the 8B
-#                                         model's generation).
+#                                         packed into target/cuda/h19/bins.tar.xz, plus
+#                                         target/cuda/h19/run.sh (this script). Carry
+#                                         target/cuda/h19.
+#   target/cuda/h19/run.sh test           on the GPU machine, repo root: random bf16 models
+#                                         (qwen3-0.6b; qwen2.5-0.5b: Q/K/V biases, 7 query heads
+#                                         per KV head, hidden 896 = rows not a multiple of the
+#                                         weight stream's step), the fused step against the layer
+#                                         loop (tests/fused_decode.rs), then graph_check on
+#                                         qwen3-0.6b with the fused step on.
+#   target/cuda/h19/run.sh bench          batch-1 decode tok/s through the engine (graphs, device
+#                                         sampling) on qwen3-0.6b and qwen3-8b: the layer loop
+#                                         (AFM_FUSED_DECODE=0), fused (=1), then fused with
+#                                         AFM_FUSED_PROFILE=1 (per-phase µs per layer, printed by
+#                                         the GPU every 64 steps: "[fused profile]" lines).
+#   TEST_MODELS / BENCH_MODELS            override the model lists (names of
+#                                         scripts/gpu_random_models.py).
 # Every command has a timeout; a hung grid barrier traps after 2 s by itself.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 case "$here" in
-*/target/cuda/h17) cd "$here/../../.." ;;
+*/target/cuda/h19) cd "$here/../../.." ;;
 *) cd "$here/.." ;;
 esac
-H=target/cuda/h17
+H=target/cuda/h19
 R=${RANDOM_MODELS_DIR:-/tmp/afm-gpucheck}
 case "${1:-}" in
 build)
@@ -59,24 +63,29 @@ test | bench)
         done
     }
     if [ "$1" = test ]; then
-        gen qwen3-0.6b qwen2.5-0.5b smollm2-135m
+        models=${TEST_MODELS:-qwen3-0.6b qwen2.5-0.5b}
+        gen $models
         export AFM_TEST_DEVICE=cuda AFM_FIXTURES_DIR="$PWD/tests/fixtures/tiny"
-        export AFM_FUSED_MODELS="$R/qwen3-0.6b,$R/qwen2.5-0.5b,$R/smollm2-135m"
-        echo "== fused step vs layer loop (tests/fused_decode.rs)"
-        check timeout 400 "$B/fused_decode" --nocapture --test-threads=1
-        for m in qwen3-0.6b qwen2.5-0.5b; do
-            echo "== graph_check $m (fused step on)"
-            check timeout 300 "$B/graph_check" "$R/$m" cuda
-        done
+        AFM_FUSED_MODELS=$(for m in $models; do printf '%s,' "$R/$m"; done)
+        export AFM_FUSED_MODELS=${AFM_FUSED_MODELS%,}
+        echo "== fused step vs layer loop (tests/fused_decode.rs) on $models"
+        check timeout 300 "$B/fused_decode" --nocapture --test-threads=1
+        echo "== graph_check qwen3-0.6b (fused step on)"
+        AFM_FUSED_DECODE=1 check timeout 200 "$B/graph_check" "$R/qwen3-0.6b" cuda
     else
-        gen qwen3-0.6b qwen3-8b
-        for m in qwen3-0.6b qwen3-8b; do
-            for fused in 0 1; do
-                echo "== $m batch 1, AFM_FUSED_DECODE=$fused"
-                log="$B/$m-$fused.log"
-                AFM_FUSED_DECODE=$fused timeout 300 "$B/gpu_bench" "$R/$m" cuda 1 128 256 "" y >"$log" 2>&1 ||
-                    failed+=("gpu_bench $m AFM_FUSED_DECODE=$fused")
-                grep -E 'tok/s|RESULT|rror|panic|FAIL' "$log" | cut -c1-600
+        models=${BENCH_MODELS:-qwen3-0.6b qwen3-8b}
+        gen $models
+        for m in $models; do
+            for mode in 0 1 profile; do
+                fused=${mode/profile/1}
+                prof=0
+                [ "$mode" = profile ] && prof=1
+                echo "== $m batch 1, AFM_FUSED_DECODE=$fused AFM_FUSED_PROFILE=$prof"
+                log="$B/$m-$mode.log"
+                AFM_FUSED_DECODE=$fused AFM_FUSED_PROFILE=$prof timeout 240 "$B/gpu_bench" "$R/$m" cuda 1 128 256 "" y >"$log" 2>&1 ||
+                    failed+=("gpu_bench $m AFM_FUSED_DECODE=$fused AFM_FUSED_PROFILE=$prof")
+                grep -E 'tok/s|RESULT|rror|panic|FAIL|trap' "$log" | cut -c1-600
+                grep -F '[fused profile]' "$log" | tail -n 2
             done
         done
     fi
@@ -87,7 +96,7 @@ test | bench)
     echo "all passed"
     ;;
 *)
-    echo "usage: scripts/fused_decode_check.sh build | target/cuda/h17/run.sh test|bench" >&2
+    echo "usage: scripts/fused_decode_check.sh build | target/cuda/h19/run.sh test|bench" >&2
     exit 2
     ;;
 esac

@@ -43,6 +43,7 @@
 // a split costs one trip to memory, and short contexts skip the merge (one split up to 128).
 #define FD_MIN_KEYS (FD_WARPS * 4 * FD_KPG)
 #define FD_UNITS 6        // 16-byte weight loads per lane per stream step (two steps in flight; 8 spills at D 128)
+#define FD_AHEAD 4        // stream steps ahead of the one loaded whose lines are prefetched into L2
 #ifndef FD_SPIN_NS
 #define FD_SPIN_NS 2000000000ull  // a barrier waiting longer traps
 #endif
@@ -119,20 +120,31 @@ __device__ __forceinline__ void fd_red_release(u64* p, u64 v) {
 // at the launch's start (a multiple of gridDim.x, see fd_bar_base) plus gridDim.x per barrier.
 // With a profile buffer (AFM_FUSED_PROFILE=1), barrier `slot` records CTA 0's arrival and exit
 // and the grid's last arrival (FdProf).
-__device__ __forceinline__ void fd_grid_sync(u64* bar, u64& target, u64* prof, int slot) {
+//
+// `pre` (the next phase's weight loads and prefetches: no block barrier inside) runs after
+// thread 0's arrival, so its release fence does not wait for the warp's own outstanding loads,
+// and before the wait. (One unconditional call: a conditional one keeps the weight buffer's old
+// value live across attention.)
+template <class F>
+__device__ __forceinline__ void fd_grid_sync(u64* bar, u64& target, u64* prof, int slot,
+                                             const F& pre) {
     __syncthreads();
+    u64* ps = prof ? prof + FD_PROF_SLOTS + 3 * slot : nullptr;
     if (threadIdx.x == 0) {
         target += gridDim.x;
-        u64* ps = prof ? prof + FD_PROF_SLOTS + 3 * slot : nullptr;
         if (ps) {
             const u64 t = fd_now();
             atomicMax((unsigned long long*)ps + 2, (unsigned long long)t);
             if (blockIdx.x == 0) ps[0] = t;
         }
         fd_red_release(bar, 1);
+    }
+    pre();
+    if (threadIdx.x == 0) {
+        // The clock is read every 64th poll only: a poll then costs one L2 round trip.
         const u64 t0 = fd_now();
-        while (fd_load_acquire(bar) < target) {
-            if (fd_now() - t0 > FD_SPIN_NS) __trap();  // a missing CTA: fail, do not hang
+        for (u32 i = 1; fd_load_acquire(bar) < target; i++) {
+            if ((i & 63) == 0 && fd_now() - t0 > FD_SPIN_NS) __trap();  // a missing CTA: fail
         }
         if (ps && blockIdx.x == 0) ps[1] = fd_now();
     }
@@ -184,6 +196,24 @@ __device__ __forceinline__ FdStream fd_stream(int tasks, int cols, int gw, int n
     return s;
 }
 
+// Step `step`'s lines into L2 (no registers held: deeper than the two steps in registers).
+template <int R, class P>
+__device__ __forceinline__ void fd_prefetch_step(const P& p, const FdStream& s, int step) {
+    constexpr int CH = FD_UNITS / R;
+    const int i = step / s.spt, b = step - i * s.spt, units = s.cols / 8, lane = threadIdx.x & 31;
+    const u16* rows[R];
+    p.rows(s.gw + i * s.nw, rows);
+#pragma unroll
+    for (int c = 0; c < CH; c++) {
+        const int u = (b * CH + c) * 32 + lane;
+        if (u < units && (lane & 7) == 0) {  // one lane per 128-byte line
+#pragma unroll
+            for (int r = 0; r < R; r++) fd_prefetch((const uint4*)rows[r] + u);
+        }
+    }
+}
+
+// Step `step` into buf, and step + FD_AHEAD into L2.
 template <int R, class P>
 __device__ __forceinline__ void fd_load_step(const P& p, const FdStream& s, int step,
                                              uint4 (&buf)[FD_UNITS]) {
@@ -198,6 +228,7 @@ __device__ __forceinline__ void fd_load_step(const P& p, const FdStream& s, int 
         for (int r = 0; r < R; r++)
             buf[r * CH + c] = u < units ? __ldg((const uint4*)rows[r] + u) : make_uint4(0, 0, 0, 0);
     }
+    if (step + FD_AHEAD < s.total) fd_prefetch_step<R>(p, s, step + FD_AHEAD);
 }
 
 // Adds step `step`'s dots to acc; after a task's last step, the warp's sums go to p.emit.
@@ -237,6 +268,7 @@ template <int R, class P>
 __device__ __forceinline__ void fd_stream_prime(const P& p, const FdStream& s,
                                                 uint4 (&buf)[FD_UNITS]) {
     if (s.total > 0) {
+        for (int st = 1; st < FD_AHEAD && st < s.total; st++) fd_prefetch_step<R>(p, s, st);
         fd_load_step<R>(p, s, 0, buf);
     } else {  // written on every path, so buf's old value is dead (not kept across attention)
 #pragma unroll
@@ -764,44 +796,44 @@ __device__ void fd_step(const u64* layers, float* x, float* q, float* k, float* 
         const int slot = li * 5;
         fd_load_normed(x, fd_v(L, L_IN_NORM), a.hidden, a.eps, fd_sm, red);
         fd_stream_run<2, BF16>(FdQkv{L, nq, nk, a.hidden, q, k, v}, s_qkv, fd_sm, wb);
-        if (active) {
+        fd_grid_sync(bar, target, prof, slot, [&] {
+            if (!active) return;
             if (li == 0) fd_attn_prefetch<D>(L, a, tables, pos);  // later layers: see below
             fd_prefetch_vec(fd_v(L, L_Q_NORM), D * 4);
             fd_prefetch_vec(fd_v(L, L_K_NORM), D * 4);
             if (pos < a.max_pos) fd_prefetch_vec(cs + (i64)pos * a.rope_dims, a.rope_dims * 4);
-        }
-        fd_grid_sync(bar, target, prof, slot);
+        });
 
         fd_attention<D>(L, a, q, k, v, att, ws, done, tables, pos, active, cs, fd_sm, last_flag);
         const FdResidual o{fd_w(L, L_WO), nq, x};
-        fd_stream_prime<1>(o, s_o, wb);
-        fd_grid_sync(bar, target, prof, slot + 1);
+        fd_grid_sync(bar, target, prof, slot + 1, [&] { fd_stream_prime<1>(o, s_o, wb); });
 
         fd_load_vec(att, nq, fd_sm);
         fd_stream_run<1, BF16>(o, s_o, fd_sm, wb);
-        fd_prefetch_vec(fd_v(L, L_POST_NORM), a.hidden * 4);
         const FdGateUp gu{fd_w(L, L_WG), fd_w(L, L_WU), a.hidden, a.act, act};
-        fd_stream_prime<2>(gu, s_gu, wb);
-        fd_grid_sync(bar, target, prof, slot + 2);
+        fd_grid_sync(bar, target, prof, slot + 2, [&] {
+            fd_prefetch_vec(fd_v(L, L_POST_NORM), a.hidden * 4);
+            fd_stream_prime<2>(gu, s_gu, wb);
+        });
 
         fd_load_normed(x, fd_v(L, L_POST_NORM), a.hidden, a.eps, fd_sm, red);
         fd_stream_run<2, BF16>(gu, s_gu, fd_sm, wb);
         const FdResidual down{fd_w(L, L_WD), a.inter, x};
-        fd_stream_prime<1>(down, s_down, wb);
-        fd_grid_sync(bar, target, prof, slot + 3);
+        fd_grid_sync(bar, target, prof, slot + 3, [&] { fd_stream_prime<1>(down, s_down, wb); });
 
         fd_load_vec(act, a.inter, fd_sm);
         fd_stream_run<1, BF16>(down, s_down, fd_sm, wb);
         if (li + 1 < a.n_layers) {
             const u64* N = L + L_FIELDS;
-            // The next layer's K/V history now, so it arrives while its QKV phase runs.
-            if (active) fd_attn_prefetch<D>(N, a, tables, pos);
-            fd_prefetch_vec(fd_v(N, L_IN_NORM), a.hidden * 4);
-            fd_prefetch_vec(fd_v(N, L_BQ), nq * 4);
-            fd_prefetch_vec(fd_v(N, L_BK), nk * 4);
-            fd_prefetch_vec(fd_v(N, L_BV), nk * 4);
-            fd_stream_prime<2>(FdQkv{N, nq, nk, a.hidden, q, k, v}, s_qkv, wb);
-            fd_grid_sync(bar, target, prof, slot + 4);
+            fd_grid_sync(bar, target, prof, slot + 4, [&] {
+                // The next layer's K/V history now, so it arrives while its QKV phase runs.
+                if (active) fd_attn_prefetch<D>(N, a, tables, pos);
+                fd_prefetch_vec(fd_v(N, L_IN_NORM), a.hidden * 4);
+                fd_prefetch_vec(fd_v(N, L_BQ), nq * 4);
+                fd_prefetch_vec(fd_v(N, L_BK), nk * 4);
+                fd_prefetch_vec(fd_v(N, L_BV), nk * 4);
+                fd_stream_prime<2>(FdQkv{N, nq, nk, a.hidden, q, k, v}, s_qkv, wb);
+            });
         }
     }
     if (prof && threadIdx.x == 0) atomicMax((unsigned long long*)prof + 1, (unsigned long long)fd_now());
