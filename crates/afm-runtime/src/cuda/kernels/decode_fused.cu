@@ -14,9 +14,10 @@
 //     GU    rstd(x), h = x * rstd * post_norm; act[i] = silu(Wg[i] . h) * (Wu[i] . h)
 //     DOWN  x[r] += Wd[r] . act
 //
-// Each GEMV phase streams its weights per warp with two steps of 16-byte loads in flight
-// (fd_stream_run), and its first step is loaded into registers before the barrier ahead of it
-// (fd_stream_prime: weights never change), so DRAM latency overlaps the barrier.
+// Each GEMV phase streams its weights per warp with two steps of 16-byte loads in registers and
+// the lines FD_AHEAD steps ahead prefetched into L2 (fd_stream_run); its first step is loaded
+// (and the next ones prefetched) while the barrier ahead of it waits (fd_stream_prime: weights
+// never change), so DRAM latency overlaps the barrier.
 //
 // x stays the residual stream (f32 [hidden]); the final norm and lm_head run after this kernel.
 // Arithmetic follows the unfused kernels (gemv_half: bf16/f16 weights times f32 activations,
