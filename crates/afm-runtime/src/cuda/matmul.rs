@@ -157,16 +157,17 @@ fn gemv_prefetch() -> i32 {
 }
 
 /// Widest matrix whose one-row 16-bit GEMV loads its first weights before the PDL wait (gemv.cu
-/// `gemv_preload`, the "p" kernels): it hides the weights' DRAM latency behind the kernel before,
-/// which matters where a launch reads ~1 µs of weights (Qwen3-0.6B); its registers (56 instead
-/// of 44-48) cost blocks per SM on wide matrices streamed by thousands of blocks (Qwen3-8B).
+/// `gemv_preload`, the "p" kernels) when `AFM_GEMV_PRELOAD=1`. Off by default: on the H200
+/// (session 7, gpu_bench, random Qwen3-0.6B, graphs) batch 1 decoded 1,011 tok/s with it and
+/// 1,148 without, in the same call; the loads it moves ahead of the wait did not overlap
+/// usefully, and its registers (56 instead of 44-48) cost blocks per SM.
 const PRELOAD_MAX_COLS: usize = 3072;
 
-/// "p" (the preloading kernel) for `n` rows of a `cols`-wide 16-bit matrix, unless
-/// `AFM_GEMV_PRELOAD=0` (read once; an A/B switch).
+/// "p" (the preloading kernel) for `n` rows of a `cols`-wide 16-bit matrix with
+/// `AFM_GEMV_PRELOAD=1` (read once).
 fn preload_suffix(n: usize, cols: usize) -> &'static str {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let on = *ON.get_or_init(|| std::env::var("AFM_GEMV_PRELOAD").map_or(true, |v| v != "0"));
+    let on = *ON.get_or_init(|| std::env::var("AFM_GEMV_PRELOAD").is_ok_and(|v| v == "1"));
     if on && n == 1 && cols <= PRELOAD_MAX_COLS {
         "p"
     } else {

@@ -134,9 +134,10 @@ __device__ __forceinline__ void gemv_half_acc(const u16* W, const float* x, cons
 
 // GEMV_ROWS rows of out from row0: out = x . W^T, or with NORM rms_norm(x, nw, eps) . W^T;
 // added to out with ACC.
-// The thread's first unit of rows row0.. of W into registers. Kernels issue it before their
-// PDL wait (weights are never written by a kernel), so its DRAM latency overlaps the kernel
-// before: at batch 1 a Qwen3-0.6B projection is ~1 us of weight reads in a ~5 us launch.
+// The thread's first unit of rows row0.. of W into registers. The "p" kernels issue it before
+// their PDL wait (weights are never written by a kernel), meant to overlap its DRAM latency
+// with the kernel before (at batch 1 a Qwen3-0.6B projection is ~1 us of weight reads in a
+// ~5 us launch); measured slower, they are opt-in.
 __device__ __forceinline__ void gemv_preload(const u16* W, int rows, int cols, int row0,
                                              uint4 (&pre)[GEMV_ROWS]) {
     const int u = threadIdx.x;
@@ -252,8 +253,8 @@ __device__ void gemv_gated_half(const u16* G, const u16* U, const float* x, cons
 
 // gemv_*: out = x . W^T; gemva_*: out += x . W^T. The "p" kernels (gemvp_*, gemvap_*, ...:
 // one activation row) load their first weights (gemv_preload) before the PDL wait; the others
-// read them after it as before (the preload's registers cost blocks per SM where many blocks
-// stream a wide matrix: cuda/matmul.rs PRELOAD_MAX_COLS).
+// read them after it. The "p" kernels measured slower (cuda/matmul.rs PRELOAD_MAX_COLS) and
+// run only with AFM_GEMV_PRELOAD=1.
 #define GEMV_PRE(PRE, W, rows, cols, row0, pre)                                                \
     uint4 pre[GEMV_ROWS];                                                                      \
     if (PRE) gemv_preload(W, rows, cols, row0, pre);
