@@ -687,19 +687,7 @@ impl CudaDevice {
         x: &Tensor,
         ws: &[&Weight],
     ) -> Result<Option<Vec<CudaSlice<f32>>>> {
-        let mut ctx = self.lock();
-        let n = x.rows;
-        let dws = ws
-            .iter()
-            .map(|w| weight(w, "linear"))
-            .collect::<Result<Vec<_>>>()?;
-        let mut outs = dws
-            .iter()
-            .map(|w| alloc::<f32>(&ctx, n * w.rows()))
-            .collect::<Result<Vec<_>>>()?;
-        let mut refs: Vec<&mut CudaSlice<f32>> = outs.iter_mut().collect();
-        let xv = view(x, "linear")?;
-        Ok(ctx.matmul_many(&dws, &xv, n, &mut refs)?.then_some(outs))
+        self.many(x, None, ws)
     }
 
     /// `linear_many(rms_norm(x, w), ws)` with the norm folded into the matmul's launches;
@@ -710,14 +698,23 @@ impl CudaDevice {
         norm: (&Vector, f32),
         ws: &[&Weight],
     ) -> Result<Option<Vec<CudaSlice<f32>>>> {
+        self.many(x, Some(norm), ws)
+    }
+
+    fn many(
+        &self,
+        x: &Tensor,
+        norm: Option<(&Vector, f32)>,
+        ws: &[&Weight],
+    ) -> Result<Option<Vec<CudaSlice<f32>>>> {
         let mut ctx = self.lock();
         let n = x.rows;
         let dws = ws
             .iter()
             .map(|w| weight(w, "linear"))
             .collect::<Result<Vec<_>>>()?;
-        let (xv, nv) = (view(x, "linear")?, vector(norm.0, "rms_norm")?);
-        if !ctx.folds_norm(&dws, false, n, &xv) {
+        let xv = view(x, "linear")?;
+        if norm.is_some() && !ctx.folds_norm(&dws, false, n, &xv) {
             return Ok(None);
         }
         let mut outs = dws
@@ -725,10 +722,17 @@ impl CudaDevice {
             .map(|w| alloc::<f32>(&ctx, n * w.rows()))
             .collect::<Result<Vec<_>>>()?;
         let mut refs: Vec<&mut CudaSlice<f32>> = outs.iter_mut().collect();
-        let rn = cuda::RowNorm { w: nv, eps: norm.1 };
-        Ok(ctx
-            .matmul_many_norm(&dws, &xv, rn, n, &mut refs)?
-            .then_some(outs))
+        let done = match norm {
+            None => ctx.matmul_many(&dws, &xv, n, &mut refs)?,
+            Some((w, eps)) => {
+                let rn = cuda::RowNorm {
+                    w: vector(w, "rms_norm")?,
+                    eps,
+                };
+                ctx.matmul_many_norm(&dws, &xv, rn, n, &mut refs)?
+            }
+        };
+        Ok(done.then_some(outs))
     }
 
     /// `gated_linear(rms_norm(x, w), gate, up)` with the norm folded in; `None` (nothing

@@ -40,15 +40,7 @@ impl Device {
             if ws.iter().all(|(w, b)| b.is_none() && w.cols == x.cols) {
                 let plain: Vec<&Weight> = ws.iter().map(|(w, _)| *w).collect();
                 if let Some(outs) = c.linear_many(x, &plain)? {
-                    return Ok(outs
-                        .into_iter()
-                        .zip(&plain)
-                        .map(|(o, w)| Tensor {
-                            rows: x.rows,
-                            cols: w.rows,
-                            data: Data::Cuda(o),
-                        })
-                        .collect());
+                    return Ok(device_outputs(x.rows, outs, &plain));
                 }
             }
         }
@@ -163,15 +155,7 @@ impl Device {
             if norm.len == x.cols && ws.iter().all(|(w, b)| b.is_none() && w.cols == x.cols) {
                 let plain: Vec<&Weight> = ws.iter().map(|(w, _)| *w).collect();
                 if let Some(outs) = c.norm_linear_many(x, (norm, eps), &plain)? {
-                    return Ok(outs
-                        .into_iter()
-                        .zip(&plain)
-                        .map(|(o, w)| Tensor {
-                            rows: x.rows,
-                            cols: w.rows,
-                            data: Data::Cuda(o),
-                        })
-                        .collect());
+                    return Ok(device_outputs(x.rows, outs, &plain));
                 }
             }
         }
@@ -208,6 +192,23 @@ impl Device {
         }
         self.gated_linear(&self.rms_norm(x, norm, eps)?, gate, up, act)
     }
+}
+
+/// The tensors of one device output per weight (`rows` × that weight's rows each).
+#[cfg(feature = "cuda")]
+fn device_outputs(
+    rows: usize,
+    outs: Vec<cudarc::driver::CudaSlice<f32>>,
+    ws: &[&Weight],
+) -> Vec<Tensor> {
+    outs.into_iter()
+        .zip(ws)
+        .map(|(o, w)| Tensor {
+            rows,
+            cols: w.rows,
+            data: Data::Cuda(o),
+        })
+        .collect()
 }
 
 /// A `linear`'s shapes: the input as wide as the weight's columns, a bias as long as its rows.
