@@ -86,8 +86,11 @@ fn kernel_names(module: &str) -> Vec<String> {
 /// Compiles every module to PTX for `arch` (e.g. `"compute_90"`; `None`: NVRTC's default).
 /// Needs only libnvrtc, no device, so it also checks the kernels on a machine without a GPU.
 pub fn compile_kernels(arch: Option<&'static str>) -> Result<Vec<(&'static str, Ptx)>> {
+    use rayon::prelude::*;
+    // One NVRTC program per module, compiled in parallel (NVRTC is thread-safe across
+    // programs): start-up pays the slowest module rather than the sum of all eight.
     KERNEL_MODULES
-        .iter()
+        .par_iter()
         .map(|&(name, src)| {
             let opts = CompileOptions {
                 arch,
