@@ -1,5 +1,8 @@
 //! Matrix products with the weights: `linear`, several projections of one input at once
-//! (`linear_many`), and the gated MLP's first half (`gated_linear`), with their shape checks.
+//! (`linear_many`), and the gated MLP's first half (`gated_linear`), with their shape checks;
+//! and the forms a pre-norm block uses so a GPU can fold its neighbours in: the residual add
+//! into the projection's store (`linear_add`) and the RMSNorm into the first products
+//! (`norm_linear_many`, `norm_gated_linear`). On the CPU they are the plain ops in sequence.
 
 use super::{check, host, Activation, ComputeError, Data, Device, Result, Tensor, Vector, Weight};
 use crate::WeightMatrix;

@@ -22,6 +22,11 @@
 //! Several quantized matrices of one input share one activation quantization and one launch:
 //! Q/K/V, of any mix of the three types ([`CudaContext::matmul_many`]), and gate with up,
 //! fused with the activation ([`CudaContext::matmul_gated`]), on the GEMV and the MMQ path.
+//!
+//! Every path can add its result to what the output holds ([`CudaContext::matmul_add`]: the
+//! residual add folded into a projection), and where the input is an RMSNorm's the norm can
+//! fold into the int8 quantization (up to 16 rows) or the one-row 16-bit GEMV
+//! ([`CudaContext::matmul_many_norm`], [`CudaContext::matmul_gated_norm`]).
 
 use cudarc::cublas::result::gemm_ex;
 use cudarc::cublas::sys::{
