@@ -241,7 +241,7 @@ impl CausalLm for Llama {
         let mut x = self.embed.forward(dev, batch.tokens)?;
         // A decode step of one sequence: every layer in one launch where the device has it.
         let fused =
-            batch.tokens.len() == 1 && dev.fused_decode(&self.fused(), &mut x, kv, &step)?;
+            batch.tokens.len() == 1 && dev.fused_decode(|| self.fused(), &mut x, kv, &step)?;
         if !fused {
             for (i, layer) in self.layers.iter().enumerate() {
                 self.attention(layer, &mut x, kv, i, &step)?;

@@ -83,12 +83,14 @@ impl Device {
         LAUNCHES.load(Ordering::Relaxed)
     }
 
-    /// Runs every layer of `model` on `x` (the step's embedding, one row) in one launch, in
-    /// place, storing the step's keys and values in `kv` as the layer loop does. `false`: not
-    /// applicable here (see the module header); `x` and `kv` are untouched.
-    pub fn fused_decode(
+    /// Runs every layer of the model `model()` describes on `x` (the step's embedding, one
+    /// row) in one launch, in place, storing the step's keys and values in `kv` as the layer
+    /// loop does. `false`: not applicable here (see the module header); `x` and `kv` are
+    /// untouched. `model` is called only when the fused step is on, so a decode step that
+    /// takes the layer loop (the CPU, the default) does not describe the layers.
+    pub fn fused_decode<'a>(
         &self,
-        model: &FusedDecoder,
+        model: impl FnOnce() -> FusedDecoder<'a>,
         x: &mut Tensor,
         kv: &mut KvPool,
         step: &Step,
@@ -103,7 +105,7 @@ impl Device {
                 if !fused_decode_on() {
                     return Ok(false);
                 }
-                let ran = c.fused_decode(model, x, kv, step)?;
+                let ran = c.fused_decode(&model(), x, kv, step)?;
                 if ran {
                     LAUNCHES.fetch_add(1, Ordering::Relaxed);
                 }
