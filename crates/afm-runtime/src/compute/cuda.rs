@@ -470,10 +470,7 @@ impl CudaDevice {
         let (n, ff) = (gate.rows, gate.cols);
         let mut out = alloc(&ctx, n * ff)?;
         if n > 0 {
-            let a = match act {
-                Activation::Silu => cuda::Activation::Silu,
-                Activation::GeluTanh => cuda::Activation::GeluTanh,
-            };
+            let a = cuda_act(act);
             let (g, u) = (view(gate, "gated_act")?, view(up, "gated_act")?);
             ctx.gated_act(a, &g, &u, n, ff, ff, &mut out.slice_mut(0..n * ff))?;
         }
@@ -745,18 +742,7 @@ impl CudaDevice {
         up: &Weight,
         act: Activation,
     ) -> Result<Option<CudaSlice<f32>>> {
-        let mut ctx = self.lock();
-        let n = x.rows;
-        let (g, u) = (weight(gate, "gated_linear")?, weight(up, "gated_linear")?);
-        let (xv, nv) = (view(x, "gated_linear")?, vector(norm.0, "rms_norm")?);
-        if !ctx.folds_norm(&[g, u], true, n, &xv) {
-            return Ok(None);
-        }
-        let mut out = alloc::<f32>(&ctx, n * g.rows())?;
-        let rn = cuda::RowNorm { w: nv, eps: norm.1 };
-        Ok(ctx
-            .matmul_gated_norm(g, u, cuda_act(act), &xv, rn, n, &mut out)?
-            .then_some(out))
+        self.gated(x, Some(norm), gate, up, act)
     }
 
     /// `acc += x · Wᵀ`, the matmul adding into `acc` itself.
@@ -777,14 +763,36 @@ impl CudaDevice {
         up: &Weight,
         act: Activation,
     ) -> Result<Option<CudaSlice<f32>>> {
+        self.gated(x, None, gate, up, act)
+    }
+
+    fn gated(
+        &self,
+        x: &Tensor,
+        norm: Option<(&Vector, f32)>,
+        gate: &Weight,
+        up: &Weight,
+        act: Activation,
+    ) -> Result<Option<CudaSlice<f32>>> {
         let mut ctx = self.lock();
         let n = x.rows;
         let (g, u) = (weight(gate, "gated_linear")?, weight(up, "gated_linear")?);
-        let mut out = alloc::<f32>(&ctx, n * g.rows())?;
         let xv = view(x, "gated_linear")?;
-        Ok(ctx
-            .matmul_gated(g, u, cuda_act(act), &xv, n, &mut out)?
-            .then_some(out))
+        if norm.is_some() && !ctx.folds_norm(&[g, u], true, n, &xv) {
+            return Ok(None);
+        }
+        let mut out = alloc::<f32>(&ctx, n * g.rows())?;
+        let done = match norm {
+            None => ctx.matmul_gated(g, u, cuda_act(act), &xv, n, &mut out)?,
+            Some((w, eps)) => {
+                let rn = cuda::RowNorm {
+                    w: vector(w, "rms_norm")?,
+                    eps,
+                };
+                ctx.matmul_gated_norm(g, u, cuda_act(act), &xv, rn, n, &mut out)?
+            }
+        };
+        Ok(done.then_some(out))
     }
 
     pub(super) fn add_rms_norm(

@@ -948,10 +948,7 @@ impl CudaContext {
             self.ptr_mut(out),
         );
         let (ri, ci) = (gate.rows as i32, gate.cols as i32);
-        let a: i32 = match act {
-            super::Activation::Silu => 0,
-            super::Activation::GeluTanh => 1,
-        };
+        let a = act.code();
         if mmq {
             let acts = self.mmq_quantize(xp, n, gate.cols)?;
             self.mmq_gated(gate, up, a, acts, op)?;

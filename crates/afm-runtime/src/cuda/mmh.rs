@@ -509,10 +509,7 @@ impl CudaContext {
         check_len("matmul input", x.len(), n * gate.cols())?;
         check_len("matmul output", out.len(), n * gate.rows())?;
         let (xp, op) = (self.ptr(x), self.ptr_mut(out));
-        let a = match act {
-            super::Activation::Silu => 0,
-            super::Activation::GeluTanh => 1,
-        };
+        let a = act.code();
         self.mmh_gated(gate, up, a, xp, n, op, shape)
     }
 }

@@ -16,6 +16,16 @@ pub enum Activation {
     GeluTanh,
 }
 
+impl Activation {
+    /// The kernels' `act` argument (elementwise.cu, gemv.cu, mmq.cu, mmh.cu): 0 SiLU, 1 GELU.
+    pub(super) fn code(self) -> i32 {
+        match self {
+            Activation::Silu => 0,
+            Activation::GeluTanh => 1,
+        }
+    }
+}
+
 /// `n` threads in blocks of `threads`.
 pub(super) fn grid_1d(n: usize, threads: u32) -> LaunchConfig {
     LaunchConfig {
@@ -278,10 +288,7 @@ impl CudaContext {
         check_len("gated_act output", out.len(), n * ff)?;
         let op = self.ptr_mut(out);
         let (ni, ffi, si) = (n as i32, ff as i32, stride as i32);
-        let a = match act {
-            Activation::Silu => 0i32,
-            Activation::GeluTanh => 1,
-        };
+        let a = act.code();
         // float4 columns where rows stay 16-byte aligned (see elementwise.cu).
         let v4 = ff.is_multiple_of(4)
             && stride.is_multiple_of(4)
