@@ -16,13 +16,13 @@
 
 mod common;
 
-use afm_runtime::cuda::{Activation, CudaSlice, DeviceWeight, MatmulPath};
+use afm_runtime::cuda::{Activation, DeviceWeight, MatmulPath};
 use afm_runtime::{DType, WeightMatrix};
 use common::int8::{
     activations, assert_as_accurate_as_the_cpu, gelu_tanh, gpu_matmul, int8_rounded, silu,
 };
 use common::weights::{dequantized, dot_rows, random_weight};
-use common::{assert_close, ctx, poisoned, Rng};
+use common::{assert_close, ctx, poisoned, shared_launch_vs_single, Rng};
 
 const QUANT: [DType; 3] = [DType::Q8_0, DType::Q4K, DType::Q6K];
 /// (rows, cols): row counts not multiples of the 4 rows of a thread group (nor of 8 or 16);
@@ -103,31 +103,13 @@ fn shared_quantization_matches_separate_matmuls() {
         for n in BATCHES {
             let x = activations(&mut rng, n, cols);
             let xd = c.upload(&x).expect("upload");
-            for k in [2, 3] {
-                let mut outs: Vec<CudaSlice<f32>> = dws[..k]
-                    .iter()
-                    .map(|w| poisoned(&c, n * w.rows()))
-                    .collect();
-                let mut refs: Vec<&mut CudaSlice<f32>> = outs.iter_mut().collect();
-                let wrefs: Vec<&DeviceWeight> = dws[..k].iter().collect();
-                let fused = c
-                    .matmul_many(&wrefs, &xd, n, &mut refs)
-                    .expect("matmul_many");
-                assert!(fused, "n={n}: not fused");
-                for (w, o) in dws.iter().zip(&outs) {
-                    let mut one = poisoned(&c, n * w.rows());
-                    c.matmul_with(MatmulPath::Gemv, w, &xd, n, &mut one)
-                        .expect("matmul");
-                    let got = c.download(o).expect("download");
-                    let want = c.download(&one).expect("download");
-                    let what = format!("{:?} {}x{cols} n={n} of {k}", w.dtype(), w.rows());
-                    if tol == 0.0 {
-                        assert_eq!(got, want, "{what}: shared quantization differs");
-                    } else {
-                        assert_close(&what, &got, &want, tol);
-                    }
+            shared_launch_vs_single(&mut c, &dws, &xd, n, MatmulPath::Gemv, |what, got, want| {
+                if tol == 0.0 {
+                    assert_eq!(got, want, "{what}: shared quantization differs");
+                } else {
+                    assert_close(what, got, want, tol);
                 }
-            }
+            });
         }
     }
 }

@@ -24,11 +24,11 @@
 
 mod common;
 
-use afm_runtime::cuda::{Activation, CudaSlice, DeviceWeight, MatmulPath, MMH_GATED_MAX_ROWS};
+use afm_runtime::cuda::{Activation, DeviceWeight, MatmulPath, MMH_GATED_MAX_ROWS};
 use afm_runtime::{DType, WeightMatrix};
 use common::int8::{activations, gelu_tanh, gpu_matmul, silu};
 use common::weights::{dequantized, dot_rows, random_weight};
-use common::{assert_close, ctx, poisoned, rel_err, Rng};
+use common::{assert_close, ctx, poisoned, rel_err, shared_launch_vs_single, Rng};
 use half::{bf16, f16};
 
 const HALF: [DType; 2] = [DType::BF16, DType::F16];
@@ -197,28 +197,10 @@ fn shared_launch_matches_single_mmh() {
         for n in [9, 33, 64] {
             let x = activations(&mut rng, n, cols);
             let xd = c.upload(&x).expect("upload");
-            for k in [2, 3] {
-                let mut outs: Vec<CudaSlice<f32>> = dws[..k]
-                    .iter()
-                    .map(|w| poisoned(&c, n * w.rows()))
-                    .collect();
-                let mut refs: Vec<&mut CudaSlice<f32>> = outs.iter_mut().collect();
-                let wrefs: Vec<&DeviceWeight> = dws[..k].iter().collect();
-                let fused = c
-                    .matmul_many(&wrefs, &xd, n, &mut refs)
-                    .expect("matmul_many");
-                assert!(fused, "{dtype:?} n={n}: matmul_many declined");
-                for (w, o) in dws.iter().zip(&outs) {
-                    let mut one = poisoned(&c, n * w.rows());
-                    c.matmul_with(MatmulPath::Mmh, w, &xd, n, &mut one)
-                        .expect("matmul");
-                    let got = c.download(o).expect("download");
-                    let want = c.download(&one).expect("download");
-                    let what = format!("{dtype:?} {}x{cols} n={n} of {k} in one launch", w.rows());
-                    // Different K splits sum in a different order: the H200 showed 1.01e-6.
-                    assert_close(&what, &got, &want, 1e-5);
-                }
-            }
+            // Different K splits sum in a different order: the H200 showed 1.01e-6.
+            shared_launch_vs_single(&mut c, &dws, &xd, n, MatmulPath::Mmh, |what, got, want| {
+                assert_close(&format!("{what} in one launch"), got, want, 1e-5)
+            });
         }
     }
 }

@@ -12,7 +12,7 @@ pub mod weights;
 
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
-use afm_runtime::cuda::{CudaContext, CudaSlice};
+use afm_runtime::cuda::{CudaContext, CudaSlice, DeviceWeight, MatmulPath};
 
 /// The test binary's context on device `AFM_CUDA_DEVICE` (default 0); tests take turns.
 pub fn ctx() -> MutexGuard<'static, CudaContext> {
@@ -86,4 +86,38 @@ pub fn assert_close(what: &str, got: &[f32], want: &[f32], tol: f64) {
 /// A device buffer of NaN, so an output element no kernel wrote fails the comparison.
 pub fn poisoned(c: &CudaContext, n: usize) -> CudaSlice<f32> {
     c.upload(&vec![f32::NAN; n]).expect("upload")
+}
+
+/// `matmul_many` over the first two, then all three of `ws` (one shared launch; the test fails
+/// if it declines) against each matrix alone on `path`: hands `check` each output's
+/// description, shared result and single result.
+pub fn shared_launch_vs_single(
+    c: &mut CudaContext,
+    ws: &[DeviceWeight],
+    xd: &CudaSlice<f32>,
+    n: usize,
+    path: MatmulPath,
+    check: impl Fn(&str, &[f32], &[f32]),
+) {
+    for k in [2, 3] {
+        let mut outs: Vec<CudaSlice<f32>> =
+            ws[..k].iter().map(|w| poisoned(c, n * w.rows())).collect();
+        let mut refs: Vec<&mut CudaSlice<f32>> = outs.iter_mut().collect();
+        let wrefs: Vec<&DeviceWeight> = ws[..k].iter().collect();
+        let shared = c
+            .matmul_many(&wrefs, xd, n, &mut refs)
+            .expect("matmul_many");
+        assert!(
+            shared,
+            "n={n}, {k} matrices: matmul_many declined the shared launch"
+        );
+        for (w, o) in ws.iter().zip(&outs) {
+            let mut one = poisoned(c, n * w.rows());
+            c.matmul_with(path, w, xd, n, &mut one).expect("matmul");
+            let got = c.download(o).expect("download");
+            let want = c.download(&one).expect("download");
+            let what = format!("{:?} {}x{} n={n} of {k}", w.dtype(), w.rows(), w.cols());
+            check(&what, &got, &want);
+        }
+    }
 }
