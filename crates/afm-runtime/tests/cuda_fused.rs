@@ -3,8 +3,9 @@
 //! `matmul_gated_norm`, `matmul_add`) against the CPU: the normalized products within 1e-5 of
 //! `ops::rms_norm` then the exact product for 16-bit weights (f32 activations: only the
 //! rounding order differs), 1e-2 for quantized ones (int8 activations, as the CPU's own
-//! matmul rounds them; 2e-2 for act(gate) · up, a product of two rounded sums); the accumulating matmul equal to the plain one plus what the output
-//! held, on every path (GEMV, MMQ, cuBLAS, dequantize + cuBLAS). Outputs start poisoned or
+//! matmul rounds them; 2e-2 for act(gate) · up, a product of two rounded sums); past the GEMV's
+//! rows the 16-bit cuBLAS path bit-equal to normalizing first; the accumulating matmul equal to
+//! the plain one plus what the output held, on every path (GEMV, MMQ, cuBLAS, dequantize + cuBLAS). Outputs start poisoned or
 //! random, so an unwritten or overwritten element fails.
 //!
 //! Needs a CUDA device (`AFM_CUDA_DEVICE`, default 0). Run with `--test-threads=1`.
@@ -72,18 +73,44 @@ fn norm_folds_into_the_projections_up_to_the_gemv_batch() {
                 let mut outs: Vec<_> = ws.iter().map(|w| poisoned(&c, n * w.rows())).collect();
                 let mut o: Vec<_> = outs.iter_mut().collect();
                 let folded = c.matmul_many_norm(&refs, &xd, norm, n, &mut o).unwrap();
-                // The 16-bit GEMV folds it in at one row, the int8 quantization up to 16 rows;
-                // past them the caller normalizes first.
-                let expect = n <= if is_quant(dtype) { 16 } else { 1 };
+                // The 16-bit GEMV folds it in at one row, the int8 quantization up to 16 rows,
+                // the 16-bit cuBLAS path (past the GEMV's 8 rows) into its conversion of x;
+                // between them the caller normalizes first.
+                let expect = if is_quant(dtype) {
+                    n <= 16
+                } else {
+                    n == 1 || n > 8
+                };
                 assert_eq!(folded, expect, "{dtype:?} n={n}: folded");
                 if !folded {
                     continue;
                 }
-                let tol = if is_quant(dtype) { 1e-2 } else { 1e-5 };
-                for (w, out) in ws.iter().zip(&outs) {
+                let gemm = !is_quant(dtype) && n > 8;
+                // cuBLAS takes x rounded to 16 bits (cuda_ops' bound for that path).
+                let tol = if is_quant(dtype) {
+                    1e-2
+                } else if gemm {
+                    1e-3
+                } else {
+                    1e-5
+                };
+                let unfolded = gemm.then(|| {
+                    let mut xn_d = poisoned(&c, n * cols);
+                    c.rms_norm(&xd, &gd, EPS, &mut xn_d).unwrap();
+                    let mut plain: Vec<_> = ws.iter().map(|w| poisoned(&c, n * w.rows())).collect();
+                    let mut p: Vec<_> = plain.iter_mut().collect();
+                    assert!(c.matmul_many(&refs, &xn_d, n, &mut p).unwrap());
+                    plain
+                });
+                for (i, (w, out)) in ws.iter().zip(&outs).enumerate() {
                     let what = format!("norm+matmul {dtype:?} {}x{cols} n={n}", w.rows());
                     let got = c.download(out).unwrap();
                     assert_close(&what, &got, &reference(w, &xn, n), tol);
+                    // Normalizing into the conversion changes no bit of the GEMM's input.
+                    if let Some(plain) = &unfolded {
+                        let want = c.download(&plain[i]).unwrap();
+                        assert!(got == want, "{what}: folded differs from norm then matmul");
+                    }
                 }
             }
         }
@@ -105,7 +132,7 @@ fn norm_folds_into_gate_and_up() {
                 DeviceWeight::upload(&c, &gw).unwrap(),
                 DeviceWeight::upload(&c, &uw).unwrap(),
             );
-            for n in [1, 5, 8, 16] {
+            for n in [1, 5, 8, 16, 40] {
                 let (x, g, xn) = inputs(&mut rng, n, cols);
                 let (xd, nd) = (c.upload(&x).unwrap(), c.upload(&g).unwrap());
                 let norm = RowNorm {
@@ -116,11 +143,12 @@ fn norm_folds_into_gate_and_up() {
                 let folded = c
                     .matmul_gated_norm(&gd, &ud, Activation::Silu, &xd, norm, n, &mut out)
                     .unwrap();
-                // 16-bit gate+up folds it in at one row of at most 2,048 columns.
+                // 16-bit gate+up folds it in at one row of at most 2,048 columns, and past the
+                // GEMV's 8 rows into the conversion for cuBLAS.
                 let expect = if is_quant(dtype) {
                     n <= 16
                 } else {
-                    n == 1 && cols <= 2048
+                    (n == 1 && cols <= 2048) || n > 8
                 };
                 assert_eq!(folded, expect, "{dtype:?} {cols} columns n={n}");
                 if !folded {
@@ -128,10 +156,28 @@ fn norm_folds_into_gate_and_up() {
                 }
                 let (yg, yu) = (reference(&gw, &xn, n), reference(&uw, &xn, n));
                 let want: Vec<f32> = yg.iter().zip(&yu).map(|(&a, &b)| silu(a) * b).collect();
-                // Quantized: both factors carry the int8 rounding of the activations.
-                let tol = if is_quant(dtype) { 2e-2 } else { 1e-5 };
+                // Quantized: both factors carry the int8 rounding of the activations; cuBLAS
+                // the 16-bit rounding of x.
+                let gemm = !is_quant(dtype) && n > 8;
+                let tol = if is_quant(dtype) {
+                    2e-2
+                } else if gemm {
+                    2e-3
+                } else {
+                    1e-5
+                };
                 let what = format!("norm+gate/up {dtype:?} {rows}x{cols} n={n}");
-                assert_close(&what, &c.download(&out).unwrap(), &want, tol);
+                let got = c.download(&out).unwrap();
+                assert_close(&what, &got, &want, tol);
+                if gemm {
+                    let mut xn_d = poisoned(&c, n * cols);
+                    c.rms_norm(&xd, &nd, EPS, &mut xn_d).unwrap();
+                    let mut plain = poisoned(&c, n * rows);
+                    let act = Activation::Silu;
+                    assert!(c.matmul_gated(&gd, &ud, act, &xn_d, n, &mut plain).unwrap());
+                    let same = got == c.download(&plain).unwrap();
+                    assert!(same, "{what}: folded differs from norm then gate/up");
+                }
             }
         }
     }

@@ -243,6 +243,19 @@ fn decode_old() -> bool {
     }
 }
 
+/// [`DECODE_TARGET_BLOCKS_PER_SM`], or `AFM_ATTN_DEC_PER_SM` (read once; an A/B switch for
+/// the split rule at many streams).
+fn decode_target_per_sm() -> usize {
+    static PER_SM: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *PER_SM.get_or_init(|| {
+        std::env::var("AFM_ATTN_DEC_PER_SM")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|&v| v > 0)
+            .unwrap_or(DECODE_TARGET_BLOCKS_PER_SM)
+    })
+}
+
 /// Which kernel a step's attention takes, and the split rule that goes with it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct DecodePlan {
@@ -272,7 +285,7 @@ impl DecodePlan {
             Self {
                 decode,
                 min_keys: DECODE_MIN_KEYS,
-                target_per_sm: DECODE_TARGET_BLOCKS_PER_SM,
+                target_per_sm: decode_target_per_sm(),
             }
         } else {
             Self {

@@ -41,6 +41,8 @@ fn kernel_names(module: &str) -> Vec<String> {
             let mut v = fixed(&[
                 "rms_norm_warp",
                 "rms_norm_block",
+                "rms_norm_warp_h",
+                "rms_norm_block_h",
                 "rope",
                 "gated_act",
                 "add_f32",

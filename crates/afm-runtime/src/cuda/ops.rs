@@ -38,6 +38,21 @@ pub(super) fn grid_1d(n: usize, threads: u32) -> LaunchConfig {
 /// Rows of this width or less get a warp each (16 floats per lane); wider rows a block each.
 const WARP_ROW_MAX: usize = 512;
 
+/// float4 units when every row starts 16-byte aligned (the kernels hold 16 floats per thread in
+/// registers either way; see elementwise.cu).
+fn norm_v4(d: usize, ptrs: &[u64]) -> i32 {
+    i32::from(d.is_multiple_of(4) && ptrs.iter().all(|p| p.is_multiple_of(16)))
+}
+
+/// One block per row of `d`, sized to the row.
+fn norm_block_cfg(rows: i32, d: usize, v4: i32) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (rows as u32, 1, 1),
+        block_dim: (norm_block_threads(d, v4 != 0), 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
 /// Threads of the block that normalizes one row of `d` floats: two units (float4s, or floats
 /// when `v4` is off) per thread, so all of the row's loads are in flight at once from
 /// registers (64 threads at least, 1024 at most; wider rows go through registers in chunks).
@@ -173,21 +188,47 @@ impl CudaContext {
         }
         let (rows, wp) = ((len / d) as i32, self.ptr(w));
         let di = d as i32;
-        // float4 units when every row starts 16-byte aligned (the kernels hold 16 floats per
-        // thread in registers either way; see elementwise.cu).
-        let aligned = [x, res, wp, out].iter().all(|p| p.is_multiple_of(16));
-        let v4 = i32::from(d.is_multiple_of(4) && aligned);
+        let v4 = norm_v4(d, &[x, res, wp, out]);
         if d <= WARP_ROW_MAX {
             let f = self.kernel("rms_norm_warp")?;
             launch!(self, f, grid_1d(len / d * 32, 256); x, res, wp, out, rows, di, eps, v4)
         } else {
             let f = self.kernel("rms_norm_block")?;
-            let cfg = LaunchConfig {
-                grid_dim: (rows as u32, 1, 1),
-                block_dim: (norm_block_threads(d, v4 != 0), 1, 1),
-                shared_mem_bytes: 0,
-            };
-            launch!(self, f, cfg; x, res, wp, out, rows, di, eps, v4)
+            launch!(self, f, norm_block_cfg(rows, d, v4); x, res, wp, out, rows, di, eps, v4)
+        }
+    }
+
+    /// `out = rms_norm(x)` rounded to 16 bits (bf16 when `bf16`, else f16) for `len / d` rows of
+    /// `d` (the weight at `w`): a 16-bit GEMM's input in one launch, bit-equal to
+    /// [`rms_norm`](Self::rms_norm) then `f32_to_bf16` / `f32_to_f16`. Device addresses; the
+    /// callers checked the lengths.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn rms_norm_half(
+        &self,
+        x: u64,
+        w: u64,
+        d: usize,
+        eps: f32,
+        out: u64,
+        len: usize,
+        bf16: bool,
+    ) -> Result<()> {
+        if d == 0 || !len.is_multiple_of(d) {
+            return Err(CudaError::Shape {
+                what: "rms_norm input length (a multiple of the weight length)",
+                got: len,
+                want: d,
+            });
+        }
+        let (rows, di, ty) = ((len / d) as i32, d as i32, if bf16 { 1i32 } else { 2 });
+        // 8-byte stores of four 16-bit values need the same alignment as the f32 side's float4s.
+        let v4 = norm_v4(d, &[x, w, out]);
+        if d <= WARP_ROW_MAX {
+            let f = self.kernel("rms_norm_warp_h")?;
+            launch!(self, f, grid_1d(len / d * 32, 256); x, w, out, rows, di, eps, v4, ty)
+        } else {
+            let f = self.kernel("rms_norm_block_h")?;
+            launch!(self, f, norm_block_cfg(rows, d, v4); x, w, out, rows, di, eps, v4, ty)
         }
     }
 

@@ -58,9 +58,26 @@ __device__ __forceinline__ float norm_chunk(float* x, const float* __restrict__ 
     return ss;
 }
 
+// Stores V values of a row at unit i of `out`: f32 (OUT 0), or rounded to bf16 (OUT 1) or f16
+// (OUT 2) as f32_to_bf16 / f32_to_f16 round, for a 16-bit GEMM that reads the normalized row
+// (one launch instead of a norm and a conversion).
+template <int V, int OUT>
+__device__ __forceinline__ void norm_out(void* out, int i, const float (&o)[V]) {
+    if constexpr (OUT == 0) {
+        norm_st<V>((float*)out + (i64)i * V, o);
+    } else {
+        u16 h[V];
+#pragma unroll
+        for (int e = 0; e < V; e++) h[e] = OUT == 1 ? f2bf(o[e]) : f2h(o[e]);
+        u16* p = (u16*)out + (i64)i * V;
+        if constexpr (V == 4) *(uint2*)p = make_uint2(h[0] | (u32)h[1] << 16, h[2] | (u32)h[3] << 16);
+        else *p = h[0];
+    }
+}
+
 // out = xv * (inv * w) over the same units as norm_chunk.
-template <int V>
-__device__ __forceinline__ void norm_scale(float* out, const float* __restrict__ w, int units,
+template <int V, int OUT>
+__device__ __forceinline__ void norm_scale(void* out, const float* __restrict__ w, int units,
                                            int base, int t, int n, float inv,
                                            const float (&xv)[NORM_FLOATS / V][V]) {
     constexpr int NU = NORM_FLOATS / V;
@@ -77,15 +94,15 @@ __device__ __forceinline__ void norm_scale(float* out, const float* __restrict__
             float o[V];
 #pragma unroll
             for (int e = 0; e < V; e++) o[e] = xv[k][e] * (inv * wv[k][e]);
-            norm_st<V>(out + (i64)i * V, o);
+            norm_out<V, OUT>(out, i, o);
         }
     }
 }
 
 // One row by thread t of n (a warp when sh is null, else the whole block, sh holding 32).
-template <int V>
+template <int V, int OUT = 0>
 __device__ __forceinline__ void norm_row(float* x, const float* __restrict__ res,
-                                         const float* __restrict__ w, float* out, int d,
+                                         const float* __restrict__ w, void* out, int d,
                                          float eps, int t, int n, float* sh) {
     constexpr int NU = NORM_FLOATS / V;
     const int units = d / V, step = NU * n;
@@ -95,7 +112,7 @@ __device__ __forceinline__ void norm_row(float* x, const float* __restrict__ res
     ss = sh ? block_sum(ss, sh) : warp_sum(ss);
     const float inv = 1.0f / sqrtf(ss / (float)d + eps);
     if (units <= step) {  // the whole row is still in registers
-        norm_scale<V>(out, w, units, 0, t, n, inv, xv);
+        norm_scale<V, OUT>(out, w, units, 0, t, n, inv, xv);
         return;
     }
     for (int base = 0; base < units; base += step) {  // wider rows: read x (now summed) again
@@ -104,7 +121,7 @@ __device__ __forceinline__ void norm_row(float* x, const float* __restrict__ res
             const int i = base + t + k * n;
             if (i < units) norm_ld<V>(x + (i64)i * V, xv[k]);
         }
-        norm_scale<V>(out, w, units, base, t, n, inv, xv);
+        norm_scale<V, OUT>(out, w, units, base, t, n, inv, xv);
     }
 }
 
@@ -128,6 +145,33 @@ extern "C" __global__ void __launch_bounds__(1024) rms_norm_block(float* x, cons
     const float* r = res ? res + o : nullptr;
     if (v4) norm_row<4>(x + o, r, w, out + o, d, eps, threadIdx.x, blockDim.x, sh);
     else norm_row<1>(x + o, r, w, out + o, d, eps, threadIdx.x, blockDim.x, sh);
+}
+
+// rms_norm_warp / rms_norm_block with the output rounded to 16 bits (ty 1 bf16, 2 f16): the
+// input of the 16-bit cuBLAS GEMMs past the GEMV's rows, normalized and converted in one launch.
+template <int OUT>
+__device__ __forceinline__ void norm_row_h(float* x, const float* w, u16* out, int d, float eps,
+                                           int t, int n, float* sh, int v4) {
+    if (v4) norm_row<4, OUT>(x, nullptr, w, out, d, eps, t, n, sh);
+    else norm_row<1, OUT>(x, nullptr, w, out, d, eps, t, n, sh);
+}
+
+extern "C" __global__ void rms_norm_warp_h(float* x, const float* w, u16* out, int rows, int d,
+                                           float eps, int v4, int ty) { pdl_begin();
+    const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31;
+    if (row >= rows) return;
+    const i64 o = (i64)row * d;
+    if (ty == 1) norm_row_h<1>(x + o, w, out + o, d, eps, lane, 32, nullptr, v4);
+    else norm_row_h<2>(x + o, w, out + o, d, eps, lane, 32, nullptr, v4);
+}
+
+extern "C" __global__ void __launch_bounds__(1024) rms_norm_block_h(float* x, const float* w,
+        u16* out, int rows, int d, float eps, int v4, int ty) { pdl_begin();
+    __shared__ float sh[32];
+    const i64 o = (i64)blockIdx.x * d;
+    if (ty == 1) norm_row_h<1>(x + o, w, out + o, d, eps, threadIdx.x, blockDim.x, sh, v4);
+    else norm_row_h<2>(x + o, w, out + o, d, eps, threadIdx.x, blockDim.x, sh, v4);
 }
 
 // Rotates pairs of the first `dims` dimensions of every head in place. `cs` is the
