@@ -13,8 +13,10 @@
 //! Every timed buffer set is rotated over ≥ 512 MB so the 60 MB L2 cannot serve repeats; data is
 //! random; times are CUDA-event medians of 5 batches after warm-up.
 //! Run: `target/cuda/bin/cuda_bench [SECTION...]` (device `AFM_CUDA_DEVICE`, default 0); with
-//! section names (copy, gemv, mmq, mmh, fused_projections, prefill_matmul, decode_attention,
-//! prologue, prefill_mma, sampling, small) only those run (the copy ceiling always does).
+//! section names (copy, gemv, gemv_rows, mmq, mmh, fused_projections, prefill_matmul,
+//! decode_attention, prologue, prefill_mma, sampling, small) only those run (the copy ceiling
+//! always does). `gemv_rows`: issue #9's one-row 16-bit GEMVs at 4, 8 and 16 weight rows per
+//! block (`matmul.rs` `half_rows_rule`), with and without the folded norm.
 //!
 //! Measured 2026-11-29 on the H200 (copy ceiling 4251 GB/s), batch-1 GEMV as % of it (the
 //! quantized kernels of then are gone; the int8 ones' times are in bench/RESULTS.md, "Quantized
@@ -31,7 +33,7 @@
 use afm_runtime::attention::{AttnParams, AttnSeq};
 use afm_runtime::cuda::{
     Activation, AttnBatch, AttnKernel, CudaContext, CudaSlice, DeviceKvCache, DeviceWeight,
-    MatmulPath, RopeTable, SampleParams, MMQ_GATED_MAX_ROWS,
+    MatmulPath, RopeTable, RowNorm, SampleParams, MMQ_GATED_MAX_ROWS,
 };
 use afm_runtime::kv_store::{KvDtype, LayerKvShape};
 use afm_runtime::ops::{Rope, RopeStyle};
@@ -194,6 +196,150 @@ fn gemv(c: &mut CudaContext, copy_gbs: f64, out: &mut Vec<String>) -> R<()> {
             }
         }
     }
+    Ok(())
+}
+
+/// One row's kinds of 16-bit product in a decode step, as the engine launches them.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum OneRow {
+    /// q+k+v in one launch (`gemv3`).
+    Qkv,
+    /// The same of rms_norm(x) (`gemv3n`).
+    QkvNorm,
+    /// A separate `rms_norm` launch, then `Qkv`: what `QkvNorm` replaces.
+    NormThenQkv,
+    /// One matrix with the residual add folded in (`gemva`: O, down).
+    Add,
+    /// One matrix (`gemv`: lm_head).
+    Plain,
+    /// gate+up with SiLU (`gemvg`).
+    Gated,
+    /// The same of rms_norm(x) (`gemvgn`; at 4,096 columns only with the override's
+    /// `gated_norm_any_width`, as the engine does not fold it there at R = 4).
+    GatedNorm,
+    /// A separate `rms_norm` launch, then `Gated`.
+    NormThenGated,
+}
+
+/// Issue #9's one-row 16-bit GEMVs at each block size (weight rows per block R = 4, 8, 16,
+/// forced through `set_gemv_half`, then `auto`: `matmul.rs`'s table) on Qwen3-0.6B and
+/// Qwen3-8B bf16 shapes: µs, GB/s of weights read and its fraction of the copy ceiling. The
+/// folded norms beside a separate norm launch plus the unfolded kernel. Weights rotate over
+/// ≥ 512 MB ([`rotated_sets`]).
+fn gemv_rows(c: &mut CudaContext, copy_gbs: f64, out: &mut Vec<String>) -> R<()> {
+    let mut rng = Rng(10);
+    // (model, hidden, q rows, kv rows, intermediate); O is hidden x q.
+    for (model, h, q, kv, inter) in [
+        ("Qwen3-0.6B", 1024, 2048, 1024, 3072),
+        ("Qwen3-8B", 4096, 4096, 1024, 12288),
+    ] {
+        let vocab = 151_936;
+        // (what, kind, matrices (rows, cols))
+        let cases = [
+            ("q+k+v", OneRow::Qkv, vec![(q, h), (kv, h), (kv, h)]),
+            (
+                "norm q+k+v",
+                OneRow::QkvNorm,
+                vec![(q, h), (kv, h), (kv, h)],
+            ),
+            (
+                "norm, q+k+v",
+                OneRow::NormThenQkv,
+                vec![(q, h), (kv, h), (kv, h)],
+            ),
+            ("o +=", OneRow::Add, vec![(h, q)]),
+            ("down +=", OneRow::Add, vec![(h, inter)]),
+            ("gate+up", OneRow::Gated, vec![(inter, h), (inter, h)]),
+            (
+                "norm gate+up",
+                OneRow::GatedNorm,
+                vec![(inter, h), (inter, h)],
+            ),
+            (
+                "norm, gate+up",
+                OneRow::NormThenGated,
+                vec![(inter, h), (inter, h)],
+            ),
+            ("lm_head", OneRow::Plain, vec![(vocab, h)]),
+        ];
+        let x: Vec<f32> = (0..h.max(inter).max(q)).map(|_| rng.sym()).collect();
+        let g: Vec<f32> = (0..h).map(|_| 0.5 + rng.sym().abs()).collect();
+        let gd = c.upload(&g)?;
+        for (what, kind, mats) in cases {
+            let host: Vec<WeightMatrix> = mats
+                .iter()
+                .map(|&(r, k)| random_weight(&mut rng, DType::BF16, r, k))
+                .collect::<R<_>>()?;
+            let (bytes, sets) = rotated_sets(c, &host.iter().collect::<Vec<_>>())?;
+            let cols = mats[0].1;
+            let xd = c.upload(&x[..cols])?;
+            let mut xn: CudaSlice<f32> = c.alloc(cols)?;
+            let mut ys: Vec<CudaSlice<f32>> = mats
+                .iter()
+                .map(|&(r, _)| c.alloc(r))
+                .collect::<Result<_, _>>()?;
+            for rows in [Some(4), Some(8), Some(16), None] {
+                c.set_gemv_half(rows, true)?;
+                let ms = time_ms(c, 20, |c, i| {
+                    let set = &sets[i % sets.len()];
+                    let norm = || RowNorm {
+                        w: gd.slice(..),
+                        eps: 1e-6,
+                    };
+                    if matches!(kind, OneRow::NormThenQkv | OneRow::NormThenGated) {
+                        c.rms_norm(&xd, &gd, 1e-6, &mut xn).expect("rms_norm");
+                    }
+                    let ws: Vec<&DeviceWeight> = set.iter().collect();
+                    let done = match kind {
+                        OneRow::Qkv => {
+                            let mut o: Vec<&mut CudaSlice<f32>> = ys.iter_mut().collect();
+                            c.matmul_many(&ws, &xd, 1, &mut o)
+                        }
+                        OneRow::NormThenQkv => {
+                            let mut o: Vec<&mut CudaSlice<f32>> = ys.iter_mut().collect();
+                            c.matmul_many(&ws, &xn, 1, &mut o)
+                        }
+                        OneRow::QkvNorm => {
+                            let mut o: Vec<&mut CudaSlice<f32>> = ys.iter_mut().collect();
+                            c.matmul_many_norm(&ws, &xd, norm(), 1, &mut o)
+                        }
+                        OneRow::Add => c.matmul_add(ws[0], &xd, 1, &mut ys[0]).map(|_| true),
+                        OneRow::Plain => c.matmul(ws[0], &xd, 1, &mut ys[0]).map(|_| true),
+                        OneRow::Gated => {
+                            c.matmul_gated(ws[0], ws[1], Activation::Silu, &xd, 1, &mut ys[0])
+                        }
+                        OneRow::NormThenGated => {
+                            c.matmul_gated(ws[0], ws[1], Activation::Silu, &xn, 1, &mut ys[0])
+                        }
+                        OneRow::GatedNorm => c.matmul_gated_norm(
+                            ws[0],
+                            ws[1],
+                            Activation::Silu,
+                            &xd,
+                            norm(),
+                            1,
+                            &mut ys[0],
+                        ),
+                    };
+                    assert!(done.expect("one-row GEMV"), "{what}: the GEMV declined");
+                })?;
+                let gbs = bytes as f64 / ms / 1e6;
+                let shape = mats
+                    .iter()
+                    .map(|&(r, k)| format!("{r}x{k}"))
+                    .collect::<Vec<_>>()
+                    .join("+");
+                let r = rows.map_or("auto".to_string(), |r| format!("R={r}"));
+                out.push(format!(
+                    "| gemv_rows {model:10} | {what:13} | {shape:24} | {r:4} | {:7.2} us | {gbs:5.0} GB/s | {:5.1}% |",
+                    ms * 1e3,
+                    100.0 * gbs / copy_gbs
+                ));
+                println!("{}", out.last().expect("pushed"));
+            }
+        }
+    }
+    c.set_gemv_half(None, false)?;
     Ok(())
 }
 
@@ -1036,6 +1182,9 @@ fn main() -> R<()> {
     let run = |name: &str| only.is_empty() || only.iter().any(|o| o == name);
     if run("gemv") {
         gemv(&mut c, copy_gbs, &mut table)?;
+    }
+    if run("gemv_rows") {
+        gemv_rows(&mut c, copy_gbs, &mut table)?;
     }
     if run("mmq") {
         mmq(&mut c, copy_gbs, &mut table)?;

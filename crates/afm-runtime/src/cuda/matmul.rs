@@ -19,6 +19,10 @@
 //! `AFM_GEMV_PREFETCH=0` turns off the quantized GEMV's L2 prefetch of its first weights (on by
 //! default; an A/B knob until the prefetch is measured end to end).
 //!
+//! At one activation row the 16-bit GEMV blocks own R = 4, 8 or 16 weight rows, picked per
+//! kernel from the grid size by `half_rows_rule`'s table; `AFM_GEMV_R=4|8|16` forces one
+//! (A/B runs), as does [`CudaContext::set_gemv_half`] (benchmarks). Every R gives the same bits.
+//!
 //! Several quantized matrices of one input share one activation quantization and one launch:
 //! Q/K/V, of any mix of the three types ([`CudaContext::matmul_many`]), and gate with up,
 //! fused with the activation ([`CudaContext::matmul_gated`]), on the GEMV and the MMQ path.
@@ -78,6 +82,9 @@ const NORM_FOLD_MAX_ROWS: usize = 1;
 const NORM_FOLD_GATED_MAX_COLS: usize = 2048;
 /// Threads per GEMV block (`GEMV_THREADS` in gemv.cu).
 const GEMV_THREADS: usize = 128;
+/// Weight rows per block of the one-row 16-bit GEMV kernels (gemv.cu `GEMV_R_ALL`): 4 (the
+/// multi-row kernels' `GEMV_ROWS`), 8 and 16 (names ending `_r8`, `_r16`).
+const GEMV_HALF_ROWS: [usize; 3] = [4, 8, 16];
 /// Values per int8 activation block (and weights per int8 GEMV work unit).
 const Q8_BLOCK: usize = 32;
 /// Weights dequantized to f16 per cuBLAS call, bounding the scratch (64 MiB).
@@ -177,6 +184,98 @@ fn preload_suffix(n: usize, cols: usize) -> &'static str {
         "p"
     } else {
         ""
+    }
+}
+
+/// The one-row 16-bit GEMV kernels, each with its own R rule ([`half_rows_rule`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum HalfKernel {
+    /// `gemv_*`, `gemva_*`: one matrix (O and down with the residual add folded in, lm_head).
+    Plain,
+    /// `gemv3_*`: Q/K/V in one launch.
+    Qkv,
+    /// `gemv3n_*`: Q/K/V of `rms_norm(x)`.
+    QkvNorm,
+    /// `gemvg_*`: gate + up with the activation.
+    Gated,
+    /// `gemvgn_*`: the same of `rms_norm(x)`.
+    GatedNorm,
+}
+
+/// R for one kernel family at one activation row: its candidates, largest first, and the
+/// fewest blocks per SM the largest usable one must leave (the last candidate serves whatever
+/// is left). Blocks of 128 threads at R = 16 hold 114-168 registers, so 3 fit on an SM: from 2
+/// per SM up, most of the grid is resident at once and nothing waits for a second wave.
+/// Not yet measured: `cuda_bench gemv_rows` times every R on Qwen3-0.6B and Qwen3-8B shapes
+/// (a row per R, then `auto`: this table's pick) to set it from.
+fn half_rows_rule(k: HalfKernel) -> (&'static [usize], usize) {
+    match k {
+        HalfKernel::Plain | HalfKernel::Qkv | HalfKernel::QkvNorm => (&[16, 8, 4], 2),
+        HalfKernel::Gated | HalfKernel::GatedNorm => (&[16, 8, 4], 2),
+    }
+}
+
+/// R forced for every one-row 16-bit GEMV ([`CudaContext::set_gemv_half`]; 0: none).
+static HALF_ROWS_FORCED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+/// Whether gate+up folds the norm in at any width ([`CudaContext::set_gemv_half`]).
+static GATED_NORM_ANY_WIDTH: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+fn parse_half_rows(v: &str) -> Option<usize> {
+    v.trim().parse().ok().filter(|r| GEMV_HALF_ROWS.contains(r))
+}
+
+fn bad_half_rows(what: &'static str, value: String) -> CudaError {
+    CudaError::Unsupported {
+        what,
+        value,
+        supported: "4, 8 or 16",
+    }
+}
+
+/// `AFM_GEMV_R` (read once): R forced for every one-row 16-bit GEMV; an error on each use
+/// where it is set to anything else.
+fn half_rows_env() -> Result<Option<usize>> {
+    static ENV: std::sync::OnceLock<std::result::Result<Option<usize>, String>> =
+        std::sync::OnceLock::new();
+    ENV.get_or_init(|| match std::env::var("AFM_GEMV_R") {
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotUnicode(v)) => Err(v.to_string_lossy().into_owned()),
+        Ok(v) => parse_half_rows(&v).map(Some).ok_or(v),
+    })
+    .clone()
+    .map_err(|v| bad_half_rows("AFM_GEMV_R", v))
+}
+
+/// R (weight rows per block) of a 16-bit GEMV launch over matrices of `rows` rows each, for
+/// `n` activation rows: 4 except at one row (and for the preloading "p" kernels, `pre`).
+fn half_rows(k: HalfKernel, rows: &[usize], n: usize, pre: bool, sm_count: usize) -> Result<usize> {
+    if n != 1 || pre {
+        return Ok(GEMV_ROWS);
+    }
+    let forced = HALF_ROWS_FORCED.load(std::sync::atomic::Ordering::Relaxed);
+    if forced != 0 {
+        return Ok(forced);
+    }
+    if let Some(r) = half_rows_env()? {
+        return Ok(r);
+    }
+    let (candidates, min_per_sm) = half_rows_rule(k);
+    let blocks = |r: usize| rows.iter().map(|m| m.div_ceil(r)).sum::<usize>();
+    Ok(candidates
+        .iter()
+        .copied()
+        .find(|&r| blocks(r) >= min_per_sm * sm_count)
+        .or(candidates.last().copied())
+        .unwrap_or(GEMV_ROWS))
+}
+
+/// The kernel name's suffix for R rows per block (gemv.cu: none at `GEMV_ROWS`).
+fn half_rows_suffix(r: usize) -> String {
+    if r == GEMV_ROWS {
+        String::new()
+    } else {
+        format!("_r{r}")
     }
 }
 
@@ -287,6 +386,11 @@ pub(super) fn kernel_names() -> Vec<String> {
             if n == 1 {
                 for k in ["gemvp", "gemvap", "gemv3p", "gemvgp", "gemv3np", "gemvgnp"] {
                     v.push(format!("{k}_{t}_{n}"));
+                }
+                for r in GEMV_HALF_ROWS.into_iter().filter(|&r| r != GEMV_ROWS) {
+                    for k in ["gemv", "gemva", "gemv3", "gemvg", "gemv3n", "gemvgn"] {
+                        v.push(format!("{k}_{t}_{n}_r{r}"));
+                    }
                 }
             }
         }
@@ -432,6 +536,38 @@ impl CudaContext {
         }
     }
 
+    /// Process-wide overrides of the one-row 16-bit GEMV (they hold for every context of the
+    /// process), for benchmarks and A/B runs: `rows`, the weight rows per block (4, 8 or 16;
+    /// `None`: `AFM_GEMV_R` if set, else the table, `half_rows_rule`); `gated_norm_any_width`,
+    /// fold the RMSNorm into gate+up at any width, not only up to `NORM_FOLD_GATED_MAX_COLS`
+    /// (set at R = 4). Results do not change with R, only times. An error (nothing changed) for
+    /// an R the kernels do not come with.
+    pub fn set_gemv_half(&self, rows: Option<usize>, gated_norm_any_width: bool) -> Result<()> {
+        if let Some(r) = rows.filter(|r| !GEMV_HALF_ROWS.contains(r)) {
+            return Err(bad_half_rows("GEMV rows per block", r.to_string()));
+        }
+        use std::sync::atomic::Ordering::Relaxed;
+        HALF_ROWS_FORCED.store(rows.unwrap_or(0), Relaxed);
+        GATED_NORM_ANY_WIDTH.store(gated_norm_any_width, Relaxed);
+        Ok(())
+    }
+
+    /// Registers per thread and local (spilled) bytes per thread of every one-row 16-bit GEMV
+    /// kernel (each R, with and without the folded norm) as the driver compiled it for this
+    /// device: (name, registers, local bytes).
+    pub fn gemv_half_resources(&self) -> Result<Vec<(String, i32, i32)>> {
+        // bf16/f16 at one activation row: "gemv3n_bf16_1", "gemv_f16_1_r16", ...
+        kernel_names()
+            .into_iter()
+            .filter(|k| k.ends_with("16_1") || k.contains("16_1_r"))
+            .map(|k| {
+                let f = self.kernel(&k)?;
+                let (regs, local) = (f.num_regs()?, f.local_size_bytes()?);
+                Ok((k, regs, local))
+            })
+            .collect()
+    }
+
     /// Whether automatic path choice sends `n` rows of quantized weights to MMQ.
     fn mmq_auto(&self, n: usize) -> bool {
         (GEMV_MAX_ROWS + 1..=MMQ_MAX_ROWS).contains(&n) && mmq_env_on() && self.mmq_supported()
@@ -527,19 +663,22 @@ impl CudaContext {
     ) -> Result<()> {
         let (rows, cols) = (w.rows, w.cols);
         let name = if accumulate { "gemva" } else { "gemv" };
-        let name = format!("{name}{}", preload_suffix(n, cols));
         let wp = self.ptr(&w.bytes);
         let (ri, ci) = (rows as i32, cols as i32);
-        let cfg = LaunchConfig {
-            grid_dim: (rows.div_ceil(GEMV_ROWS) as u32, 1, 1),
-            block_dim: (GEMV_THREADS as u32, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let sm_count = self.info().sm_count;
         for c0 in (0..n).step_by(GEMV_MAX_BATCH) {
             let nb = (n - c0).min(GEMV_MAX_BATCH);
             let x0 = xp + (c0 * cols * 4) as u64;
             let o0 = op + (c0 * rows * 4) as u64;
-            let f = self.kernel(&format!("{name}_{}_{nb}", half_name(w)))?;
+            let pre = preload_suffix(nb, cols);
+            let r = half_rows(HalfKernel::Plain, &[rows], nb, !pre.is_empty(), sm_count)?;
+            let cfg = LaunchConfig {
+                grid_dim: (rows.div_ceil(r) as u32, 1, 1),
+                block_dim: (GEMV_THREADS as u32, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let t = half_name(w);
+            let f = self.kernel(&format!("{name}{pre}_{t}_{nb}{}", half_rows_suffix(r)))?;
             launch!(self, f, cfg; wp, x0, o0, ri, ci)?;
         }
         Ok(())
@@ -720,7 +859,9 @@ impl CudaContext {
 
 /// Whether the 16-bit GEMV folds a norm in for `n` rows of `ws` (gate+up when `gated`).
 fn half_norm_fold(ws: &[&DeviceWeight], gated: bool, n: usize) -> bool {
-    n <= NORM_FOLD_MAX_ROWS && (!gated || ws.iter().all(|w| w.cols <= NORM_FOLD_GATED_MAX_COLS))
+    let any_width = GATED_NORM_ANY_WIDTH.load(std::sync::atomic::Ordering::Relaxed);
+    n <= NORM_FOLD_MAX_ROWS
+        && (!gated || any_width || ws.iter().all(|w| w.cols <= NORM_FOLD_GATED_MAX_COLS))
 }
 
 /// Whether fused GEMV launches serve `n` rows of 16-bit weights `ws` (same type and width,
@@ -877,15 +1018,22 @@ impl CudaContext {
         let NormArg { w: nw, eps } = norm.unwrap_or(NormArg { w: 0, eps: 0.0 });
         let rows = |i: usize| ws.get(i).map_or(0, |w| w.rows) as i32;
         let (r0, r1, r2, ci) = (rows(0), rows(1), rows(2), ws[0].cols as i32);
-        let blocks: usize = ws.iter().map(|w| w.rows.div_ceil(GEMV_ROWS)).sum();
+        let (name, kind) = if norm.is_some() {
+            ("gemv3n", HalfKernel::QkvNorm)
+        } else {
+            ("gemv3", HalfKernel::Qkv)
+        };
+        let pre = preload_suffix(n, ws[0].cols);
+        let mat_rows: Vec<usize> = ws.iter().map(|w| w.rows).collect();
+        let r = half_rows(kind, &mat_rows, n, !pre.is_empty(), self.info().sm_count)?;
+        let blocks: usize = mat_rows.iter().map(|m| m.div_ceil(r)).sum();
         let cfg = LaunchConfig {
             grid_dim: (blocks as u32, 1, 1),
-            block_dim: (128, 1, 1),
+            block_dim: (GEMV_THREADS as u32, 1, 1),
             shared_mem_bytes: 0,
         };
-        let name = if norm.is_some() { "gemv3n" } else { "gemv3" };
-        let name = format!("{name}{}", preload_suffix(n, ws[0].cols));
-        let f = self.kernel(&format!("{name}_{}_{n}", half_name(ws[0])))?;
+        let t = half_name(ws[0]);
+        let f = self.kernel(&format!("{name}{pre}_{t}_{n}{}", half_rows_suffix(r)))?;
         launch!(self, f, cfg; w0, w1, w2, xp, nw, eps, o0, o1, o2, r0, r1, r2, ci)?;
         Ok(true)
     }
@@ -998,15 +1146,21 @@ impl CudaContext {
             }
             return Ok(true);
         }
+        let (name, kind) = if norm.is_some() {
+            ("gemvgn", HalfKernel::GatedNorm)
+        } else {
+            ("gemvg", HalfKernel::Gated)
+        };
+        let pre = preload_suffix(n, gate.cols);
+        let r = half_rows(kind, &[gate.rows], n, !pre.is_empty(), self.info().sm_count)?;
         let cfg = LaunchConfig {
-            grid_dim: (gate.rows.div_ceil(GEMV_ROWS) as u32, 1, 1),
-            block_dim: (128, 1, 1),
+            grid_dim: (gate.rows.div_ceil(r) as u32, 1, 1),
+            block_dim: (GEMV_THREADS as u32, 1, 1),
             shared_mem_bytes: 0,
         };
         let NormArg { w: nw, eps } = norm.unwrap_or(NormArg { w: 0, eps: 0.0 });
-        let name = if norm.is_some() { "gemvgn" } else { "gemvg" };
-        let name = format!("{name}{}", preload_suffix(n, gate.cols));
-        let f = self.kernel(&format!("{name}_{}_{n}", half_name(gate)))?;
+        let t = half_name(gate);
+        let f = self.kernel(&format!("{name}{pre}_{t}_{n}{}", half_rows_suffix(r)))?;
         launch!(self, f, cfg; gp, up_, xp, nw, eps, op, ri, ci, a)?;
         Ok(true)
     }

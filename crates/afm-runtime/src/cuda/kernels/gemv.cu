@@ -5,7 +5,8 @@
 // once and activations are re-read cols/rows-per-block times, not cols.
 //
 // - bf16/f16 weights (gemv_*, gemv3_* for Q/K/V, gemvg_* for gate+up): f32 activations,
-//   GEMV_ROWS rows per block, a unit is 8 weights (one 16-byte load).
+//   R rows per block (GEMV_ROWS = 4; the one-row kernels also with 8 and 16, "_r8"/"_r16"),
+//   a unit is 8 weights (one 16-byte load).
 // - Q4_K/Q6_K/Q8_0 weights (gemv8*, section "Quantized weights" below): read in their GGML
 //   blocks against activations quantized to int8 blocks of 32 (quantize_x_q8), so a weight
 //   block's dot is integer work, 4 products a dp4a instruction:
@@ -17,20 +18,25 @@
 //     Q8_0 ( 34 B, 1 unit):  the whole block
 
 #define GEMV_THREADS 128
-#define GEMV_ROWS 4  // weight rows per block: each activation load serves all of them
+// Weight rows per block (R) of the 16-bit kernels, unless a name says otherwise: each activation
+// load serves all of them. At one activation row there are also R = 8 and 16 (GEMV_R_ALL below):
+// fewer, longer blocks re-read x (and a folded norm's weight and sum of squares) less often and
+// fit in one wave of resident blocks. A row's sums do not depend on R (the same thread owns the
+// same units of it, the same reductions follow), so every R gives the same bits.
+#define GEMV_ROWS 4
 
 // Sums each (row, batch) accumulator over the block and writes out[b][row0 + r], times inv[b]
 // (1/rms of activation row b, in shared memory) when the norm was folded in, and added to what
 // out holds with ACC (a residual add folded into the projection). ACC is a template parameter:
 // as a run-time flag it changed ptxas's register allocation of the whole kernel (106 instead of
 // 128 registers at 8 rows) and Qwen3-8B at 8 streams decoded 15% slower.
-template <int N, bool ACC>
-__device__ __forceinline__ void gemv_finish(float (&acc)[GEMV_ROWS][N], float* out, int rows,
-                                            int row0, const float* inv) {
-    __shared__ float sh[GEMV_ROWS * N][GEMV_THREADS / 32];
+template <int N, int R, bool ACC>
+__device__ __forceinline__ void gemv_finish(float (&acc)[R][N], float* out, int rows, int row0,
+                                            const float* inv) {
+    __shared__ float sh[R * N][GEMV_THREADS / 32];
     const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
 #pragma unroll
-    for (int r = 0; r < GEMV_ROWS; r++) {
+    for (int r = 0; r < R; r++) {
 #pragma unroll
         for (int b = 0; b < N; b++) {
             const float v = warp_sum(acc[r][b]);
@@ -38,7 +44,7 @@ __device__ __forceinline__ void gemv_finish(float (&acc)[GEMV_ROWS][N], float* o
         }
     }
     __syncthreads();
-    if (threadIdx.x < GEMV_ROWS * N) {
+    if (threadIdx.x < R * N) {
         const int r = threadIdx.x / N, b = threadIdx.x % N;
         float s = 0.f;
 #pragma unroll
@@ -75,24 +81,24 @@ __device__ __forceinline__ void gemv_inv_rms(const float (&ss)[N], int cols, flo
 }
 
 #define GEMV_ZERO(acc)                                                                         \
-    float acc[GEMV_ROWS][N];                                                                   \
-    _Pragma("unroll") for (int r = 0; r < GEMV_ROWS; r++)                                      \
+    float acc[R][N];                                                                           \
+    _Pragma("unroll") for (int r = 0; r < R; r++)                                              \
         _Pragma("unroll") for (int b = 0; b < N; b++) acc[r][b] = 0.f;
 
-// Accumulates GEMV_ROWS rows of a 16-bit matrix from row0 against N activation rows. With a
+// Accumulates R rows of a 16-bit matrix from row0 against N activation rows. With a
 // norm weight `nw` (NORM > 0) x is RMSNorm's input: the products take x * nw, so the caller's
 // inv * acc is W . (x * inv * nw), the normalized row's product (up to rounding order), and with
 // NORM == 2 ss[b] gathers this thread's share of sum x^2 for inv.
 // `pre` holds the thread's first unit (gemv_preload, issued before the PDL wait).
-template <int N, bool BF16, int NORM, bool PRE>
+template <int N, int R, bool BF16, int NORM, bool PRE>
 __device__ __forceinline__ void gemv_half_acc(const u16* W, const float* x, const float* nw,
                                               int rows, int cols, int row0,
-                                              const uint4 (&pre)[GEMV_ROWS],
-                                              float (&acc)[GEMV_ROWS][N], float (&ss)[N]) {
+                                              const uint4 (&pre)[R], float (&acc)[R][N],
+                                              float (&ss)[N]) {
     for (int u = threadIdx.x; u < cols / 8; u += GEMV_THREADS) {
-        float w[GEMV_ROWS][8];
+        float w[R][8];
 #pragma unroll
-        for (int r = 0; r < GEMV_ROWS; r++) {
+        for (int r = 0; r < R; r++) {
             const uint4 q = PRE && u == threadIdx.x
                                 ? pre[r]
                                 : ((const uint4*)(W + (i64)min(row0 + r, rows - 1) * cols))[u];
@@ -125,46 +131,46 @@ __device__ __forceinline__ void gemv_half_acc(const u16* W, const float* x, cons
                 c = make_float4(c.x * gc.x, c.y * gc.y, c.z * gc.z, c.w * gc.w);
             }
 #pragma unroll
-            for (int r = 0; r < GEMV_ROWS; r++)
+            for (int r = 0; r < R; r++)
                 acc[r][b] += w[r][0] * a.x + w[r][1] * a.y + w[r][2] * a.z + w[r][3] * a.w +
                              w[r][4] * c.x + w[r][5] * c.y + w[r][6] * c.z + w[r][7] * c.w;
         }
     }
 }
 
-// GEMV_ROWS rows of out from row0: out = x . W^T, or with NORM rms_norm(x, nw, eps) . W^T;
-// added to out with ACC.
 // The thread's first unit of rows row0.. of W into registers. The "p" kernels issue it before
 // their PDL wait (weights are never written by a kernel), meant to overlap its DRAM latency
 // with the kernel before (at batch 1 a Qwen3-0.6B projection is ~1 us of weight reads in a
 // ~5 us launch); measured slower, they are opt-in.
+template <int R>
 __device__ __forceinline__ void gemv_preload(const u16* W, int rows, int cols, int row0,
-                                             uint4 (&pre)[GEMV_ROWS]) {
+                                             uint4 (&pre)[R]) {
     const int u = threadIdx.x;
 #pragma unroll
-    for (int r = 0; r < GEMV_ROWS; r++)
+    for (int r = 0; r < R; r++)
         if (u < cols / 8) pre[r] = ((const uint4*)(W + (i64)min(row0 + r, rows - 1) * cols))[u];
 }
 
-template <int N, bool BF16, bool NORM, bool ACC, bool PRE>
+// R rows of out from row0: out = x . W^T, or with NORM rms_norm(x, nw, eps) . W^T; added to
+// out with ACC.
+template <int N, int R, bool BF16, bool NORM, bool ACC, bool PRE>
 __device__ void gemv_half_rows(const u16* W, const float* x, const float* nw, float eps,
-                               float* out, int rows, int cols, int row0,
-                               const uint4 (&pre)[GEMV_ROWS]) {
+                               float* out, int rows, int cols, int row0, const uint4 (&pre)[R]) {
     GEMV_ZERO(acc)
     float ss[N] = {};
     if (NORM) {
         __shared__ float inv[N];
-        gemv_half_acc<N, BF16, 2, PRE>(W, x, nw, rows, cols, row0, pre, acc, ss);
+        gemv_half_acc<N, R, BF16, 2, PRE>(W, x, nw, rows, cols, row0, pre, acc, ss);
         gemv_inv_rms<N>(ss, cols, eps, inv);
-        gemv_finish<N, ACC>(acc, out, rows, row0, inv);
+        gemv_finish<N, R, ACC>(acc, out, rows, row0, inv);
     } else {
-        gemv_half_acc<N, BF16, 0, PRE>(W, x, nw, rows, cols, row0, pre, acc, ss);
-        gemv_finish<N, ACC>(acc, out, rows, row0, nullptr);
+        gemv_half_acc<N, R, BF16, 0, PRE>(W, x, nw, rows, cols, row0, pre, acc, ss);
+        gemv_finish<N, R, ACC>(acc, out, rows, row0, nullptr);
     }
 }
 
 // Up to three 16-bit matrices against the same activations in one launch (Q, K and V): the
-// first ceil(r0/4) blocks serve W0, the next ceil(r1/4) W1, the rest W2. With NORM, of
+// first ceil(r0/R) blocks serve W0, the next ceil(r1/R) W1, the rest W2. With NORM, of
 // rms_norm(x, nw, eps) (each block sums the squares of x itself).
 struct Gemv3Pick {
     const u16* W;
@@ -172,14 +178,15 @@ struct Gemv3Pick {
     int rows, row0;
 };
 
+template <int R>
 __device__ __forceinline__ Gemv3Pick gemv3_pick(const u16* W0, const u16* W1, const u16* W2,
                                                 float* o0, float* o1, float* o2, int r0, int r1,
                                                 int r2) {
-    const int b0 = (r0 + GEMV_ROWS - 1) / GEMV_ROWS, b1 = (r1 + GEMV_ROWS - 1) / GEMV_ROWS;
+    const int b0 = (r0 + R - 1) / R, b1 = (r1 + R - 1) / R;
     int b = blockIdx.x;
-    if (b < b0) return {W0, o0, r0, b * GEMV_ROWS};
-    if ((b -= b0) < b1) return {W1, o1, r1, b * GEMV_ROWS};
-    return {W2, o2, r2, (b - b1) * GEMV_ROWS};
+    if (b < b0) return {W0, o0, r0, b * R};
+    if ((b -= b0) < b1) return {W1, o1, r1, b * R};
+    return {W2, o2, r2, (b - b1) * R};
 }
 
 // The sum of one (row, batch) accumulator over a group of `gw` warps starting at warp `w0`,
@@ -207,9 +214,9 @@ __device__ __forceinline__ float group_reduce(float (&acc)[R][N], int tig, int g
 }
 
 // The sum of one (row, batch) accumulator over the block, in thread r * N + b.
-template <int N>
-__device__ __forceinline__ float gemv_reduce(float (&acc)[GEMV_ROWS][N]) {
-    return group_reduce<N, GEMV_ROWS>(acc, threadIdx.x, GEMV_THREADS / 32, 0);
+template <int N, int R>
+__device__ __forceinline__ float gemv_reduce(float (&acc)[R][N]) {
+    return group_reduce<N, R>(acc, threadIdx.x, GEMV_THREADS / 32, 0);
 }
 
 __device__ __forceinline__ float gemv_silu(float x) { return x / (1.0f + expf(-x)); }
@@ -221,26 +228,26 @@ __device__ __forceinline__ float gemv_gelu_tanh(float x) {
 // out[b][row] = act(gate row . x[b]) * (up row . x[b]): the gated MLP's first half in one
 // launch, with the same sums and activation as gemv + gated_act (act 0 = SiLU, 1 = GELU tanh);
 // with NORM, of rms_norm(x, nw, eps) as gemv_half_rows.
-template <int N, bool BF16, bool NORM, bool PRE>
+template <int N, int R, bool BF16, bool NORM, bool PRE>
 __device__ void gemv_gated_half(const u16* G, const u16* U, const float* x, const float* nw,
                                 float eps, float* out, int rows, int cols, int act,
-                                const uint4 (&pg)[GEMV_ROWS], const uint4 (&pu)[GEMV_ROWS]) {
-    const int row0 = blockIdx.x * GEMV_ROWS;
+                                const uint4 (&pg)[R], const uint4 (&pu)[R]) {
+    const int row0 = blockIdx.x * R;
     __shared__ float inv[N];
     GEMV_ZERO(ag)
     GEMV_ZERO(au)
     float ss[N] = {};
     if (NORM) {
-        gemv_half_acc<N, BF16, 2, PRE>(G, x, nw, rows, cols, row0, pg, ag, ss);
-        gemv_half_acc<N, BF16, 1, PRE>(U, x, nw, rows, cols, row0, pu, au, ss);
+        gemv_half_acc<N, R, BF16, 2, PRE>(G, x, nw, rows, cols, row0, pg, ag, ss);
+        gemv_half_acc<N, R, BF16, 1, PRE>(U, x, nw, rows, cols, row0, pu, au, ss);
         gemv_inv_rms<N>(ss, cols, eps, inv);
     } else {
-        gemv_half_acc<N, BF16, 0, PRE>(G, x, nw, rows, cols, row0, pg, ag, ss);
-        gemv_half_acc<N, BF16, 0, PRE>(U, x, nw, rows, cols, row0, pu, au, ss);
+        gemv_half_acc<N, R, BF16, 0, PRE>(G, x, nw, rows, cols, row0, pg, ag, ss);
+        gemv_half_acc<N, R, BF16, 0, PRE>(U, x, nw, rows, cols, row0, pu, au, ss);
     }
-    float g = gemv_reduce<N>(ag);
-    float u = gemv_reduce<N>(au);
-    if (threadIdx.x < GEMV_ROWS * N) {
+    float g = gemv_reduce<N, R>(ag);
+    float u = gemv_reduce<N, R>(au);
+    if (threadIdx.x < R * N) {
         const int r = threadIdx.x / N, b = threadIdx.x % N;
         if (NORM) {
             g *= inv[b];
@@ -255,54 +262,85 @@ __device__ void gemv_gated_half(const u16* G, const u16* U, const float* x, cons
 // one activation row) load their first weights (gemv_preload) before the PDL wait; the others
 // read them after it. The "p" kernels measured slower (cuda/matmul.rs PRELOAD_MAX_COLS) and
 // run only with AFM_GEMV_PRELOAD=1.
-#define GEMV_PRE(PRE, W, rows, cols, row0, pre)                                                \
-    uint4 pre[GEMV_ROWS];                                                                      \
-    if (PRE) gemv_preload(W, rows, cols, row0, pre);
-#define GEMV_H(NAME, BF, N, KNAME, ACC, PRE)                                                   \
-    extern "C" __global__ void __launch_bounds__(GEMV_THREADS) KNAME##_##NAME##_##N(           \
+#define GEMV_PRE(PRE, R, W, rows, cols, row0, pre)                                             \
+    uint4 pre[R];                                                                              \
+    if (PRE) gemv_preload<R>(W, rows, cols, row0, pre);
+// Kernel names: KNAME_NAME_N then SFX (empty at R = GEMV_ROWS, "_r8" / "_r16" otherwise).
+// Launch bounds: at R = 8 and 16 with an explicit minimum of one block per SM. Without it ptxas
+// (12.9, sm_90, from NVRTC 13.2's PTX) kept them at 56-104 registers by interleaving the R
+// weight loads with the products of rows already loaded: a thread had at most ~5 of its 16-byte
+// loads in flight (R = 4 with the folded norm: 3 of 8). With it every load of a unit is issued
+// before the first product (R = 16: 114-168 registers, so 3 blocks per SM; none spill).
+// R = 4 keeps its bounds (without the norm its loads are all in flight already).
+#define GEMV_BOUNDS_4 __launch_bounds__(GEMV_THREADS)
+#define GEMV_BOUNDS_8 __launch_bounds__(GEMV_THREADS, 1)
+#define GEMV_BOUNDS_16 __launch_bounds__(GEMV_THREADS, 1)
+#define GEMV_H(NAME, BF, N, R, SFX, KNAME, ACC, PRE)                                           \
+    extern "C" __global__ void GEMV_BOUNDS_##R KNAME##_##NAME##_##N##SFX(                       \
         const u16* W, const float* x, float* out, int rows, int cols) {                        \
-        const int row0 = blockIdx.x * GEMV_ROWS;                                               \
-        GEMV_PRE(PRE, W, rows, cols, row0, pre)                                                \
+        const int row0 = blockIdx.x * R;                                                       \
+        GEMV_PRE(PRE, R, W, rows, cols, row0, pre)                                             \
         pdl_begin();                                                                           \
-        gemv_half_rows<N, BF, false, ACC, PRE>(W, x, nullptr, 0.f, out, rows, cols, row0, pre); \
+        gemv_half_rows<N, R, BF, false, ACC, PRE>(W, x, nullptr, 0.f, out, rows, cols, row0,   \
+                                                  pre);                                        \
     }
 // gemv3_*: Q/K/V; gemv3n_*: the same of rms_norm(x, nw, eps) (nw and eps unused in gemv3_*).
-#define GEMV_3(NAME, BF, N, KNAME, NORM, PRE)                                                  \
-    extern "C" __global__ void __launch_bounds__(GEMV_THREADS) KNAME##_##NAME##_##N(           \
+#define GEMV_3(NAME, BF, N, R, SFX, KNAME, NORM, PRE)                                          \
+    extern "C" __global__ void GEMV_BOUNDS_##R KNAME##_##NAME##_##N##SFX(                       \
         const u16* W0, const u16* W1, const u16* W2, const float* x, const float* nw,          \
         float eps, float* o0, float* o1, float* o2, int r0, int r1, int r2, int cols) {        \
-        const Gemv3Pick m = gemv3_pick(W0, W1, W2, o0, o1, o2, r0, r1, r2);                    \
-        GEMV_PRE(PRE, m.W, m.rows, cols, m.row0, pre)                                          \
+        const Gemv3Pick m = gemv3_pick<R>(W0, W1, W2, o0, o1, o2, r0, r1, r2);                 \
+        GEMV_PRE(PRE, R, m.W, m.rows, cols, m.row0, pre)                                       \
         pdl_begin();                                                                           \
-        gemv_half_rows<N, BF, NORM, false, PRE>(m.W, x, nw, eps, m.out, m.rows, cols, m.row0,  \
-                                                pre);                                          \
+        gemv_half_rows<N, R, BF, NORM, false, PRE>(m.W, x, nw, eps, m.out, m.rows, cols,       \
+                                                   m.row0, pre);                               \
     }
 // gemvg_*: gate + up; gemvgn_*: the same of rms_norm(x, nw, eps).
-#define GEMV_G(NAME, BF, N, KNAME, NORM, PRE)                                                  \
-    extern "C" __global__ void __launch_bounds__(GEMV_THREADS) KNAME##_##NAME##_##N(           \
+#define GEMV_G(NAME, BF, N, R, SFX, KNAME, NORM, PRE)                                          \
+    extern "C" __global__ void GEMV_BOUNDS_##R KNAME##_##NAME##_##N##SFX(                       \
         const u16* G, const u16* U, const float* x, const float* nw, float eps, float* out,    \
         int rows, int cols, int act) {                                                         \
-        GEMV_PRE(PRE, G, rows, cols, blockIdx.x * GEMV_ROWS, pg)                               \
-        GEMV_PRE(PRE, U, rows, cols, blockIdx.x * GEMV_ROWS, pu)                               \
+        GEMV_PRE(PRE, R, G, rows, cols, blockIdx.x * R, pg)                                    \
+        GEMV_PRE(PRE, R, U, rows, cols, blockIdx.x * R, pu)                                    \
         pdl_begin();                                                                           \
-        gemv_gated_half<N, BF, NORM, PRE>(G, U, x, nw, eps, out, rows, cols, act, pg, pu);     \
+        gemv_gated_half<N, R, BF, NORM, PRE>(G, U, x, nw, eps, out, rows, cols, act, pg, pu);  \
     }
 #define GEMV_ALL(N)                                                                            \
-    GEMV_H(bf16, true, N, gemv, false, false) GEMV_H(f16, false, N, gemv, false, false)        \
-    GEMV_H(bf16, true, N, gemva, true, false) GEMV_H(f16, false, N, gemva, true, false)        \
-    GEMV_3(bf16, true, N, gemv3, false, false) GEMV_3(f16, false, N, gemv3, false, false)      \
-    GEMV_G(bf16, true, N, gemvg, false, false) GEMV_G(f16, false, N, gemvg, false, false)
+    GEMV_H(bf16, true, N, 4, , gemv, false, false) GEMV_H(f16, false, N, 4, , gemv, false, false) \
+    GEMV_H(bf16, true, N, 4, , gemva, true, false) GEMV_H(f16, false, N, 4, , gemva, true, false) \
+    GEMV_3(bf16, true, N, 4, , gemv3, false, false)                                            \
+    GEMV_3(f16, false, N, 4, , gemv3, false, false)                                            \
+    GEMV_G(bf16, true, N, 4, , gemvg, false, false)                                            \
+    GEMV_G(f16, false, N, 4, , gemvg, false, false)
 // The norm folded in at one activation row only (cuda/matmul.rs NORM_FOLD_MAX_ROWS): at 8 rows
 // the extra products made the step slower than a separate norm launch.
-GEMV_3(bf16, true, 1, gemv3n, true, false) GEMV_3(f16, false, 1, gemv3n, true, false)
-GEMV_G(bf16, true, 1, gemvgn, true, false) GEMV_G(f16, false, 1, gemvgn, true, false)
-// The same at one row with the first weights loaded before the PDL wait.
-GEMV_H(bf16, true, 1, gemvp, false, true) GEMV_H(f16, false, 1, gemvp, false, true)
-GEMV_H(bf16, true, 1, gemvap, true, true) GEMV_H(f16, false, 1, gemvap, true, true)
-GEMV_3(bf16, true, 1, gemv3p, false, true) GEMV_3(f16, false, 1, gemv3p, false, true)
-GEMV_G(bf16, true, 1, gemvgp, false, true) GEMV_G(f16, false, 1, gemvgp, false, true)
-GEMV_3(bf16, true, 1, gemv3np, true, true) GEMV_3(f16, false, 1, gemv3np, true, true)
-GEMV_G(bf16, true, 1, gemvgnp, true, true) GEMV_G(f16, false, 1, gemvgnp, true, true)
+#define GEMV_NORM_ALL(R, SFX)                                                                  \
+    GEMV_3(bf16, true, 1, R, SFX, gemv3n, true, false)                                         \
+    GEMV_3(f16, false, 1, R, SFX, gemv3n, true, false)                                         \
+    GEMV_G(bf16, true, 1, R, SFX, gemvgn, true, false)                                         \
+    GEMV_G(f16, false, 1, R, SFX, gemvgn, true, false)
+GEMV_NORM_ALL(4, )
+// One activation row at R = 8 and 16 rows per block (cuda/matmul.rs `half_rows` picks R by grid
+// size, or AFM_GEMV_R forces it): gemv_bf16_1_r8, gemv3n_f16_1_r16, ...
+#define GEMV_R_ALL(R)                                                                          \
+    GEMV_H(bf16, true, 1, R, _r##R, gemv, false, false)                                        \
+    GEMV_H(f16, false, 1, R, _r##R, gemv, false, false)                                        \
+    GEMV_H(bf16, true, 1, R, _r##R, gemva, true, false)                                        \
+    GEMV_H(f16, false, 1, R, _r##R, gemva, true, false)                                        \
+    GEMV_3(bf16, true, 1, R, _r##R, gemv3, false, false)                                       \
+    GEMV_3(f16, false, 1, R, _r##R, gemv3, false, false)                                       \
+    GEMV_G(bf16, true, 1, R, _r##R, gemvg, false, false)                                       \
+    GEMV_G(f16, false, 1, R, _r##R, gemvg, false, false)                                       \
+    GEMV_NORM_ALL(R, _r##R)
+GEMV_R_ALL(8)
+GEMV_R_ALL(16)
+// The same at one row, R = 4, with the first weights loaded before the PDL wait.
+GEMV_H(bf16, true, 1, 4, , gemvp, false, true) GEMV_H(f16, false, 1, 4, , gemvp, false, true)
+GEMV_H(bf16, true, 1, 4, , gemvap, true, true) GEMV_H(f16, false, 1, 4, , gemvap, true, true)
+GEMV_3(bf16, true, 1, 4, , gemv3p, false, true) GEMV_3(f16, false, 1, 4, , gemv3p, false, true)
+GEMV_G(bf16, true, 1, 4, , gemvgp, false, true) GEMV_G(f16, false, 1, 4, , gemvgp, false, true)
+GEMV_3(bf16, true, 1, 4, , gemv3np, true, true) GEMV_3(f16, false, 1, 4, , gemv3np, true, true)
+GEMV_G(bf16, true, 1, 4, , gemvgnp, true, true) GEMV_G(f16, false, 1, 4, , gemvgnp, true, true)
 
 GEMV_ALL(1)
 GEMV_ALL(2)
