@@ -1165,3 +1165,52 @@ impl CudaContext {
         Ok(true)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The table's picks on the H200 (132 SMs) at the shapes issue #9 measured: R = 16 where
+    /// it still leaves two blocks per SM, else 8, else 4; more than one row, or the preloading
+    /// kernels, always 4. Needs no device (unless `AFM_GEMV_R` is set, which forces them).
+    #[test]
+    fn rows_per_block_follow_the_grid_size() {
+        if std::env::var_os("AFM_GEMV_R").is_some() {
+            eprintln!("skipped: AFM_GEMV_R forces R");
+            return;
+        }
+        let pick = |k, rows: &[usize], n, pre| half_rows(k, rows, n, pre, 132).expect("pick");
+        use HalfKernel::*;
+        // Qwen3-8B: Q/K/V 4096+1024+1024, O and down 4096 rows, gate+up 12288, lm_head.
+        assert_eq!(pick(QkvNorm, &[4096, 1024, 1024], 1, false), 16);
+        assert_eq!(pick(Plain, &[4096], 1, false), 8);
+        assert_eq!(pick(Gated, &[12288], 1, false), 16);
+        assert_eq!(pick(Plain, &[151_936], 1, false), 16);
+        // Qwen3-0.6B: Q/K/V 2048+1024+1024, gate+up 3072, O and down 1024 rows.
+        assert_eq!(pick(Qkv, &[2048, 1024, 1024], 1, false), 8);
+        assert_eq!(pick(GatedNorm, &[3072], 1, false), 8);
+        assert_eq!(pick(Plain, &[1024], 1, false), 4);
+        assert_eq!(pick(Plain, &[151_936], 2, false), GEMV_ROWS);
+        assert_eq!(pick(Qkv, &[4096, 1024, 1024], 1, true), GEMV_ROWS);
+        for r in GEMV_HALF_ROWS {
+            assert_eq!(parse_half_rows(&r.to_string()), Some(r));
+        }
+        for bad in ["", "0", "2", "5", "32", "x", "-4"] {
+            assert_eq!(parse_half_rows(bad), None, "{bad:?}");
+        }
+    }
+
+    /// Every R the host can pick has its kernels listed (so loaded) for both 16-bit types.
+    #[test]
+    fn every_rows_per_block_has_its_kernels() {
+        let names = kernel_names();
+        for r in GEMV_HALF_ROWS {
+            for k in ["gemv", "gemva", "gemv3", "gemv3n", "gemvg", "gemvgn"] {
+                for t in ["bf16", "f16"] {
+                    let name = format!("{k}_{t}_1{}", half_rows_suffix(r));
+                    assert!(names.contains(&name), "{name} not listed");
+                }
+            }
+        }
+    }
+}
