@@ -6,7 +6,8 @@
 //! matmul (MMQ) against dequantize + cuBLAS and the int8 GEMV at 17..64 rows, the 16-bit one
 //! (MMH) against x → bf16 + cuBLAS at 16..64 rows, Q/K/V and gate+up fused
 //! and not, decode attention at 1k and 16k context with split-K on and off, the attention
-//! prologue fused and unfused, prefill attention (the tensor-core kernel against the SIMT one
+//! prologue fused and unfused, a decode step's prologue + attention in one launch and two
+//! (`attend_prologue`), prefill attention (the tensor-core kernel against the SIMT one
 //! at Qwen3-0.6B's heads, 1k and 16k tokens) and sampling; `small`: issue #9's latency-bound
 //! kernels (add_rms_norm, gated_act, decode attention new against AFM_ATTN_DECODE_OLD's).
 //!
@@ -14,9 +15,9 @@
 //! random; times are CUDA-event medians of 5 batches after warm-up.
 //! Run: `target/cuda/bin/cuda_bench [SECTION...]` (device `AFM_CUDA_DEVICE`, default 0); with
 //! section names (copy, gemv, gemv_rows, mmq, mmh, fused_projections, prefill_matmul,
-//! decode_attention, prologue, prefill_mma, sampling, small) only those run (the copy ceiling
-//! always does). `gemv_rows`: issue #9's one-row 16-bit GEMVs at 4, 8 and 16 weight rows per
-//! block (`matmul.rs` `half_rows_rule`), with and without the folded norm.
+//! decode_attention, prologue, attend_prologue, prefill_mma, sampling, small) only those run
+//! (the copy ceiling always does). `gemv_rows`: issue #9's one-row 16-bit GEMVs at 4, 8 and 16
+//! weight rows per block (`matmul.rs` `half_rows_rule`), with and without the folded norm.
 //!
 //! Measured 2026-11-29 on the H200 (copy ceiling 4251 GB/s), batch-1 GEMV as % of it (the
 //! quantized kernels of then are gone; the int8 ones' times are in bench/RESULTS.md, "Quantized
@@ -903,6 +904,94 @@ fn attention_prologue(c: &mut CudaContext, out: &mut Vec<String>) -> R<()> {
     Ok(())
 }
 
+/// A decode step's attention with its prologue: `attn_prologue` + `paged_attention` (two
+/// launches) against `attend_prologue` (one: the prologue folded into the decode kernel), at
+/// Qwen3-0.6B's and Qwen3-8B's heads (d 128, f16 cache, Q/K norms), ~200 keys per sequence.
+/// Back-to-back launches without a graph, rotating over 16 layers of cache (as a step walks
+/// its layers), so launch and tail costs count as they do in a step.
+fn attend_prologue(c: &mut CudaContext, out: &mut Vec<String>) -> R<()> {
+    let (d, bs, pos, layers) = (128, 16, 200, 16);
+    let mut rng = Rng(8);
+    for (name, nh, nkv) in [("qwen3-0.6b", 16, 8), ("qwen3-8b", 32, 8)] {
+        for batch in [1, 64] {
+            let shape = LayerKvShape {
+                n_kv_heads: nkv,
+                head_dim: d,
+            };
+            let blocks = (pos + 1usize).div_ceil(bs);
+            let shapes = vec![shape; layers];
+            let mut cache = DeviceKvCache::new(c, &shapes, blocks * batch, bs, KvDtype::F16)?;
+            let tables: Vec<Vec<u32>> = (0..batch)
+                .map(|s| (0..blocks).map(|b| (b * batch + s) as u32).collect())
+                .collect();
+            let step: Vec<AttnSeq> = (0..batch)
+                .map(|s| AttnSeq {
+                    row0: s,
+                    len: 1,
+                    pos0: pos,
+                    block_table: &tables[s],
+                })
+                .collect();
+            let sb = AttnBatch::new(c, &cache, &step, nh)?;
+            let rope = Rope::new(d, 1e6, 1.0, RopeStyle::Neox);
+            let table = RopeTable::from_cpu(c, &rope, d, RopeStyle::Neox, pos + 1)?;
+            let pd = c.upload(&vec![pos as i32; batch])?;
+            let vals = |n: usize, rng: &mut Rng| (0..n).map(|_| rng.sym()).collect::<Vec<f32>>();
+            let mut qd = c.upload(&vals(batch * nh * d, &mut rng))?;
+            let mut kd = c.upload(&vals(batch * nkv * d, &mut rng))?;
+            let vd = c.upload(&vals(batch * nkv * d, &mut rng))?;
+            let (qn, kn) = (c.upload(&vec![1f32; d])?, c.upload(&vec![1f32; d])?);
+            let (qnv, knv) = (qn.slice(0..d), kn.slice(0..d));
+            let mut o = c.zeros::<f32>(batch * nh * d)?;
+            let p = AttnParams {
+                n_heads: nh,
+                head_dim: d,
+                scale: 1.0 / (d as f32).sqrt(),
+                window: None,
+                softcap: None,
+            };
+            let norms = Some((&qnv, &knv, 1e-6));
+            let two = time_ms(c, 200, |c, i| {
+                let l = i % layers;
+                c.attn_prologue(
+                    &mut cache, l, &sb, &table, &pd, &mut qd, nh, &mut kd, &vd, norms,
+                )
+                .expect("prologue");
+                c.paged_attention(&cache, l, &sb, &qd, nh * d, &p, &mut o, nh * d, None)
+                    .expect("attention");
+            })?;
+            let mut fused_taken = true;
+            let one = time_ms(c, 200, |c, i| {
+                fused_taken &= c
+                    .attend_prologue(
+                        &mut cache,
+                        i % layers,
+                        &sb,
+                        &table,
+                        &pd,
+                        &mut qd,
+                        &mut kd,
+                        &vd,
+                        norms,
+                        &p,
+                        &mut o,
+                        None,
+                    )
+                    .expect("attend_prologue");
+            })?;
+            out.push(format!(
+                "| attend_prologue {name:10} | batch {batch:2} | ctx {pos} | prologue + attn {:6.2} us | fused {:6.2} us{} | saved {:5.2} us |",
+                two * 1e3,
+                one * 1e3,
+                if fused_taken { "" } else { " (NOT one launch)" },
+                (two - one) * 1e3
+            ));
+            println!("{}", out.last().expect("pushed"));
+        }
+    }
+    Ok(())
+}
+
 /// Causal prefill attention at Qwen3-0.6B's heads (16 query, 8 KV, head_dim 128, f16 cache),
 /// SIMT kernel against the tensor-core one, with the relative difference of their outputs as a
 /// check that the timed kernels compute the same thing: whole prompts of 1k and 16k tokens in
@@ -1203,6 +1292,9 @@ fn main() -> R<()> {
     }
     if run("prologue") {
         attention_prologue(&mut c, &mut table)?;
+    }
+    if run("attend_prologue") {
+        attend_prologue(&mut c, &mut table)?;
     }
     if run("prefill_mma") {
         prefill_attention_mma(&mut c, &mut table)?;

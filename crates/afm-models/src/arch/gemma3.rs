@@ -130,7 +130,7 @@ impl Gemma3 {
         // One launch for the three projections where the device can (as llama.rs).
         let qkv = dev.linear_many(x, &[(&b.q.w, None), (&b.k.w, None), (&b.v.w, None)])?;
         let n = qkv.len();
-        let [mut q, mut k, v]: [Tensor; 3] = qkv.try_into().map_err(|_| ComputeError::Shape {
+        let [q, k, v]: [Tensor; 3] = qkv.try_into().map_err(|_| ComputeError::Shape {
             what: "projections returned by linear_many",
             got: n,
             want: 3,
@@ -140,13 +140,13 @@ impl Gemma3 {
         } else {
             &self.rope_global
         };
-        // Head norms, RoPE and the K/V store: one launch on a GPU.
+        // Head norms, RoPE, the K/V store and attention: one launch for a decode step on a
+        // GPU where the decode kernel takes the heads (two otherwise).
         let norm = QkNorm {
             q: &b.q_norm.w,
             k: &b.k_norm.w,
             eps: b.q_norm.eps,
         };
-        dev.attn_prologue(rope, Some(norm), &mut q, &mut k, &v, kv, layer, step, hd)?;
         let params = AttnParams {
             n_heads: self.cfg.num_heads,
             head_dim: hd,
@@ -158,7 +158,7 @@ impl Gemma3 {
             },
             softcap: self.cfg.attn_logit_softcap,
         };
-        let o = dev.attend(kv, layer, step, &q, &params)?;
+        let o = dev.attend_prologue(rope, Some(norm), q, k, &v, kv, layer, step, &params)?;
         b.o.forward(dev, &o)
     }
 }

@@ -163,12 +163,13 @@ impl Llama {
             ],
         )?;
         let n = qkv.len();
-        let [mut q, mut k, v]: [Tensor; 3] = qkv.try_into().map_err(|_| ComputeError::Shape {
+        let [q, k, v]: [Tensor; 3] = qkv.try_into().map_err(|_| ComputeError::Shape {
             what: "projections returned by linear_many",
             got: n,
             want: 3,
         })?;
-        // Head norms, RoPE and the K/V store: one launch on a GPU.
+        // Head norms, RoPE, the K/V store and attention: one launch for a decode step on a
+        // GPU (two otherwise).
         let norm = match (&a.q_norm, &a.k_norm) {
             (Some(qn), Some(kn)) => Some(QkNorm {
                 q: &qn.w,
@@ -177,7 +178,6 @@ impl Llama {
             }),
             _ => None,
         };
-        dev.attn_prologue(&self.rope, norm, &mut q, &mut k, &v, kv, layer, step, hd)?;
         let params = AttnParams {
             n_heads: self.cfg.num_heads,
             head_dim: hd,
@@ -185,7 +185,7 @@ impl Llama {
             window: None,
             softcap: None,
         };
-        let o = dev.attend(kv, layer, step, &q, &params)?;
+        let o = dev.attend_prologue(&self.rope, norm, q, k, &v, kv, layer, step, &params)?;
         dev.linear_add(&o, &a.o.w, a.o.b.as_ref(), x)
     }
 

@@ -8,7 +8,10 @@
 //!
 //! On a GPU the prologue is one launch instead of five (Q norm, K norm, RoPE q, RoPE k, K/V
 //! write); on the CPU it is those ops in that order, which define its results. `attend` is
-//! [`Device::attention`] without the store. Models with other shapes keep calling `attention`.
+//! [`Device::attention`] without the store. `attend_prologue` is the two in one call: on a GPU
+//! one launch when the step is all decode rows (the decode attention kernel normalizes and
+//! rotates its own query heads and stores the new K/V), the same bits as the two. Models with
+//! other shapes keep calling `attention`.
 
 #[cfg(feature = "cuda")]
 use super::RotaryData;
@@ -44,37 +47,7 @@ impl Device {
         step: &Step,
         head_dim: usize,
     ) -> Result<()> {
-        check_layer(kv, layer)?;
-        let n = step.n_rows();
-        check("attention prologue query rows", q.rows, n)?;
-        check("attention prologue key rows", k.rows, n)?;
-        check("attention prologue value rows", v.rows, n)?;
-        check(
-            "attention prologue value width (the key width)",
-            v.cols,
-            k.cols,
-        )?;
-        if head_dim == 0 || !q.cols.is_multiple_of(head_dim) || !k.cols.is_multiple_of(head_dim) {
-            return Err(ComputeError::Shape {
-                what: "attention prologue q and k widths (multiples of head_dim)",
-                got: if head_dim == 0 { 0 } else { q.cols.max(k.cols) },
-                want: head_dim,
-            });
-        }
-        if let Some(nm) = norm {
-            check_norm(q, nm.q)?;
-            check_norm(k, nm.k)?;
-            check(
-                "attention prologue q_norm length (head_dim)",
-                nm.q.len,
-                head_dim,
-            )?;
-            check(
-                "attention prologue k_norm length (head_dim)",
-                nm.k.len,
-                head_dim,
-            )?;
-        }
+        check_prologue(norm, q, k, v, kv, layer, step, head_dim)?;
         match self {
             Device::Cpu => {
                 if let Some(nm) = norm {
@@ -133,6 +106,91 @@ impl Device {
             data,
         })
     }
+
+    /// [`attn_prologue`](Self::attn_prologue) then [`attend`](Self::attend) (`p.head_dim`
+    /// wide heads), the same results bit for bit: on a GPU one launch where the step is all
+    /// decode rows of the decode attention kernel (`CudaContext::attend_prologue`). `q` and
+    /// `k` are consumed: that launch never writes their normed, rotated values back.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attend_prologue(
+        &self,
+        r: &Rotary,
+        norm: Option<QkNorm>,
+        mut q: Tensor,
+        mut k: Tensor,
+        v: &Tensor,
+        kv: &mut KvPool,
+        layer: usize,
+        step: &Step,
+        p: &AttnParams,
+    ) -> Result<Tensor> {
+        match self {
+            Device::Cpu => {
+                self.attn_prologue(r, norm, &mut q, &mut k, v, kv, layer, step, p.head_dim)?;
+                self.attend(kv, layer, step, &q, p)
+            }
+            #[cfg(feature = "cuda")]
+            Device::Cuda(c) => {
+                check_prologue(norm, &q, &k, v, kv, layer, step, p.head_dim)?;
+                check("attention query width", q.cols, p.n_heads * p.head_dim)?;
+                let RotaryData::Cuda(t) = &r.data else {
+                    return Err(super::wrong("attend_prologue", "cpu", "cuda"));
+                };
+                let data = c.attend_prologue(t, norm, &mut q, &mut k, v, kv, layer, step, p)?;
+                Ok(Tensor {
+                    rows: q.rows,
+                    cols: q.cols,
+                    data: Data::Cuda(data),
+                })
+            }
+        }
+    }
+}
+
+/// [`Device::attn_prologue`]'s shape checks (the device arms add the cache's and table's).
+#[allow(clippy::too_many_arguments)]
+fn check_prologue(
+    norm: Option<QkNorm>,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    kv: &KvPool,
+    layer: usize,
+    step: &Step,
+    head_dim: usize,
+) -> Result<()> {
+    check_layer(kv, layer)?;
+    let n = step.n_rows();
+    check("attention prologue query rows", q.rows, n)?;
+    check("attention prologue key rows", k.rows, n)?;
+    check("attention prologue value rows", v.rows, n)?;
+    check(
+        "attention prologue value width (the key width)",
+        v.cols,
+        k.cols,
+    )?;
+    if head_dim == 0 || !q.cols.is_multiple_of(head_dim) || !k.cols.is_multiple_of(head_dim) {
+        return Err(ComputeError::Shape {
+            what: "attention prologue q and k widths (multiples of head_dim)",
+            got: if head_dim == 0 { 0 } else { q.cols.max(k.cols) },
+            want: head_dim,
+        });
+    }
+    if let Some(nm) = norm {
+        check_norm(q, nm.q)?;
+        check_norm(k, nm.k)?;
+        check(
+            "attention prologue q_norm length (head_dim)",
+            nm.q.len,
+            head_dim,
+        )?;
+        check(
+            "attention prologue k_norm length (head_dim)",
+            nm.k.len,
+            head_dim,
+        )?;
+    }
+    Ok(())
 }
 
 fn check_layer(kv: &KvPool, layer: usize) -> Result<()> {

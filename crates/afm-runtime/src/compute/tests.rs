@@ -87,17 +87,29 @@ fn placed_tensor(d: &Device, rows: usize, cols: usize, seed: u64) -> Tensor {
     d.embed(&table, &ids, 1.0).expect("embed")
 }
 
-/// One layer's attention over three steps of two sequences on scattered blocks of 4 tokens
-/// (a prefill of 7 and 10 tokens, a decode step of both, a chunk of 3 beside a decode row),
-/// through `attn_prologue` + `attend` (`fused`) or the separate ops (norms, RoPE, `attention`).
-/// Returns every step's rotated q and k and attention output, end to end.
+/// How [`attention_layer_steps`] runs a layer's attention.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum AttnPath {
+    /// Norms, RoPE and `attention` (with its store), op by op.
+    Separate,
+    /// `attn_prologue` + `attend`.
+    Prologue,
+    /// `attend_prologue` (one launch for the decode steps on a GPU).
+    Fused,
+}
+
+/// One layer's attention over six steps of two sequences on scattered blocks of 4 tokens
+/// (a prefill of 7 and 10 tokens, a decode step of both, a chunk of 3 beside a decode row,
+/// three more decode steps crossing a block boundary) through `path`. Returns every step's
+/// attention output followed by both sequences' cached keys and values at the end, and every
+/// step's rotated q and k (none for [`AttnPath::Fused`], which consumes them).
 fn attention_layer_steps(
     d: &Device,
-    fused: bool,
+    path: AttnPath,
     norm: bool,
     dtype: KvDtype,
     (nh, nkv, hd): (usize, usize, usize),
-) -> Vec<f32> {
+) -> (Vec<f32>, Vec<f32>) {
     let shape = LayerKvShape {
         n_kv_heads: nkv,
         head_dim: hd,
@@ -116,11 +128,16 @@ fn attention_layer_steps(
         window: None,
         softcap: None,
     };
-    let mut out = Vec::new();
-    for (i, (la, pa, lb, pb)) in [(7, 0, 10, 0), (1, 7, 1, 10), (3, 8, 1, 11)]
-        .into_iter()
-        .enumerate()
-    {
+    let (mut out, mut qk) = (Vec::new(), Vec::new());
+    let steps = [
+        (7, 0, 10, 0),
+        (1, 7, 1, 10),
+        (3, 8, 1, 11),
+        (1, 11, 1, 12),
+        (1, 12, 1, 13),
+        (1, 13, 1, 14),
+    ];
+    for (i, (la, pa, lb, pb)) in steps.into_iter().enumerate() {
         let seqs = [
             AttnSeq {
                 row0: 0,
@@ -140,30 +157,50 @@ fn attention_layer_steps(
         let mut q = placed_tensor(d, rows, nh * hd, seed + 1);
         let mut k = placed_tensor(d, rows, nkv * hd, seed + 2);
         let v = placed_tensor(d, rows, nkv * hd, seed + 3);
-        let o = if fused {
-            let nm = norm.then_some(QkNorm {
-                q: &qn,
-                k: &kn,
-                eps: 1e-6,
-            });
-            d.attn_prologue(&rot, nm, &mut q, &mut k, &v, &mut kv, 1, &step, hd)
-                .expect("prologue");
-            d.attend(&kv, 1, &step, &q, &p).expect("attend")
-        } else {
-            if norm {
-                d.rms_norm_in_place(&mut q, &qn, 1e-6).expect("q norm");
-                d.rms_norm_in_place(&mut k, &kn, 1e-6).expect("k norm");
+        let nm = norm.then_some(QkNorm {
+            q: &qn,
+            k: &kn,
+            eps: 1e-6,
+        });
+        let o = match path {
+            AttnPath::Fused => d
+                .attend_prologue(&rot, nm, q, k, &v, &mut kv, 1, &step, &p)
+                .expect("attend_prologue"),
+            AttnPath::Prologue => {
+                d.attn_prologue(&rot, nm, &mut q, &mut k, &v, &mut kv, 1, &step, hd)
+                    .expect("prologue");
+                let o = d.attend(&kv, 1, &step, &q, &p).expect("attend");
+                qk.extend(d.to_host(q).expect("q"));
+                qk.extend(d.to_host(k).expect("k"));
+                o
             }
-            d.rope(&rot, &mut q, hd, &step).expect("rope q");
-            d.rope(&rot, &mut k, hd, &step).expect("rope k");
-            d.attention(&mut kv, 1, &step, &q, &k, &v, &p)
-                .expect("attention")
+            AttnPath::Separate => {
+                if norm {
+                    d.rms_norm_in_place(&mut q, &qn, 1e-6).expect("q norm");
+                    d.rms_norm_in_place(&mut k, &kn, 1e-6).expect("k norm");
+                }
+                d.rope(&rot, &mut q, hd, &step).expect("rope q");
+                d.rope(&rot, &mut k, hd, &step).expect("rope k");
+                let o = d
+                    .attention(&mut kv, 1, &step, &q, &k, &v, &p)
+                    .expect("attention");
+                qk.extend(d.to_host(q).expect("q"));
+                qk.extend(d.to_host(k).expect("k"));
+                o
+            }
         };
-        for t in [q, k, o] {
-            out.extend(d.to_host(t).expect("to host"));
+        out.extend(d.to_host(o).expect("to host"));
+    }
+    let positions: Vec<usize> = (0..15).collect();
+    for (table, n) in [(&ta, 14), (&tb, 15)] {
+        for part in [KvPart::Keys, KvPart::Values] {
+            let rows = d
+                .kv_read_rows(&kv, 1, table, &positions[..n], part)
+                .expect("cache rows");
+            out.extend(rows);
         }
     }
-    out
+    (out, qk)
 }
 
 /// The CPU arm of the fused attention step is the separate ops, to the bit: prefill, decode
@@ -173,13 +210,14 @@ fn cpu_attn_prologue_and_attend_equal_the_separate_ops() {
     for shape in [(4, 2, 16), (8, 2, 64), (4, 4, 128)] {
         for norm in [false, true] {
             for dtype in [KvDtype::F32, KvDtype::F16] {
-                let a = attention_layer_steps(&Device::Cpu, true, norm, dtype, shape);
-                let b = attention_layer_steps(&Device::Cpu, false, norm, dtype, shape);
-                assert!(
-                    a.iter().all(|x| x.is_finite()),
-                    "{shape:?}: non-finite output"
-                );
-                assert_eq!(a, b, "heads/kv/head_dim {shape:?} norm {norm} {dtype:?}");
+                let what = format!("heads/kv/head_dim {shape:?} norm {norm} {dtype:?}");
+                let cpu = |path| attention_layer_steps(&Device::Cpu, path, norm, dtype, shape);
+                let (a, qa) = cpu(AttnPath::Prologue);
+                let (b, qb) = cpu(AttnPath::Separate);
+                let (c, _) = cpu(AttnPath::Fused);
+                assert!(a.iter().all(|x| x.is_finite()), "{what}: non-finite output");
+                assert_eq!((&a, &qa), (&b, &qb), "{what}: prologue + attend");
+                assert_eq!(c, b, "{what}: attend_prologue");
             }
         }
     }

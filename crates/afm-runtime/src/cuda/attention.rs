@@ -23,7 +23,10 @@
 //! `AFM_ATTN_DECODE_OLD=1` sends every decode step to `attn_impl` (A/B).
 //!
 //! [`CudaContext::attn_prologue`] is the step before attention in one launch: per-head Q/K
-//! RMSNorm, RoPE and the K/V write.
+//! RMSNorm, RoPE and the K/V write. [`CudaContext::attend_prologue`] is both in one call, and
+//! in one launch when every row is a decode row the decode kernel takes (`attn_dec_pro_*`:
+//! each block normalizes and rotates its own query heads; the block holding the new key
+//! stores K and V before streaming its keys); `AFM_ATTN_FUSED_PRO=0` keeps two launches.
 
 use std::sync::atomic::{AtomicU8, Ordering};
 
@@ -256,6 +259,22 @@ fn decode_target_per_sm() -> usize {
     })
 }
 
+/// Whether decode steps fold the attention prologue into the decode kernel
+/// ([`CudaContext::attend_prologue`]), process-wide: 0 not read yet, 1 on, 2 off
+/// (`AFM_ATTN_FUSED_PRO=0`, or [`CudaContext::set_attn_fused_prologue`]).
+static FUSED_PROLOGUE: AtomicU8 = AtomicU8::new(0);
+
+fn fused_prologue_on() -> bool {
+    match FUSED_PROLOGUE.load(Ordering::Relaxed) {
+        0 => {
+            let off = std::env::var("AFM_ATTN_FUSED_PRO").is_ok_and(|v| v == "0");
+            FUSED_PROLOGUE.store(if off { 2 } else { 1 }, Ordering::Relaxed);
+            !off
+        }
+        k => k == 1,
+    }
+}
+
 /// Which kernel a step's attention takes, and the split rule that goes with it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct DecodePlan {
@@ -319,14 +338,16 @@ fn has_decode_kernel(head_dim: usize, elem: usize, gh: usize) -> bool {
     elem == 2 && matches!(head_dim, 64 | 128 | 256) && heads_per_block(gh, head_dim) == gh
 }
 
-/// Entry points of the decode kernel (`attn_dec_f16_{head_dim}_{heads per block}`).
+/// Entry points of the decode kernel (`attn_dec_f16_{head_dim}_{heads per block}`) and of
+/// its twin with the attention prologue folded in (`attn_dec_pro_f16_...`).
 pub(super) fn decode_kernel_names() -> Vec<String> {
     let mut v = Vec::new();
-
-    for d in [64, 128, 256] {
-        for gh in [1, 2, 4] {
-            if has_decode_kernel(d, 2, gh) {
-                v.push(format!("attn_dec_f16_{d}_{gh}"));
+    for kind in ["dec", "dec_pro"] {
+        for d in [64, 128, 256] {
+            for gh in [1, 2, 4] {
+                if has_decode_kernel(d, 2, gh) {
+                    v.push(format!("attn_{kind}_f16_{d}_{gh}"));
+                }
             }
         }
     }
@@ -336,7 +357,7 @@ pub(super) fn decode_kernel_names() -> Vec<String> {
 /// Mirror of `AttnArgs` in attention.cu.
 #[repr(C)]
 #[derive(Clone, Copy)]
-struct AttnArgs {
+pub(super) struct AttnArgs {
     n_heads: i32,
     n_kv_heads: i32,
     block_size: i32,
@@ -374,6 +395,12 @@ impl CudaContext {
     /// packed for CUDA graphs keep the split count of the rule they were packed under.
     pub fn set_decode_attention_old(&self, old: bool) {
         DECODE_KERNEL.store(if old { 2 } else { 1 }, Ordering::Relaxed);
+    }
+
+    /// Folds the attention prologue into the decode kernel where it can (`on`) or keeps the
+    /// two launches, for every context of the process, as `AFM_ATTN_FUSED_PRO=0` does (A/B).
+    pub fn set_attn_fused_prologue(&self, on: bool) {
+        FUSED_PROLOGUE.store(if on { 1 } else { 2 }, Ordering::Relaxed);
     }
 
     /// Writes the step's new keys and values (row t at `k + t·k_stride`, `n_kv_heads · head_dim`
@@ -472,46 +499,11 @@ impl CudaContext {
         out_stride: usize,
         splits: Option<usize>,
     ) -> Result<()> {
-        let kv = cache.layers.get(layer).ok_or(CudaError::Shape {
-            what: "KV layer index",
-            got: layer,
-            want: cache.layers.len(),
-        })?;
-        let (d, nkv) = (kv.shape.head_dim, kv.shape.n_kv_heads);
-        super::check("attention head_dim (the cache's)", p.head_dim, d)?;
-        if ![16, 32, 64, 128, 256, 512].contains(&d) {
-            return Err(CudaError::Unsupported {
-                what: "attention head_dim",
-                value: d.to_string(),
-                supported: "16, 32, 64, 128, 256, 512",
-            });
-        }
-        let group = p.n_heads / nkv;
-        // The batch's grouping is the smallest over all layers; it must fit this one.
-        let gh = batch.gh;
-        if !group.is_multiple_of(gh) || gh > heads_per_block(group, d) {
-            return Err(CudaError::Shape {
-                what: "heads per block (the batch was packed for)",
-                got: gh,
-                want: heads_per_block(group, d),
-            });
-        }
+        let kv = attention_layer(cache, layer, batch, p)?;
         if batch.n_rows == 0 {
             return Ok(());
         }
-        check_len("attention q_stride", q_stride, p.n_heads * d)?;
-        check_len("attention out_stride", out_stride, p.n_heads * d)?;
-        check_len(
-            "attention queries",
-            q.len(),
-            (batch.n_rows - 1) * q_stride + p.n_heads * d,
-        )?;
-        check_len(
-            "attention output",
-            out.len(),
-            (batch.n_rows - 1) * out_stride + p.n_heads * d,
-        )?;
-
+        check_attention_rows(batch, p, q_stride, q.len(), out_stride, out.len())?;
         let (qp, op) = (self.ptr(q), self.ptr_mut(out));
         let mma = self.use_attn_mma(kernel, kv, batch)?;
         if mma {
@@ -523,18 +515,57 @@ impl CudaContext {
         if simt_tiles == 0 {
             return Ok(());
         }
+        let l = self.simt_launch(
+            kv,
+            cache.block_size,
+            batch,
+            simt_tiles,
+            p,
+            q_stride,
+            out_stride,
+            splits,
+        );
+        let (ws, done) = self.split_scratch(batch, p, &l)?;
+        let (kc, vc) = (kv.k.ptr(self), kv.v.ptr(self));
+        let (tab, seqs, _, tiles) = batch.ptrs(self);
+        let (d, gh, t) = (kv.shape.head_dim, batch.gh, l.elem_name);
+        let name = if l.decode {
+            format!("attn_dec_{t}_{d}_{gh}")
+        } else {
+            format!("attn_{t}_{d}_{gh}")
+        };
+        let f = self.kernel(&name)?;
+        let (cfg, args) = (l.config(), l.args);
+        launch!(self, f, cfg; qp, kc, vc, tab, seqs, tiles, op, ws, done, args)
+    }
+
+    /// The kernel, grid and arguments of the SIMT attention over the first `simt_tiles` tiles
+    /// of `batch` (shapes checked by [`attention_layer`] and [`check_attention_rows`]).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn simt_launch(
+        &self,
+        kv: &DeviceLayerKv,
+        block_size: usize,
+        batch: &AttnBatch,
+        simt_tiles: usize,
+        p: &AttnParams,
+        q_stride: usize,
+        out_stride: usize,
+        splits: Option<usize>,
+    ) -> SimtLaunch {
+        let (d, nkv, gh) = (kv.shape.head_dim, kv.shape.n_kv_heads, batch.gh);
+        let group = p.n_heads / nkv;
         let hchunks = group / gh;
         let blocks = nkv * hchunks * simt_tiles;
         let keys = p
             .window
             .map_or(batch.max_context, |w| w.min(batch.max_context));
-        let (t, elem) = match kv.k {
+        let (elem_name, elem) = match kv.k {
             KvBuf::F32(_) => ("f32", 4),
             KvBuf::F16(_) => ("f16", 2),
         };
         let sm = self.info().sm_count;
         let plan = DecodePlan::new(sm, gh, d, elem, keys, blocks, batch.qb == 1);
-        let (decode, min_keys) = (plan.decode, plan.min_keys);
         let n_splits = splits
             .or(batch.forced_splits)
             .unwrap_or_else(|| split_count(sm, blocks, plan.max_splits(keys), plan.target_per_sm))
@@ -542,7 +573,7 @@ impl CudaContext {
         let args = AttnArgs {
             n_heads: p.n_heads as i32,
             n_kv_heads: nkv as i32,
-            block_size: cache.block_size as i32,
+            block_size: block_size as i32,
             max_blocks: batch.max_blocks as i32,
             window: p.window.unwrap_or(0) as i32,
             n_splits: n_splits as i32,
@@ -551,37 +582,120 @@ impl CudaContext {
             out_stride: out_stride as i32,
             group: group as i32,
             hchunks: hchunks as i32,
-            min_keys: min_keys as i32,
+            min_keys: plan.min_keys as i32,
             scale: p.scale,
             softcap: p.softcap.unwrap_or(0.0),
         };
-        let grid = ((nkv * hchunks) as u32, simt_tiles as u32, n_splits as u32);
-        let (ws, done) = if n_splits > 1 {
-            let n = batch.n_rows * p.n_heads * n_splits * (d + 2);
-            let stream = self.stream().clone();
-            let counters = grid.0 as usize * grid.1 as usize;
-            (
-                scratch(&stream, &mut self.ws.attn, n)?,
-                scratch_zeroed(&stream, &mut self.ws.attn_done, counters)?,
-            )
-        } else {
-            (0, 0)
-        };
-        let (kc, vc) = (kv.k.ptr(self), kv.v.ptr(self));
-        let (tab, seqs, _, tiles) = batch.ptrs(self);
-        let cfg = LaunchConfig {
-            grid_dim: grid,
+        SimtLaunch {
+            decode: plan.decode,
+            elem_name,
+            hchunks,
+            grid: ((nkv * hchunks) as u32, simt_tiles as u32, n_splits as u32),
+            args,
+        }
+    }
+
+    /// The split-K partials and the per-(head chunk, tile) counters of launch `l` (null
+    /// pointers without splits).
+    pub(super) fn split_scratch(
+        &mut self,
+        batch: &AttnBatch,
+        p: &AttnParams,
+        l: &SimtLaunch,
+    ) -> Result<(u64, u64)> {
+        let n_splits = l.grid.2 as usize;
+        if n_splits <= 1 {
+            return Ok((0, 0));
+        }
+        let n = batch.n_rows * p.n_heads * n_splits * (p.head_dim + 2);
+        let stream = self.stream().clone();
+        let counters = l.grid.0 as usize * l.grid.1 as usize;
+        Ok((
+            scratch(&stream, &mut self.ws.attn, n)?,
+            scratch_zeroed(&stream, &mut self.ws.attn_done, counters)?,
+        ))
+    }
+}
+
+/// How the SIMT attention of a step launches ([`CudaContext::simt_launch`]).
+pub(super) struct SimtLaunch {
+    /// `attn_decode_impl` (else `attn_impl`).
+    pub decode: bool,
+    /// The cache's element type in kernel names.
+    pub elem_name: &'static str,
+    /// Blocks per KV head (its query heads in blocks of `gh`).
+    pub hchunks: usize,
+    pub grid: (u32, u32, u32),
+    pub args: AttnArgs,
+}
+
+impl SimtLaunch {
+    pub fn config(&self) -> LaunchConfig {
+        LaunchConfig {
+            grid_dim: self.grid,
             block_dim: (128, 1, 1),
             shared_mem_bytes: 0,
-        };
-        let name = if decode {
-            format!("attn_dec_{t}_{d}_{gh}")
-        } else {
-            format!("attn_{t}_{d}_{gh}")
-        };
-        let f = self.kernel(&name)?;
-        launch!(self, f, cfg; qp, kc, vc, tab, seqs, tiles, op, ws, done, args)
+        }
     }
+}
+
+/// Layer `layer` of `cache`, checked against the attention's shape and the batch's head
+/// grouping.
+pub(super) fn attention_layer<'a>(
+    cache: &'a DeviceKvCache,
+    layer: usize,
+    batch: &AttnBatch,
+    p: &AttnParams,
+) -> Result<&'a DeviceLayerKv> {
+    let kv = cache.layers.get(layer).ok_or(CudaError::Shape {
+        what: "KV layer index",
+        got: layer,
+        want: cache.layers.len(),
+    })?;
+    let (d, nkv) = (kv.shape.head_dim, kv.shape.n_kv_heads);
+    super::check("attention head_dim (the cache's)", p.head_dim, d)?;
+    if ![16, 32, 64, 128, 256, 512].contains(&d) {
+        return Err(CudaError::Unsupported {
+            what: "attention head_dim",
+            value: d.to_string(),
+            supported: "16, 32, 64, 128, 256, 512",
+        });
+    }
+    let group = p.n_heads / nkv;
+    // The batch's grouping is the smallest over all layers; it must fit this one.
+    let gh = batch.gh;
+    if !group.is_multiple_of(gh) || gh > heads_per_block(group, d) {
+        return Err(CudaError::Shape {
+            what: "heads per block (the batch was packed for)",
+            got: gh,
+            want: heads_per_block(group, d),
+        });
+    }
+    Ok(kv)
+}
+
+/// The query and output buffers of a step of `batch` (at least one row).
+fn check_attention_rows(
+    batch: &AttnBatch,
+    p: &AttnParams,
+    q_stride: usize,
+    q_len: usize,
+    out_stride: usize,
+    out_len: usize,
+) -> Result<()> {
+    let width = p.n_heads * p.head_dim;
+    check_len("attention q_stride", q_stride, width)?;
+    check_len("attention out_stride", out_stride, width)?;
+    check_len(
+        "attention queries",
+        q_len,
+        (batch.n_rows - 1) * q_stride + width,
+    )?;
+    check_len(
+        "attention output",
+        out_len,
+        (batch.n_rows - 1) * out_stride + width,
+    )
 }
 
 #[cfg(test)]
@@ -621,8 +735,10 @@ mod tests {
     #[test]
     fn decode_kernel_names_match_the_instantiations() {
         let names = decode_kernel_names();
-        assert_eq!(names.len(), 8);
+        assert_eq!(names.len(), 16);
         assert!(names.contains(&"attn_dec_f16_128_4".to_string()));
+        assert!(names.contains(&"attn_dec_pro_f16_64_2".to_string()));
         assert!(!names.contains(&"attn_dec_f16_256_4".to_string()));
+        assert!(!names.contains(&"attn_dec_pro_f16_256_4".to_string()));
     }
 }

@@ -1,10 +1,11 @@
 //! The CUDA arm of `compute::attn_step`: the attention prologue in one launch
-//! (`CudaContext::attn_prologue`) and attention against the cache without a store.
+//! (`CudaContext::attn_prologue`), attention against the cache without a store, and the two
+//! in one call (`CudaContext::attend_prologue`: one launch for decode steps).
 
 use super::{alloc, check, vector, view, view_mut, wrong, CudaDevice, Result};
 use crate::attention::AttnParams;
 use crate::compute::{ComputeError, KvData, KvPool, QkNorm, Step, StepData, Tensor};
-use crate::cuda::{CudaSlice, RopeTable};
+use crate::cuda::{CudaSlice, DeviceKvCache, RopeTable};
 
 impl CudaDevice {
     /// Shapes were checked by `Device::attn_prologue`, except against the cache and table.
@@ -27,24 +28,7 @@ impl CudaDevice {
         let StepData::Cuda { positions, attn } = &step.data else {
             return Err(wrong("attn_prologue", "cpu", "cuda"));
         };
-        let shape = cache.layers[layer].shape;
-        check(
-            "attention prologue head_dim (the cache's)",
-            head_dim,
-            shape.head_dim,
-        )?;
-        check(
-            "attention key width (the cache's)",
-            k.cols,
-            shape.n_kv_heads * shape.head_dim,
-        )?;
-        if let Some(&p) = step.positions.iter().find(|&&p| p >= t.max_pos()) {
-            return Err(ComputeError::Shape {
-                what: "position (below the rotary table's length, the model's context)",
-                got: p,
-                want: t.max_pos(),
-            });
-        }
+        check_prologue_cuda(cache, t, k, layer, step, head_dim)?;
         if q.rows == 0 {
             return Ok(());
         }
@@ -77,6 +61,64 @@ impl CudaDevice {
         Ok(())
     }
 
+    /// `attn_prologue` then `attend` (see `Device::attend_prologue`); shapes were checked by
+    /// it, except against the cache and table. Leaves q and k normed and rotated, or raw.
+    #[allow(clippy::too_many_arguments)]
+    pub(in crate::compute) fn attend_prologue(
+        &self,
+        t: &RopeTable,
+        norm: Option<QkNorm>,
+        q: &mut Tensor,
+        k: &mut Tensor,
+        v: &Tensor,
+        kv: &mut KvPool,
+        layer: usize,
+        step: &Step,
+        p: &AttnParams,
+    ) -> Result<CudaSlice<f32>> {
+        let KvData::Cuda(cache) = &mut kv.data else {
+            return Err(wrong("attend_prologue", "cpu", "cuda"));
+        };
+        let StepData::Cuda { positions, attn } = &step.data else {
+            return Err(wrong("attend_prologue", "cpu", "cuda"));
+        };
+        check_prologue_cuda(cache, t, k, layer, step, p.head_dim)?;
+        let mut ctx = self.lock();
+        let n = q.rows * q.cols;
+        let mut out = alloc(&ctx, n)?;
+        if n == 0 {
+            return Ok(out);
+        }
+        let vv = view(v, "attend_prologue")?;
+        let norms = match norm {
+            Some(nm) => Some((
+                vector(nm.q, "attend_prologue q_norm")?,
+                vector(nm.k, "attend_prologue k_norm")?,
+                nm.eps,
+            )),
+            None => None,
+        };
+        let mut qv = view_mut(q, "attend_prologue")?;
+        let mut kv_ = view_mut(k, "attend_prologue")?;
+        let pos = positions.slice(0..step.n_rows());
+        let mut ov = out.slice_mut(0..n);
+        ctx.attend_prologue(
+            cache,
+            layer,
+            attn,
+            t,
+            &pos,
+            &mut qv,
+            &mut kv_,
+            &vv,
+            norms.as_ref().map(|(a, b, e)| (a, b, *e)),
+            p,
+            &mut ov,
+            None,
+        )?;
+        Ok(out)
+    }
+
     pub(in crate::compute) fn attend(
         &self,
         kv: &KvPool,
@@ -102,4 +144,34 @@ impl CudaDevice {
         ctx.paged_attention(cache, layer, attn, &qv, q.cols, p, &mut ov, q.cols, None)?;
         Ok(out)
     }
+}
+
+/// The prologue's checks against layer `layer` of the cache and the rotary table.
+fn check_prologue_cuda(
+    cache: &DeviceKvCache,
+    t: &RopeTable,
+    k: &Tensor,
+    layer: usize,
+    step: &Step,
+    head_dim: usize,
+) -> Result<()> {
+    let shape = cache.layers[layer].shape;
+    check(
+        "attention prologue head_dim (the cache's)",
+        head_dim,
+        shape.head_dim,
+    )?;
+    check(
+        "attention key width (the cache's)",
+        k.cols,
+        shape.n_kv_heads * shape.head_dim,
+    )?;
+    if let Some(&p) = step.positions.iter().find(|&&p| p >= t.max_pos()) {
+        return Err(ComputeError::Shape {
+            what: "position (below the rotary table's length, the model's context)",
+            got: p,
+            want: t.max_pos(),
+        });
+    }
+    Ok(())
 }

@@ -349,24 +349,40 @@ fn fused_decode_ops_match_the_cpu() {
     }
 }
 
-/// The fused attention step (`attn_prologue` + `attend`: one prologue launch) on the GPU
-/// against the separate ops on the CPU, and bit for bit against the separate ops on the GPU.
+/// The attention step through `attn_prologue` + `attend` (one prologue launch) and through
+/// `attend_prologue` (one launch for the decode steps, where the decode kernel takes the
+/// shape) on the GPU, against the separate ops on the CPU, and bit for bit against the
+/// separate ops on the GPU: outputs, rotated q and k, and the cache after every step.
 #[test]
 fn fused_attention_step_matches_the_cpu_and_the_separate_kernels() {
     let Some(g) = gpu() else { return };
-    for shape in [(16, 8, 128), (8, 2, 64), (8, 4, 256), (4, 4, 32)] {
+    for shape in [
+        (16, 8, 128),
+        (8, 2, 64),
+        (8, 4, 256),
+        (4, 4, 32),
+        (32, 8, 128),
+    ] {
         for norm in [true, false] {
             for (dtype, tol) in [(KvDtype::F32, 1e-5), (KvDtype::F16, 2e-3)] {
                 let what = format!("heads/kv/head_dim {shape:?} norm {norm} {dtype:?}");
-                let fused = attention_layer_steps(&g, true, norm, dtype, shape);
-                let cpu = attention_layer_steps(&Device::Cpu, false, norm, dtype, shape);
-                close(&what, &fused, &cpu, tol);
-                let sep = attention_layer_steps(&g, false, norm, dtype, shape);
-                let moved = fused.iter().zip(&sep).filter(|(a, b)| a != b).count();
-                assert_eq!(
-                    moved, 0,
-                    "{what}: {moved} values moved from the separate kernels"
-                );
+                let run = |d: &Device, path| attention_layer_steps(d, path, norm, dtype, shape);
+                let (sep, qk_sep) = run(&g, AttnPath::Separate);
+                let (cpu, qk_cpu) = run(&Device::Cpu, AttnPath::Separate);
+                close(&what, &sep, &cpu, tol);
+                close(&format!("{what}: q, k"), &qk_sep, &qk_cpu, 1e-5);
+                for path in [AttnPath::Prologue, AttnPath::Fused] {
+                    let (got, qk) = run(&g, path);
+                    let moved = got.iter().zip(&sep).filter(|(a, b)| a != b).count();
+                    assert_eq!(got.len(), sep.len(), "{what} {path:?}: length");
+                    assert_eq!(
+                        moved, 0,
+                        "{what} {path:?}: {moved} values moved from the separate kernels"
+                    );
+                    if path == AttnPath::Prologue {
+                        assert_eq!(qk, qk_sep, "{what}: rotated q, k moved");
+                    }
+                }
             }
         }
     }

@@ -1,11 +1,31 @@
-//! The step before attention in one launch: per-head Q/K RMSNorm, RoPE and the K/V write.
+//! The step before attention in one launch: per-head Q/K RMSNorm, RoPE and the K/V write;
+//! and that step with the attention itself ([`CudaContext::attend_prologue`]): one launch of
+//! the decode kernel's prologue twin (`attn_dec_pro_*`) where a step is all decode rows.
 
 use cudarc::driver::{CudaView, DevicePtr, DevicePtrMut, LaunchConfig};
 
 use super::{
-    check, check_len, launch, AttnBatch, CudaContext, CudaError, DeviceKvCache, KvBuf, Result,
-    RopeTable,
+    attention_layer, check, check_attention_rows, check_len, fused_prologue_on, launch, AttnBatch,
+    CudaContext, CudaError, DeviceKvCache, KvBuf, Result, RopeTable,
 };
+use crate::attention::AttnParams;
+
+/// The norms of [`CudaContext::attn_prologue`]: q's and k's one-head weights, and epsilon.
+pub type HeadNorms<'a, 'b> = (&'a CudaView<'b, f32>, &'a CudaView<'b, f32>, f32);
+
+/// A checked prologue's arguments and device addresses.
+struct Prologue {
+    args: PrologueArgs,
+    q: u64,
+    k: u64,
+    v: u64,
+    kc: u64,
+    vc: u64,
+    qw: u64,
+    kw: u64,
+    pos: u64,
+    cs: u64,
+}
 
 impl CudaContext {
     /// The attention prologue of layer `layer` in one launch: each `head_dim` head of `q`
@@ -27,8 +47,138 @@ impl CudaContext {
         n_heads: usize,
         k: &mut impl DevicePtrMut<f32>,
         v: &impl DevicePtr<f32>,
-        norms: Option<(&CudaView<'_, f32>, &CudaView<'_, f32>, f32)>,
+        norms: Option<HeadNorms>,
     ) -> Result<()> {
+        let Some(pro) = self.prologue(
+            cache, layer, batch, table, positions, q, n_heads, k, v, norms,
+        )?
+        else {
+            return Ok(());
+        };
+        let (n, nkv) = (batch.n_rows, pro.args.n_kv_heads as usize);
+        let groups = (n_heads + nkv).div_ceil(PROLOGUE_WARPS);
+        let cfg = LaunchConfig {
+            grid_dim: (n as u32, groups as u32, 1),
+            block_dim: (32 * PROLOGUE_WARPS as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let name = match cache.layers[layer].k {
+            KvBuf::F32(_) => "attn_prologue_f32",
+            KvBuf::F16(_) => "attn_prologue_f16",
+        };
+        let f = self.kernel(name)?;
+        let Prologue {
+            args,
+            q: qp,
+            k: kp,
+            v: vp,
+            kc,
+            vc,
+            qw,
+            kw,
+            pos: pp,
+            cs,
+        } = pro;
+        let (tab, seqs, rows, _) = batch.ptrs(self);
+        launch!(self, f, cfg; qp, kp, vp, kc, vc, qw, kw, pp, cs, tab, seqs, rows, args)
+    }
+
+    /// [`attn_prologue`](Self::attn_prologue) (with `p.n_heads` query heads) followed by
+    /// [`paged_attention`](Self::paged_attention) of the rotated q into `out`
+    /// (`[rows][n_heads · head_dim]`, both strides the row width), with the same results, bit
+    /// for bit. When every row is a decode row of the decode kernel (f16 cache, head_dim 64,
+    /// 128 or 256), each block of it takes one KV head's whole query group (up to 4) and
+    /// `AFM_ATTN_FUSED_PRO` is not `0`, it is one launch of that kernel's prologue twin, which
+    /// leaves `q` and `k` as they came (raw); otherwise the two launches, which leave them
+    /// normed and rotated. So afterwards q and k hold either: callers must not read them.
+    /// Returns whether it was one launch.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attend_prologue(
+        &mut self,
+        cache: &mut DeviceKvCache,
+        layer: usize,
+        batch: &AttnBatch,
+        table: &RopeTable,
+        positions: &impl DevicePtr<i32>,
+        q: &mut (impl DevicePtrMut<f32> + DevicePtr<f32>),
+        k: &mut impl DevicePtrMut<f32>,
+        v: &impl DevicePtr<f32>,
+        norms: Option<HeadNorms>,
+        p: &AttnParams,
+        out: &mut impl DevicePtrMut<f32>,
+        splits: Option<usize>,
+    ) -> Result<bool> {
+        let nh = p.n_heads;
+        let width = nh * p.head_dim;
+        // The separate path's checks, all before anything launches.
+        attention_layer(cache, layer, batch, p)?;
+        let Some(pro) = self.prologue(cache, layer, batch, table, positions, q, nh, k, v, norms)?
+        else {
+            return Ok(false);
+        };
+        check_attention_rows(batch, p, width, q.len(), width, out.len())?;
+        let kv = &cache.layers[layer];
+        let l = self.simt_launch(
+            kv,
+            cache.block_size,
+            batch,
+            batch.tiles,
+            p,
+            width,
+            width,
+            splits,
+        );
+        let fused = fused_prologue_on()
+            && batch.qb == 1
+            && batch.mma_tiles == 0
+            && l.decode
+            && l.hchunks == 1
+            && matches!(kv.k, KvBuf::F16(_));
+        if !fused {
+            self.attn_prologue(cache, layer, batch, table, positions, q, nh, k, v, norms)?;
+            self.paged_attention(cache, layer, batch, q, width, p, out, width, splits)?;
+            return Ok(false);
+        }
+        let (ws, done) = self.split_scratch(batch, p, &l)?;
+        let pr = DecPro {
+            k: pro.k,
+            v: pro.v,
+            qw: pro.qw,
+            kw: pro.kw,
+            cs: pro.cs,
+            pos: pro.pos,
+            dims: pro.args.dims,
+            neox: pro.args.neox,
+            max_pos: pro.args.max_pos,
+            k_stride: pro.args.k_stride,
+            v_stride: pro.args.v_stride,
+            v4: pro.args.v4,
+            eps: pro.args.eps,
+        };
+        let (qp, op, kc, vc) = (pro.q, self.ptr_mut(out), pro.kc, pro.vc);
+        let (tab, seqs, _, tiles) = batch.ptrs(self);
+        let (d, gh) = (p.head_dim, batch.gh);
+        let f = self.kernel(&format!("attn_dec_pro_f16_{d}_{gh}"))?;
+        let (cfg, args) = (l.config(), l.args);
+        launch!(self, f, cfg; qp, kc, vc, tab, seqs, tiles, op, ws, done, args, pr)?;
+        Ok(true)
+    }
+
+    /// The prologue's checks and arguments (`None`: no rows).
+    #[allow(clippy::too_many_arguments)]
+    fn prologue(
+        &self,
+        cache: &DeviceKvCache,
+        layer: usize,
+        batch: &AttnBatch,
+        table: &RopeTable,
+        positions: &impl DevicePtr<i32>,
+        q: &mut impl DevicePtrMut<f32>,
+        n_heads: usize,
+        k: &mut impl DevicePtrMut<f32>,
+        v: &impl DevicePtr<f32>,
+        norms: Option<HeadNorms>,
+    ) -> Result<Option<Prologue>> {
         let kv = cache.layers.get(layer).ok_or(CudaError::Shape {
             what: "KV layer index",
             got: layer,
@@ -50,7 +200,7 @@ impl CudaContext {
             });
         }
         if n == 0 {
-            return Ok(());
+            return Ok(None);
         }
         check("attention prologue queries", q.len(), n * n_heads * d)?;
         check("attention prologue keys", k.len(), n * nkv * d)?;
@@ -65,6 +215,11 @@ impl CudaContext {
             None => (0, 0, 0.0),
         };
         let (cs, neox) = table.kernel_table(self);
+        let (qp, kp, vp) = (self.ptr_mut(q), self.ptr_mut(k), self.ptr(v));
+        // The per-head norms take rms_norm_warp's float4 path where it would (same bits).
+        let v4 = |x: u64, w: u64| {
+            i32::from(d.is_multiple_of(4) && x.is_multiple_of(16) && w.is_multiple_of(16))
+        };
         let args = PrologueArgs {
             n_heads: n_heads as i32,
             n_kv_heads: nkv as i32,
@@ -78,31 +233,20 @@ impl CudaContext {
             k_stride: (nkv * d) as i32,
             v_stride: (nkv * d) as i32,
             eps,
-            v4: 0,
-        };
-        let (qp, kp, vp) = (self.ptr_mut(q), self.ptr_mut(k), self.ptr(v));
-        // The per-head norms take rms_norm_warp's float4 path where it would (same bits).
-        let v4 = |x: u64, w: u64| {
-            i32::from(d.is_multiple_of(4) && x.is_multiple_of(16) && w.is_multiple_of(16))
-        };
-        let args = PrologueArgs {
             v4: v4(qp, qw) | (v4(kp, kw) << 1),
-            ..args
         };
-        let (kc, vc, pp) = (kv.k.ptr(self), kv.v.ptr(self), self.ptr(positions));
-        let (tab, seqs, rows, _) = batch.ptrs(self);
-        let groups = (n_heads + nkv).div_ceil(PROLOGUE_WARPS);
-        let cfg = LaunchConfig {
-            grid_dim: (n as u32, groups as u32, 1),
-            block_dim: (32 * PROLOGUE_WARPS as u32, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let name = match kv.k {
-            KvBuf::F32(_) => "attn_prologue_f32",
-            KvBuf::F16(_) => "attn_prologue_f16",
-        };
-        let f = self.kernel(name)?;
-        launch!(self, f, cfg; qp, kp, vp, kc, vc, qw, kw, pp, cs, tab, seqs, rows, args)
+        Ok(Some(Prologue {
+            args,
+            q: qp,
+            k: kp,
+            v: vp,
+            kc: kv.k.ptr(self),
+            vc: kv.v.ptr(self),
+            qw,
+            kw,
+            pos: self.ptr(positions),
+            cs,
+        }))
     }
 }
 
@@ -131,3 +275,26 @@ struct PrologueArgs {
 
 // SAFETY: plain #[repr(C)] data, laid out as the CUDA struct.
 unsafe impl cudarc::driver::DeviceRepr for PrologueArgs {}
+
+/// Mirror of `DecPro` in attention.cu (the fused kernels' prologue inputs).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct DecPro {
+    k: u64,
+    v: u64,
+    qw: u64,
+    kw: u64,
+    cs: u64,
+    pos: u64,
+    dims: i32,
+    neox: i32,
+    max_pos: i32,
+    k_stride: i32,
+    v_stride: i32,
+    v4: i32,
+    eps: f32,
+}
+
+// SAFETY: plain #[repr(C)] data, laid out as the CUDA struct (six pointers, seven 4-byte
+// fields, tail padding to 8 on both sides).
+unsafe impl cudarc::driver::DeviceRepr for DecPro {}

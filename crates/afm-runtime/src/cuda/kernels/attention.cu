@@ -244,6 +244,181 @@ ATTN_D(256)
 // Gemma 4's global layers; one query head per block keeps the 64 values per lane in registers.
 ATTN(false, f32, 512, 1) ATTN(true, f16, 512, 1)
 
+// The attention prologue of one layer in one launch: per-head RMSNorm of q and k (when qw and
+// kw are given), RoPE on both, and the step's K and V stored in their cache slots. Each value
+// gets the arithmetic of the separate kernels (rms_norm_warp, rope, kv_write), so outputs do
+// not move. Grid (rows, ceil((n_heads + n_kv_heads) / PRO_WARPS)): warp w of block y takes
+// head y * PRO_WARPS + w of q's heads followed by k's, normalizes it into shared memory,
+// rotates it there and writes it back (and k's to the cache); the blocks of a row also share
+// the copy of its V.
+struct PrologueArgs {
+    int n_heads, n_kv_heads, D, dims;
+    int neox, max_pos, block_size, max_blocks;
+    int q_stride, k_stride, v_stride;
+    float eps;
+    int v4;  // float4 loads (bit 0 for q, bit 1 for k): D % 4 == 0, the heads and weights aligned
+};
+
+#define PRO_WARPS 8
+#define PRO_MAX_D 512
+
+template <bool HALF>
+__device__ __forceinline__ void store_kv(void* c, i64 at, float x) {
+    if (HALF) ((u16*)c)[at] = f2h(x);
+    else ((float*)c)[at] = x;
+}
+
+// A lane's part of one head's norm weights (float4 path) and of its rotary pairs: the loads
+// that may go before the PDL wait. MAXD bounds the head size (sizes the register arrays).
+template <int MAXD>
+__device__ __forceinline__ void pro_weights(const float* w, int D, int lane,
+                                            float4 (&wv)[(MAXD + 127) / 128]) {
+#pragma unroll
+    for (int k = 0; k < (MAXD + 127) / 128; k++)
+        if (lane + 32 * k < D / 4) wv[k] = ((const float4*)w)[lane + 32 * k];
+}
+template <int MAXD>
+__device__ __forceinline__ void pro_rope_pairs(const float* cs, int p, int half, int lane,
+                                               float2 (&cpre)[MAXD / 64]) {
+#pragma unroll
+    for (int k = 0; k < MAXD / 64; k++)
+        if (lane + 32 * k < half) cpre[k] = ((const float2*)cs)[(i64)p * half + lane + 32 * k];
+}
+
+// One warp's prologue of one head: x (D values) RMS-normed into sb by w when given
+// (rms_norm_warp's float4 path when v4, else its scalar path, so the same bits), else copied,
+// then rotated in sb by the pairs cpre when rot. Ends with the warp synchronized.
+template <int MAXD>
+__device__ __forceinline__ void pro_head(const float* x, float* sb, const float* w,
+                                         const float4 (&wv)[(MAXD + 127) / 128], bool v4, int D,
+                                         float eps, bool rot, const float2 (&cpre)[MAXD / 64],
+                                         int half, int neox, int lane) {
+    if (w && v4) {
+        float4 xv[(MAXD + 127) / 128];
+        const int units = D / 4;
+#pragma unroll
+        for (int k = 0; k < (MAXD + 127) / 128; k++)
+            if (lane + 32 * k < units) xv[k] = ((const float4*)x)[lane + 32 * k];
+        float ss = 0.f;
+#pragma unroll
+        for (int k = 0; k < (MAXD + 127) / 128; k++) {
+            if (lane + 32 * k < units) {
+                ss = fmaf(xv[k].x, xv[k].x, ss);
+                ss = fmaf(xv[k].y, xv[k].y, ss);
+                ss = fmaf(xv[k].z, xv[k].z, ss);
+                ss = fmaf(xv[k].w, xv[k].w, ss);
+            }
+        }
+        ss = warp_sum(ss);
+        const float inv = 1.0f / sqrtf(ss / (float)D + eps);
+#pragma unroll
+        for (int k = 0; k < (MAXD + 127) / 128; k++) {
+            const int i = lane + 32 * k;
+            if (i < units) {
+                sb[4 * i] = xv[k].x * (inv * wv[k].x);
+                sb[4 * i + 1] = xv[k].y * (inv * wv[k].y);
+                sb[4 * i + 2] = xv[k].z * (inv * wv[k].z);
+                sb[4 * i + 3] = xv[k].w * (inv * wv[k].w);
+            }
+        }
+    } else if (w) {
+        float xv[MAXD / 32];
+#pragma unroll
+        for (int k = 0; k < MAXD / 32; k++)
+            if (lane + 32 * k < D) xv[k] = x[lane + 32 * k];
+        float ss = 0.f;
+#pragma unroll
+        for (int k = 0; k < MAXD / 32; k++)
+            if (lane + 32 * k < D) ss = fmaf(xv[k], xv[k], ss);
+        ss = warp_sum(ss);
+        const float inv = 1.0f / sqrtf(ss / (float)D + eps);
+#pragma unroll
+        for (int k = 0; k < MAXD / 32; k++) {
+            const int i = lane + 32 * k;
+            if (i < D) sb[i] = xv[k] * (inv * w[i]);
+        }
+    } else {
+        for (int i = lane; i < D; i += 32) sb[i] = x[i];
+    }
+    __syncwarp();
+    if (rot) {
+#pragma unroll
+        for (int k = 0; k < MAXD / 64; k++) {
+            const int i = lane + 32 * k;
+            if (i >= half) break;
+            const float c = cpre[k].x, sn = cpre[k].y;
+            const int ia = neox ? i : 2 * i, ib = neox ? i + half : 2 * i + 1;
+            const float x0 = sb[ia], x1 = sb[ib];
+            sb[ia] = __fmaf_rn(x0, c, -__fmul_rn(x1, sn));
+            sb[ib] = __fmaf_rn(x0, sn, __fmul_rn(x1, c));
+        }
+    }
+    __syncwarp();
+}
+
+template <bool HALF>
+__device__ void attn_prologue_impl(float* q, float* k, const float* v, void* kc, void* vc,
+                                   const float* qw, const float* kw, const int* pos,
+                                   const float* cs, const int* tables, const int* seqs,
+                                   const int* row_seq, const PrologueArgs a) {
+    __shared__ float buf[PRO_WARPS][PRO_MAX_D];
+    // Before the PDL wait, everything no kernel of the step writes: the step's tables and
+    // positions (uploaded before its first launch), the norm weights and the rotary table. The
+    // chain of dependent loads (row -> sequence -> block) then overlaps the kernel before, and
+    // after the wait only q, k and v remain to be read.
+    const int t = blockIdx.x, s = row_seq[t], D = a.D;
+    const bool store = seqs[s * 4 + 1] != 0;  // padding of a CUDA-graph batch stores nothing
+    i64 blk = 0;
+    int slot = 0;
+    if (store) {
+        const int p = seqs[s * 4 + 2] + t - seqs[s * 4];
+        blk = tables[(i64)s * a.max_blocks + p / a.block_size];
+        slot = p % a.block_size;
+    }
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int head = blockIdx.y * PRO_WARPS + warp;
+    const bool is_q = head < a.n_heads;
+    const float* w = is_q ? qw : kw;
+    const bool v4 = (a.v4 >> (is_q ? 0 : 1)) & 1;
+    float4 wv[PRO_MAX_D / 128];
+    if (w && v4) pro_weights<PRO_MAX_D>(w, D, lane, wv);
+    const int p = pos[t], half = a.dims / 2;
+    const bool rot = p >= 0 && p < a.max_pos;
+    float2 cpre[PRO_MAX_D / 64];  // (cos, sin) of pairs lane, lane + 32, ...
+    if (rot) pro_rope_pairs<PRO_MAX_D>(cs, p, half, lane, cpre);
+    pdl_begin();
+    if (store) {
+        const int nv = a.n_kv_heads * D;
+        for (int e = blockIdx.y * blockDim.x + threadIdx.x; e < nv; e += gridDim.y * blockDim.x) {
+            const int hh = e / D, dd = e % D;
+            store_kv<HALF>(vc, ((blk * a.n_kv_heads + hh) * a.block_size + slot) * D + dd,
+                           v[(i64)t * a.v_stride + e]);
+        }
+    }
+
+    if (head >= a.n_heads + a.n_kv_heads) return;  // whole warps: no block barrier follows
+    const int hh = is_q ? head : head - a.n_heads;
+    float* x = is_q ? q + (i64)t * a.q_stride + hh * D : k + (i64)t * a.k_stride + hh * D;
+    float* sb = buf[warp];
+    pro_head<PRO_MAX_D>(x, sb, w, wv, v4, D, a.eps, rot, cpre, half, a.neox, lane);
+    const i64 dst = ((blk * a.n_kv_heads + hh) * a.block_size + slot) * D;
+    for (int i = lane; i < D; i += 32) {
+        const float y = sb[i];
+        x[i] = y;
+        if (!is_q && store) store_kv<HALF>(kc, dst + i, y);
+    }
+}
+
+#define ATTN_PROLOGUE(NAME, HALF)                                                              \
+    extern "C" __global__ void __launch_bounds__(PRO_WARPS * 32)                               \
+        NAME(float* q, float* k, const float* v, void* kc, void* vc, const float* qw,          \
+             const float* kw, const int* pos, const float* cs, const int* tables,              \
+             const int* seqs, const int* row_seq, const PrologueArgs a) {                       \
+        attn_prologue_impl<HALF>(q, k, v, kc, vc, qw, kw, pos, cs, tables, seqs, row_seq, a); \
+    }
+ATTN_PROLOGUE(attn_prologue_f32, false)
+ATTN_PROLOGUE(attn_prologue_f16, true)
+
 // ---- Decode: one query row per sequence (AttnBatch qb = 1) ----
 //
 // Grid and lane groups as attn_impl (16 groups of 8 lanes; group g = head g % GH, key
@@ -309,12 +484,23 @@ __device__ __forceinline__ void dec_row(const u8* row, int li, u32 (&w)[W]) {
     }
 }
 
-template <bool HALF, int D, int GH, int KEYS = DEC_KEYS>
+// The prologue inputs of the fused kernels (attn_dec_pro_*): q holds each row's raw query
+// heads; k and v its raw key and value rows; qw and kw the per-head norm weights (null: no
+// norms); pos the rows' positions and cs the rotary table (PrologueArgs' fields).
+struct DecPro {
+    const float *k, *v, *qw, *kw, *cs;
+    const int* pos;
+    int dims, neox, max_pos, k_stride, v_stride, v4;
+    float eps;
+};
+
+// PRO: the kernel also does attn_prologue_impl's work for its row (see "Fused prologue" below).
+template <bool HALF, int D, int GH, bool PRO = false, int KEYS = DEC_KEYS>
 __device__ void attn_decode_impl(const float* __restrict__ q, const u32* __restrict__ kc,
                                  const u32* __restrict__ vc, const int* __restrict__ tables,
                                  const int* __restrict__ seqs, const int* __restrict__ tiles,
                                  float* __restrict__ out, float* __restrict__ ws,
-                                 int* __restrict__ done, const AttnArgs a) {
+                                 int* __restrict__ done, const AttnArgs a, const DecPro pr) {
     constexpr int NG = 16, DL = D / 8, ELEM = HALF ? 2 : 4;
     constexpr int ROW = D * ELEM;                        // bytes of one K or V row
     constexpr int U = ROW / 8 < 16 ? ROW / 8 : 16;       // bytes per lane unit
@@ -331,6 +517,8 @@ __device__ void attn_decode_impl(const float* __restrict__ q, const u32* __restr
     __shared__ float sm_m[NG], sm_l[NG];
     __shared__ int sm_tab[DEC_TAB];
     __shared__ int last;
+    // PRO: the block's GH query heads, then (the writer's) key head, normed and rotated.
+    __shared__ float sm_pro[PRO ? (GH + 1) * D : 1];
 
     const int tid = threadIdx.x, g = tid >> 3, li = tid & 7;
     const u32 gmask = 0xffu << (tid & 24);
@@ -352,23 +540,34 @@ __device__ void attn_decode_impl(const float* __restrict__ q, const u32* __restr
     const int used = (n + chunk - 1) / chunk;
     if ((int)blockIdx.z >= used) return;  // past the context: no keys
     const int k0 = first + blockIdx.z * chunk, k1 = min(k0 + chunk, pos + 1);
+    const int nst = (k1 - k0 + KEYS - 1) / KEYS;
     const int* table = tables + (i64)s * a.max_blocks;
     const int b0 = k0 / bs, nb = (k1 - 1) / bs - b0 + 1;
     const bool tab_sm = nb <= DEC_TAB;
     if (tab_sm)
         for (int i = tid; i < nb; i += blockDim.x) sm_tab[i] = table[b0 + i];
+
+    // Fused prologue (PRO), before the wait: the norm weights and rotary pairs. Warp w takes
+    // head w of the block's GH query heads; the writer, the split holding the new key (the
+    // last used; one per KV head, as group == GH: one head chunk), also takes the KV head's
+    // key: warp GH % 4 (warp 0 after its query head when GH is 4).
+    const int warp = tid >> 5, lane = tid & 31;
+    const bool writer = PRO && blockIdx.z == used - 1;
+    const int kwarp = GH % 4;
+    constexpr int PD = D < 128 ? 128 : D;  // pro_* register arrays: at least one float4
+    float4 wq[(PD + 127) / 128], wk[(PD + 127) / 128];
+    float2 cpre[PD / 64];
+    int ppos = 0;
+    bool rot = false;
+    if constexpr (PRO) {
+        ppos = pr.pos[row0];
+        rot = ppos >= 0 && ppos < pr.max_pos;
+        if (warp < GH && pr.qw && (pr.v4 & 1)) pro_weights<PD>(pr.qw, D, lane, wq);
+        if (writer && warp == kwarp && pr.kw && (pr.v4 & 2)) pro_weights<PD>(pr.kw, D, lane, wk);
+        if (rot) pro_rope_pairs<PD>(pr.cs, ppos, pr.dims / 2, lane, cpre);
+    }
     __syncthreads();
     pdl_begin();
-
-    float qv[DL];
-    {
-        const float* qp = q + (i64)row0 * a.q_stride + (h0 + hi) * D;
-#pragma unroll
-        for (int i = 0; i < DL; i++) {
-            const float x = qp[(li + 8 * (i / EPU)) * EPU + i % EPU];
-            qv[i] = HALF ? h2f(f2h(x)) : x;  // as the CPU does
-        }
-    }
 
     const i64 head_bytes = (i64)bs * ROW;
     const u8* kb8 = (const u8*)kc + kvh * head_bytes;
@@ -394,15 +593,76 @@ __device__ void attn_decode_impl(const float* __restrict__ q, const u32* __restr
         }
     };
 
+
+    float qv[DL];
+    if constexpr (PRO) {
+        // ---- Fused prologue: attn_prologue_impl's arithmetic per head (pro_head), so q, the
+        // stored K and V, and thus the output, are its bits.
+        if (!writer) {  // the keys this block reads are final: stream them during the prologue
+#pragma unroll
+            for (int st = 0; st < STAGES - 1; st++) {
+                if (st < nst) issue(st, st);
+                dec_commit();
+            }
+        }
+        const int half = pr.dims / 2;
+        if (warp < GH) {
+            const float* x = q + (i64)row0 * a.q_stride + (h0 + warp) * D;
+            pro_head<PD>(x, sm_pro + warp * D, pr.qw, wq, pr.v4 & 1, D, pr.eps, rot, cpre, half,
+                         pr.neox, lane);
+        }
+        if (writer) {
+            const float* kx = pr.k + (i64)row0 * pr.k_stride + kvh * D;
+            const float* vx = pr.v + (i64)row0 * pr.v_stride + kvh * D;
+            const int sb = pos / bs;
+            const i64 blk = tab_sm ? sm_tab[sb - b0] : table[sb];
+            const i64 at = ((blk * a.n_kv_heads + kvh) * bs + (pos - sb * bs)) * D;
+            // The cache is written through the same pointers it is read by (cp.async only).
+            u16* kw16 = (u16*)(const void*)kc;
+            u16* vw16 = (u16*)(const void*)vc;
+            for (int i = tid; i < D; i += blockDim.x) vw16[at + i] = f2h(vx[i]);
+            if (warp == kwarp) {
+                float* sk = sm_pro + GH * D;
+                pro_head<PD>(kx, sk, pr.kw, wk, (pr.v4 >> 1) & 1, D, pr.eps, rot, cpre, half,
+                             pr.neox, lane);
+                for (int i = lane; i < D; i += 32) kw16[at + i] = f2h(sk[i]);
+            }
+            // The new key's K and V rows reach this block's cp.async reads (below) through
+            // this fence and the barrier: non-bulk cp.async reads global memory in the generic
+            // proxy, as a weak load of the issuing thread, so the CTA-scope ordering of
+            // bar.sync after these stores is what they need (no fence.proxy.async, which is for
+            // the bulk/TMA copies of the async proxy). cp.async.cg reads at L2, where these
+            // stores land (L1 writes through). The fence states the intent at CTA scope.
+            __threadfence_block();
+        }
+        __syncthreads();  // sm_pro complete; the new K/V stored (see above)
+        if (writer) {
+#pragma unroll
+            for (int st = 0; st < STAGES - 1; st++) {
+                if (st < nst) issue(st, st);
+                dec_commit();
+            }
+        }
+        const float* qs = sm_pro + hi * D;
+#pragma unroll
+        for (int i = 0; i < DL; i++) qv[i] = h2f(f2h(qs[(li + 8 * (i / EPU)) * EPU + i % EPU]));
+    } else {
+        const float* qp = q + (i64)row0 * a.q_stride + (h0 + hi) * D;
+#pragma unroll
+        for (int i = 0; i < DL; i++) {
+            const float x = qp[(li + 8 * (i / EPU)) * EPU + i % EPU];
+            qv[i] = HALF ? h2f(f2h(x)) : x;  // as the CPU does
+        }
+#pragma unroll
+        for (int st = 0; st < STAGES - 1; st++) {
+            if (st < nst) issue(st, st);
+            dec_commit();
+        }
+    }
+
     float m = NEG_INF, l = 0.f, acc[DL];
 #pragma unroll
     for (int i = 0; i < DL; i++) acc[i] = 0.f;
-    const int nst = (k1 - k0 + KEYS - 1) / KEYS;
-#pragma unroll
-    for (int st = 0; st < STAGES - 1; st++) {
-        if (st < nst) issue(st, st);
-        dec_commit();
-    }
     for (int st = 0; st < nst; st++) {
         dec_wait<STAGES - 2>();
         __syncthreads();  // stage st landed for all; stage st - 1's buffer is free again
@@ -515,13 +775,28 @@ __device__ void attn_decode_impl(const float* __restrict__ q, const u32* __restr
     extern "C" __global__ void __launch_bounds__(128) attn_dec_##NAME##_##D##_##GH(            \
         const float* q, const u32* kc, const u32* vc, const int* tables, const int* seqs,      \
         const int* tiles, float* out, float* ws, int* done, const AttnArgs a) {                \
-        attn_decode_impl<HALF, D, GH>(q, kc, vc, tables, seqs, tiles, out, ws, done, a);       \
+        attn_decode_impl<HALF, D, GH>(q, kc, vc, tables, seqs, tiles, out, ws, done, a,        \
+                                      DecPro{});                                               \
     }
 // f16 caches (the engine's for every non-f32 checkpoint) of the common head sizes; the rest
 // take attn_impl, which keeps NVRTC's and the driver's compile time down.
 ATTN_DEC(true, f16, 64, 1) ATTN_DEC(true, f16, 64, 2) ATTN_DEC(true, f16, 64, 4)
 ATTN_DEC(true, f16, 128, 1) ATTN_DEC(true, f16, 128, 2) ATTN_DEC(true, f16, 128, 4)
 ATTN_DEC(true, f16, 256, 1) ATTN_DEC(true, f16, 256, 2)
+
+// The decode kernel with the attention prologue folded in (CudaContext::attend_prologue): one
+// launch instead of attn_prologue_f16 + attn_dec_f16 when a step is all decode rows.
+#define ATTN_DEC_PRO(D, GH)                                                                    \
+    extern "C" __global__ void __launch_bounds__(128) attn_dec_pro_f16_##D##_##GH(             \
+        const float* q, const u32* kc, const u32* vc, const int* tables, const int* seqs,      \
+        const int* tiles, float* out, float* ws, int* done, const AttnArgs a,                  \
+        const DecPro pr) {                                                                     \
+        attn_decode_impl<true, D, GH, true>(q, kc, vc, tables, seqs, tiles, out, ws, done, a,  \
+                                            pr);                                               \
+    }
+ATTN_DEC_PRO(64, 1) ATTN_DEC_PRO(64, 2) ATTN_DEC_PRO(64, 4)
+ATTN_DEC_PRO(128, 1) ATTN_DEC_PRO(128, 2) ATTN_DEC_PRO(128, 4)
+ATTN_DEC_PRO(256, 1) ATTN_DEC_PRO(256, 2)
 
 // Stores each new token's K and V rows ([n_kv_heads * D] at k + t*k_stride) into its slot.
 template <bool HALF>
@@ -558,156 +833,3 @@ __device__ void kv_write_impl(const float* __restrict__ k, const float* __restri
     }
 KV_WRITE(kv_write_f32, false)
 KV_WRITE(kv_write_f16, true)
-
-// The attention prologue of one layer in one launch: per-head RMSNorm of q and k (when qw and
-// kw are given), RoPE on both, and the step's K and V stored in their cache slots. Each value
-// gets the arithmetic of the separate kernels (rms_norm_warp, rope, kv_write), so outputs do
-// not move. Grid (rows, ceil((n_heads + n_kv_heads) / PRO_WARPS)): warp w of block y takes
-// head y * PRO_WARPS + w of q's heads followed by k's, normalizes it into shared memory,
-// rotates it there and writes it back (and k's to the cache); the blocks of a row also share
-// the copy of its V.
-struct PrologueArgs {
-    int n_heads, n_kv_heads, D, dims;
-    int neox, max_pos, block_size, max_blocks;
-    int q_stride, k_stride, v_stride;
-    float eps;
-    int v4;  // float4 loads (bit 0 for q, bit 1 for k): D % 4 == 0, the heads and weights aligned
-};
-
-#define PRO_WARPS 8
-#define PRO_MAX_D 512
-
-template <bool HALF>
-__device__ __forceinline__ void store_kv(void* c, i64 at, float x) {
-    if (HALF) ((u16*)c)[at] = f2h(x);
-    else ((float*)c)[at] = x;
-}
-
-template <bool HALF>
-__device__ void attn_prologue_impl(float* q, float* k, const float* v, void* kc, void* vc,
-                                   const float* qw, const float* kw, const int* pos,
-                                   const float* cs, const int* tables, const int* seqs,
-                                   const int* row_seq, const PrologueArgs a) {
-    __shared__ float buf[PRO_WARPS][PRO_MAX_D];
-    // Before the PDL wait, everything no kernel of the step writes: the step's tables and
-    // positions (uploaded before its first launch), the norm weights and the rotary table. The
-    // chain of dependent loads (row -> sequence -> block) then overlaps the kernel before, and
-    // after the wait only q, k and v remain to be read.
-    const int t = blockIdx.x, s = row_seq[t], D = a.D;
-    const bool store = seqs[s * 4 + 1] != 0;  // padding of a CUDA-graph batch stores nothing
-    i64 blk = 0;
-    int slot = 0;
-    if (store) {
-        const int p = seqs[s * 4 + 2] + t - seqs[s * 4];
-        blk = tables[(i64)s * a.max_blocks + p / a.block_size];
-        slot = p % a.block_size;
-    }
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int head = blockIdx.y * PRO_WARPS + warp;
-    const bool is_q = head < a.n_heads;
-    const float* w = is_q ? qw : kw;
-    const bool v4 = (a.v4 >> (is_q ? 0 : 1)) & 1;
-    float4 wv[PRO_MAX_D / 128];
-    if (w && v4) {
-#pragma unroll
-        for (int k = 0; k < PRO_MAX_D / 128; k++)
-            if (lane + 32 * k < D / 4) wv[k] = ((const float4*)w)[lane + 32 * k];
-    }
-    const int p = pos[t], half = a.dims / 2;
-    const bool rot = p >= 0 && p < a.max_pos;
-    float2 cpre[PRO_MAX_D / 64];  // (cos, sin) of pairs lane, lane + 32, ...
-#pragma unroll
-    for (int k = 0; k < PRO_MAX_D / 64; k++)
-        if (rot && lane + 32 * k < half) cpre[k] = ((const float2*)cs)[(i64)p * half + lane + 32 * k];
-    pdl_begin();
-    if (store) {
-        const int nv = a.n_kv_heads * D;
-        for (int e = blockIdx.y * blockDim.x + threadIdx.x; e < nv; e += gridDim.y * blockDim.x) {
-            const int hh = e / D, dd = e % D;
-            store_kv<HALF>(vc, ((blk * a.n_kv_heads + hh) * a.block_size + slot) * D + dd,
-                           v[(i64)t * a.v_stride + e]);
-        }
-    }
-
-    if (head >= a.n_heads + a.n_kv_heads) return;  // whole warps: no block barrier follows
-    const int hh = is_q ? head : head - a.n_heads;
-    float* x = is_q ? q + (i64)t * a.q_stride + hh * D : k + (i64)t * a.k_stride + hh * D;
-    float* sb = buf[warp];
-    if (w && v4) {  // rms_norm_warp on one head, its float4 path's order: the same bits
-        float4 xv[PRO_MAX_D / 128];
-        const int units = D / 4;
-#pragma unroll
-        for (int k = 0; k < PRO_MAX_D / 128; k++)
-            if (lane + 32 * k < units) xv[k] = ((const float4*)x)[lane + 32 * k];
-        float ss = 0.f;
-#pragma unroll
-        for (int k = 0; k < PRO_MAX_D / 128; k++) {
-            if (lane + 32 * k < units) {
-                ss = fmaf(xv[k].x, xv[k].x, ss);
-                ss = fmaf(xv[k].y, xv[k].y, ss);
-                ss = fmaf(xv[k].z, xv[k].z, ss);
-                ss = fmaf(xv[k].w, xv[k].w, ss);
-            }
-        }
-        ss = warp_sum(ss);
-        const float inv = 1.0f / sqrtf(ss / (float)D + a.eps);
-#pragma unroll
-        for (int k = 0; k < PRO_MAX_D / 128; k++) {
-            const int i = lane + 32 * k;
-            if (i < units) {
-                sb[4 * i] = xv[k].x * (inv * wv[k].x);
-                sb[4 * i + 1] = xv[k].y * (inv * wv[k].y);
-                sb[4 * i + 2] = xv[k].z * (inv * wv[k].z);
-                sb[4 * i + 3] = xv[k].w * (inv * wv[k].w);
-            }
-        }
-    } else if (w) {  // its scalar path
-        float xv[PRO_MAX_D / 32];
-#pragma unroll
-        for (int k = 0; k < PRO_MAX_D / 32; k++)
-            if (lane + 32 * k < D) xv[k] = x[lane + 32 * k];
-        float ss = 0.f;
-#pragma unroll
-        for (int k = 0; k < PRO_MAX_D / 32; k++)
-            if (lane + 32 * k < D) ss = fmaf(xv[k], xv[k], ss);
-        ss = warp_sum(ss);
-        const float inv = 1.0f / sqrtf(ss / (float)D + a.eps);
-#pragma unroll
-        for (int k = 0; k < PRO_MAX_D / 32; k++) {
-            const int i = lane + 32 * k;
-            if (i < D) sb[i] = xv[k] * (inv * w[i]);
-        }
-    } else {
-        for (int i = lane; i < D; i += 32) sb[i] = x[i];
-    }
-    __syncwarp();
-    if (rot) {  // rope on one head
-#pragma unroll
-        for (int k = 0; k < PRO_MAX_D / 64; k++) {
-            const int i = lane + 32 * k;
-            if (i >= half) break;
-            const float c = cpre[k].x, sn = cpre[k].y;
-            const int ia = a.neox ? i : 2 * i, ib = a.neox ? i + half : 2 * i + 1;
-            const float x0 = sb[ia], x1 = sb[ib];
-            sb[ia] = __fmaf_rn(x0, c, -__fmul_rn(x1, sn));
-            sb[ib] = __fmaf_rn(x0, sn, __fmul_rn(x1, c));
-        }
-    }
-    __syncwarp();
-    const i64 dst = ((blk * a.n_kv_heads + hh) * a.block_size + slot) * D;
-    for (int i = lane; i < D; i += 32) {
-        const float y = sb[i];
-        x[i] = y;
-        if (!is_q && store) store_kv<HALF>(kc, dst + i, y);
-    }
-}
-
-#define ATTN_PROLOGUE(NAME, HALF)                                                              \
-    extern "C" __global__ void __launch_bounds__(PRO_WARPS * 32)                               \
-        NAME(float* q, float* k, const float* v, void* kc, void* vc, const float* qw,          \
-             const float* kw, const int* pos, const float* cs, const int* tables,              \
-             const int* seqs, const int* row_seq, const PrologueArgs a) {                       \
-        attn_prologue_impl<HALF>(q, k, v, kc, vc, qw, kw, pos, cs, tables, seqs, row_seq, a); \
-    }
-ATTN_PROLOGUE(attn_prologue_f32, false)
-ATTN_PROLOGUE(attn_prologue_f16, true)

@@ -1,0 +1,333 @@
+#![cfg(feature = "cuda")]
+//! `CudaContext::attend_prologue` against `attn_prologue` + `paged_attention`, bit for bit:
+//! the attention output and every cache block after the step. On decode steps of the decode
+//! kernel's shapes it is one launch (the prologue folded into `attn_dec_pro_*`, which the
+//! test asserts it took); elsewhere it must be the two launches. Contexts cross cache blocks
+//! and key-range splits (forced and chosen), down to a single key; a CUDA graph's fixed
+//! batch adds padding rows. The two-launch path is checked against the CPU by `cuda_ops`'
+//! prologue and attention tests.
+//!
+//! Needs a CUDA device (`AFM_CUDA_DEVICE`, default 0). Run with `--test-threads=1`.
+
+mod common;
+
+use afm_runtime::attention::{AttnParams, AttnSeq};
+use afm_runtime::cuda::{AttnBatch, CudaContext, DeviceKvCache, RopeTable};
+use afm_runtime::kv_store::{KvDtype, LayerKvShape};
+use afm_runtime::ops::{Rope, RopeStyle};
+use common::attention::scattered_tables;
+use common::{ctx, poisoned, Rng};
+
+const BS: usize = 16;
+
+struct Case {
+    n_heads: usize,
+    n_kv: usize,
+    d: usize,
+    dtype: KvDtype,
+    norm: bool,
+    window: Option<usize>,
+    softcap: Option<f32>,
+    /// Cached positions of each sequence before its one new token.
+    ctx: Vec<usize>,
+    splits: Option<usize>,
+    /// A CUDA graph's batch: (bucket, table entries per sequence).
+    fixed: Option<(usize, usize)>,
+    /// Whether `attend_prologue` should take the one launch.
+    one_launch: bool,
+}
+
+impl Case {
+    fn decode(n_heads: usize, n_kv: usize, d: usize, norm: bool, ctx: &[usize]) -> Self {
+        Case {
+            n_heads,
+            n_kv,
+            d,
+            dtype: KvDtype::F16,
+            norm,
+            window: None,
+            softcap: None,
+            ctx: ctx.to_vec(),
+            splits: None,
+            fixed: None,
+            one_launch: true,
+        }
+    }
+}
+
+/// Random K/V for positions `0..ctx` of every sequence, written into `cache`.
+fn fill_history(
+    c: &CudaContext,
+    cache: &mut DeviceKvCache,
+    tables: &[Vec<u32>],
+    case: &Case,
+    seed: u64,
+) {
+    let mut seqs = Vec::new();
+    let mut row0 = 0;
+    for (s, &p) in case.ctx.iter().enumerate() {
+        if p > 0 {
+            seqs.push(AttnSeq {
+                row0,
+                len: p,
+                pos0: 0,
+                block_table: &tables[s],
+            });
+            row0 += p;
+        }
+    }
+    if row0 == 0 {
+        return;
+    }
+    let width = case.n_kv * case.d;
+    let mut rng = Rng(seed);
+    let (k, v) = (rng.vec(row0 * width, 1.0), rng.vec(row0 * width, 1.0));
+    let batch = AttnBatch::new(c, cache, &seqs, case.n_heads).unwrap();
+    let (kd, vd) = (c.upload(&k).unwrap(), c.upload(&v).unwrap());
+    c.kv_write(cache, 0, &batch, &kd, width, &vd, width)
+        .unwrap();
+}
+
+fn check(case: Case) {
+    let mut c = ctx();
+    let (d, nh, nkv) = (case.d, case.n_heads, case.n_kv);
+    let what = format!(
+        "heads {nh}/{nkv} d {d} {:?} norm {} window {:?} softcap {:?} ctx {:?} splits {:?} fixed {:?}",
+        case.dtype, case.norm, case.window, case.softcap, case.ctx, case.splits, case.fixed
+    );
+    let mut rng = Rng(9100 + d as u64 + 7 * nh as u64 + case.ctx.len() as u64);
+    let shape = LayerKvShape {
+        n_kv_heads: nkv,
+        head_dim: d,
+    };
+    let new: Vec<(usize, usize)> = case.ctx.iter().map(|&p| (p, 1)).collect();
+    let (num_blocks, tables) = scattered_tables(&mut rng, &new, BS, 3);
+    let mut caches = [(); 2].map(|_| {
+        let mut cache = DeviceKvCache::new(&c, &[shape], num_blocks, BS, case.dtype).unwrap();
+        fill_history(&c, &mut cache, &tables, &case, 77);
+        cache
+    });
+    let seqs: Vec<AttnSeq> = case
+        .ctx
+        .iter()
+        .enumerate()
+        .map(|(s, &p)| AttnSeq {
+            row0: s,
+            len: 1,
+            pos0: p,
+            block_table: &tables[s],
+        })
+        .collect();
+    let batch = match case.fixed {
+        None => AttnBatch::new(&c, &caches[0], &seqs, nh).unwrap(),
+        Some((bucket, max_blocks)) => {
+            let meta =
+                AttnBatch::pack_fixed_decode(&seqs, bucket, max_blocks, BS, num_blocks).unwrap();
+            let md = c.upload(&meta).unwrap();
+            AttnBatch::fixed_decode_owned(&c, &caches[0], md, bucket, max_blocks, nh).unwrap()
+        }
+    };
+    // A graph's padding rows get position 0 and random rows: nothing of them may be stored.
+    let rows = batch.n_rows();
+    let mut positions: Vec<i32> = case.ctx.iter().map(|&p| p as i32).collect();
+    positions.resize(rows, 0);
+    let (qw, kw) = (nh * d, nkv * d);
+    let (q, k, v) = (
+        rng.vec(rows * qw, 2.0),
+        rng.vec(rows * kw, 2.0),
+        rng.vec(rows * kw, 1.0),
+    );
+    let (qn, kn): (Vec<f32>, Vec<f32>) = (
+        (0..d).map(|_| 1.0 + rng.sym(0.5)).collect(),
+        (0..d).map(|_| 1.0 + rng.sym(0.5)).collect(),
+    );
+    let max_pos = case.ctx.iter().max().map_or(1, |&p| p + 1);
+    let rope = Rope::new(d, 1e6, 1.0, RopeStyle::Neox);
+    let table = RopeTable::from_cpu(&c, &rope, d, RopeStyle::Neox, max_pos).unwrap();
+    let pd = c.upload(&positions).unwrap();
+    let (qnd, knd) = (c.upload(&qn).unwrap(), c.upload(&kn).unwrap());
+    let (qnv, knv) = (qnd.slice(0..d), knd.slice(0..d));
+    let norms = case.norm.then_some((&qnv, &knv, 1e-6));
+    let vd = c.upload(&v).unwrap();
+    let p = AttnParams {
+        n_heads: nh,
+        head_dim: d,
+        scale: 1.0 / (d as f32).sqrt(),
+        window: case.window,
+        softcap: case.softcap,
+    };
+    let [sep, fused] = &mut caches;
+
+    // Two launches.
+    let (mut qs, mut ks) = (c.upload(&q).unwrap(), c.upload(&k).unwrap());
+    c.attn_prologue(
+        sep, 0, &batch, &table, &pd, &mut qs, nh, &mut ks, &vd, norms,
+    )
+    .unwrap();
+    let mut out_sep = poisoned(&c, rows * qw);
+    c.paged_attention(sep, 0, &batch, &qs, qw, &p, &mut out_sep, qw, case.splits)
+        .unwrap();
+
+    // One call.
+    c.set_attn_fused_prologue(true);
+    let (mut qf, mut kf) = (c.upload(&q).unwrap(), c.upload(&k).unwrap());
+    let mut out_fused = poisoned(&c, rows * qw);
+    let one = c
+        .attend_prologue(
+            fused,
+            0,
+            &batch,
+            &table,
+            &pd,
+            &mut qf,
+            &mut kf,
+            &vd,
+            norms,
+            &p,
+            &mut out_fused,
+            case.splits,
+        )
+        .unwrap();
+    assert_eq!(one, case.one_launch, "{what}: one launch");
+
+    let real = case.ctx.len() * qw;
+    let (a, b) = (
+        c.download(&out_fused).unwrap(),
+        c.download(&out_sep).unwrap(),
+    );
+    assert!(
+        b[..real].iter().all(|x| x.is_finite()),
+        "{what}: non-finite output"
+    );
+    let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    let moved = a.iter().zip(&b).filter(|(x, y)| x.to_bits() != y.to_bits());
+    assert_eq!(
+        moved.count(),
+        0,
+        "{what}: outputs moved from prologue + attention"
+    );
+    // Padding rows' outputs are left alone by both.
+    assert_eq!(bits(&a[real..]), bits(&b[real..]), "{what}: padding rows");
+    for blk in 0..num_blocks {
+        for h in 0..nkv {
+            let x = fused.layers[0].read_block(&c, fused, blk, h).unwrap();
+            let y = sep.layers[0].read_block(&c, sep, blk, h).unwrap();
+            assert_eq!(
+                (bits(&x.0), bits(&x.1)),
+                (bits(&y.0), bits(&y.1)),
+                "{what}: cache block {blk} head {h} moved"
+            );
+        }
+    }
+}
+
+/// Qwen3-0.6B's heads (16/8, d 128: two query heads per block) with the Q/K norms, contexts
+/// of 1 key, a block's last and first slots, and several splits; then at a graph's batch.
+#[test]
+fn qwen3_0_6b_heads() {
+    check(Case::decode(16, 8, 128, true, &[0, 15, 16, 31, 140, 1000]));
+    check(Case::decode(16, 8, 128, true, &[200]));
+    check(Case {
+        fixed: Some((8, 64)),
+        ..Case::decode(16, 8, 128, true, &[5, 100, 700])
+    });
+    check(Case {
+        fixed: Some((4, 2)),
+        ..Case::decode(16, 8, 128, true, &[31])
+    });
+}
+
+/// Qwen3-8B / Llama 3's heads (32/8, d 128: four query heads per block), with and without
+/// norms, forced splits (the new key in the last of 3, of 1) and the chosen ones.
+#[test]
+fn qwen3_8b_heads() {
+    check(Case::decode(32, 8, 128, true, &[200, 33, 64]));
+    for splits in [Some(3), Some(1), Some(7)] {
+        check(Case {
+            splits,
+            ..Case::decode(32, 8, 128, false, &[200, 33, 64, 0])
+        });
+    }
+    // More blocks than the kernel keeps in shared memory (512), in one split: the writer
+    // reads its block id from the global table.
+    check(Case {
+        splits: Some(1),
+        ..Case::decode(32, 8, 128, true, &[9000])
+    });
+}
+
+/// Head size 64 with one, two and four query heads per block; head size 256 (Gemma 3's).
+#[test]
+fn other_head_sizes() {
+    check(Case::decode(8, 8, 64, true, &[63, 64, 65, 500]));
+    check(Case::decode(8, 4, 64, false, &[0, 47, 48, 300]));
+    check(Case::decode(8, 2, 64, true, &[0, 31, 32, 33, 47, 48]));
+    check(Case::decode(4, 2, 256, true, &[100, 17]));
+    check(Case::decode(4, 4, 256, false, &[1, 2000]));
+}
+
+/// Gemma's sliding window and logit soft-capping go through the fused kernel too.
+#[test]
+fn window_and_softcap() {
+    check(Case {
+        window: Some(64),
+        softcap: Some(50.0),
+        ..Case::decode(8, 4, 128, true, &[300, 10, 64])
+    });
+}
+
+/// Where the decode kernel does not take the step, or a block would not hold its KV head's
+/// whole query group, `attend_prologue` is the two launches; and when switched off. (Steps
+/// with prefill chunks: compute::tests' `fused_attention_step_matches_the_cpu_and_the_separate_kernels`.)
+#[test]
+fn falls_back_to_two_launches() {
+    // f32 cache.
+    check(Case {
+        dtype: KvDtype::F32,
+        one_launch: false,
+        ..Case::decode(16, 8, 128, true, &[20, 300])
+    });
+    // Eight query heads per KV head at d 256: blocks of two, four blocks per KV head.
+    check(Case {
+        one_launch: false,
+        ..Case::decode(8, 1, 256, true, &[50, 3])
+    });
+    // Switched off (AFM_ATTN_FUSED_PRO=0's switch): two launches.
+    let mut c = ctx();
+    let shape = LayerKvShape {
+        n_kv_heads: 8,
+        head_dim: 128,
+    };
+    let mut cache = DeviceKvCache::new(&c, &[shape], 8, BS, KvDtype::F16).unwrap();
+    let table: Vec<u32> = (0..8).collect();
+    let seqs = [AttnSeq {
+        row0: 0,
+        len: 1,
+        pos0: 40,
+        block_table: &table,
+    }];
+    let batch = AttnBatch::new(&c, &cache, &seqs, 16).unwrap();
+    let rope = Rope::new(128, 1e6, 1.0, RopeStyle::Neox);
+    let rt = RopeTable::from_cpu(&c, &rope, 128, RopeStyle::Neox, 64).unwrap();
+    let pd = c.upload(&[40i32]).unwrap();
+    let mut rng = Rng(5);
+    let mut q = c.upload(&rng.vec(16 * 128, 1.0)).unwrap();
+    let mut k = c.upload(&rng.vec(8 * 128, 1.0)).unwrap();
+    let v = c.upload(&rng.vec(8 * 128, 1.0)).unwrap();
+    let p = AttnParams {
+        n_heads: 16,
+        head_dim: 128,
+        scale: 0.1,
+        window: None,
+        softcap: None,
+    };
+    let mut out = poisoned(&c, 16 * 128);
+    c.set_attn_fused_prologue(false);
+    let one = c
+        .attend_prologue(
+            &mut cache, 0, &batch, &rt, &pd, &mut q, &mut k, &v, None, &p, &mut out, None,
+        )
+        .unwrap();
+    c.set_attn_fused_prologue(true);
+    assert!(!one, "switched off, attend_prologue still took one launch");
+}
