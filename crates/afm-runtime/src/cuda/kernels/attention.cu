@@ -434,6 +434,14 @@ ATTN_PROLOGUE(attn_prologue_f16, true)
 //    pass, each thread over its own output elements (no barriers).
 // A lane holds units (16 bytes, less for short rows) li, li + 8, ... of a row, so the 8 lanes
 // of a group read 8 consecutive units of shared memory.
+//
+// attn_dec_pro_* (PRO) fold attn_prologue_f16 in, for steps whose blocks each hold one KV
+// head's whole query group (the host's condition): every block normalizes and rotates its GH
+// query heads itself (pro_head, the prologue's per-warp arithmetic: the same bits; redundant
+// across splits, and cheap) while its first stages stream; the block of the last used split,
+// the only one whose keys include the new token's `pos`, also normalizes and rotates the KV
+// head's key, stores K and V in the cache slot, and puts both rows straight into its stage
+// (put_new) instead of reading them back. The raw q and k are never written back.
 
 #define DEC_KEYS 16
 #define DEC_TAB 512  // block-table entries kept in shared memory (more: read from global)
@@ -517,8 +525,9 @@ __device__ void attn_decode_impl(const float* __restrict__ q, const u32* __restr
     __shared__ float sm_m[NG], sm_l[NG];
     __shared__ int sm_tab[DEC_TAB];
     __shared__ int last;
-    // PRO: the block's GH query heads, then (the writer's) key head, normed and rotated.
-    __shared__ float sm_pro[PRO ? (GH + 1) * D : 1];
+    // PRO: the block's GH query heads, then (the writer's) key head, normed and rotated, and
+    // its value row.
+    __shared__ __align__(16) float sm_pro[PRO ? (GH + 2) * D : 1];
 
     const int tid = threadIdx.x, g = tid >> 3, li = tid & 7;
     const u32 gmask = 0xffu << (tid & 24);
@@ -585,6 +594,7 @@ __device__ void attn_decode_impl(const float* __restrict__ q, const u32* __restr
             const int pp = isv ? p - KEYS * PPR : p;
             const int r = pp / PPR, c = pp % PPR;
             if (kb + r >= k1) continue;
+            if (PRO && kb + r == pos) continue;  // the new key: put_new
             int slot = kbm + r, bi = kbd;
             while (slot >= bs) { slot -= bs; bi++; }
             const i64 blk = tab_sm ? sm_tab[bi - b0] : table[bi];
@@ -592,18 +602,35 @@ __device__ void attn_decode_impl(const float* __restrict__ q, const u32* __restr
             dec_cp16(dk + isv * SBYTES + r * ROW + c * 16, (isv ? vb8 : kb8) + off);
         }
     };
+    // PRO, the writer: the new key's K and V rows (sm_pro's, rounded as the cache stores them)
+    // straight into row `pos` of buffer b. So this block never reads back through global
+    // memory what it stored there (cp.async after st.global would need a GPU-scope fence to
+    // be sure of reading the store from L2). Call after the barrier that publishes sm_pro and
+    // frees buffer b; the loop's barrier before the stage is read publishes the row.
+    const int st_new = nst - 1, r_new = pos - (k0 + st_new * KEYS);
+    auto put_new = [&](int b) {
+        u8* row = smem + b * 2 * SBYTES + r_new * ROW;
+        for (int p = tid; p < 2 * PPR; p += 128) {
+            const bool isv = p >= PPR;
+            const int c = isv ? p - PPR : p;
+            const float* x = sm_pro + (GH + isv) * D + c * 8;
+            u32 w[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) w[i] = (u32)f2h(x[2 * i]) | ((u32)f2h(x[2 * i + 1]) << 16);
+            *(uint4*)(row + isv * SBYTES + c * 16) = make_uint4(w[0], w[1], w[2], w[3]);
+        }
+    };
 
 
     float qv[DL];
     if constexpr (PRO) {
         // ---- Fused prologue: attn_prologue_impl's arithmetic per head (pro_head), so q, the
-        // stored K and V, and thus the output, are its bits.
-        if (!writer) {  // the keys this block reads are final: stream them during the prologue
+        // stored K and V, and thus the output, are its bits. The keys stream meanwhile (all
+        // but the new one, which put_new adds).
 #pragma unroll
-            for (int st = 0; st < STAGES - 1; st++) {
-                if (st < nst) issue(st, st);
-                dec_commit();
-            }
+        for (int st = 0; st < STAGES - 1; st++) {
+            if (st < nst) issue(st, st);
+            dec_commit();
         }
         const int half = pr.dims / 2;
         if (warp < GH) {
@@ -617,32 +644,25 @@ __device__ void attn_decode_impl(const float* __restrict__ q, const u32* __restr
             const int sb = pos / bs;
             const i64 blk = tab_sm ? sm_tab[sb - b0] : table[sb];
             const i64 at = ((blk * a.n_kv_heads + kvh) * bs + (pos - sb * bs)) * D;
-            // The cache is written through the same pointers it is read by (cp.async only).
+            // The cache is written through the pointers the kernel reads it by (by cp.async
+            // only, and never this row: put_new).
             u16* kw16 = (u16*)(const void*)kc;
             u16* vw16 = (u16*)(const void*)vc;
-            for (int i = tid; i < D; i += blockDim.x) vw16[at + i] = f2h(vx[i]);
+            float* sv = sm_pro + (GH + 1) * D;
+            for (int i = tid; i < D; i += blockDim.x) {
+                const float x = vx[i];
+                sv[i] = x;
+                vw16[at + i] = f2h(x);
+            }
             if (warp == kwarp) {
                 float* sk = sm_pro + GH * D;
                 pro_head<PD>(kx, sk, pr.kw, wk, (pr.v4 >> 1) & 1, D, pr.eps, rot, cpre, half,
                              pr.neox, lane);
                 for (int i = lane; i < D; i += 32) kw16[at + i] = f2h(sk[i]);
             }
-            // The new key's K and V rows reach this block's cp.async reads (below) through
-            // this fence and the barrier: non-bulk cp.async reads global memory in the generic
-            // proxy, as a weak load of the issuing thread, so the CTA-scope ordering of
-            // bar.sync after these stores is what they need (no fence.proxy.async, which is for
-            // the bulk/TMA copies of the async proxy). cp.async.cg reads at L2, where these
-            // stores land (L1 writes through). The fence states the intent at CTA scope.
-            __threadfence_block();
         }
-        __syncthreads();  // sm_pro complete; the new K/V stored (see above)
-        if (writer) {
-#pragma unroll
-            for (int st = 0; st < STAGES - 1; st++) {
-                if (st < nst) issue(st, st);
-                dec_commit();
-            }
-        }
+        __syncthreads();  // sm_pro complete
+        if (writer && st_new < STAGES - 1) put_new(st_new);  // a fresh buffer
         const float* qs = sm_pro + hi * D;
 #pragma unroll
         for (int i = 0; i < DL; i++) qv[i] = h2f(f2h(qs[(li + 8 * (i / EPU)) * EPU + i % EPU]));
@@ -666,7 +686,10 @@ __device__ void attn_decode_impl(const float* __restrict__ q, const u32* __restr
     for (int st = 0; st < nst; st++) {
         dec_wait<STAGES - 2>();
         __syncthreads();  // stage st landed for all; stage st - 1's buffer is free again
-        if (st + STAGES - 1 < nst) issue(st + STAGES - 1, (st + STAGES - 1) % STAGES);
+        if (st + STAGES - 1 < nst) {
+            issue(st + STAGES - 1, (st + STAGES - 1) % STAGES);
+            if (writer && st + STAGES - 1 == st_new) put_new(st_new % STAGES);
+        }
         dec_commit();
         const u8* bk = smem + (st % STAGES) * 2 * SBYTES;
         const int kb = k0 + st * KEYS;
