@@ -266,6 +266,24 @@ fn other_head_sizes() {
     check(Case::decode(4, 4, 256, false, &[1, 2000]));
 }
 
+/// More query heads per KV head than a block takes: every block of the new key's split puts
+/// it into its own stage, one stores it. Gemma 3 (4/1 at d 256: two blocks per KV head),
+/// Qwen2.5-0.5B (14/2 at d 64: seven of one head), eight heads per KV head at d 128 (two
+/// blocks of four).
+#[test]
+fn several_blocks_per_kv_head() {
+    check(Case::decode(4, 1, 256, true, &[50, 3, 0]));
+    check(Case::decode(14, 2, 64, false, &[31, 32, 700]));
+    check(Case {
+        splits: Some(4),
+        ..Case::decode(16, 2, 128, true, &[150, 16])
+    });
+    check(Case {
+        fixed: Some((4, 16)),
+        ..Case::decode(8, 1, 256, true, &[200, 1])
+    });
+}
+
 /// Gemma's sliding window and logit soft-capping go through the fused kernel too.
 #[test]
 fn window_and_softcap() {
@@ -276,9 +294,9 @@ fn window_and_softcap() {
     });
 }
 
-/// Where the decode kernel does not take the step, or a block would not hold its KV head's
-/// whole query group, `attend_prologue` is the two launches; and when switched off. (Steps
-/// with prefill chunks: compute::tests' `fused_attention_step_matches_the_cpu_and_the_separate_kernels`.)
+/// Where the decode kernel does not take the step (an f32 cache; head_dim 32), and when
+/// switched off, `attend_prologue` is the two launches. (Steps with prefill chunks:
+/// compute::tests' `fused_attention_step_matches_the_cpu_and_the_separate_kernels`.)
 #[test]
 fn falls_back_to_two_launches() {
     // f32 cache.
@@ -287,10 +305,10 @@ fn falls_back_to_two_launches() {
         one_launch: false,
         ..Case::decode(16, 8, 128, true, &[20, 300])
     });
-    // Eight query heads per KV head at d 256: blocks of two, four blocks per KV head.
+    // No decode kernel for head_dim 32.
     check(Case {
         one_launch: false,
-        ..Case::decode(8, 1, 256, true, &[50, 3])
+        ..Case::decode(8, 4, 32, true, &[50, 3])
     });
     // Switched off (AFM_ATTN_FUSED_PRO=0's switch): two launches.
     let mut c = ctx();

@@ -25,8 +25,9 @@
 //! [`CudaContext::attn_prologue`] is the step before attention in one launch: per-head Q/K
 //! RMSNorm, RoPE and the K/V write. [`CudaContext::attend_prologue`] is both in one call, and
 //! in one launch when every row is a decode row the decode kernel takes (`attn_dec_pro_*`:
-//! each block normalizes and rotates its own query heads; the block holding the new key
-//! stores K and V before streaming its keys); `AFM_ATTN_FUSED_PRO=0` keeps two launches.
+//! each block normalizes and rotates its own query heads; the blocks whose keys end at the
+//! new token normalize and rotate its key too and put K and V into their shared-memory stage,
+//! one of them storing both in the cache); `AFM_ATTN_FUSED_PRO=0` keeps two launches.
 
 use std::sync::atomic::{AtomicU8, Ordering};
 
@@ -589,7 +590,6 @@ impl CudaContext {
         SimtLaunch {
             decode: plan.decode,
             elem_name,
-            hchunks,
             grid: ((nkv * hchunks) as u32, simt_tiles as u32, n_splits as u32),
             args,
         }
@@ -623,8 +623,6 @@ pub(super) struct SimtLaunch {
     pub decode: bool,
     /// The cache's element type in kernel names.
     pub elem_name: &'static str,
-    /// Blocks per KV head (its query heads in blocks of `gh`).
-    pub hchunks: usize,
     pub grid: (u32, u32, u32),
     pub args: AttnArgs,
 }

@@ -87,8 +87,8 @@ impl CudaContext {
     /// [`paged_attention`](Self::paged_attention) of the rotated q into `out`
     /// (`[rows][n_heads · head_dim]`, both strides the row width), with the same results, bit
     /// for bit. When every row is a decode row of the decode kernel (f16 cache, head_dim 64,
-    /// 128 or 256), each block of it takes one KV head's whole query group (up to 4) and
-    /// `AFM_ATTN_FUSED_PRO` is not `0`, it is one launch of that kernel's prologue twin, which
+    /// 128 or 256) and `AFM_ATTN_FUSED_PRO` is not `0`, it is one launch of that kernel's
+    /// prologue twin, which
     /// leaves `q` and `k` as they came (raw); otherwise the two launches, which leave them
     /// normed and rotated. So afterwards q and k hold either: callers must not read them.
     /// Returns whether it was one launch.
@@ -132,7 +132,6 @@ impl CudaContext {
             && batch.qb == 1
             && batch.mma_tiles == 0
             && l.decode
-            && l.hchunks == 1
             && matches!(kv.k, KvBuf::F16(_));
         if !fused {
             self.attn_prologue(cache, layer, batch, table, positions, q, nh, k, v, norms)?;

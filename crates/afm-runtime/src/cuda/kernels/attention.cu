@@ -435,13 +435,14 @@ ATTN_PROLOGUE(attn_prologue_f16, true)
 // A lane holds units (16 bytes, less for short rows) li, li + 8, ... of a row, so the 8 lanes
 // of a group read 8 consecutive units of shared memory.
 //
-// attn_dec_pro_* (PRO) fold attn_prologue_f16 in, for steps whose blocks each hold one KV
-// head's whole query group (the host's condition): every block normalizes and rotates its GH
+// attn_dec_pro_* (PRO) fold attn_prologue_f16 in: every block normalizes and rotates its GH
 // query heads itself (pro_head, the prologue's per-warp arithmetic: the same bits; redundant
-// across splits, and cheap) while its first stages stream; the block of the last used split,
-// the only one whose keys include the new token's `pos`, also normalizes and rotates the KV
-// head's key, stores K and V in the cache slot, and puts both rows straight into its stage
-// (put_new) instead of reading them back. The raw q and k are never written back.
+// across splits, and cheap) while its first stages stream; the blocks of the last used split,
+// the only ones whose keys include the new token's `pos`, also normalize and rotate the KV
+// head's key and put it and the value row straight into their stage (put_new) instead of
+// reading them back, and the first of them (head chunk 0: one block per row and KV head)
+// stores both in the cache slot. No block reads slot `pos` from the cache. The raw q and k
+// are never written back.
 
 #define DEC_KEYS 16
 #define DEC_TAB 512  // block-table entries kept in shared memory (more: read from global)
@@ -557,11 +558,12 @@ __device__ void attn_decode_impl(const float* __restrict__ q, const u32* __restr
         for (int i = tid; i < nb; i += blockDim.x) sm_tab[i] = table[b0 + i];
 
     // Fused prologue (PRO), before the wait: the norm weights and rotary pairs. Warp w takes
-    // head w of the block's GH query heads; the writer, the split holding the new key (the
-    // last used; one per KV head, as group == GH: one head chunk), also takes the KV head's
-    // key: warp GH % 4 (warp 0 after its query head when GH is 4).
+    // head w of the block's GH query heads; the blocks of the split holding the new key (the
+    // last used: `writer`) also take the KV head's key: warp GH % 4 (warp 0 after its query
+    // head when GH is 4). Head chunk 0's stores K and V in the cache (`store`).
     const int warp = tid >> 5, lane = tid & 31;
     const bool writer = PRO && blockIdx.z == used - 1;
+    const bool store = writer && blockIdx.x % a.hchunks == 0;
     const int kwarp = GH % 4;
     constexpr int PD = D < 128 ? 128 : D;  // pro_* register arrays: at least one float4
     float4 wq[(PD + 127) / 128], wk[(PD + 127) / 128];
@@ -603,10 +605,11 @@ __device__ void attn_decode_impl(const float* __restrict__ q, const u32* __restr
         }
     };
     // PRO, the writer: the new key's K and V rows (sm_pro's, rounded as the cache stores them)
-    // straight into row `pos` of buffer b. So this block never reads back through global
-    // memory what it stored there (cp.async after st.global would need a GPU-scope fence to
-    // be sure of reading the store from L2). Call after the barrier that publishes sm_pro and
-    // frees buffer b; the loop's barrier before the stage is read publishes the row.
+    // straight into row `pos` of buffer b. So no block reads back through global memory what
+    // one of them stored there (cp.async after st.global would need a GPU-scope fence to be
+    // sure of reading the store from L2, and another block's store would need more). Call
+    // after the barrier that publishes sm_pro and frees buffer b; the loop's barrier before
+    // the stage is read publishes the row.
     const int st_new = nst - 1, r_new = pos - (k0 + st_new * KEYS);
     auto put_new = [&](int b) {
         u8* row = smem + b * 2 * SBYTES + r_new * ROW;
@@ -652,13 +655,14 @@ __device__ void attn_decode_impl(const float* __restrict__ q, const u32* __restr
             for (int i = tid; i < D; i += blockDim.x) {
                 const float x = vx[i];
                 sv[i] = x;
-                vw16[at + i] = f2h(x);
+                if (store) vw16[at + i] = f2h(x);
             }
             if (warp == kwarp) {
                 float* sk = sm_pro + GH * D;
                 pro_head<PD>(kx, sk, pr.kw, wk, (pr.v4 >> 1) & 1, D, pr.eps, rot, cpre, half,
                              pr.neox, lane);
-                for (int i = lane; i < D; i += 32) kw16[at + i] = f2h(sk[i]);
+                if (store)
+                    for (int i = lane; i < D; i += 32) kw16[at + i] = f2h(sk[i]);
             }
         }
         __syncthreads();  // sm_pro complete
