@@ -88,10 +88,9 @@ impl CudaContext {
     /// (`[rows][n_heads · head_dim]`, both strides the row width), with the same results, bit
     /// for bit. When every row is a decode row of the decode kernel (f16 cache, head_dim 64,
     /// 128 or 256) and `AFM_ATTN_FUSED_PRO` is not `0`, it is one launch of that kernel's
-    /// prologue twin, which
-    /// leaves `q` and `k` as they came (raw); otherwise the two launches, which leave them
-    /// normed and rotated. So afterwards q and k hold either: callers must not read them.
-    /// Returns whether it was one launch.
+    /// prologue twin, which leaves `q` and `k` as they came (raw); otherwise the two
+    /// launches, which leave them normed and rotated. So afterwards q and k hold either:
+    /// callers must not read them. Returns whether it was one launch.
     #[allow(clippy::too_many_arguments)]
     pub fn attend_prologue(
         &mut self,
