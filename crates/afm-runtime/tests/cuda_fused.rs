@@ -86,13 +86,13 @@ fn norm_folds_into_the_projections_up_to_the_gemv_batch() {
                     continue;
                 }
                 let gemm = !is_quant(dtype) && n > 8;
-                // cuBLAS takes x rounded to 16 bits (cuda_ops' bound for that path).
-                let tol = if is_quant(dtype) {
-                    1e-2
-                } else if gemm {
-                    1e-3
-                } else {
-                    1e-5
+                // cuBLAS takes x rounded to 16 bits: bf16 keeps 8 significant bits (seen on the
+                // H200: 1.7e-3), f16 11.
+                let tol = match dtype {
+                    _ if is_quant(dtype) => 1e-2,
+                    DType::BF16 if gemm => 4e-3,
+                    _ if gemm => 1e-3,
+                    _ => 1e-5,
                 };
                 let unfolded = gemm.then(|| {
                     let mut xn_d = poisoned(&c, n * cols);
@@ -122,7 +122,7 @@ fn norm_folds_into_gate_and_up() {
     let mut c = ctx();
     let mut rng = Rng(92);
     let rows = 45;
-    for cols in [2048, 4096] {
+    for cols in [2048, 4096, 8192] {
         for dtype in TYPES {
             let (gw, uw) = (
                 random_weight(&mut rng, dtype, rows, cols),
@@ -143,12 +143,12 @@ fn norm_folds_into_gate_and_up() {
                 let folded = c
                     .matmul_gated_norm(&gd, &ud, Activation::Silu, &xd, norm, n, &mut out)
                     .unwrap();
-                // 16-bit gate+up folds it in at one row of at most 2,048 columns, and past the
+                // 16-bit gate+up folds it in at one row of at most 4,096 columns, and past the
                 // GEMV's 8 rows into the conversion for cuBLAS.
                 let expect = if is_quant(dtype) {
                     n <= 16
                 } else {
-                    (n == 1 && cols <= 2048) || n > 8
+                    (n == 1 && cols <= 4096) || n > 8
                 };
                 assert_eq!(folded, expect, "{dtype:?} {cols} columns n={n}");
                 if !folded {
@@ -159,12 +159,11 @@ fn norm_folds_into_gate_and_up() {
                 // Quantized: both factors carry the int8 rounding of the activations; cuBLAS
                 // the 16-bit rounding of x.
                 let gemm = !is_quant(dtype) && n > 8;
-                let tol = if is_quant(dtype) {
-                    2e-2
-                } else if gemm {
-                    2e-3
-                } else {
-                    1e-5
+                let tol = match dtype {
+                    _ if is_quant(dtype) => 2e-2,
+                    DType::BF16 if gemm => 6e-3, // seen on the H200: 2.3e-3
+                    _ if gemm => 2e-3,
+                    _ => 1e-5,
                 };
                 let what = format!("norm+gate/up {dtype:?} {rows}x{cols} n={n}");
                 let got = c.download(&out).unwrap();

@@ -183,14 +183,14 @@ fn one_row_gemv_gives_the_same_bits_at_every_block_size() {
     }
 }
 
-/// Without the override the norm still folds into 16-bit gate+up only up to 2,048 columns;
-/// with `gated_norm_any_width` at 4,096 too.
+/// Without the override the norm folds into 16-bit gate+up only up to 4,096 columns (the
+/// widest measured a gain); with `gated_norm_any_width` at 8,192 too.
 #[test]
 fn gated_norm_fold_width_follows_the_override() {
     let _restore = Restore;
     let c = ctx();
     let mut rng = Rng(102);
-    for cols in [2048, 4096] {
+    for cols in [4096, 8192] {
         let ws: Vec<DeviceWeight> = (0..2)
             .map(|_| {
                 DeviceWeight::upload(&c, &random_weight(&mut rng, DType::BF16, 40, cols))
@@ -204,7 +204,7 @@ fn gated_norm_fold_width_follows_the_override() {
             let folds = c.folds_norm(&refs, true, 1, &x);
             assert_eq!(
                 folds,
-                any || cols <= 2048,
+                any || cols <= 4096,
                 "{cols} columns, any width {any}"
             );
         }

@@ -171,6 +171,13 @@ const DECODE_MIN_KEYS: usize = 32;
 /// [`SPLIT_TARGET_BLOCKS_PER_SM`], as its blocks hold fewer keys in flight each (measured on
 /// the H200 at 64 streams: 4 splits instead of 2 took 16k contexts from 1490 to 1367 us).
 const DECODE_TARGET_BLOCKS_PER_SM: usize = 12;
+/// Up to this many keys (a graph's context class) the split count aims for
+/// [`DECODE_TARGET_BLOCKS_PER_SM_SHORT`] blocks per SM instead: fewer splits, so fewer partials
+/// to merge. H200, session 8, `gpu_bench` 64 streams, 128-token prompts + 256 tokens (1k
+/// class): Qwen3-0.6B 24,151 tok/s at 4 against 23,480 at 12 and 21,951 at 24; Qwen3-8B 8,642
+/// against 8,426.
+const DECODE_SHORT_KEYS: usize = 1024;
+const DECODE_TARGET_BLOCKS_PER_SM_SHORT: usize = 4;
 /// Above this many keys, with at least one block per multiprocessor before splitting, decode
 /// steps with GH <= 2 keep `attn_impl`: there it streams faster (H200, 0.6B heads, 64
 /// streams at 16k: 1255 us against 1367; at 1k 96 against 98; below, the decode kernel wins).
@@ -247,16 +254,21 @@ fn decode_old() -> bool {
     }
 }
 
-/// [`DECODE_TARGET_BLOCKS_PER_SM`], or `AFM_ATTN_DEC_PER_SM` (read once; an A/B switch for
-/// the split rule at many streams).
-fn decode_target_per_sm() -> usize {
-    static PER_SM: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *PER_SM.get_or_init(|| {
+/// Blocks per SM the decode kernel's splits aim for over contexts of at most `keys` keys:
+/// [`DECODE_TARGET_BLOCKS_PER_SM_SHORT`] up to [`DECODE_SHORT_KEYS`], else
+/// [`DECODE_TARGET_BLOCKS_PER_SM`]; `AFM_ATTN_DEC_PER_SM` (read once) sets both, for A/B.
+fn decode_target_per_sm(keys: usize) -> usize {
+    static PER_SM: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    let forced = *PER_SM.get_or_init(|| {
         std::env::var("AFM_ATTN_DEC_PER_SM")
             .ok()
             .and_then(|v| v.parse().ok())
             .filter(|&v| v > 0)
-            .unwrap_or(DECODE_TARGET_BLOCKS_PER_SM)
+    });
+    forced.unwrap_or(if keys <= DECODE_SHORT_KEYS {
+        DECODE_TARGET_BLOCKS_PER_SM_SHORT
+    } else {
+        DECODE_TARGET_BLOCKS_PER_SM
     })
 }
 
@@ -305,7 +317,7 @@ impl DecodePlan {
             Self {
                 decode,
                 min_keys: DECODE_MIN_KEYS,
-                target_per_sm: decode_target_per_sm(),
+                target_per_sm: decode_target_per_sm(keys),
             }
         } else {
             Self {
@@ -714,11 +726,13 @@ mod tests {
         assert_eq!(splits(p, 140, 8), 5);
         assert_eq!(splits(p, 512, 8), 16);
         assert_eq!(splits(p, 1024, 8), 16);
-        assert_eq!(splits(p, 16384, 8), MAX_SPLITS);
+        assert_eq!(splits(plan(4, 16384, 8), 16384, 8), MAX_SPLITS);
         // Qwen3-0.6B (GH 2) at 64 streams: decode kernel up to the 1k class, attn_impl above.
+        // Up to the 1k class fewer splits (4 blocks per SM, not 12).
         let p = plan(2, 1024, 512);
         assert!(p.decode);
-        assert_eq!(splits(p, 1024, 512), 4);
+        assert_eq!(splits(p, 1024, 512), 2);
+        assert_eq!(splits(plan(4, 2048, 512), 2048, 512), 4);
         let p = plan(2, 16384, 512);
         assert!(!p.decode);
         assert_eq!(splits(p, 16384, 512), 2);

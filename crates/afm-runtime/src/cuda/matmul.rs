@@ -76,10 +76,10 @@ const GEMV_ROWS: usize = 4;
 /// than a separate norm launch (706 vs 989 tok/s; session 7, bench/RESULTS.md).
 const NORM_FOLD_MAX_ROWS: usize = 1;
 /// Widest input the gate+up GEMV folds the norm into (gemv.cu `gemvgn_*`). ncu on the H200
-/// (session 7, batch 1): at Qwen3-0.6B's 1,024 columns the folded launch took 6.9 µs against
-/// 5.8 µs + a ~3 µs norm launch; at Qwen3-8B's 4,096 it took 53.8 µs against 47.8 + 3.4 (each
-/// of its passes over x also multiplies by the norm weight, and there are two).
-const NORM_FOLD_GATED_MAX_COLS: usize = 2048;
+/// (session 7, batch 1, 4 rows per block): at Qwen3-8B's 4,096 columns the folded launch took
+/// 53.8 µs against 47.8 + a 3.4 µs norm launch; at 8 rows per block (session 8, `cuda_bench
+/// gemv_rows`) 47.8 µs against 49.3 for the norm launch then gate+up, so it folds there too.
+const NORM_FOLD_GATED_MAX_COLS: usize = 4096;
 /// Threads per GEMV block (`GEMV_THREADS` in gemv.cu).
 const GEMV_THREADS: usize = 128;
 /// Weight rows per block of the one-row 16-bit GEMV kernels (gemv.cu `GEMV_R_ALL`): 4 (the
@@ -204,14 +204,18 @@ enum HalfKernel {
 
 /// R for one kernel family at one activation row: its candidates, largest first, and the
 /// fewest blocks per SM the largest usable one must leave (the last candidate serves whatever
-/// is left). Blocks of 128 threads at R = 16 hold 114-168 registers, so 3 fit on an SM: from 2
-/// per SM up, most of the grid is resident at once and nothing waits for a second wave.
-/// Not yet measured: `cuda_bench gemv_rows` times every R on Qwen3-0.6B and Qwen3-8B shapes
-/// (a row per R, then `auto`: this table's pick) to set it from.
+/// is left). `cuda_bench gemv_rows` on the H200 (session 8, µs at R = 4 / 8 / 16, weights
+/// rotated through more than L2): Qwen3-8B Q/K/V 14.5 / 13.8 / 16.4, with the norm folded
+/// 16.3 / 14.9 / 16.4, gate+up with the norm 52.3 / 47.8 / 48.4; O 11.2 / 12.6 / 12.8, down
+/// 28.8 / 32.7 / 33.1, gate+up 46.6 / 47.8 / 47.9, lm_head 277 at every R. Qwen3-0.6B: every
+/// family within ±0.4 µs of R = 4 except gate+up with the norm (6.6 / 6.2 / 6.5). So R = 8 for
+/// Q/K/V where it still leaves 4 blocks per SM (the 8B's 768, not the 0.6B's 512) and for
+/// gate+up with the norm; R = 4 elsewhere. R = 16 wins nowhere (its kernels stay for A/B).
 fn half_rows_rule(k: HalfKernel) -> (&'static [usize], usize) {
     match k {
-        HalfKernel::Plain | HalfKernel::Qkv | HalfKernel::QkvNorm => (&[16, 8, 4], 2),
-        HalfKernel::Gated | HalfKernel::GatedNorm => (&[16, 8, 4], 2),
+        HalfKernel::Qkv | HalfKernel::QkvNorm => (&[8, 4], 4),
+        HalfKernel::GatedNorm => (&[8, 4], 2),
+        HalfKernel::Plain | HalfKernel::Gated => (&[4], 0),
     }
 }
 
@@ -1182,12 +1186,14 @@ mod tests {
         let pick = |k, rows: &[usize], n, pre| half_rows(k, rows, n, pre, 132).expect("pick");
         use HalfKernel::*;
         // Qwen3-8B: Q/K/V 4096+1024+1024, O and down 4096 rows, gate+up 12288, lm_head.
-        assert_eq!(pick(QkvNorm, &[4096, 1024, 1024], 1, false), 16);
-        assert_eq!(pick(Plain, &[4096], 1, false), 8);
-        assert_eq!(pick(Gated, &[12288], 1, false), 16);
-        assert_eq!(pick(Plain, &[151_936], 1, false), 16);
+        assert_eq!(pick(QkvNorm, &[4096, 1024, 1024], 1, false), 8);
+        assert_eq!(pick(Qkv, &[4096, 1024, 1024], 1, false), 8);
+        assert_eq!(pick(Plain, &[4096], 1, false), 4);
+        assert_eq!(pick(Gated, &[12288], 1, false), 4);
+        assert_eq!(pick(GatedNorm, &[12288], 1, false), 8);
+        assert_eq!(pick(Plain, &[151_936], 1, false), 4);
         // Qwen3-0.6B: Q/K/V 2048+1024+1024, gate+up 3072, O and down 1024 rows.
-        assert_eq!(pick(Qkv, &[2048, 1024, 1024], 1, false), 8);
+        assert_eq!(pick(Qkv, &[2048, 1024, 1024], 1, false), 4);
         assert_eq!(pick(GatedNorm, &[3072], 1, false), 8);
         assert_eq!(pick(Plain, &[1024], 1, false), 4);
         assert_eq!(pick(Plain, &[151_936], 2, false), GEMV_ROWS);
