@@ -36,7 +36,9 @@ mod sampling;
 pub use attention::{AttnBatch, DeviceKvCache, DeviceLayerKv, KvBuf};
 pub use attention_mma::AttnKernel;
 pub(crate) use context::arch_for;
-pub use context::{compile_kernels, CudaContext, DeviceInfo, GpuTimer, Workspace, KERNEL_MODULES};
+pub use context::{
+    compile_kernels, CudaContext, DeviceInfo, GpuTimer, Workspace, KERNEL_MODULES, OPT_IN,
+};
 pub use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, DevicePtr, DevicePtrMut};
 pub use decode_fused::{FusedShape, FusedState, LAYER_FIELDS};
 pub use matmul::{DeviceWeight, MatmulPath, RowNorm, GEMV_MAX_BATCH, MMQ_GATED_MAX_ROWS};
