@@ -120,6 +120,27 @@ __device__ void block_argmax(float& v, int& i, float* shv, int* shi) {
     }
 }
 
+// Activations for the quantized weights' kernels (gemv.cu's int8 GEMV, mmq.cu), in blocks of 32
+// as the CPU's Q8 blocks are: q = round half to even of x * (127 / amax), so the integers equal
+// the CPU's (quant/activations.rs); the scale d = amax / 127 stays f32 (no storage reason to
+// round it to f16 here). The block sum is s = d * sum(q), not the exact sum of x: then a K-quant
+// block's result is exactly dequantized weights . dequantized activations (as with llama.cpp's
+// Q8_K bsums), whereas with the exact sum the offset term (dmin * m, about half the weight
+// range) would meet unrounded x while the scale term meets rounded x, and the error would grow
+// with |d * sc * q| instead of with |w|.
+//
+// One warp per block of 32, every lane present with its value v: returns the lane's q, and
+// sets the block's d and s (in every lane; callers store them from one).
+__device__ __forceinline__ int q8_quantize(float v, float& d, float& s) {
+    const float amax = warp_max(fabsf(v));
+    const float id = amax > 0.f ? __fdiv_rn(127.0f, amax) : 0.f;
+    const int q = __float2int_rn(__fmul_rn(v, id));
+    const float sum = warp_sum((float)q);  // integers below 2^24: exact
+    d = __fdiv_rn(amax, 127.0f);
+    s = __fmul_rn(d, sum);
+    return q;
+}
+
 // Programmatic dependent launch (cuda/mod.rs `launch_raw`): every kernel first waits for the
 // grids before it and their memory (so it never reads a buffer they write, nor overwrites one
 // they read, early), then lets the next kernel begin launching while this one runs.

@@ -353,14 +353,7 @@ GEMV_ALL(8)
 
 // ---- Quantized weights: int8 activations and dp4a ----
 //
-// Activations are quantized in blocks of 32 as the CPU's Q8 blocks are: q = round half to even
-// of x * (127 / amax), so the integers equal the CPU's (quant/activations.rs); the scale
-// d = amax / 127 stays f32 (no storage reason to round it to f16 here). The block sum is
-// s = d * sum(q), not the exact sum of x: then a K-quant block's result is exactly
-// dequantized weights . dequantized activations (as with llama.cpp's Q8_K bsums), whereas with
-// the exact sum the offset term (dmin * m, about half the weight range) would meet unrounded x
-// while the scale term meets rounded x, and the error would grow with |d * sc * q| instead of
-// with |w|.
+// Activations are int8 blocks of 32 (common.cuh's q8_quantize):
 //
 //   xq: i8 [n][cols]    xd, xs: f32 [n][cols / 32] (d and d * sum(q) per block of 32)
 //
@@ -383,15 +376,11 @@ __device__ __forceinline__ int dot16(int4 x, int w0, int w1, int w2, int w3) {
 // Lane `lane`'s value v of 32-block `blk` to int8 (one warp per block, every lane present).
 __device__ __forceinline__ void q8_block(float v, i64 blk, int lane, signed char* xq, float* xd,
                                          float* xs) {
-    const float amax = warp_max(fabsf(v));
-    const float id = amax > 0.f ? __fdiv_rn(127.0f, amax) : 0.f;
-    const int q = __float2int_rn(__fmul_rn(v, id));
-    const float sum = warp_sum((float)q);  // integers below 2^24: exact
-    xq[blk * 32 + lane] = (signed char)q;
+    float d, s;
+    xq[blk * 32 + lane] = (signed char)q8_quantize(v, d, s);
     if (lane == 0) {
-        const float d = __fdiv_rn(amax, 127.0f);
         xd[blk] = d;
-        xs[blk] = __fmul_rn(d, sum);
+        xs[blk] = s;
     }
 }
 

@@ -36,8 +36,8 @@
 #define MMQ_Q6_K 1
 #define MMQ_Q8_0 2
 
-// x as int8 blocks of 32 in the layout above: the integers and scales of quantize_x_q8 (one warp
-// per block), rows n..np zero.
+// x as int8 blocks of 32 in the layout above (common.cuh's q8_quantize, as gemv.cu's
+// quantize_x_q8; one warp per block), rows n..np zero.
 extern "C" __global__ void mmq_quantize(const float* x, signed char* xq, float2* ds, int n,
                                         int np, int cols) {
     pdl_begin();
@@ -47,15 +47,9 @@ extern "C" __global__ void mmq_quantize(const float* x, signed char* xq, float2*
     if (blk >= (i64)np * nkb) return;  // whole warps: the grid is a multiple of 32 threads
     const int row = (int)(blk / nkb), kb = (int)(blk % nkb);
     const float v = row < n ? x[blk * 32 + lane] : 0.f;
-    const float amax = warp_max(fabsf(v));
-    const float id = amax > 0.f ? __fdiv_rn(127.0f, amax) : 0.f;
-    const int q = __float2int_rn(__fmul_rn(v, id));
-    const float sum = warp_sum((float)q);  // integers below 2^24: exact
-    xq[blk * 32 + lane] = (signed char)q;
-    if (lane == 0) {
-        const float d = __fdiv_rn(amax, 127.0f);
-        ds[(i64)kb * np + row] = make_float2(d, __fmul_rn(d, sum));
-    }
+    float d, s;
+    xq[blk * 32 + lane] = (signed char)q8_quantize(v, d, s);
+    if (lane == 0) ds[(i64)kb * np + row] = make_float2(d, s);
 }
 
 // c += A . B on the tensor cores (registers as in the layout above). Before sm_80 there is no
