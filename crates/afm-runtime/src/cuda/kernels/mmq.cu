@@ -154,6 +154,28 @@ __device__ __forceinline__ void mmq_acts(const signed char* xq, const float2* ds
     s = *(const float4*)(ds + (i64)kb * np + 8 * nt + 2 * l.t);
 }
 
+// One mma per (n-tile, weight tile) for 32-block kb of the activations, against the A
+// registers `a`; fold(mt, c, s, o) adds the integer sums c, scaled, to accumulator tile o (s:
+// mmq_acts's d and d * sum(q) of the lane's two activation rows).
+template <int MT, int NT, class Fold>
+__device__ __forceinline__ void mmq_mma_tiles(const signed char* xq, const float2* ds, int cols,
+                                              int np, int kb, const MmqLane& l,
+                                              const u32 (&a)[MT][4], float (&acc)[MT][NT][4],
+                                              Fold fold) {
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) {
+        uint2 b;
+        float4 s;
+        mmq_acts(xq, ds, cols, np, kb, nt, l, b, s);
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+            int c[4] = {0, 0, 0, 0};
+            mma_s8(c, a[mt][0], a[mt][1], a[mt][2], a[mt][3], b.x, b.y);
+            fold(mt, c, s, acc[mt][nt]);
+        }
+    }
+}
+
 // Q4_K: per super-block of 256, lane t's 8 bytes at qs[32p + 8t] hold stored values 8t..8t+7 of
 // sub-block 2p (low nibbles) and of sub-block 2p+1 (high nibbles).
 template <int MT, int NT, int WARPS>
@@ -194,22 +216,13 @@ __device__ __forceinline__ void mmq_q4_k(const signed char* xq, const float2* ds
                 q4k_scale_min(hd[mt][0], j, dsc[mt][0], dmn[mt][0]);
                 q4k_scale_min(hd[mt][1], j, dsc[mt][1], dmn[mt][1]);
             }
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++) {
-                uint2 b;
-                float4 s;
-                mmq_acts(xq, ds, cols, np, kb, nt, l, b, s);
-#pragma unroll
-                for (int mt = 0; mt < MT; mt++) {
-                    int c[4] = {0, 0, 0, 0};
-                    mma_s8(c, a[mt][0], a[mt][1], a[mt][2], a[mt][3], b.x, b.y);
-                    float* o = acc[mt][nt];
-                    o[0] += dsc[mt][0] * s.x * (float)c[0] - dmn[mt][0] * s.y;
-                    o[1] += dsc[mt][0] * s.z * (float)c[1] - dmn[mt][0] * s.w;
-                    o[2] += dsc[mt][1] * s.x * (float)c[2] - dmn[mt][1] * s.y;
-                    o[3] += dsc[mt][1] * s.z * (float)c[3] - dmn[mt][1] * s.w;
-                }
-            }
+            mmq_mma_tiles<MT, NT>(xq, ds, cols, np, kb, l, a, acc,
+                                  [&](int mt, const int (&c)[4], float4 s, float* o) {
+                                      o[0] += dsc[mt][0] * s.x * (float)c[0] - dmn[mt][0] * s.y;
+                                      o[1] += dsc[mt][0] * s.z * (float)c[1] - dmn[mt][0] * s.w;
+                                      o[2] += dsc[mt][1] * s.x * (float)c[2] - dmn[mt][1] * s.y;
+                                      o[3] += dsc[mt][1] * s.z * (float)c[3] - dmn[mt][1] * s.w;
+                                  });
         }
     }
 }
@@ -332,22 +345,13 @@ __device__ __forceinline__ void mmq_q8_0(const signed char* xq, const float2* ds
                 d[mt][h] = h2f(ld16(base));
             }
         }
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
-            uint2 b;
-            float4 s;
-            mmq_acts(xq, ds, cols, np, kb, nt, l, b, s);
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++) {
-                int c[4] = {0, 0, 0, 0};
-                mma_s8(c, a[mt][0], a[mt][1], a[mt][2], a[mt][3], b.x, b.y);
-                float* o = acc[mt][nt];
-                o[0] += d[mt][0] * s.x * (float)c[0];
-                o[1] += d[mt][0] * s.z * (float)c[1];
-                o[2] += d[mt][1] * s.x * (float)c[2];
-                o[3] += d[mt][1] * s.z * (float)c[3];
-            }
-        }
+        mmq_mma_tiles<MT, NT>(xq, ds, cols, np, kb, l, a, acc,
+                              [&](int mt, const int (&c)[4], float4 s, float* o) {
+                                  o[0] += d[mt][0] * s.x * (float)c[0];
+                                  o[1] += d[mt][0] * s.z * (float)c[1];
+                                  o[2] += d[mt][1] * s.x * (float)c[2];
+                                  o[3] += d[mt][1] * s.z * (float)c[3];
+                              });
     }
 }
 
