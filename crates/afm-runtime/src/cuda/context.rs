@@ -203,13 +203,10 @@ pub(super) fn scratch<T: DeviceRepr>(
     slot: &mut Option<CudaSlice<T>>,
     n: usize,
 ) -> Result<u64> {
-    if slot.as_ref().is_none_or(|b| b.len() < n) {
-        *slot = None; // free first, so peak memory stays one buffer
-                      // SAFETY: scratch contents are always written by a kernel before they are read.
-        *slot = Some(unsafe { stream.alloc::<T>(n.max(1)) }?);
-    }
-    let buf = slot.as_mut().expect("set just above");
-    Ok(buf.device_ptr_mut(stream).0)
+    grow(stream, slot, n, |len| {
+        // SAFETY: scratch contents are always written by a kernel before they are read.
+        Ok(unsafe { stream.alloc::<T>(len) }?)
+    })
 }
 
 /// [`scratch`] for buffers that must start zeroed (kernels leave them zeroed again).
@@ -218,9 +215,20 @@ pub(super) fn scratch_zeroed<T: DeviceRepr + ValidAsZeroBits>(
     slot: &mut Option<CudaSlice<T>>,
     n: usize,
 ) -> Result<u64> {
+    grow(stream, slot, n, |len| Ok(stream.alloc_zeros::<T>(len)?))
+}
+
+/// The address of `slot`'s buffer, replaced by `alloc(n)` (at least one element) first when
+/// it holds fewer than `n`.
+fn grow<T>(
+    stream: &Arc<CudaStream>,
+    slot: &mut Option<CudaSlice<T>>,
+    n: usize,
+    alloc: impl FnOnce(usize) -> Result<CudaSlice<T>>,
+) -> Result<u64> {
     if slot.as_ref().is_none_or(|b| b.len() < n) {
-        *slot = None;
-        *slot = Some(stream.alloc_zeros::<T>(n.max(1))?);
+        *slot = None; // free first, so peak memory stays one buffer
+        *slot = Some(alloc(n.max(1))?);
     }
     let buf = slot.as_mut().expect("set just above");
     Ok(buf.device_ptr_mut(stream).0)

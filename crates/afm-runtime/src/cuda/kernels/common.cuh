@@ -38,64 +38,50 @@ __device__ __forceinline__ u32 ld32_a2(const u8* p) {
     return (u32)ld16(p) | ((u32)ld16(p + 2) << 16);
 }
 
-__device__ __forceinline__ float warp_sum(float v) {
+// v reduced over the warp by `op` (every lane present); every lane gets the result.
+template <class T, class Op>
+__device__ __forceinline__ T warp_reduce(T v, Op op) {
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
+    for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(FULL_MASK, v, o));
     return v;
 }
 
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(FULL_MASK, v, o));
-    return v;
-}
-
-// Sum over the whole block (blockDim.x a multiple of 32); every thread gets it. `sh` holds 32.
-__device__ float block_sum(float v, float* sh) {
-    v = warp_sum(v);
+// v reduced over the whole block (blockDim.x a multiple of 32) by `op`, with `id` its identity
+// for the missing warps; every thread gets it. `sh` holds 32.
+template <class T, class Op>
+__device__ __forceinline__ T block_reduce(T v, T* sh, T id, Op op) {
+    v = warp_reduce(v, op);
     const int w = threadIdx.x >> 5, l = threadIdx.x & 31, nw = blockDim.x >> 5;
     __syncthreads();
     if (l == 0) sh[w] = v;
     __syncthreads();
-    v = l < nw ? sh[l] : 0.f;
-    return warp_sum(v);
+    v = l < nw ? sh[l] : id;
+    return warp_reduce(v, op);
 }
+
+struct OpAdd {
+    template <class T> __device__ __forceinline__ T operator()(T a, T b) const { return a + b; }
+};
+struct OpMaxF {
+    __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+struct OpMinI {
+    __device__ __forceinline__ int operator()(int a, int b) const { return min(a, b); }
+};
+
+__device__ __forceinline__ float warp_sum(float v) { return warp_reduce(v, OpAdd()); }
+__device__ __forceinline__ float warp_max(float v) { return warp_reduce(v, OpMaxF()); }
+
+// Sum over the whole block; every thread gets it. `sh` holds 32.
+__device__ float block_sum(float v, float* sh) { return block_reduce(v, sh, 0.f, OpAdd()); }
 
 // Maximum over the whole block; every thread gets it. `sh` holds 32.
-__device__ float block_max(float v, float* sh) {
-    v = warp_max(v);
-    const int w = threadIdx.x >> 5, l = threadIdx.x & 31, nw = blockDim.x >> 5;
-    __syncthreads();
-    if (l == 0) sh[w] = v;
-    __syncthreads();
-    v = l < nw ? sh[l] : NEG_INF;
-    return warp_max(v);
-}
+__device__ float block_max(float v, float* sh) { return block_reduce(v, sh, NEG_INF, OpMaxF()); }
 
-__device__ int block_sum_int(int v, int* sh) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
-    const int w = threadIdx.x >> 5, l = threadIdx.x & 31, nw = blockDim.x >> 5;
-    __syncthreads();
-    if (l == 0) sh[w] = v;
-    __syncthreads();
-    v = l < nw ? sh[l] : 0;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
-    return v;
-}
+__device__ int block_sum_int(int v, int* sh) { return block_reduce(v, sh, 0, OpAdd()); }
 
 __device__ int block_min_int(int v, int* sh) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = min(v, __shfl_xor_sync(FULL_MASK, v, o));
-    const int w = threadIdx.x >> 5, l = threadIdx.x & 31, nw = blockDim.x >> 5;
-    __syncthreads();
-    if (l == 0) sh[w] = v;
-    __syncthreads();
-    v = l < nw ? sh[l] : 0x7fffffff;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = min(v, __shfl_xor_sync(FULL_MASK, v, o));
-    return v;
+    return block_reduce(v, sh, 0x7fffffff, OpMinI());
 }
 
 // Largest value and its lowest index over the block (ties go to the lower index).
@@ -139,6 +125,11 @@ __device__ __forceinline__ int q8_quantize(float v, float& d, float& s) {
     d = __fdiv_rn(amax, 127.0f);
     s = __fmul_rn(d, sum);
     return q;
+}
+
+// Asks for the 128-byte line at p to be brought into L2 (no register is written).
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 }
 
 // Programmatic dependent launch (cuda/mod.rs `launch_raw`): every kernel first waits for the

@@ -87,10 +87,6 @@ __device__ __forceinline__ u64 fd_load_acquire(const u64* p) {
     return v;
 }
 
-__device__ __forceinline__ void fd_prefetch(const void* p) {
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-}
-
 // The dynamic shared memory: FD_HEAD floats of block scratch (a reduction buffer and the
 // merge flag), then the phases' buffers.
 __device__ __forceinline__ float* fd_smem() {
@@ -209,7 +205,7 @@ __device__ __forceinline__ void fd_prefetch_step(const P& p, const FdStream& s, 
         const int u = (b * CH + c) * 32 + lane;
         if (u < units && (lane & 7) == 0) {  // one lane per 128-byte line
 #pragma unroll
-            for (int r = 0; r < R; r++) fd_prefetch((const uint4*)rows[r] + u);
+            for (int r = 0; r < R; r++) prefetch_l2((const uint4*)rows[r] + u);
         }
     }
 }
@@ -370,7 +366,7 @@ __device__ __forceinline__ void fd_prefetch_vec(const void* v, int bytes) {
     if (!v) return;
     const int lines = (bytes + 127) / 128;
     for (int i = threadIdx.x * gridDim.x + blockIdx.x; i < lines; i += FD_THREADS * gridDim.x)
-        fd_prefetch((const u8*)v + i * 128);
+        prefetch_l2((const u8*)v + i * 128);
 }
 
 __device__ __forceinline__ const u16* fd_w(const u64* L, int f) { return (const u16*)L[f]; }
@@ -739,8 +735,8 @@ __device__ void fd_attn_prefetch(const u64* L, const FusedArgs& a, const int* ta
             const i64 at = (((i64)__ldg(table + j / bs) * a.n_kv_heads + kvh) * bs + j % bs) * D * 2;
 #pragma unroll
             for (int o = 0; o < D * 2; o += 128) {
-                fd_prefetch(kc + at + o);
-                fd_prefetch(vc + at + o);
+                prefetch_l2(kc + at + o);
+                prefetch_l2(vc + at + o);
             }
         }
     }

@@ -265,10 +265,6 @@ __device__ __forceinline__ void mmh_round_x(const unsigned char* st, u32* xb) {
     }
 }
 
-__device__ __forceinline__ void mmh_prefetch(const u16* p) {
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-}
-
 // One chunk: weights from stage `st`, x from the 16-bit buffer xb. Per half chunk q, the A
 // registers of each weight tile (rows g and g + 8 of the tile at block row rt[mt]; columns
 // 32q + 8t..+7) and per activation tile x's same columns as B; 2 mma per (q, weight tile,
@@ -477,7 +473,7 @@ __device__ __forceinline__ void mmh(const MmhMats& m, const float* x, float4* pa
         }
         mmh_cp_commit();  // empty past the end: the count of groups stays one per chunk
         if (c + 1 < c1) mmh_round_x<BF, NT, W>(mmh_smem + ((i + 1) % S::ST) * S::STAGE, xb(i + 1));
-        if (l.active && pf > 0 && c + pf < c1) mmh_prefetch(pfp + MMH_CHUNK * (c + pf));
+        if (l.active && pf > 0 && c + pf < c1) prefetch_l2(pfp + MMH_CHUNK * (c + pf));
         if (l.active) mmh_chunk<BF, NT>(mmh_smem + (i % S::ST) * S::STAGE, xb(i), rt, g, t, acc);
     }
     if (splits > 1 && !fixup) {

@@ -66,10 +66,6 @@ __device__ __forceinline__ void mma_s8(int (&c)[4], u32 a0, u32 a1, u32 a2, u32 
 #endif
 }
 
-__device__ __forceinline__ void mmq_prefetch(const u8* p) {
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-}
-
 // Up to three matrices of one width against the same activations (Q, K, V), out_i = x . W_i^T:
 // the first ceil(r0 / 32) blocks serve W0, the next ceil(r1 / 32) W1, the rest W2 (rows 0 for
 // absent ones). For gate+up (act >= 0) w0 is the gate, w1 the up matrix (type t0, rows r0,
@@ -194,8 +190,8 @@ __device__ __forceinline__ void mmq_q4_k(const signed char* xq, const float2* ds
                 const int r = min(l.row0[mt] + 8 * h + l.g, rows - 1);
                 const u8* base = l.w[mt] + r * rbytes + sb * 144;
                 if (l.t == 0 && sb + WARPS < nsb) {
-                    mmq_prefetch(base + WARPS * 144);
-                    mmq_prefetch(base + WARPS * 144 + 143);
+                    prefetch_l2(base + WARPS * 144);
+                    prefetch_l2(base + WARPS * 144 + 143);
                 }
                 hd[mt][h] = *(const uint4*)base;
 #pragma unroll
@@ -262,9 +258,9 @@ __device__ __forceinline__ void mmq_q6_k(const signed char* xq, const float2* ds
                     const int r = min(l.row0[mt] + 8 * h + l.g, rows - 1);
                     const u8* base = l.w[mt] + r * rbytes + sb * 210;
                     if (hh == 0 && l.t == 0 && sb + WARPS < nsb) {
-                        mmq_prefetch(base + WARPS * 210);
-                        mmq_prefetch(base + WARPS * 210 + 128);
-                        mmq_prefetch(base + WARPS * 210 + 209);
+                        prefetch_l2(base + WARPS * 210);
+                        prefetch_l2(base + WARPS * 210 + 128);
+                        prefetch_l2(base + WARPS * 210 + 209);
                     }
                     ql0[mt][h] = ld64_a2(base + 64 * hh + 8 * l.t);
                     ql1[mt][h] = ld64_a2(base + 64 * hh + 32 + 8 * l.t);
@@ -338,7 +334,7 @@ __device__ __forceinline__ void mmq_q8_0(const signed char* xq, const float2* ds
             for (int h = 0; h < 2; h++) {
                 const int r = min(l.row0[mt] + 8 * h + l.g, rows - 1);
                 const u8* base = l.w[mt] + r * rbytes + kb * 34;
-                if (l.t == 0 && kb + 2 * WARPS < nkb) mmq_prefetch(base + 2 * WARPS * 34);
+                if (l.t == 0 && kb + 2 * WARPS < nkb) prefetch_l2(base + 2 * WARPS * 34);
                 const uint2 w = ld64_a2(base + 2 + 8 * l.t);
                 a[mt][h] = w.x;
                 a[mt][2 + h] = w.y;
