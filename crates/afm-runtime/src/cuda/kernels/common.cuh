@@ -84,26 +84,27 @@ __device__ int block_min_int(int v, int* sh) {
     return block_reduce(v, sh, 0x7fffffff, OpMinI());
 }
 
-// Largest value and its lowest index over the block (ties go to the lower index).
-__device__ void block_argmax(float& v, int& i, float* shv, int* shi) {
+// Largest value and its lowest index over the warp (ties go to the lower index); every lane
+// gets them.
+__device__ __forceinline__ void warp_argmax(float& v, int& i) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
         float ov = __shfl_xor_sync(FULL_MASK, v, o);
         int oi = __shfl_xor_sync(FULL_MASK, i, o);
         if (ov > v || (ov == v && oi < i)) { v = ov; i = oi; }
     }
+}
+
+// Largest value and its lowest index over the block (ties go to the lower index).
+__device__ void block_argmax(float& v, int& i, float* shv, int* shi) {
+    warp_argmax(v, i);
     const int w = threadIdx.x >> 5, l = threadIdx.x & 31, nw = blockDim.x >> 5;
     __syncthreads();
     if (l == 0) { shv[w] = v; shi[w] = i; }
     __syncthreads();
     v = l < nw ? shv[l] : NEG_INF;
     i = l < nw ? shi[l] : 0x7fffffff;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        float ov = __shfl_xor_sync(FULL_MASK, v, o);
-        int oi = __shfl_xor_sync(FULL_MASK, i, o);
-        if (ov > v || (ov == v && oi < i)) { v = ov; i = oi; }
-    }
+    warp_argmax(v, i);
 }
 
 // Activations for the quantized weights' kernels (gemv.cu's int8 GEMV, mmq.cu), in blocks of 32

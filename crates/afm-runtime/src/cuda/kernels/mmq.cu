@@ -357,6 +357,12 @@ __device__ __forceinline__ float mmq_act(float x, int act) {
     return 0.5f * x * (1.0f + tanhf(C * (x + 0.044715f * x * x * x)));
 }
 
+// Element k = (mt * NT + nt) * 4 + e of the accumulator tiles (k a constant once unrolled).
+template <int NT>
+__device__ __forceinline__ float& mmq_acc(float (&acc)[2][NT][4], int k) {
+    return acc[k / (4 * NT)][k / 4 % NT][k % 4];
+}
+
 // Sums the warps' partial tiles in a fixed order and stores them. With 8 warps, warps 4..7 first
 // hand theirs to warps 0..3 (w + 4 to w). Then warp w (< 4) finishes accumulator element w of
 // every (mt, nt), summing warps 0..3 in order (element e: row g + 8 (e >> 1), activation row
@@ -368,36 +374,22 @@ __device__ __forceinline__ void mmq_store(float (&acc)[2][NT][4], float* out, in
     static_assert(WARPS == 4 || WARPS == 8, "4 or 8 warps");
     __shared__ float red[4][2 * NT * 4][32];
     const int lane = threadIdx.x & 31;
+    // red's second index k is accumulator element (mt * NT + nt) * 4 + e.
     if (WARPS == 8) {
         if (l.warp >= 4) {
 #pragma unroll
-            for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-                for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++)
-                        red[l.warp - 4][(mt * NT + nt) * 4 + e][lane] = acc[mt][nt][e];
+            for (int k = 0; k < 8 * NT; k++) red[l.warp - 4][k][lane] = mmq_acc(acc, k);
         }
         __syncthreads();
         if (l.warp < 4) {
 #pragma unroll
-            for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-                for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++)
-                        acc[mt][nt][e] += red[l.warp][(mt * NT + nt) * 4 + e][lane];
+            for (int k = 0; k < 8 * NT; k++) mmq_acc(acc, k) += red[l.warp][k][lane];
         }
         __syncthreads();
     }
     if (l.warp < 4) {
 #pragma unroll
-        for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                for (int e = 0; e < 4; e++)
-                    red[l.warp][(mt * NT + nt) * 4 + e][lane] = acc[mt][nt][e];
+        for (int k = 0; k < 8 * NT; k++) red[l.warp][k][lane] = mmq_acc(acc, k);
     }
     __syncthreads();
     if (l.warp >= 4) return;
@@ -436,13 +428,7 @@ __device__ __forceinline__ void mmq(const MmqMats& m, const signed char* xq, con
                                     int cols, int n, int np, int act) {
     const MmqLane l = mmq_lane(m, act);
     const int type = l.type, rows = l.rows;
-    float acc[2][NT][4];
-#pragma unroll
-    for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) acc[mt][nt][e] = 0.f;
+    float acc[2][NT][4] = {};
     if (type == MMQ_Q4_K) mmq_q4_k<2, NT, WARPS>(xq, ds, rows, cols, np, l, acc);
     else if (type == MMQ_Q6_K) mmq_q6_k<2, NT, WARPS>(xq, ds, rows, cols, np, l, acc);
     else mmq_q8_0<2, NT, WARPS>(xq, ds, rows, cols, np, l, acc);
