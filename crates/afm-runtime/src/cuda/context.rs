@@ -106,26 +106,10 @@ fn kernel_names(module: &str) -> Vec<String> {
 /// Compiles every module to PTX for `arch` (e.g. `"compute_90"`; `None`: NVRTC's default).
 /// Needs only libnvrtc, no device, so it also checks the kernels on a machine without a GPU.
 pub fn compile_kernels(arch: Option<&'static str>) -> Result<Vec<(&'static str, Ptx)>> {
-    let all = compile_modules(arch, |_| true)?;
-    Ok(all
-        .into_iter()
-        .map(|(i, ptx)| (KERNEL_MODULES[i].0, ptx))
-        .collect())
-}
-
-/// Compiles the modules `which` picks by name (returned with their index in
-/// [`KERNEL_MODULES`]), one NVRTC program each, in parallel (NVRTC is thread-safe across
-/// programs): start-up pays the slowest module rather than the sum.
-fn compile_modules(
-    arch: Option<&'static str>,
-    which: impl Fn(&str) -> bool + Sync,
-) -> Result<Vec<(usize, Ptx)>> {
     use rayon::prelude::*;
     KERNEL_MODULES
         .par_iter()
-        .enumerate()
-        .filter(|(_, (name, _))| which(name))
-        .map(|(i, &(name, src))| Ok((i, compile_module(name, src, arch)?)))
+        .map(|&(name, src)| Ok((name, compile_module(name, src, arch)?)))
         .collect()
 }
 
@@ -146,6 +130,23 @@ fn compile_module(name: &'static str, src: &str, arch: Option<&'static str>) -> 
         };
         CudaError::Compile { module: name, log }
     })
+}
+
+/// The modules compiled at start ([`compiled_at_start`]), each compiled by NVRTC and loaded
+/// (the driver's JIT from PTX, the larger cost on a GPU that has not cached it) on its own
+/// thread: start-up pays about the slowest module rather than the sum (NVRTC is thread-safe
+/// across programs, the driver API across threads). With their index in [`KERNEL_MODULES`].
+fn load_at_start(
+    ctx: &Arc<cudarc::driver::CudaContext>,
+    arch: Option<&'static str>,
+) -> Result<Vec<(usize, Vec<CudaFunction>)>> {
+    use rayon::prelude::*;
+    KERNEL_MODULES
+        .par_iter()
+        .enumerate()
+        .filter(|(_, (name, _))| compiled_at_start(name))
+        .map(|(i, &(name, src))| Ok((i, load_module(ctx, name, compile_module(name, src, arch)?)?)))
+        .collect()
 }
 
 /// Loads `ptx` (module `name`) on the device: its entry points in `kernel_names` order.
@@ -290,8 +291,8 @@ impl CudaContext {
         let arch = arch_for(cc);
         let mut modules: Vec<OnceLock<Vec<CudaFunction>>> =
             KERNEL_MODULES.iter().map(|_| OnceLock::new()).collect();
-        for (i, ptx) in compile_modules(arch, compiled_at_start)? {
-            modules[i] = OnceLock::from(load_module(&ctx, KERNEL_MODULES[i].0, ptx)?);
+        for (i, funcs) in load_at_start(&ctx, arch)? {
+            modules[i] = OnceLock::from(funcs);
         }
         let mut kernel_index = HashMap::new();
         for (i, (module, _)) in KERNEL_MODULES.iter().enumerate() {
