@@ -132,20 +132,26 @@ fn compile_module(name: &'static str, src: &str, arch: Option<&'static str>) -> 
     })
 }
 
-/// The modules compiled at start ([`compiled_at_start`]), each compiled by NVRTC and loaded
-/// (the driver's JIT from PTX, the larger cost on a GPU that has not cached it) on its own
-/// thread: start-up pays about the slowest module rather than the sum (NVRTC is thread-safe
-/// across programs, the driver API across threads). With their index in [`KERNEL_MODULES`].
+/// The modules compiled at start ([`compiled_at_start`]), with their index in
+/// [`KERNEL_MODULES`]: compiled by NVRTC in parallel (thread-safe across programs; start-up
+/// pays the slowest module rather than the sum), then loaded one after another on this thread
+/// (the driver's JIT from PTX). Parallel loads were tried and left out: the driver API is
+/// documented thread-safe, but other projects report crashes in concurrent cuModuleLoadData
+/// (arrayfire #1801, ILGPU #724), and no GPU here could show it safe or faster.
 fn load_at_start(
     ctx: &Arc<cudarc::driver::CudaContext>,
     arch: Option<&'static str>,
 ) -> Result<Vec<(usize, Vec<CudaFunction>)>> {
     use rayon::prelude::*;
-    KERNEL_MODULES
+    let compiled: Vec<(usize, Ptx)> = KERNEL_MODULES
         .par_iter()
         .enumerate()
         .filter(|(_, (name, _))| compiled_at_start(name))
-        .map(|(i, &(name, src))| Ok((i, load_module(ctx, name, compile_module(name, src, arch)?)?)))
+        .map(|(i, &(name, src))| Ok((i, compile_module(name, src, arch)?)))
+        .collect::<Result<_>>()?;
+    compiled
+        .into_iter()
+        .map(|(i, ptx)| Ok((i, load_module(ctx, KERNEL_MODULES[i].0, ptx)?)))
         .collect()
 }
 
