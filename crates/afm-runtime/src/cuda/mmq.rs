@@ -242,3 +242,132 @@ impl CudaContext {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A block's int8 codes, scale and sum by the rule the kernels follow (gemv.cu / common.cuh
+    /// `q8_quantize`): q = round half to even of v · (127 / amax), d = amax / 127,
+    /// s = d · Σq, each one f32 operation rounded to nearest.
+    fn reference_block(v: &[f32]) -> (Vec<i8>, f32, f32) {
+        let amax = v.iter().fold(0f32, |m, x| m.max(x.abs()));
+        let id = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+        let q: Vec<i8> = v
+            .iter()
+            .map(|&x| (x * id).round_ties_even() as i8)
+            .collect();
+        let d = amax / 127.0;
+        (
+            q.clone(),
+            d,
+            d * q.iter().map(|&c| c as i32).sum::<i32>() as f32,
+        )
+    }
+
+    /// Activations with the cases that decide rounding: ties at ±k.5 (amax 127, so id is 1),
+    /// an all-zero block, a negative maximum, then random blocks of very different scales.
+    fn activations(n: usize, cols: usize) -> Vec<f32> {
+        let mut x = Vec::with_capacity(n * cols);
+        let mut state = 0x9E37_79B9_7F4A_7C15u64;
+        for i in 0..n * cols {
+            state = state
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            let unit = (state >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0;
+            let scale = [1e-3f32, 1.0, 37.0, 1e4][(i / 32) % 4];
+            x.push(unit * scale);
+        }
+        let ties = [127.0, 2.5, 3.5, -2.5, -0.5, 0.5, 1.5, -1.5, 126.5, -126.5];
+        x[..ties.len()].copy_from_slice(&ties);
+        x[32..64].fill(0.0);
+        x[64..96].iter_mut().for_each(|v| *v *= 0.5);
+        x[70] = -100.0;
+        x
+    }
+
+    /// The rule's codes are the CPU quantizer's (which reproduces llama.cpp's
+    /// `quantize_row_q8_0` codes): the GPU test below then ties the kernels to llama.cpp's.
+    #[test]
+    fn reference_rule_gives_the_cpu_quantizers_codes() {
+        use crate::quant::{Isa, Q8Rows};
+        let (n, cols) = (19, 256);
+        let x = activations(n, cols);
+        let want: Vec<i8> = x
+            .chunks(Q8_BLOCK)
+            .flat_map(|b| reference_block(b).0)
+            .collect();
+        let cpu = Q8Rows::quantize(&x, cols, Isa::Scalar);
+        let got: Vec<i8> = (0..n).flat_map(|i| cpu.row(i).qs.to_vec()).collect();
+        assert_eq!(got, want);
+    }
+
+    /// gemv.cu's `quantize_x_q8` and mmq.cu's `mmq_quantize` (one quantizer, common.cuh's
+    /// `q8_quantize`) give the reference rule's codes and the same f32 bits of d and s, and
+    /// MMQ's padding rows are zero. Runs with `AFM_TEST_DEVICE=cuda` (device 0).
+    #[test]
+    fn both_int8_quantizers_follow_the_rule_bit_for_bit() {
+        if std::env::var("AFM_TEST_DEVICE").ok().as_deref() != Some("cuda") {
+            eprintln!("skipped: set AFM_TEST_DEVICE=cuda to run on the GPU");
+            return;
+        }
+        let mut ctx = CudaContext::new(0).expect("CUDA device 0");
+        let (n, cols) = (19, 256); // 19 rows: MMQ pads to 24
+        let nkb = cols / Q8_BLOCK;
+        let x = activations(n, cols);
+        let xd = ctx.upload(&x).expect("upload");
+        let xp = ctx.ptr(&xd);
+
+        let mut gq = ctx.alloc::<i8>(n * cols).expect("alloc");
+        let mut gd = ctx.alloc::<f32>(n * nkb).expect("alloc");
+        let mut gs = ctx.alloc::<f32>(n * nkb).expect("alloc");
+        let (q, d, s) = (
+            ctx.ptr_mut(&mut gq),
+            ctx.ptr_mut(&mut gd),
+            ctx.ptr_mut(&mut gs),
+        );
+        let nblocks = (n * nkb) as i64;
+        let f = ctx.kernel("quantize_x_q8").expect("kernel");
+        launch!(ctx, f, grid_1d(n * nkb * 32, 256); xp, q, d, s, nblocks).expect("launch");
+        let (gq, gd, gs) = (
+            ctx.download(&gq).expect("download"),
+            ctx.download(&gd).expect("download"),
+            ctx.download(&gs).expect("download"),
+        );
+
+        let acts = ctx.mmq_quantize(xp, n, cols).expect("mmq_quantize");
+        let np = acts.np;
+        let mq = ctx
+            .download(ctx.ws.xq.as_ref().expect("xq"))
+            .expect("download");
+        let mds = ctx
+            .download(ctx.ws.xd.as_ref().expect("ds"))
+            .expect("download");
+
+        for row in 0..np {
+            for kb in 0..nkb {
+                let at = row * cols + kb * Q8_BLOCK;
+                let (mqb, (md, ms)) = (
+                    &mq[at..at + Q8_BLOCK],
+                    (mds[2 * (kb * np + row)], mds[2 * (kb * np + row) + 1]),
+                );
+                if row >= n {
+                    assert!(mqb.iter().all(|&c| c == 0), "pad row {row}: codes");
+                    assert_eq!((md, ms), (0.0, 0.0), "pad row {row}: d, s");
+                    continue;
+                }
+                let (want_q, want_d, want_s) = reference_block(&x[at..at + Q8_BLOCK]);
+                let what = format!("row {row} block {kb}");
+                let b = row * nkb + kb;
+                assert_eq!(&gq[at..at + Q8_BLOCK], &want_q[..], "{what}: GEMV codes");
+                assert_eq!(mqb, &want_q[..], "{what}: MMQ codes");
+                assert_eq!(gd[b].to_bits(), want_d.to_bits(), "{what}: GEMV d");
+                assert_eq!(gs[b].to_bits(), want_s.to_bits(), "{what}: GEMV s");
+                assert_eq!(md.to_bits(), want_d.to_bits(), "{what}: MMQ d");
+                assert_eq!(ms.to_bits(), want_s.to_bits(), "{what}: MMQ s");
+            }
+        }
+        // The ties round to even: 2.5 -> 2, 3.5 -> 4, -2.5 -> -2, ±0.5 -> 0, 126.5 -> 126.
+        assert_eq!(&gq[..10], &[127, 2, 4, -2, 0, 0, 2, -2, 126, -126]);
+    }
+}
