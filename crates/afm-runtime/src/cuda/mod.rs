@@ -19,8 +19,10 @@
 //! - `decode_fused`: a whole llama-family decode step of one sequence in one persistent launch.
 //!
 //! Activations are f32 row-major `[rows][features]` buffers ([`CudaSlice<f32>`]), as on the CPU.
-//! Kernels are CUDA C (`kernels/*.cu`) compiled by NVRTC once when the context is created;
-//! cudarc loads libcuda, libnvrtc and libcublas at run time, so building needs no CUDA toolkit.
+//! Kernels are CUDA C (`kernels/*.cu`) compiled by NVRTC when the context is created, except
+//! the opt-in paths' modules ([`OPT_IN`]: MMH, the fused decode step), compiled on first use
+//! unless their switch is on; cudarc loads libcuda, libnvrtc and libcublas at run time, so
+//! building needs no CUDA toolkit.
 //! Nothing here knows about models, requests or the scheduler.
 
 mod attention;
