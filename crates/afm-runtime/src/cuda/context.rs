@@ -38,9 +38,10 @@ pub const KERNEL_MODULES: [(&str, &str); 8] = [
 /// Modules that only opt-in paths launch, with the environment switch (`=1`) that puts them in
 /// automatic path choice (`mmh.rs` `mmh_env_on`, `compute/decode_fused.rs`): compiled with the
 /// others at creation when it is set, else on first use (a forced path, a test, a benchmark),
-/// so a default start-up does not pay for them (NVRTC alone: mmh 5.8 s and decode_fused 4.2 s
-/// of the eight modules' 30.7 s, compute_90, on the shared 2-core build machine; the driver's
-/// JIT of their 5.8 MB of PTX comes on top on a fresh GPU).
+/// so a default start-up does not pay for them. On the shared 2-core build machine (noisy):
+/// NVRTC to compute_90 PTX, mmh 5.8 s and decode_fused 4.2 s of the eight modules' 30.7 s; then
+/// ptxas -arch=sm_90 on that PTX, a stand-in for the driver's JIT on a GPU without a cached
+/// copy, 7.0 and 7.7 s of 42.4 s.
 pub const OPT_IN: [(&str, &str); 2] = [("mmh", "AFM_MMH"), ("decode_fused", "AFM_FUSED_DECODE")];
 
 /// Whether module `name` is compiled when the context is created (see [`OPT_IN`]).
