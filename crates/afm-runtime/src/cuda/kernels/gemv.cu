@@ -589,10 +589,6 @@ __device__ __forceinline__ void acc8_q8_0(const u8* W, const signed char* xq, co
 // PDL wait (the one exception to "the wait comes first"): no kernel writes weights, and a
 // prefetch brings nothing into registers, so this only overlaps the weights' DRAM latency with
 // the tail of the kernel before (for most decode matrices the first units are all of them).
-__device__ __forceinline__ void prefetch_l2(const u8* p) {
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-}
-
 template <int R>
 __device__ __forceinline__ void pf8_q4_k(const u8* W, int rows, int cols, const Q8Group& g) {
     const int u = g.tig, nb = cols / 256;
