@@ -279,7 +279,7 @@ fn gemv_rows(c: &mut CudaContext, copy_gbs: f64, out: &mut Vec<String>) -> R<()>
                 .iter()
                 .map(|&(r, _)| c.alloc(r))
                 .collect::<Result<_, _>>()?;
-            for rows in [Some(4), Some(8), Some(16), None] {
+            for rows in [Some(4), Some(8), None] {
                 c.set_gemv_half(rows, true)?;
                 let ms = time_ms(c, 20, |c, i| {
                     let set = &sets[i % sets.len()];

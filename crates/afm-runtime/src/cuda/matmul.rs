@@ -19,7 +19,7 @@
 //! `AFM_GEMV_PREFETCH=0` turns off the quantized GEMV's L2 prefetch of its first weights (on by
 //! default; an A/B knob until the prefetch is measured end to end).
 //!
-//! At one activation row the 16-bit GEMV blocks own R = 4, 8 or 16 weight rows, picked per
+//! At one activation row the 16-bit GEMV blocks own R = 4 or 8 weight rows, picked per
 //! kernel from the grid size by `half_rows_rule`'s table; `AFM_GEMV_R=4|8|16` forces one
 //! (A/B runs), as does [`CudaContext::set_gemv_half`] (benchmarks). Every R gives the same bits.
 //!
@@ -83,8 +83,8 @@ const NORM_FOLD_GATED_MAX_COLS: usize = 4096;
 /// Threads per GEMV block (`GEMV_THREADS` in gemv.cu).
 const GEMV_THREADS: usize = 128;
 /// Weight rows per block of the one-row 16-bit GEMV kernels (gemv.cu `GEMV_R_ALL`): 4 (the
-/// multi-row kernels' `GEMV_ROWS`), 8 and 16 (names ending `_r8`, `_r16`).
-const GEMV_HALF_ROWS: [usize; 3] = [4, 8, 16];
+/// multi-row kernels' `GEMV_ROWS`) and 8 (names ending `_r8`).
+const GEMV_HALF_ROWS: [usize; 2] = [4, 8];
 /// Values per int8 activation block (and weights per int8 GEMV work unit).
 const Q8_BLOCK: usize = 32;
 /// Weights dequantized to f16 per cuBLAS call, bounding the scratch (64 MiB).
@@ -210,7 +210,7 @@ enum HalfKernel {
 /// 28.8 / 32.7 / 33.1, gate+up 46.6 / 47.8 / 47.9, lm_head 277 at every R. Qwen3-0.6B: every
 /// family within ±0.4 µs of R = 4 except gate+up with the norm (6.6 / 6.2 / 6.5). So R = 8 for
 /// Q/K/V where it still leaves 4 blocks per SM (the 8B's 768, not the 0.6B's 512) and for
-/// gate+up with the norm; R = 4 elsewhere. R = 16 wins nowhere (its kernels stay for A/B).
+/// gate+up with the norm; R = 4 elsewhere. R = 16 won nowhere, so it has no kernels.
 fn half_rows_rule(k: HalfKernel) -> (&'static [usize], usize) {
     match k {
         HalfKernel::Qkv | HalfKernel::QkvNorm => (&[8, 4], 4),
@@ -233,7 +233,7 @@ fn bad_half_rows(what: &'static str, value: String) -> CudaError {
     CudaError::Unsupported {
         what,
         value,
-        supported: "4, 8 or 16",
+        supported: "4 or 8",
     }
 }
 
@@ -541,7 +541,7 @@ impl CudaContext {
     }
 
     /// Process-wide overrides of the one-row 16-bit GEMV (they hold for every context of the
-    /// process), for benchmarks and A/B runs: `rows`, the weight rows per block (4, 8 or 16;
+    /// process), for benchmarks and A/B runs: `rows`, the weight rows per block (4 or 8;
     /// `None`: `AFM_GEMV_R` if set, else the table, `half_rows_rule`); `gated_norm_any_width`,
     /// fold the RMSNorm into gate+up at any width, not only up to `NORM_FOLD_GATED_MAX_COLS`
     /// (set at R = 4). Results do not change with R, only times. An error (nothing changed) for
@@ -560,7 +560,7 @@ impl CudaContext {
     /// kernel (each R, with and without the folded norm) as the driver compiled it for this
     /// device: (name, registers, local bytes).
     pub fn gemv_half_resources(&self) -> Result<Vec<(String, i32, i32)>> {
-        // bf16/f16 at one activation row: "gemv3n_bf16_1", "gemv_f16_1_r16", ...
+        // bf16/f16 at one activation row: "gemv3n_bf16_1", "gemv_f16_1_r8", ...
         kernel_names()
             .into_iter()
             .filter(|k| k.ends_with("16_1") || k.contains("16_1_r"))
@@ -1174,9 +1174,8 @@ impl CudaContext {
 mod tests {
     use super::*;
 
-    /// The table's picks on the H200 (132 SMs) at the shapes issue #9 measured: R = 16 where
-    /// it still leaves two blocks per SM, else 8, else 4; more than one row, or the preloading
-    /// kernels, always 4. Needs no device (unless `AFM_GEMV_R` is set, which forces them).
+    /// The table's picks on the H200 (132 SMs) at the shapes issue #9 measured ([`half_rows_rule`]);
+    /// more than one row, or the preloading kernels, always 4. Needs no device (unless `AFM_GEMV_R` is set, which forces them).
     #[test]
     fn rows_per_block_follow_the_grid_size() {
         if std::env::var_os("AFM_GEMV_R").is_some() {

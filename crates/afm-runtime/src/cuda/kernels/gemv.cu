@@ -5,7 +5,7 @@
 // once and activations are re-read cols/rows-per-block times, not cols.
 //
 // - bf16/f16 weights (gemv_*, gemv3_* for Q/K/V, gemvg_* for gate+up): f32 activations,
-//   R rows per block (GEMV_ROWS = 4; the one-row kernels also with 8 and 16, "_r8"/"_r16"),
+//   R rows per block (GEMV_ROWS = 4; the one-row kernels also with 8, "_r8"),
 //   a unit is 8 weights (one 16-byte load).
 // - Q4_K/Q6_K/Q8_0 weights (gemv8*, section "Quantized weights" below): read in their GGML
 //   blocks against activations quantized to int8 blocks of 32 (quantize_x_q8), so a weight
@@ -19,7 +19,7 @@
 
 #define GEMV_THREADS 128
 // Weight rows per block (R) of the 16-bit kernels, unless a name says otherwise: each activation
-// load serves all of them. At one activation row there are also R = 8 and 16 (GEMV_R_ALL below):
+// load serves all of them. At one activation row there is also R = 8 (GEMV_R_ALL below):
 // fewer, longer blocks re-read x (and a folded norm's weight and sum of squares) less often and
 // fit in one wave of resident blocks. A row's sums do not depend on R (the same thread owns the
 // same units of it, the same reductions follow), so every R gives the same bits.
@@ -265,16 +265,15 @@ __device__ void gemv_gated_half(const u16* G, const u16* U, const float* x, cons
 #define GEMV_PRE(PRE, R, W, rows, cols, row0, pre)                                             \
     uint4 pre[R];                                                                              \
     if (PRE) gemv_preload<R>(W, rows, cols, row0, pre);
-// Kernel names: KNAME_NAME_N then SFX (empty at R = GEMV_ROWS, "_r8" / "_r16" otherwise).
-// Launch bounds: at R = 8 and 16 with an explicit minimum of one block per SM. Without it ptxas
-// (12.9, sm_90, from NVRTC 13.2's PTX) kept them at 56-104 registers by interleaving the R
-// weight loads with the products of rows already loaded: a thread had at most ~5 of its 16-byte
-// loads in flight (R = 4 with the folded norm: 3 of 8). With it every load of a unit is issued
-// before the first product (R = 16: 114-168 registers, so 3 blocks per SM; none spill).
+// Kernel names: KNAME_NAME_N then SFX (empty at R = GEMV_ROWS, "_r8" otherwise).
+// Launch bounds: at R = 8 with an explicit minimum of one block per SM. Without it ptxas (12.9,
+// sm_90, from NVRTC 13.2's PTX) interleaved the R weight loads with the products of rows already
+// loaded, so few of a thread's 16-byte loads were in flight (R = 4 with the folded norm: 3 of
+// 8). With it every load of a unit is issued before the first product (78-102 registers at
+// R = 8; none spill).
 // R = 4 keeps its bounds (without the norm its loads are all in flight already).
 #define GEMV_BOUNDS_4 __launch_bounds__(GEMV_THREADS)
 #define GEMV_BOUNDS_8 __launch_bounds__(GEMV_THREADS, 1)
-#define GEMV_BOUNDS_16 __launch_bounds__(GEMV_THREADS, 1)
 #define GEMV_H(NAME, BF, N, R, SFX, KNAME, ACC, PRE)                                           \
     extern "C" __global__ void GEMV_BOUNDS_##R KNAME##_##NAME##_##N##SFX(                       \
         const u16* W, const float* x, float* out, int rows, int cols) {                        \
@@ -320,8 +319,9 @@ __device__ void gemv_gated_half(const u16* G, const u16* U, const float* x, cons
     GEMV_G(bf16, true, 1, R, SFX, gemvgn, true, false)                                         \
     GEMV_G(f16, false, 1, R, SFX, gemvgn, true, false)
 GEMV_NORM_ALL(4, )
-// One activation row at R = 8 and 16 rows per block (cuda/matmul.rs `half_rows` picks R by grid
-// size, or AFM_GEMV_R forces it): gemv_bf16_1_r8, gemv3n_f16_1_r16, ...
+// One activation row at R = 8 rows per block (cuda/matmul.rs `half_rows` picks R by grid size,
+// or AFM_GEMV_R forces it): gemv_bf16_1_r8, gemv3n_f16_1_r8, ... (R = 16 measured slower on
+// every H200 shape, session 8, and was dropped).
 #define GEMV_R_ALL(R)                                                                          \
     GEMV_H(bf16, true, 1, R, _r##R, gemv, false, false)                                        \
     GEMV_H(f16, false, 1, R, _r##R, gemv, false, false)                                        \
@@ -333,7 +333,6 @@ GEMV_NORM_ALL(4, )
     GEMV_G(f16, false, 1, R, _r##R, gemvg, false, false)                                       \
     GEMV_NORM_ALL(R, _r##R)
 GEMV_R_ALL(8)
-GEMV_R_ALL(16)
 // The same at one row, R = 4, with the first weights loaded before the PDL wait.
 GEMV_H(bf16, true, 1, 4, , gemvp, false, true) GEMV_H(f16, false, 1, 4, , gemvp, false, true)
 GEMV_H(bf16, true, 1, 4, , gemvap, true, true) GEMV_H(f16, false, 1, 4, , gemvap, true, true)
