@@ -256,6 +256,48 @@ fn qwen3_8b_heads() {
     });
 }
 
+/// The K/V ring's first fill is issued before the PDL wait, all but the new key's row (which
+/// `attn_dec` copies after the wait, as `attn_prologue` has just stored it, and
+/// `attn_dec_pro` puts from registers): one split, the new key in each stage of the first
+/// fill (4 stages of 16 keys at d 128, 2 at d 256), in the first stage after it, and on the
+/// stages' edges; several splits whose last one is all first fill.
+#[test]
+fn new_key_in_and_after_the_first_fill() {
+    for ctx in [&[0, 15, 16, 31, 32][..], &[47, 48, 63, 64, 79, 80]] {
+        check(Case {
+            splits: Some(1),
+            ..Case::decode(16, 8, 128, true, ctx)
+        });
+    }
+    check(Case {
+        splits: Some(1),
+        ..Case::decode(4, 2, 256, true, &[15, 16, 31, 32, 47])
+    });
+    check(Case {
+        splits: Some(2),
+        ..Case::decode(32, 8, 128, false, &[63, 64, 127, 128, 191])
+    });
+}
+
+/// Many splits: the last block to finish combines up to 38 partials per head, several
+/// register loads' worth (16 per thread) and more (m, l) pairs than threads at four heads
+/// per block.
+#[test]
+fn many_splits_merge() {
+    check(Case {
+        splits: Some(20),
+        ..Case::decode(16, 8, 128, true, &[1000, 300])
+    });
+    check(Case {
+        splits: Some(40),
+        ..Case::decode(32, 8, 128, true, &[3000, 5])
+    });
+    check(Case {
+        splits: Some(40),
+        ..Case::decode(8, 8, 64, false, &[2500])
+    });
+}
+
 /// Head size 64 with one, two and four query heads per block; head size 256 (Gemma 3's).
 #[test]
 fn other_head_sizes() {

@@ -427,7 +427,9 @@ ATTN_PROLOGUE(attn_prologue_f16, true)
 //    host writes the metadata; no kernel before this one does);
 //  - K and V stream through shared memory by cp.async in stages of DEC_KEYS keys, 4 (2 for
 //    512-byte rows) in the ring, so the next keys load while the current ones are computed,
-//    and the block's GH heads share each row read from global memory;
+//    and the block's GH heads share each row read from global memory; the ring's first fill
+//    is issued before the PDL wait too, all but the new key's row (why that is safe: at the
+//    issue), so the old keys load while the kernel before finishes;
 //  - a split takes at least `min_keys` keys (twice that past 16 · min_keys), in whole stages:
 //    a short context uses only the splits it needs (`used`); the others exit at once. A tile with one split used writes its
 //    output directly; otherwise the last split to finish merges the `used` partials in one
@@ -537,7 +539,7 @@ __device__ void attn_decode_impl(const float* __restrict__ q, const u32* __restr
     const int h0 = kvh * a.group + (blockIdx.x % a.hchunks) * GH;
     const int bs = a.block_size;
 
-    // Metadata only before the PDL wait (see above).
+    // Before the PDL wait: the metadata (see above), then the ring's first fill (below).
     const int s = tiles[blockIdx.y * 2];
     const int row0 = seqs[s * 4], len = seqs[s * 4 + 1], pos = seqs[s * 4 + 2];
     if (len == 0) return;  // padding of a CUDA-graph batch (exiting needs no PDL wait)
@@ -577,17 +579,16 @@ __device__ void attn_decode_impl(const float* __restrict__ q, const u32* __restr
         if (writer && warp == kwarp && pr.kw && (pr.v4 & 2)) pro_weights<PD>(pr.kw, D, lane, wk);
         if (rot) pro_rope_pairs<PD>(pr.cs, ppos, pr.dims / 2, lane, cpre);
     }
-    __syncthreads();
-    pdl_begin();
+    __syncthreads();  // sm_tab
 
     const i64 head_bytes = (i64)bs * ROW;
     const u8* kb8 = (const u8*)kc + kvh * head_bytes;
     const u8* vb8 = (const u8*)vc + kvh * head_bytes;
     const i64 blk_bytes = a.n_kv_heads * head_bytes;
-    // Stage st (keys k0 + st * KEYS ...) into buffer b: thread tid copies 16-byte pieces tid,
-    // tid + 128, ... of the stage's K rows then V rows. One division per stage; a piece's
-    // cache block is the stage's first plus the slots it runs past.
-    auto issue = [&](int st, int b) {
+    // Stage st (keys k0 + st * KEYS ...) into buffer b, but for key `skip`: thread tid copies
+    // 16-byte pieces tid, tid + 128, ... of the stage's K rows then V rows. One division per
+    // stage; a piece's cache block is the stage's first plus the slots it runs past.
+    auto issue = [&](int st, int b, int skip) {
         u8* dk = smem + b * 2 * SBYTES;
         const int kb = k0 + st * KEYS, kbd = kb / bs, kbm = kb - kbd * bs;
 #pragma unroll
@@ -595,8 +596,7 @@ __device__ void attn_decode_impl(const float* __restrict__ q, const u32* __restr
             const bool isv = p >= KEYS * PPR;
             const int pp = isv ? p - KEYS * PPR : p;
             const int r = pp / PPR, c = pp % PPR;
-            if (kb + r >= k1) continue;
-            if (PRO && kb + r == pos) continue;  // the new key: put_new
+            if (kb + r >= k1 || kb + r == skip) continue;
             int slot = kbm + r, bi = kbd;
             while (slot >= bs) { slot -= bs; bi++; }
             const i64 blk = tab_sm ? sm_tab[bi - b0] : table[bi];
@@ -604,13 +604,55 @@ __device__ void attn_decode_impl(const float* __restrict__ q, const u32* __restr
             dec_cp16(dk + isv * SBYTES + r * ROW + c * 16, (isv ? vb8 : kb8) + off);
         }
     };
+    // The new key `pos` is in the last stage of the last used split (k1 = pos + 1 there).
+    const int st_new = nst - 1, r_new = pos - (k0 + st_new * KEYS);
+    const bool has_new = blockIdx.z == used - 1;
+
+    // ---- The first STAGES stages (the whole ring) are issued before the PDL wait, but for
+    // the new key's row. Safe: every kernel starts with pdl_begin (griddepcontrol.wait, THEN
+    // launch_dependents), so this block runs only once the kernel before it has passed its
+    // wait, i.e. once every kernel before THAT one has completed and its stores are in L2
+    // (cp.async.cg reads L2); and the kernel right before a decode attention (a projection,
+    // bias or norm kernel; attn_prologue or kv_write before attn_dec) writes no cache row but
+    // each decode row's new key `pos`, which is never read here: attn_dec_pro puts it from
+    // registers (put_new), attn_dec copies it after the wait (`late`). The rows < pos were
+    // stored in earlier steps, and no step rewrites them (partial blocks are private to their
+    // sequence, full ones immutable). What would break it: a kernel that writes other cache
+    // rows launched right before the attention (today only compute/cuda/kv_rows.rs's
+    // kv_rows_write_*, eager steps of DeepSeek V4, whose attention runs on the host), or a
+    // kernel before the attention all of whose blocks return before their wait (the grid
+    // before it might then still run). Without PDL (AFM_PDL=0, before sm_90) the wait is a
+    // no-op and the kernel starts after the one before has completed.
+    // Group accounting: one cp.async group per stage, in order; the new key's stage's group
+    // (attn_dec, when that stage is in the ring) is committed after the wait with that row.
+    const bool late = !PRO && has_new && st_new < STAGES;
+#pragma unroll
+    for (int st = 0; st < STAGES; st++) {
+        if (st < nst) issue(st, st, pos);
+        if (!late || st < st_new) dec_commit();
+    }
+    pdl_begin();
+    if (late) {
+        // The row the kernel before (attn_prologue, kv_write) stored: pieces tid of K then V.
+        const int sb = pos / bs;
+        const i64 blk = tab_sm ? sm_tab[sb - b0] : table[sb];
+        const i64 at = blk * blk_bytes + (i64)(pos - sb * bs) * ROW;
+        u8* row = smem + st_new * 2 * SBYTES + r_new * ROW;
+        for (int p = tid; p < 2 * PPR; p += 128) {
+            const bool isv = p >= PPR;
+            const int c = isv ? p - PPR : p;
+            dec_cp16(row + isv * SBYTES + c * 16, (isv ? vb8 : kb8) + at + c * 16);
+        }
+#pragma unroll
+        for (int st = 0; st < STAGES; st++)
+            if (st >= st_new) dec_commit();
+    }
     // PRO, the writer: the new key's K and V rows (sm_pro's, rounded as the cache stores them)
     // straight into row `pos` of buffer b. So no block reads back through global memory what
     // one of them stored there (cp.async after st.global would need a GPU-scope fence to be
     // sure of reading the store from L2, and another block's store would need more). Call
     // after the barrier that publishes sm_pro and frees buffer b; the loop's barrier before
     // the stage is read publishes the row.
-    const int st_new = nst - 1, r_new = pos - (k0 + st_new * KEYS);
     auto put_new = [&](int b) {
         u8* row = smem + b * 2 * SBYTES + r_new * ROW;
         for (int p = tid; p < 2 * PPR; p += 128) {
@@ -624,17 +666,11 @@ __device__ void attn_decode_impl(const float* __restrict__ q, const u32* __restr
         }
     };
 
-
     float qv[DL];
     if constexpr (PRO) {
         // ---- Fused prologue: attn_prologue_impl's arithmetic per head (pro_head), so q, the
         // stored K and V, and thus the output, are its bits. The keys stream meanwhile (all
         // but the new one, which put_new adds).
-#pragma unroll
-        for (int st = 0; st < STAGES - 1; st++) {
-            if (st < nst) issue(st, st);
-            dec_commit();
-        }
         const int half = pr.dims / 2;
         if (warp < GH) {
             const float* x = q + (i64)row0 * a.q_stride + (h0 + warp) * D;
@@ -666,7 +702,8 @@ __device__ void attn_decode_impl(const float* __restrict__ q, const u32* __restr
             }
         }
         __syncthreads();  // sm_pro complete
-        if (writer && st_new < STAGES - 1) put_new(st_new);  // a fresh buffer
+        // A buffer of the ring's first fill: its other rows may still be landing (disjoint).
+        if (writer && st_new < STAGES) put_new(st_new);
         const float* qs = sm_pro + hi * D;
 #pragma unroll
         for (int i = 0; i < DL; i++) qv[i] = h2f(f2h(qs[(li + 8 * (i / EPU)) * EPU + i % EPU]));
@@ -677,24 +714,24 @@ __device__ void attn_decode_impl(const float* __restrict__ q, const u32* __restr
             const float x = qp[(li + 8 * (i / EPU)) * EPU + i % EPU];
             qv[i] = HALF ? h2f(f2h(x)) : x;  // as the CPU does
         }
-#pragma unroll
-        for (int st = 0; st < STAGES - 1; st++) {
-            if (st < nst) issue(st, st);
-            dec_commit();
-        }
     }
 
     float m = NEG_INF, l = 0.f, acc[DL];
 #pragma unroll
     for (int i = 0; i < DL; i++) acc[i] = 0.f;
     for (int st = 0; st < nst; st++) {
-        dec_wait<STAGES - 2>();
+        // Stage st's group is done: STAGES groups before the loop, then one per pass from 1.
+        if (st == 0) dec_wait<STAGES - 1>();
+        else dec_wait<STAGES - 2>();
         __syncthreads();  // stage st landed for all; stage st - 1's buffer is free again
-        if (st + STAGES - 1 < nst) {
-            issue(st + STAGES - 1, (st + STAGES - 1) % STAGES);
-            if (writer && st + STAGES - 1 == st_new) put_new(st_new % STAGES);
+        if (st > 0) {
+            if (st + STAGES - 1 < nst) {
+                // After the wait: attn_dec reads the new key's row here too.
+                issue(st + STAGES - 1, (st + STAGES - 1) % STAGES, PRO ? pos : -1);
+                if (writer && st + STAGES - 1 == st_new) put_new(st_new % STAGES);
+            }
+            dec_commit();
         }
-        dec_commit();
         const u8* bk = smem + (st % STAGES) * 2 * SBYTES;
         const int kb = k0 + st * KEYS;
         float sc[KC];
@@ -780,21 +817,62 @@ __device__ void attn_decode_impl(const float* __restrict__ q, const u32* __restr
     __syncthreads();
     if (!last) return;
     __threadfence();
-    for (int e = tid; e < GH * D; e += blockDim.x) {
-        const int ph = e / D, dd = e % D;
-        const float* wp = ws + ((i64)row0 * a.n_heads + h0 + ph) * a.n_splits * (D + 2);
-        float M = NEG_INF, L = 0.f, O = 0.f;
-#pragma unroll 4
-        for (int sp = 0; sp < used; sp++) {
-            const float* w = wp + sp * (D + 2);
-            const float ms = __ldcg(w + D), ls = __ldcg(w + D + 1), os = __ldcg(w + dd);
-            const float mn = fmaxf(M, ms);
-            const float x = __expf(M - mn), y = __expf(ms - mn);
-            L = L * x + ls * y;
-            O = O * x + os * y;
-            M = mn;
+    // Each thread combines its EPT output elements over the splits in split order, as one
+    // online softmax: the same operations in the same order for every element as a plain loop
+    // over the splits (so the same bits), but with the loads taken out of its dependent chain:
+    // the splits' (m, l) once per head into shared memory (the stages' memory, free again),
+    // each element's partial outputs CH splits at a time into registers, clamped to the last
+    // split so no load waits on a branch. One or two L2 round trips instead of one per split
+    // and element.
+    constexpr int EPT = (GH * D + 127) / 128, CH = 16 / EPT;  // 16 partials in registers
+    static_assert(2 * GH * MAX_SPLITS * 4 <= STAGES * 2 * SBYTES, "split (m, l) in the stages");
+    float* sm_ml = (float*)smem;  // m of [GH][used], then l of [GH][used]
+    const float* wrow = ws + ((i64)row0 * a.n_heads + h0) * a.n_splits * (D + 2);
+    auto load_os = [&](int s0, float (&os)[EPT][CH]) {
+#pragma unroll
+        for (int j = 0; j < EPT; j++) {
+            const int e = min(tid + 128 * j, GH * D - 1), ph = e / D, dd = e % D;
+#pragma unroll
+            for (int k = 0; k < CH; k++) {
+                const int sp = min(s0 + k, used - 1);
+                os[j][k] = __ldcg(wrow + ((i64)ph * a.n_splits + sp) * (D + 2) + dd);
+            }
         }
-        out[(i64)row0 * a.out_stride + (h0 + ph) * D + dd] = O / L;
+    };
+    float os[EPT][CH];
+    load_os(0, os);
+    for (int i = tid; i < GH * used; i += blockDim.x) {
+        const int ph = i / used, sp = i % used;
+        const float* w = wrow + ((i64)ph * a.n_splits + sp) * (D + 2);
+        sm_ml[i] = __ldcg(w + D);
+        sm_ml[GH * used + i] = __ldcg(w + D + 1);
+    }
+    __syncthreads();
+    float M[EPT], L[EPT], O[EPT];
+#pragma unroll
+    for (int j = 0; j < EPT; j++) { M[j] = NEG_INF; L[j] = 0.f; O[j] = 0.f; }
+    for (int s0 = 0; s0 < used; s0 += CH) {
+        if (s0 > 0) load_os(s0, os);
+#pragma unroll
+        for (int k = 0; k < CH; k++) {
+            if (s0 + k >= used) break;
+#pragma unroll
+            for (int j = 0; j < EPT; j++) {
+                const int ph = min(tid + 128 * j, GH * D - 1) / D, at = ph * used + s0 + k;
+                const float ms = sm_ml[at], ls = sm_ml[GH * used + at];
+                const float mn = fmaxf(M[j], ms);
+                const float x = __expf(M[j] - mn), y = __expf(ms - mn);
+                L[j] = __fmaf_rn(L[j], x, __fmul_rn(ls, y));
+                O[j] = __fmaf_rn(O[j], x, __fmul_rn(os[j][k], y));
+                M[j] = mn;
+            }
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < EPT; j++) {
+        const int e = tid + 128 * j;
+        if (e < GH * D)
+            out[(i64)row0 * a.out_stride + (h0 + e / D) * D + e % D] = O[j] / L[j];
     }
 }
 
