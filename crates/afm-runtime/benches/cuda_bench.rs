@@ -908,11 +908,15 @@ fn attention_prologue(c: &mut CudaContext, out: &mut Vec<String>) -> R<()> {
 /// launches) against `attend_prologue` (one: the prologue folded into the decode kernel), at
 /// Qwen3-0.6B's and Qwen3-8B's heads (d 128, f16 cache, Q/K norms), ~200 keys per sequence.
 /// Back-to-back launches without a graph, rotating over 16 layers of cache (as a step walks
-/// its layers), so launch and tail costs count as they do in a step.
+/// its layers), so launch and tail costs count as they do in a step. There the kernel before
+/// each attention is another attention; at batch 1 also, as in a step, behind the Q/K/V
+/// GEMV that writes its q, k and v (`gemv3n`, bf16 weights rotated over >= 512 MB, under PDL):
+/// the attention's share is the pair's time less the GEMV's alone, which is where its work
+/// before the PDL wait (metadata, and the K/V ring's first fill) overlaps the kernel before.
 fn attend_prologue(c: &mut CudaContext, out: &mut Vec<String>) -> R<()> {
     let (d, bs, pos, layers) = (128, 16, 200, 16);
     let mut rng = Rng(8);
-    for (name, nh, nkv) in [("qwen3-0.6b", 16, 8), ("qwen3-8b", 32, 8)] {
+    for (name, nh, nkv, hidden) in [("qwen3-0.6b", 16, 8, 1024), ("qwen3-8b", 32, 8, 4096)] {
         for batch in [1, 64] {
             let shape = LayerKvShape {
                 n_kv_heads: nkv,
@@ -939,7 +943,7 @@ fn attend_prologue(c: &mut CudaContext, out: &mut Vec<String>) -> R<()> {
             let vals = |n: usize, rng: &mut Rng| (0..n).map(|_| rng.sym()).collect::<Vec<f32>>();
             let mut qd = c.upload(&vals(batch * nh * d, &mut rng))?;
             let mut kd = c.upload(&vals(batch * nkv * d, &mut rng))?;
-            let vd = c.upload(&vals(batch * nkv * d, &mut rng))?;
+            let mut vd = c.upload(&vals(batch * nkv * d, &mut rng))?;
             let (qn, kn) = (c.upload(&vec![1f32; d])?, c.upload(&vec![1f32; d])?);
             let (qnv, knv) = (qn.slice(0..d), kn.slice(0..d));
             let mut o = c.zeros::<f32>(batch * nh * d)?;
@@ -987,9 +991,92 @@ fn attend_prologue(c: &mut CudaContext, out: &mut Vec<String>) -> R<()> {
                 (two - one) * 1e3
             ));
             println!("{}", out.last().expect("pushed"));
+            if batch == 1 {
+                let qkv = QkvGemv::new(c, &mut rng, hidden, nh * d, nkv * d)?;
+                let gemv = time_ms(c, 200, |c, i| qkv.run(c, i, &mut qd, &mut kd, &mut vd))?;
+                let two = time_ms(c, 200, |c, i| {
+                    let l = i % layers;
+                    qkv.run(c, i, &mut qd, &mut kd, &mut vd);
+                    c.attn_prologue(
+                        &mut cache, l, &sb, &table, &pd, &mut qd, nh, &mut kd, &vd, norms,
+                    )
+                    .expect("prologue");
+                    c.paged_attention(&cache, l, &sb, &qd, nh * d, &p, &mut o, nh * d, None)
+                        .expect("attention");
+                })?;
+                let one = time_ms(c, 200, |c, i| {
+                    qkv.run(c, i, &mut qd, &mut kd, &mut vd);
+                    c.attend_prologue(
+                        &mut cache,
+                        i % layers,
+                        &sb,
+                        &table,
+                        &pd,
+                        &mut qd,
+                        &mut kd,
+                        &vd,
+                        norms,
+                        &p,
+                        &mut o,
+                        None,
+                    )
+                    .expect("attend_prologue");
+                })?;
+                out.push(format!(
+                    "| attend_prologue {name:10} | after qkv gemv {:5.2} us | ctx {pos} | prologue + attn {:6.2} us | fused {:6.2} us |",
+                    gemv * 1e3,
+                    (two - gemv) * 1e3,
+                    (one - gemv) * 1e3,
+                ));
+                println!("{}", out.last().expect("pushed"));
+            }
         }
     }
     Ok(())
+}
+
+/// A decode step's Q/K/V projection of one row (`gemv3n`: rms_norm folded in), bf16 weights
+/// in enough copies to pass [`ROTATE_BYTES`], as the kernel before a step's attention.
+struct QkvGemv {
+    sets: Vec<Vec<DeviceWeight>>,
+    x: CudaSlice<f32>,
+    norm: CudaSlice<f32>,
+}
+
+impl QkvGemv {
+    fn new(c: &CudaContext, rng: &mut Rng, hidden: usize, q: usize, kv: usize) -> R<Self> {
+        let host = [q, kv, kv]
+            .iter()
+            .map(|&r| random_weight(rng, DType::BF16, r, hidden))
+            .collect::<R<Vec<_>>>()?;
+        let (_, sets) = rotated_sets(c, &host.iter().collect::<Vec<_>>())?;
+        let x: Vec<f32> = (0..hidden).map(|_| rng.sym()).collect();
+        let g: Vec<f32> = (0..hidden).map(|_| 0.5 + rng.sym().abs()).collect();
+        Ok(Self {
+            sets,
+            x: c.upload(&x)?,
+            norm: c.upload(&g)?,
+        })
+    }
+
+    fn run(
+        &self,
+        c: &mut CudaContext,
+        i: usize,
+        q: &mut CudaSlice<f32>,
+        k: &mut CudaSlice<f32>,
+        v: &mut CudaSlice<f32>,
+    ) {
+        let ws: Vec<&DeviceWeight> = self.sets[i % self.sets.len()].iter().collect();
+        let norm = RowNorm {
+            w: self.norm.slice(..),
+            eps: 1e-6,
+        };
+        let done = c
+            .matmul_many_norm(&ws, &self.x, norm, 1, &mut [q, k, v])
+            .expect("q+k+v GEMV");
+        assert!(done, "q+k+v GEMV declined one row");
+    }
 }
 
 /// Causal prefill attention at Qwen3-0.6B's heads (16 query, 8 KV, head_dim 128, f16 cache),
