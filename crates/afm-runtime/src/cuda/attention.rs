@@ -16,9 +16,11 @@
 //! others, so that a step they take launches the SIMT kernel over the first `short_tiles` only.
 //!
 //! Decode steps over f16 caches of head_dim 64/128/256 take `attn_decode_impl` (attention.cu),
-//! built for latency: block tables read before the PDL wait, K/V through a cp.async ring,
-//! splits of at least [`DECODE_MIN_KEYS`] applied to each context (so a CUDA graph's split
-//! count, baked for its context class, suits shorter contexts too), one-pass merge.
+//! built for latency: block tables, and the K/V ring's first fill but for the new key's row,
+//! read before the PDL wait (no kernel of a step writes the cache rows before the new key), K/V
+//! through a cp.async ring, splits of at least [`DECODE_MIN_KEYS`] applied to each context (so
+//! a CUDA graph's split count, baked for its context class, suits shorter contexts too),
+//! one-pass merge.
 //! [`DecodePlan`] says when (GH <= 2 over long contexts at many streams keeps `attn_impl`);
 //! `AFM_ATTN_DECODE_OLD=1` sends every decode step to `attn_impl` (A/B).
 //!
