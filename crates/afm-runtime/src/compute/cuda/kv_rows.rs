@@ -14,10 +14,15 @@ use crate::kv_store::KvDtype;
 pub(super) const KERNELS: &str = r#"
 // One block per row r: out[r][h * D + d] = cache[base[r] + h * hs + d].
 // Programmatic dependent launch: as `pdl_begin` in cuda/kernels/common.cuh.
+// The writers only wait: their dependents launch when they have finished, because the decode
+// attention reads cached rows below the new token before its own wait (cuda/attention.rs), which
+// holds only while the kernel just ahead of it writes no such row.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define PDL_BEGIN asm volatile("griddepcontrol.wait;" ::: "memory"); asm volatile("griddepcontrol.launch_dependents;");
+#define PDL_WAIT asm volatile("griddepcontrol.wait;" ::: "memory");
 #else
 #define PDL_BEGIN
+#define PDL_WAIT
 #endif
 extern "C" __global__ void kv_rows_read_f32(const float* c, const long long* base, float* out,
                                             int nkv, int D, long long hs) { PDL_BEGIN
@@ -36,13 +41,13 @@ extern "C" __global__ void kv_rows_read_f16(const unsigned short* c, const long 
     }
 }
 extern "C" __global__ void kv_rows_write_f32(float* c, const long long* base, const float* src,
-                                             int nkv, int D, long long hs) { PDL_BEGIN
+                                             int nkv, int D, long long hs) { PDL_WAIT
     const long long b = base[blockIdx.x];
     const float* s = src + (long long)blockIdx.x * nkv * D;
     for (int e = threadIdx.x; e < nkv * D; e += blockDim.x) c[b + (e / D) * hs + e % D] = s[e];
 }
 extern "C" __global__ void kv_rows_write_f16(unsigned short* c, const long long* base,
-                                             const float* src, int nkv, int D, long long hs) { PDL_BEGIN
+                                             const float* src, int nkv, int D, long long hs) { PDL_WAIT
     const long long b = base[blockIdx.x];
     const float* s = src + (long long)blockIdx.x * nkv * D;
     for (int e = threadIdx.x; e < nkv * D; e += blockDim.x) {

@@ -618,10 +618,9 @@ __device__ void attn_decode_impl(const float* __restrict__ q, const u32* __restr
     // registers (put_new), attn_dec copies it after the wait (`late`). The rows < pos were
     // stored in earlier steps, and no step rewrites them (partial blocks are private to their
     // sequence, full ones immutable). What would break it: a kernel that writes other cache
-    // rows launched right before the attention (today only compute/cuda/kv_rows.rs's
-    // kv_rows_write_*, eager steps of DeepSeek V4, whose attention runs on the host), or a
-    // kernel before the attention all of whose blocks return before their wait (the grid
-    // before it might then still run). Without PDL (AFM_PDL=0, before sm_90) the wait is a
+    // rows and lets its dependents launch before it ends (compute/cuda/kv_rows.rs's
+    // kv_rows_write_* only wait, so they do not), or a kernel before the attention all of
+    // whose blocks return before their wait (the grid before it might then still run). Without PDL (AFM_PDL=0, before sm_90) the wait is a
     // no-op and the kernel starts after the one before has completed.
     // Group accounting: one cp.async group per stage, in order; the new key's stage's group
     // (attn_dec, when that stage is in the ring) is committed after the wait with that row.
