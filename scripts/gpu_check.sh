@@ -5,7 +5,8 @@
 #                                the DeepSeek V4 test (tests/deepseek_v4.rs), the compute-dispatch
 #                                unit tests, the kernel tests (tests/cuda_ops.rs,
 #                                cuda_attention_mma.rs, cuda_gemv_int8.rs, cuda_mmq.rs,
-#                                cuda_mmh.rs, cuda_fused.rs) and
+#                                cuda_mmh.rs, cuda_fused.rs, cuda_gemv_rows.rs,
+#                                cuda_attend_prologue.rs) and
 #                                examples/device_compare, plus
 #                                subsets of the real GGUFs in models/ (scripts/gguf_subset.py),
 #                                all into target/cuda/gpucheck (~45 MB, the binaries packed in
@@ -33,7 +34,7 @@ build)
     export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target/cuda}
     json=$(cargo test --release -p afm-models -p afm-runtime --features afm-runtime/cuda \
         --no-run --message-format=json)
-    kernel_tests="cuda_ops:cuda_ops cuda_attention_mma:cuda_attention_mma cuda_gemv_int8:cuda_gemv_int8 cuda_mmq:cuda_mmq cuda_mmh:cuda_mmh cuda_fused:cuda_fused"
+    kernel_tests="cuda_ops:cuda_ops cuda_attention_mma:cuda_attention_mma cuda_gemv_int8:cuda_gemv_int8 cuda_mmq:cuda_mmq cuda_mmh:cuda_mmh cuda_fused:cuda_fused cuda_gemv_rows:cuda_gemv_rows cuda_attend_prologue:cuda_attend_prologue"
     for pair in reference_logits:reference_logits deepseek_v4:deepseek_v4 fused_decode:fused_decode afm_runtime:runtime_lib $kernel_tests; do
         exe=$(printf '%s\n' "$json" | python3 -c '
 import json, sys
@@ -46,7 +47,7 @@ for line in sys.stdin:
     done
     cargo build --release -p afm-models --features cuda --example device_compare
     cp "$CARGO_TARGET_DIR/release/examples/device_compare" "$D/"
-    bins="reference_logits deepseek_v4 fused_decode runtime_lib device_compare cuda_ops cuda_attention_mma cuda_gemv_int8 cuda_mmq cuda_mmh cuda_fused"
+    bins="reference_logits deepseek_v4 fused_decode runtime_lib device_compare cuda_ops cuda_attention_mma cuda_gemv_int8 cuda_mmq cuda_mmh cuda_fused cuda_gemv_rows cuda_attend_prologue"
     # Stripped and packed: the folder travels to the GPU machine beside the working tree (64 MiB).
     (cd "$D" && strip --strip-debug $bins && tar cJf bins.tar.xz $bins && rm -f $bins gguf_new_families)
     M=${MODELS_DIR:-models}
@@ -63,7 +64,7 @@ run)
     # Every check runs even when one fails; the exit status says whether all passed.
     failed=()
     check() { "$@" || failed+=("$*"); }
-    for t in cuda_ops cuda_attention_mma cuda_gemv_int8 cuda_mmq cuda_mmh cuda_fused; do
+    for t in cuda_ops cuda_attention_mma cuda_gemv_int8 cuda_mmq cuda_mmh cuda_fused cuda_gemv_rows cuda_attend_prologue; do
         echo "== kernel tests: $t"
         check "$B/$t" --test-threads=1
     done

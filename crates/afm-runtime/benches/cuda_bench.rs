@@ -5,8 +5,8 @@
 //! thread group, `int8r1`/`int8r4` (`int8`: the automatic choice)), the int8 tensor-core
 //! matmul (MMQ) against dequantize + cuBLAS and the int8 GEMV at 17..64 rows, the 16-bit one
 //! (MMH) against x → bf16 + cuBLAS at 16..64 rows, Q/K/V and gate+up fused
-//! and not, decode attention at 1k and 16k context with split-K on and off, the attention
-//! prologue fused and unfused, a decode step's prologue + attention in one launch and two
+//! and not, decode attention at 1k and 16k context with split-K on and off, a decode step's
+//! prologue + attention in one launch and two
 //! (`attend_prologue`), prefill attention (the tensor-core kernel against the SIMT one
 //! at Qwen3-0.6B's heads, 1k and 16k tokens) and sampling; `small`: issue #9's latency-bound
 //! kernels (add_rms_norm, gated_act, decode attention new against AFM_ATTN_DECODE_OLD's).
@@ -15,8 +15,8 @@
 //! random; times are CUDA-event medians of 5 batches after warm-up.
 //! Run: `target/cuda/bin/cuda_bench [SECTION...]` (device `AFM_CUDA_DEVICE`, default 0); with
 //! section names (copy, gemv, gemv_rows, mmq, mmh, fused_projections, prefill_matmul,
-//! decode_attention, prologue, attend_prologue, prefill_mma, sampling, small) only those run
-//! (the copy ceiling always does). `gemv_rows`: issue #9's one-row 16-bit GEMVs at 4, 8 and 16
+//! decode_attention, attend_prologue, prefill_mma, sampling, small) only those run
+//! (the copy ceiling always does). `gemv_rows`: issue #9's one-row 16-bit GEMVs at 4 and 8
 //! weight rows per block (`matmul.rs` `half_rows_rule`), with and without the folded norm.
 //!
 //! Measured 2026-11-29 on the H200 (copy ceiling 4251 GB/s), batch-1 GEMV as % of it (the
@@ -842,68 +842,6 @@ fn decode_attention(c: &mut CudaContext, copy_gbs: f64, out: &mut Vec<String>) -
     Ok(())
 }
 
-/// The attention prologue of a decode step (per-head Q/K RMSNorm, RoPE, K/V write) as one
-/// fused launch and as the five launches it replaced, at Qwen3-0.6B and Qwen3-8B head shapes.
-/// Back-to-back launches without a graph: launch and tail cost included.
-fn attention_prologue(c: &mut CudaContext, out: &mut Vec<String>) -> R<()> {
-    let (d, bs, pos) = (128, 16, 1000);
-    let mut rng = Rng(4);
-    for (name, nh, nkv) in [("qwen3-0.6b", 16, 8), ("qwen3-8b", 32, 8)] {
-        for batch in [1, 64] {
-            let shape = LayerKvShape {
-                n_kv_heads: nkv,
-                head_dim: d,
-            };
-            let blocks = (pos + 1usize).div_ceil(bs);
-            let mut cache = DeviceKvCache::new(c, &[shape], blocks * batch, bs, KvDtype::F16)?;
-            let tables: Vec<Vec<u32>> = (0..batch)
-                .map(|s| (0..blocks).map(|b| (b * batch + s) as u32).collect())
-                .collect();
-            let step: Vec<AttnSeq> = (0..batch)
-                .map(|s| AttnSeq {
-                    row0: s,
-                    len: 1,
-                    pos0: pos,
-                    block_table: &tables[s],
-                })
-                .collect();
-            let sb = AttnBatch::new(c, &cache, &step, nh)?;
-            let rope = Rope::new(d, 1e6, 1.0, RopeStyle::Neox);
-            let table = RopeTable::from_cpu(c, &rope, d, RopeStyle::Neox, pos + 1)?;
-            let pd = c.upload(&vec![pos as i32; batch])?;
-            let vals = |n: usize, rng: &mut Rng| (0..n).map(|_| rng.sym()).collect::<Vec<f32>>();
-            let mut qd = c.upload(&vals(batch * nh * d, &mut rng))?;
-            let mut kd = c.upload(&vals(batch * nkv * d, &mut rng))?;
-            let vd = c.upload(&vals(batch * nkv * d, &mut rng))?;
-            let (qn, kn) = (c.upload(&vec![1f32; d])?, c.upload(&vec![1f32; d])?);
-            let (qnv, knv) = (qn.slice(0..d), kn.slice(0..d));
-            let fused = time_ms(c, 200, |c, _| {
-                let norms = Some((&qnv, &knv, 1e-6));
-                c.attn_prologue(
-                    &mut cache, 0, &sb, &table, &pd, &mut qd, nh, &mut kd, &vd, norms,
-                )
-                .expect("prologue")
-            })?;
-            let separate = time_ms(c, 200, |c, _| {
-                c.rms_norm_in_place(&mut qd, &qn, 1e-6).expect("q norm");
-                c.rms_norm_in_place(&mut kd, &kn, 1e-6).expect("k norm");
-                c.rope(&table, &mut qd, &pd, nh, d, nh * d).expect("rope q");
-                c.rope(&table, &mut kd, &pd, nkv, d, nkv * d)
-                    .expect("rope k");
-                c.kv_write(&mut cache, 0, &sb, &kd, nkv * d, &vd, nkv * d)
-                    .expect("kv write");
-            })?;
-            out.push(format!(
-                "| prologue {name:10} | batch {batch:2} | fused {:6.2} us | 5 launches {:6.2} us |",
-                fused * 1e3,
-                separate * 1e3
-            ));
-            println!("{}", out.last().expect("pushed"));
-        }
-    }
-    Ok(())
-}
-
 /// A decode step's attention with its prologue: `attn_prologue` + `paged_attention` (two
 /// launches) against `attend_prologue` (one: the prologue folded into the decode kernel), at
 /// Qwen3-0.6B's and Qwen3-8B's heads (d 128, f16 cache, Q/K norms), ~200 keys per sequence.
@@ -1376,9 +1314,6 @@ fn main() -> R<()> {
     }
     if run("decode_attention") {
         decode_attention(&mut c, copy_gbs, &mut table)?;
-    }
-    if run("prologue") {
-        attention_prologue(&mut c, &mut table)?;
     }
     if run("attend_prologue") {
         attend_prologue(&mut c, &mut table)?;

@@ -5,7 +5,7 @@
 use super::{alloc, check, vector, view, view_mut, wrong, CudaDevice, Result};
 use crate::attention::AttnParams;
 use crate::compute::{ComputeError, KvData, KvPool, QkNorm, Step, StepData, Tensor};
-use crate::cuda::{CudaSlice, DeviceKvCache, RopeTable};
+use crate::cuda::{CudaSlice, CudaView, DeviceKvCache, RopeTable};
 
 impl CudaDevice {
     /// Shapes were checked by `Device::attn_prologue`, except against the cache and table.
@@ -35,14 +35,7 @@ impl CudaDevice {
         let ctx = self.lock();
         let n_heads = q.cols / head_dim;
         let vv = view(v, "attn_prologue")?;
-        let norms = match norm {
-            Some(nm) => Some((
-                vector(nm.q, "attn_prologue q_norm")?,
-                vector(nm.k, "attn_prologue k_norm")?,
-                nm.eps,
-            )),
-            None => None,
-        };
+        let norms = head_norms(norm, "attn_prologue")?;
         let mut qv = view_mut(q, "attn_prologue")?;
         let mut kv_ = view_mut(k, "attn_prologue")?;
         let pos = positions.slice(0..step.n_rows());
@@ -90,14 +83,7 @@ impl CudaDevice {
             return Ok(out);
         }
         let vv = view(v, "attend_prologue")?;
-        let norms = match norm {
-            Some(nm) => Some((
-                vector(nm.q, "attend_prologue q_norm")?,
-                vector(nm.k, "attend_prologue k_norm")?,
-                nm.eps,
-            )),
-            None => None,
-        };
+        let norms = head_norms(norm, "attend_prologue")?;
         let mut qv = view_mut(q, "attend_prologue")?;
         let mut kv_ = view_mut(k, "attend_prologue")?;
         let pos = positions.slice(0..step.n_rows());
@@ -174,4 +160,12 @@ fn check_prologue_cuda(
         });
     }
     Ok(())
+}
+
+/// The Q/K head norms' device weights and epsilon, as the prologue kernels take them.
+type HeadNormViews<'a> = (CudaView<'a, f32>, CudaView<'a, f32>, f32);
+
+fn head_norms<'a>(norm: Option<QkNorm<'a>>, op: &'static str) -> Result<Option<HeadNormViews<'a>>> {
+    norm.map(|nm| Ok((vector(nm.q, op)?, vector(nm.k, op)?, nm.eps)))
+        .transpose()
 }
