@@ -893,48 +893,25 @@ fn attend_prologue(c: &mut CudaContext, out: &mut Vec<String>) -> R<()> {
                 softcap: None,
             };
             let norms = Some((&qnv, &knv, 1e-6));
-            let two = time_ms(c, 200, |c, i| {
-                let l = i % layers;
-                c.attn_prologue(
-                    &mut cache, l, &sb, &table, &pd, &mut qd, nh, &mut kd, &vd, norms,
-                )
-                .expect("prologue");
-                c.paged_attention(&cache, l, &sb, &qd, nh * d, &p, &mut o, nh * d, None)
-                    .expect("attention");
-            })?;
-            let mut fused_taken = true;
-            let one = time_ms(c, 200, |c, i| {
-                fused_taken &= c
-                    .attend_prologue(
-                        &mut cache,
-                        i % layers,
-                        &sb,
-                        &table,
-                        &pd,
-                        &mut qd,
-                        &mut kd,
-                        &vd,
-                        norms,
-                        &p,
-                        &mut o,
-                        None,
-                    )
-                    .expect("attend_prologue");
-            })?;
-            out.push(format!(
-                "| attend_prologue {name:10} | batch {batch:2} | ctx {pos} | prologue + attn {:6.2} us | fused {:6.2} us{} | saved {:5.2} us |",
-                two * 1e3,
-                one * 1e3,
-                if fused_taken { "" } else { " (NOT one launch)" },
-                (two - one) * 1e3
-            ));
-            println!("{}", out.last().expect("pushed"));
-            if batch == 1 {
-                let qkv = QkvGemv::new(c, &mut rng, hidden, nh * d, nkv * d)?;
-                let gemv = time_ms(c, 200, |c, i| qkv.run(c, i, &mut qd, &mut kd, &mut vd))?;
+            // Without a kernel ahead, then (batch 1) behind the Q/K/V GEMV.
+            let qkv = if batch == 1 {
+                Some(QkvGemv::new(c, &mut rng, hidden, nh * d, nkv * d)?)
+            } else {
+                None
+            };
+            for lead in [None, qkv.as_ref()]
+                .into_iter()
+                .take(1 + qkv.is_some() as usize)
+            {
+                let gemv = match lead {
+                    Some(g) => time_ms(c, 200, |c, i| g.run(c, i, &mut qd, &mut kd, &mut vd))?,
+                    None => 0.0,
+                };
                 let two = time_ms(c, 200, |c, i| {
                     let l = i % layers;
-                    qkv.run(c, i, &mut qd, &mut kd, &mut vd);
+                    if let Some(g) = lead {
+                        g.run(c, i, &mut qd, &mut kd, &mut vd);
+                    }
                     c.attn_prologue(
                         &mut cache, l, &sb, &table, &pd, &mut qd, nh, &mut kd, &vd, norms,
                     )
@@ -942,29 +919,38 @@ fn attend_prologue(c: &mut CudaContext, out: &mut Vec<String>) -> R<()> {
                     c.paged_attention(&cache, l, &sb, &qd, nh * d, &p, &mut o, nh * d, None)
                         .expect("attention");
                 })?;
+                let mut fused_taken = true;
                 let one = time_ms(c, 200, |c, i| {
-                    qkv.run(c, i, &mut qd, &mut kd, &mut vd);
-                    c.attend_prologue(
-                        &mut cache,
-                        i % layers,
-                        &sb,
-                        &table,
-                        &pd,
-                        &mut qd,
-                        &mut kd,
-                        &vd,
-                        norms,
-                        &p,
-                        &mut o,
-                        None,
-                    )
-                    .expect("attend_prologue");
+                    if let Some(g) = lead {
+                        g.run(c, i, &mut qd, &mut kd, &mut vd);
+                    }
+                    fused_taken &= c
+                        .attend_prologue(
+                            &mut cache,
+                            i % layers,
+                            &sb,
+                            &table,
+                            &pd,
+                            &mut qd,
+                            &mut kd,
+                            &vd,
+                            norms,
+                            &p,
+                            &mut o,
+                            None,
+                        )
+                        .expect("attend_prologue");
                 })?;
+                let ahead = match lead {
+                    Some(_) => format!("after qkv gemv {:5.2} us", gemv * 1e3),
+                    None => format!("batch {batch:2}"),
+                };
                 out.push(format!(
-                    "| attend_prologue {name:10} | after qkv gemv {:5.2} us | ctx {pos} | prologue + attn {:6.2} us | fused {:6.2} us |",
-                    gemv * 1e3,
+                    "| attend_prologue {name:10} | {ahead} | ctx {pos} | prologue + attn {:6.2} us | fused {:6.2} us{} | saved {:5.2} us |",
                     (two - gemv) * 1e3,
                     (one - gemv) * 1e3,
+                    if fused_taken { "" } else { " (NOT one launch)" },
+                    (two - one) * 1e3
                 ));
                 println!("{}", out.last().expect("pushed"));
             }
