@@ -214,3 +214,54 @@ fn accumulating_matmul_adds_to_the_output_on_every_path() {
         }
     }
 }
+
+/// The gated MLP of a residual block in one path past the GEMV's rows (`matmul_mlp_add`: the
+/// normalized x and the activation written in 16 bits for cuBLAS) is bit-equal to the folded
+/// gate+up then the accumulating down projection, for SiLU and GELU, widths whose activation
+/// takes the float4 path and one that does not; quantized weights and GEMV rows decline.
+#[test]
+fn mlp_in_one_path_equals_gate_up_then_down() {
+    let mut c = ctx();
+    let mut rng = Rng(94);
+    for (dtype, d, ff) in [
+        (DType::BF16, 1024, 96),
+        (DType::F16, 2048, 45),
+        (DType::Q8_0, 1024, 64),
+    ] {
+        let (gw, uw, dw) = (
+            random_weight(&mut rng, dtype, ff, d),
+            random_weight(&mut rng, dtype, ff, d),
+            random_weight(&mut rng, dtype, d, ff),
+        );
+        let up = |w: &WeightMatrix| DeviceWeight::upload(&c, w).unwrap();
+        let (gd, ud, dd) = (up(&gw), up(&uw), up(&dw));
+        for n in [8, 9, 40] {
+            for act in [Activation::Silu, Activation::GeluTanh] {
+                let (x, g, _) = inputs(&mut rng, n, d);
+                let nd = c.upload(&g).unwrap();
+                let norm = || RowNorm {
+                    w: nd.slice(..),
+                    eps: EPS,
+                };
+                let mut one = c.upload(&x).unwrap();
+                let taken = c
+                    .matmul_mlp_add(&gd, &ud, &dd, act, &mut one, norm(), n)
+                    .unwrap();
+                let what = format!("mlp {dtype:?} {d}/{ff} n={n} {act:?}");
+                assert_eq!(taken, !is_quant(dtype) && n > 8, "{what}: taken");
+                if !taken {
+                    assert!(c.download(&one).unwrap() == x, "{what}: x changed");
+                    continue;
+                }
+                let xd = c.upload(&x).unwrap();
+                let mut h = poisoned(&c, n * ff);
+                let gated = c.matmul_gated_norm(&gd, &ud, act, &xd, norm(), n, &mut h);
+                assert!(gated.unwrap(), "{what}: gate+up path");
+                let mut two = c.upload(&x).unwrap();
+                c.matmul_add(&dd, &h, n, &mut two).unwrap();
+                let same = c.download(&one).unwrap() == c.download(&two).unwrap();
+                assert!(same, "{what}: one path differs from gate+up then down");
+            }
+        }
+    }
+}

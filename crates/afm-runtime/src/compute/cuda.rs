@@ -756,6 +756,37 @@ impl CudaDevice {
         Ok(ctx.matmul_add(weight(w, "linear")?, &xv, x.rows, &mut av)?)
     }
 
+    /// `x += down(act(gate(n)) · up(n))` with `n = rms_norm(x)` in one CudaContext path
+    /// ([`cuda::CudaContext::matmul_mlp_add`]); `false` (nothing launched) where it does not
+    /// apply.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn norm_gated_mlp_add(
+        &self,
+        x: &mut Tensor,
+        norm: (&Vector, f32),
+        gate: &Weight,
+        up: &Weight,
+        down: &Weight,
+        act: Activation,
+    ) -> Result<bool> {
+        let n = x.rows;
+        if n == 0 {
+            return Ok(false);
+        }
+        let mut ctx = self.lock();
+        let (g, u, d) = (
+            weight(gate, "mlp")?,
+            weight(up, "mlp")?,
+            weight(down, "mlp")?,
+        );
+        let rn = cuda::RowNorm {
+            w: vector(norm.0, "rms_norm")?,
+            eps: norm.1,
+        };
+        let mut xv = view_mut(x, "mlp")?;
+        Ok(ctx.matmul_mlp_add(g, u, d, cuda_act(act), &mut xv, rn, n)?)
+    }
+
     pub(super) fn gated_linear(
         &self,
         x: &Tensor,

@@ -195,6 +195,37 @@ impl Device {
         }
         self.gated_linear(&self.rms_norm(x, norm, eps)?, gate, up, act)
     }
+
+    /// A residual block's gated MLP: `x += down(act(gate(n)) · up(n))`, `n = rms_norm(x,
+    /// norm)` ([`norm_gated_linear`](Self::norm_gated_linear) then
+    /// [`linear_add`](Self::linear_add)); on a GPU past the GEMV's rows, with 16-bit weights,
+    /// one path that hands the GEMMs their inputs in 16 bits directly.
+    #[allow(clippy::too_many_arguments)]
+    pub fn norm_gated_mlp_add(
+        &self,
+        x: &mut Tensor,
+        norm: &Vector,
+        eps: f32,
+        gate: &Weight,
+        up: &Weight,
+        down: &Weight,
+        act: Activation,
+    ) -> Result<()> {
+        super::elementwise::check_norm(x, norm)?;
+        #[cfg(feature = "cuda")]
+        if let Device::Cuda(c) = self {
+            let fits = gate.cols == x.cols && up.cols == x.cols && gate.rows == up.rows;
+            if fits
+                && down.cols == gate.rows
+                && down.rows == x.cols
+                && c.norm_gated_mlp_add(x, (norm, eps), gate, up, down, act)?
+            {
+                return Ok(());
+            }
+        }
+        let h = self.norm_gated_linear(x, norm, eps, gate, up, act)?;
+        self.linear_add(&h, down, None, x)
+    }
 }
 
 /// The tensors of one device output per weight (`rows` × that weight's rows each).

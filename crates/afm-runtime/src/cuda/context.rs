@@ -62,6 +62,7 @@ fn kernel_names(module: &str) -> Vec<String> {
                 "rms_norm_block",
                 "rms_norm_warp_h",
                 "rms_norm_block_h",
+                "gated_act_h",
                 "rope",
                 "gated_act",
                 "add_f32",

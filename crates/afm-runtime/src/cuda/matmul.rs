@@ -861,6 +861,12 @@ impl CudaContext {
     }
 }
 
+/// `AFM_MLP_HALF=0` (read once) turns [`CudaContext::matmul_mlp_add`] off, for A/B.
+fn mlp_half_on() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| !std::env::var("AFM_MLP_HALF").is_ok_and(|v| v == "0"))
+}
+
 /// Whether the 16-bit GEMV folds a norm in for `n` rows of `ws` (gate+up when `gated`).
 fn half_norm_fold(ws: &[&DeviceWeight], gated: bool, n: usize) -> bool {
     let any_width = GATED_NORM_ANY_WIDTH.load(std::sync::atomic::Ordering::Relaxed);
@@ -1074,6 +1080,58 @@ impl CudaContext {
         out: &mut CudaSlice<f32>,
     ) -> Result<bool> {
         self.gated_into(gate, up, act, x, Some(&norm), n, out)
+    }
+
+    /// The gated MLP of a residual block past the GEMV's rows, 16-bit weights through cuBLAS:
+    /// `x += down(act(gate(rms_norm(x))) · up(rms_norm(x)))`, the normalized x and the
+    /// activation each written once in 16 bits for the GEMMs (no f32 → 16-bit conversion
+    /// launches), the down product adding into x. Bit-equal to `matmul_gated_norm` then
+    /// `matmul_add`. `false` (nothing launched) where it does not apply: quantized or mixed
+    /// weights, at most `GEMV_MAX_BATCH` rows, MMH on, or `AFM_MLP_HALF=0`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn matmul_mlp_add(
+        &mut self,
+        gate: &DeviceWeight,
+        up: &DeviceWeight,
+        down: &DeviceWeight,
+        act: super::Activation,
+        x: &mut impl DevicePtrMut<f32>,
+        norm: RowNorm,
+        n: usize,
+    ) -> Result<bool> {
+        let (d, ff) = (gate.cols, gate.rows);
+        let xp = self.ptr_mut(x);
+        let mmh = n <= MMH_GATED_MAX_ROWS && self.mmh_auto(&[gate, up], n, xp);
+        let shapes = up.rows == ff && up.cols == d && down.cols == ff && down.rows == d;
+        let half = half_gemm_ok(&[gate, up], n) && down.dtype == gate.dtype;
+        if !(mlp_half_on() && shapes && half && !mmh) {
+            return Ok(false);
+        }
+        check_len("matmul input", x.len(), n * d)?;
+        let norm = self.norm_arg(Some(&norm), d)?;
+        let mut gu = self.alloc::<f32>(2 * n * ff)?;
+        let gp = self.ptr_mut(&mut gu);
+        let upp = gp + (4 * n * ff) as u64;
+        self.gemm_many_half(&[gate, up], xp, n, &[gp, upp], false, norm)?;
+        let bf16 = gate.dtype == DType::BF16;
+        let mut h = self.alloc::<u16>(n * ff)?;
+        let hp = self.ptr_mut(&mut h);
+        self.gated_act_half(act, gp, upp, n, ff, hp, bf16)?;
+        let ty = if bf16 {
+            cudaDataType_t::CUDA_R_16BF
+        } else {
+            cudaDataType_t::CUDA_R_16F
+        };
+        let dims = GemmDims {
+            m: d,
+            n,
+            k: ff,
+            ldc: d,
+            accumulate: true,
+        };
+        let dp = self.ptr(&down.bytes);
+        self.blas_gemm(ty, dp, hp, xp, dims)?;
+        Ok(true)
     }
 
     #[allow(clippy::too_many_arguments)]

@@ -341,6 +341,33 @@ impl CudaContext {
         launch!(self, f, grid_1d(threads, 256); gp, upp, op, ni, ffi, si, a, v4)
     }
 
+    /// `out[r][c] = act(gate[r][c]) · up[r][c]` for `n` rows of `ff` (both `[n][ff]`), rounded
+    /// to bf16 (`bf16`) or f16 into `out`: bit-equal to [`gated_act`](Self::gated_act) then
+    /// `f32_to_bf16` / `f32_to_f16`. Device addresses; the caller checked the lengths.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn gated_act_half(
+        &self,
+        act: Activation,
+        gate: u64,
+        up: u64,
+        n: usize,
+        ff: usize,
+        out: u64,
+        bf16: bool,
+    ) -> Result<()> {
+        if n == 0 {
+            return Ok(());
+        }
+        let v4 = ff.is_multiple_of(4)
+            && [gate, up, out].iter().all(|p| p.is_multiple_of(16))
+            && n * ff / 4 < i32::MAX as usize;
+        let threads = if v4 { n * ff / 4 } else { n * ff };
+        let (ni, ffi, a) = (n as i32, ff as i32, act.code());
+        let (v4, ty) = (i32::from(v4), if bf16 { 1i32 } else { 2 });
+        let f = self.kernel("gated_act_h")?;
+        launch!(self, f, grid_1d(threads, 256); gate, up, out, ni, ffi, a, v4, ty)
+    }
+
     /// `x += y`.
     pub fn add_assign(
         &self,

@@ -229,6 +229,34 @@ extern "C" __global__ void gated_act(const float* __restrict__ gate, const float
     out[idx] = (act == 0 ? silu_f(g) : gelu_tanh_f(g)) * u;
 }
 
+// gated_act with the output rounded to 16 bits (ty 1 bf16, 2 f16), as f32_to_bf16 / f32_to_f16
+// round it: the down projection's input for cuBLAS, without a conversion launch. gate and up are
+// [n][ff] (stride ff); v4 as gated_act's (the host checked ff % 4 and alignment).
+template <int OUT>
+__device__ __forceinline__ void gated_act_h_impl(const float* __restrict__ gate,
+                                                 const float* __restrict__ up, u16* __restrict__ out,
+                                                 int n, int ff, int act, int v4) {
+    const i64 idx = blockIdx.x * (i64)blockDim.x + threadIdx.x;
+    const int w = v4 ? 4 : 1;
+    if (idx * w >= (i64)n * ff) return;
+    float o[4];
+    for (int e = 0; e < w; e++) {
+        const float g = gate[idx * w + e], u = up[idx * w + e];
+        o[e] = (act == 0 ? silu_f(g) : gelu_tanh_f(g)) * u;
+    }
+    u16 h[4];
+    for (int e = 0; e < w; e++) h[e] = OUT == 1 ? f2bf(o[e]) : f2h(o[e]);
+    if (v4) *(uint2*)(out + idx * 4) = make_uint2(h[0] | (u32)h[1] << 16, h[2] | (u32)h[3] << 16);
+    else out[idx] = h[0];
+}
+
+extern "C" __global__ void gated_act_h(const float* __restrict__ gate, const float* __restrict__ up,
+                                       u16* __restrict__ out, int n, int ff, int act, int v4,
+                                       int ty) { pdl_begin();
+    if (ty == 1) gated_act_h_impl<1>(gate, up, out, n, ff, act, v4);
+    else gated_act_h_impl<2>(gate, up, out, n, ff, act, v4);
+}
+
 extern "C" __global__ void add_f32(float* x, const float* y, i64 n) { pdl_begin();
     const i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x;
     if (i < n) x[i] += y[i];
