@@ -35,6 +35,20 @@ struct Attention {
     k_norm: Option<RmsNorm>,
 }
 
+impl Attention {
+    /// The per-head Q/K norms as the device's attention prologue takes them (Qwen 3).
+    fn qk_norm(&self) -> Option<QkNorm<'_>> {
+        match (&self.q_norm, &self.k_norm) {
+            (Some(qn), Some(kn)) => Some(QkNorm {
+                q: &qn.w,
+                k: &kn.w,
+                eps: qn.eps,
+            }),
+            _ => None,
+        }
+    }
+}
+
 struct Block {
     input_norm: RmsNorm,
     attn: Attention,
@@ -170,14 +184,7 @@ impl Llama {
         })?;
         // Head norms, RoPE, the K/V store and attention: one launch for a decode step on a
         // GPU (two otherwise).
-        let norm = match (&a.q_norm, &a.k_norm) {
-            (Some(qn), Some(kn)) => Some(QkNorm {
-                q: &qn.w,
-                k: &kn.w,
-                eps: qn.eps,
-            }),
-            _ => None,
-        };
+        let norm = a.qk_norm();
         let params = AttnParams {
             n_heads: self.cfg.num_heads,
             head_dim: hd,
@@ -198,14 +205,7 @@ impl Llama {
                 (Some(q), Some(k), Some(v)) => Some([q, k, v]),
                 _ => None,
             };
-            let qk_norm = match (&a.q_norm, &a.k_norm) {
-                (Some(qn), Some(kn)) => Some(QkNorm {
-                    q: &qn.w,
-                    k: &kn.w,
-                    eps: qn.eps,
-                }),
-                _ => None,
-            };
+            let qk_norm = a.qk_norm();
             FusedLayer {
                 input_norm: (&l.input_norm.w, l.input_norm.eps),
                 q: &a.q.w,
