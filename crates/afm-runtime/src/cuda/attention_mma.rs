@@ -75,7 +75,7 @@ pub enum AttnKernel {
 /// `AFM_ATTN_MMA=0` turns the automatic choice of the mma kernel off.
 fn mma_enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("AFM_ATTN_MMA").map_or(true, |v| v != "0"))
+    super::env_switch(&ON, "AFM_ATTN_MMA", true)
 }
 
 /// Resident CTAs per multiprocessor the split-K choice aims at (shared memory allows 2 at

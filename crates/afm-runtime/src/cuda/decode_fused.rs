@@ -132,7 +132,7 @@ fn smem_bytes(s: &FusedShape) -> usize {
 
 fn profile_on() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("AFM_FUSED_PROFILE").is_ok_and(|v| v == "1"))
+    super::env_switch(&ON, "AFM_FUSED_PROFILE", false)
 }
 
 /// Entry points of decode_fused.cu.

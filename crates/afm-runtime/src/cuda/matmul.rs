@@ -165,7 +165,7 @@ pub enum MatmulPath {
 /// kernel before it (gemv.cu `pf8_*`; `AFM_GEMV_PREFETCH`, see the module header; read once).
 fn gemv_prefetch() -> i32 {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    i32::from(*ON.get_or_init(|| std::env::var("AFM_GEMV_PREFETCH").map_or(true, |v| v != "0")))
+    i32::from(super::env_switch(&ON, "AFM_GEMV_PREFETCH", true))
 }
 
 /// Widest matrix whose one-row 16-bit GEMV loads its first weights before the PDL wait (gemv.cu
@@ -179,7 +179,7 @@ const PRELOAD_MAX_COLS: usize = 3072;
 /// `AFM_GEMV_PRELOAD=1` (read once).
 fn preload_suffix(n: usize, cols: usize) -> &'static str {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let on = *ON.get_or_init(|| std::env::var("AFM_GEMV_PRELOAD").is_ok_and(|v| v == "1"));
+    let on = super::env_switch(&ON, "AFM_GEMV_PRELOAD", false);
     if on && n == 1 && cols <= PRELOAD_MAX_COLS {
         "p"
     } else {
@@ -864,7 +864,7 @@ impl CudaContext {
 /// `AFM_MLP_HALF=0` (read once) turns [`CudaContext::matmul_mlp_add`] off, for A/B.
 fn mlp_half_on() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| !std::env::var("AFM_MLP_HALF").is_ok_and(|v| v == "0"))
+    super::env_switch(&ON, "AFM_MLP_HALF", true)
 }
 
 /// Whether the 16-bit GEMV folds a norm in for `n` rows of `ws` (gate+up when `gated`).

@@ -110,7 +110,7 @@ pub(super) fn kernel_names() -> Vec<String> {
 /// reach the weights' bandwidth at 64 rows).
 fn mmh_env_on() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("AFM_MMH").is_ok_and(|v| v == "1"))
+    super::env_switch(&ON, "AFM_MMH", false)
 }
 
 /// `MmhMats` in mmh.cu: up to three matrices (weights, outputs, rows; rows 0 for absent

@@ -45,7 +45,7 @@ pub(super) fn kernel_names() -> Vec<String> {
 /// unless `0`). An A/B switch: `AFM_MMQ=0` sends those batches back to dequantize + cuBLAS.
 pub(super) fn mmq_env_on() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("AFM_MMQ").map_or(true, |v| v != "0"))
+    super::env_switch(&ON, "AFM_MMQ", true)
 }
 
 /// The kernels' weight type code (`MMQ_Q4_K`.. in mmq.cu); `None` for unquantized types.
