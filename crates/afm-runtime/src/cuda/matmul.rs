@@ -1109,10 +1109,9 @@ impl CudaContext {
         }
         check_len("matmul input", x.len(), n * d)?;
         let norm = self.norm_arg(Some(&norm), d)?;
-        let mut gu = self.alloc::<f32>(2 * n * ff)?;
+        let mut gu = self.gate_up_half(gate, up, xp, n, norm)?;
         let gp = self.ptr_mut(&mut gu);
         let upp = gp + (4 * n * ff) as u64;
-        self.gemm_many_half(&[gate, up], xp, n, &[gp, upp], false, norm)?;
         let bf16 = gate.dtype == DType::BF16;
         let mut h = self.alloc::<u16>(n * ff)?;
         let hp = self.ptr_mut(&mut h);
@@ -1132,6 +1131,24 @@ impl CudaContext {
         let dp = self.ptr(&down.bytes);
         self.blas_gemm(ty, dp, hp, xp, dims)?;
         Ok(true)
+    }
+
+    /// Gate then up (`[2][n][rows]`, f32) of 16-bit weights through cuBLAS, from one
+    /// conversion of x (of `rms_norm(x)` with `norm`).
+    fn gate_up_half(
+        &mut self,
+        gate: &DeviceWeight,
+        up: &DeviceWeight,
+        xp: u64,
+        n: usize,
+        norm: Option<NormArg>,
+    ) -> Result<CudaSlice<f32>> {
+        let rows = gate.rows;
+        let mut gu = self.alloc::<f32>(2 * n * rows)?;
+        let gp = self.ptr_mut(&mut gu);
+        let upp = gp + (4 * n * rows) as u64;
+        self.gemm_many_half(&[gate, up], xp, n, &[gp, upp], false, norm)?;
+        Ok(gu)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -1182,10 +1199,7 @@ impl CudaContext {
         if half_gemm {
             // Gate and up from one (normalized) conversion of x, then the activation.
             let rows = gate.rows;
-            let mut gu = self.alloc::<f32>(2 * n * rows)?;
-            let gp_out = self.ptr_mut(&mut gu);
-            let up_out = gp_out + (4 * n * rows) as u64;
-            self.gemm_many_half(&[gate, up], xp, n, &[gp_out, up_out], false, norm)?;
+            let gu = self.gate_up_half(gate, up, xp, n, norm)?;
             let (g, u) = (gu.slice(0..n * rows), gu.slice(n * rows..));
             self.gated_act(act, &g, &u, n, rows, rows, out)?;
             return Ok(true);
