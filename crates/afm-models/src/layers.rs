@@ -55,6 +55,44 @@ impl Linear {
         Ok(Self { w, b })
     }
 
+    /// Projections of one input (`names` with their output sizes), their weights placed side
+    /// by side where the device can multiply them as one ([`Device::weights_joined`]).
+    pub fn load_joined<const K: usize>(
+        ck: &Checkpoint,
+        dev: &Device,
+        names: [(&str, usize); K],
+        n: NormNaming,
+        inp: usize,
+        bias: bool,
+    ) -> std::result::Result<[Self; K], ModelError> {
+        let mats = names
+            .iter()
+            .map(|&(name, out)| ck.matrix(&format!("{name}.weight"), n, out, inp))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        let ws = placed(
+            names.first().map_or("", |(nm, _)| nm),
+            dev.weights_joined(mats),
+        )?;
+        let got = ws.len();
+        let all = names
+            .iter()
+            .zip(ws)
+            .map(|(&(name, out), w)| {
+                let b = if bias {
+                    let bn = format!("{name}.bias");
+                    Some(placed(&bn, dev.vector(ck.vector(&bn, n, out)?))?)
+                } else {
+                    None
+                };
+                Ok(Self { w, b })
+            })
+            .collect::<std::result::Result<Vec<_>, ModelError>>()?;
+        all.try_into().map_err(|_| ModelError::Config {
+            key: names.first().map_or("", |(nm, _)| nm).to_string(),
+            reason: format!("the device placed {got} of {K} joined matrices"),
+        })
+    }
+
     /// `x` is `[rows][in]`; returns `[rows][out]`.
     pub fn forward(&self, dev: &Device, x: &Tensor) -> Result<Tensor> {
         dev.linear(x, &self.w, self.b.as_ref())
@@ -126,13 +164,22 @@ impl GatedMlp {
         inter: usize,
         act: Activation,
     ) -> std::result::Result<Self, ModelError> {
-        let lin = |m: &str, out: usize, inp: usize| {
-            Linear::load(ck, dev, &format!("{prefix}.{m}"), n, out, inp, false)
-        };
+        let (g, u) = (format!("{prefix}.gate_proj"), format!("{prefix}.up_proj"));
+        let names = [(g.as_str(), inter), (u.as_str(), inter)];
+        let [gate, up] = Linear::load_joined(ck, dev, names, n, hidden, false)?;
+        let down = Linear::load(
+            ck,
+            dev,
+            &format!("{prefix}.down_proj"),
+            n,
+            hidden,
+            inter,
+            false,
+        )?;
         Ok(Self {
-            gate: lin("gate_proj", inter, hidden)?,
-            up: lin("up_proj", inter, hidden)?,
-            down: lin("down_proj", hidden, inter)?,
+            gate,
+            up,
+            down,
             act,
         })
     }

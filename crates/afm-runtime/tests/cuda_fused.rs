@@ -12,7 +12,7 @@
 
 mod common;
 
-use afm_runtime::cuda::{Activation, DeviceWeight, MatmulPath, RowNorm};
+use afm_runtime::cuda::{Activation, CudaContext, DeviceWeight, MatmulPath, RowNorm};
 use afm_runtime::ops;
 use afm_runtime::{DType, WeightMatrix};
 use common::int8::silu;
@@ -261,6 +261,99 @@ fn mlp_in_one_path_equals_gate_up_then_down() {
                 c.matmul_add(&dd, &h, n, &mut two).unwrap();
                 let same = c.download(&one).unwrap() == c.download(&two).unwrap();
                 assert!(same, "{what}: one path differs from gate+up then down");
+            }
+        }
+    }
+}
+
+/// Q/K/V and gate+up uploaded back to back in one allocation (`DeviceWeight::upload_joined`,
+/// what the models do) give the results of separate uploads: bit for bit on the GEMV (views are
+/// only addresses), and within rounding past it, where the joined matrices run as one GEMM
+/// (Q/K/V then split into their outputs) and cuBLAS may sum in another order. Quantized
+/// weights are not joined and take their usual paths.
+#[test]
+fn joined_weights_equal_separate_uploads() {
+    let mut c = ctx();
+    let mut rng = Rng(95);
+    // (type, width, Q rows, K/V rows, ff): float4 widths, and odd ones (scalar split and act).
+    for (dtype, d, qr, kr, ff) in [
+        (DType::BF16, 1024, 2048, 512, 96),
+        (DType::F16, 512, 1000, 250, 45),
+        (DType::Q8_0, 1024, 256, 128, 64),
+    ] {
+        let mats = [qr, kr, kr, ff, ff].map(|r| random_weight(&mut rng, dtype, r, d));
+        let dw = random_weight(&mut rng, dtype, d, ff);
+        let sep: Vec<DeviceWeight> = mats
+            .iter()
+            .map(|w| DeviceWeight::upload(&c, w).unwrap())
+            .collect();
+        let qkv = DeviceWeight::upload_joined(&c, &[&mats[0], &mats[1], &mats[2]]).unwrap();
+        let gu = DeviceWeight::upload_joined(&c, &[&mats[3], &mats[4]]).unwrap();
+        let down = DeviceWeight::upload(&c, &dw).unwrap();
+        let adjacent = c.weight_ptr(&qkv[1]) == c.weight_ptr(&qkv[0]) + qkv[0].byte_len() as u64
+            && c.weight_ptr(&gu[1]) == c.weight_ptr(&gu[0]) + gu[0].byte_len() as u64;
+        assert_eq!(
+            adjacent,
+            !is_quant(dtype),
+            "{dtype:?}: joined in one allocation"
+        );
+        for n in [1, 8, 16, 40] {
+            let what = format!("{dtype:?} d={d} n={n}");
+            let (x, g, _) = inputs(&mut rng, n, d);
+            let (xd, nd) = (c.upload(&x).unwrap(), c.upload(&g).unwrap());
+            let norm = || RowNorm {
+                w: nd.slice(..),
+                eps: EPS,
+            };
+            // Bit-equal on the GEMV; past it, one GEMM against three.
+            let tol = if n <= 8 { 0.0 } else { 1e-5 };
+            let close = |what: &str, a: &[f32], b: &[f32]| {
+                if tol == 0.0 {
+                    assert!(a == b, "{what}: differs from separate uploads");
+                } else {
+                    assert_close(what, a, b, tol);
+                }
+            };
+            let run_qkv = |c: &mut CudaContext, ws: [&DeviceWeight; 3]| {
+                let mut outs: Vec<_> = [qr, kr, kr].map(|r| poisoned(c, n * r)).into();
+                let mut refs: Vec<_> = outs.iter_mut().collect();
+                let ok = c.matmul_many_norm(&ws, &xd, norm(), n, &mut refs).unwrap();
+                ok.then(|| {
+                    outs.iter()
+                        .map(|o| c.download(o).unwrap())
+                        .collect::<Vec<_>>()
+                })
+            };
+            let one = run_qkv(&mut c, [&qkv[0], &qkv[1], &qkv[2]]);
+            let three = run_qkv(&mut c, [&sep[0], &sep[1], &sep[2]]);
+            assert_eq!(one.is_some(), three.is_some(), "{what}: same paths taken");
+            for (i, (a, b)) in one.iter().flatten().zip(three.iter().flatten()).enumerate() {
+                close(&format!("{what} qkv {i}"), a, b);
+            }
+            for act in [Activation::Silu, Activation::GeluTanh] {
+                let gated = |c: &mut CudaContext, g: &DeviceWeight, u| {
+                    let mut h = poisoned(c, n * ff);
+                    let ok = c.matmul_gated_norm(g, u, act, &xd, norm(), n, &mut h);
+                    ok.unwrap().then(|| c.download(&h).unwrap())
+                };
+                let (a, b) = (
+                    gated(&mut c, &gu[0], &gu[1]),
+                    gated(&mut c, &sep[3], &sep[4]),
+                );
+                assert_eq!(a.is_some(), b.is_some(), "{what}: same gated paths");
+                if let (Some(a), Some(b)) = (a, b) {
+                    close(&format!("{what} gate+up {act:?}"), &a, &b);
+                }
+                let mlp = |c: &mut CudaContext, g: &DeviceWeight, u| {
+                    let mut xm = c.upload(&x).unwrap();
+                    let ok = c.matmul_mlp_add(g, u, &down, act, &mut xm, norm(), n);
+                    ok.unwrap().then(|| c.download(&xm).unwrap())
+                };
+                let (a, b) = (mlp(&mut c, &gu[0], &gu[1]), mlp(&mut c, &sep[3], &sep[4]));
+                assert_eq!(a.is_some(), b.is_some(), "{what}: same MLP paths");
+                if let (Some(a), Some(b)) = (a, b) {
+                    close(&format!("{what} mlp {act:?}"), &a, &b);
+                }
             }
         }
     }

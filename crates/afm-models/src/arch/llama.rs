@@ -119,10 +119,22 @@ impl Llama {
                     .then(|| norm(&format!("{p}.self_attn.{m}"), hd))
                     .transpose()
             };
+            let (qn, kn, vn) = (
+                format!("{p}.self_attn.q_proj"),
+                format!("{p}.self_attn.k_proj"),
+                format!("{p}.self_attn.v_proj"),
+            );
+            let kv_out = cfg.num_kv_heads * hd;
+            let qkv = [
+                (qn.as_str(), cfg.num_heads * hd),
+                (kn.as_str(), kv_out),
+                (vn.as_str(), kv_out),
+            ];
+            let [q, k, v] = Linear::load_joined(ck, dev, qkv, N, h, opts.qkv_bias)?;
             let attn = Attention {
-                q: lin("q_proj", cfg.num_heads * hd, h, opts.qkv_bias)?,
-                k: lin("k_proj", cfg.num_kv_heads * hd, h, opts.qkv_bias)?,
-                v: lin("v_proj", cfg.num_kv_heads * hd, h, opts.qkv_bias)?,
+                q,
+                k,
+                v,
                 o: lin("o_proj", h, cfg.num_heads * hd, false)?,
                 q_norm: head_norm("q_norm")?,
                 k_norm: head_norm("k_norm")?,

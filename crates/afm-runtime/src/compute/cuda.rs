@@ -284,13 +284,30 @@ impl CudaDevice {
     }
 
     pub(super) fn weight(&self, w: &WeightMatrix) -> Result<DeviceWeight> {
-        let d = if stored_type(w.dtype()) != w.dtype() {
-            DeviceWeight::upload(&self.lock(), &dequantize_to_f16(w)?)?
-        } else {
-            DeviceWeight::upload(&self.lock(), w)?
-        };
+        let mut d = self.weights_joined(std::slice::from_ref(w))?;
+        Ok(d.remove(0))
+    }
+
+    /// Matrices sharing an input, placed back to back where their type allows one GEMM over
+    /// all of them (`DeviceWeight::upload_joined`).
+    pub(super) fn weights_joined(&self, ws: &[WeightMatrix]) -> Result<Vec<DeviceWeight>> {
+        let converted: Vec<Option<WeightMatrix>> = ws
+            .iter()
+            .map(|w| {
+                (stored_type(w.dtype()) != w.dtype())
+                    .then(|| dequantize_to_f16(w))
+                    .transpose()
+            })
+            .collect::<Result<_>>()?;
+        let stored: Vec<&WeightMatrix> = ws
+            .iter()
+            .zip(&converted)
+            .map(|(w, c)| c.as_ref().unwrap_or(w))
+            .collect();
+        let d = DeviceWeight::upload_joined(&self.lock(), &stored)?;
+        let bytes: usize = d.iter().map(DeviceWeight::byte_len).sum();
         self.weight_bytes
-            .fetch_add(d.bytes().len(), std::sync::atomic::Ordering::Relaxed);
+            .fetch_add(bytes, std::sync::atomic::Ordering::Relaxed);
         Ok(d)
     }
 

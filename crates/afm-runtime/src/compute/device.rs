@@ -89,6 +89,33 @@ impl Device {
         })
     }
 
+    /// Places matrices that multiply the same input (Q/K/V, gate and up): on a GPU back to back
+    /// in one allocation where their type allows, so the products can run as one GEMM; the
+    /// same as [`weight`](Self::weight) on each otherwise.
+    pub fn weights_joined(&self, ws: Vec<WeightMatrix>) -> Result<Vec<Weight>> {
+        let shapes: Vec<(DType, usize, usize)> =
+            ws.iter().map(|w| (w.dtype(), w.rows(), w.cols())).collect();
+        let data: Vec<WeightData> = match self {
+            Device::Cpu => ws.into_iter().map(WeightData::Host).collect(),
+            #[cfg(feature = "cuda")]
+            Device::Cuda(c) => c
+                .weights_joined(&ws)?
+                .into_iter()
+                .map(|d| WeightData::Cuda(Arc::new(d)))
+                .collect(),
+        };
+        Ok(shapes
+            .into_iter()
+            .zip(data)
+            .map(|((dtype, rows, cols), data)| Weight {
+                dtype,
+                rows,
+                cols,
+                data,
+            })
+            .collect())
+    }
+
     pub fn vector(&self, v: Vec<f32>) -> Result<Vector> {
         let len = v.len();
         let data = match self {

@@ -65,6 +65,7 @@ fn kernel_names(module: &str) -> Vec<String> {
                 "gated_act_h",
                 "rope",
                 "gated_act",
+                "split3_f32",
                 "add_f32",
                 "softcap_f32",
                 "f32_to_bf16",

@@ -221,7 +221,7 @@ impl CudaContext {
             && ws.iter().all(|w| {
                 w.dtype() == first.dtype()
                     && w.cols() == first.cols()
-                    && self.ptr(w.bytes()).is_multiple_of(16)
+                    && self.weight_ptr(w).is_multiple_of(16)
             })
     }
 
@@ -305,7 +305,7 @@ impl CudaContext {
             rows: [0; 3],
         };
         for (i, (w, &o)) in ws.iter().zip(outs).enumerate() {
-            (m.w[i], m.out[i], m.rows[i]) = (self.ptr(w.bytes()), o, w.rows() as i32);
+            (m.w[i], m.out[i], m.rows[i]) = (self.weight_ptr(w), o, w.rows() as i32);
         }
         let rows: Vec<usize> = ws.iter().map(|w| w.rows()).collect();
         self.mmh_launch(m, &rows, -1, ws[0], xp, n, shape, accumulate)
@@ -328,7 +328,7 @@ impl CudaContext {
         super::check("MMH up rows", up.rows(), gate.rows())?;
         let r = gate.rows() as i32;
         let m = MmhMats {
-            w: [self.ptr(gate.bytes()), self.ptr(up.bytes()), 0],
+            w: [self.weight_ptr(gate), self.weight_ptr(up), 0],
             out: [out, 0, 0],
             rows: [r, r, 0],
         };

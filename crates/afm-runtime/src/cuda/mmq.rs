@@ -157,7 +157,7 @@ impl CudaContext {
         for (i, (w, &o)) in ws.iter().zip(outs).enumerate() {
             m.ty[i] = self.mmq_check(w)?;
             super::check("MMQ activation width", acts.cols, w.cols())?;
-            (m.w[i], m.out[i], m.rows[i]) = (self.ptr(w.bytes()), o, w.rows() as i32);
+            (m.w[i], m.out[i], m.rows[i]) = (self.weight_ptr(w), o, w.rows() as i32);
         }
         let blocks = ws.iter().map(|w| w.rows().div_ceil(BLOCK_ROWS)).sum();
         self.mmq_launch(m, blocks, -1, acts, warps)
@@ -183,7 +183,7 @@ impl CudaContext {
         super::check("MMQ up rows", up.rows(), gate.rows())?;
         super::check("MMQ up cols", up.cols(), gate.cols())?;
         let m = MmqMats {
-            w: [self.ptr(gate.bytes()), self.ptr(up.bytes()), 0],
+            w: [self.weight_ptr(gate), self.weight_ptr(up), 0],
             out: [out, 0, 0],
             ty: [ty, ty, ty],
             rows: [gate.rows() as i32, 0, 0],

@@ -341,9 +341,10 @@ impl CudaContext {
         launch!(self, f, grid_1d(threads, 256); gp, upp, op, ni, ffi, si, a, v4)
     }
 
-    /// `out[r][c] = act(gate[r][c]) · up[r][c]` for `n` rows of `ff` (both `[n][ff]`), rounded
+    /// `out[r][c] = act(gate[r·stride + c]) · up[r·stride + c]` for `n` rows of `ff`, rounded
     /// to bf16 (`bf16`) or f16 into `out`: bit-equal to [`gated_act`](Self::gated_act) then
     /// `f32_to_bf16` / `f32_to_f16`. Device addresses; the caller checked the lengths.
+    #[allow(clippy::too_many_arguments)]
     #[allow(clippy::too_many_arguments)]
     pub(super) fn gated_act_half(
         &self,
@@ -352,20 +353,23 @@ impl CudaContext {
         up: u64,
         n: usize,
         ff: usize,
+        stride: usize,
         out: u64,
         bf16: bool,
     ) -> Result<()> {
         if n == 0 {
             return Ok(());
         }
+        check_len("gated_act stride", stride, ff)?;
         let v4 = ff.is_multiple_of(4)
+            && stride.is_multiple_of(4)
             && [gate, up, out].iter().all(|p| p.is_multiple_of(16))
             && n * ff / 4 < i32::MAX as usize;
         let threads = if v4 { n * ff / 4 } else { n * ff };
-        let (ni, ffi, a) = (n as i32, ff as i32, act.code());
+        let (ni, ffi, si, a) = (n as i32, ff as i32, stride as i32, act.code());
         let (v4, ty) = (i32::from(v4), if bf16 { 1i32 } else { 2 });
         let f = self.kernel("gated_act_h")?;
-        launch!(self, f, grid_1d(threads, 256); gate, up, out, ni, ffi, a, v4, ty)
+        launch!(self, f, grid_1d(threads, 256); gate, up, out, ni, ffi, si, a, v4, ty)
     }
 
     /// `x += y`.
@@ -414,7 +418,7 @@ impl CudaContext {
         if n == 0 {
             return Ok(());
         }
-        let (tp, ip, op) = (self.ptr(table.bytes()), self.ptr(ids), self.ptr_mut(out));
+        let (tp, ip, op) = (self.weight_ptr(table), self.ptr(ids), self.ptr_mut(out));
         let (ni, di, rb, vocab) = (
             n as i32,
             dim as i32,

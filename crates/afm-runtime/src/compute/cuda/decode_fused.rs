@@ -35,7 +35,7 @@ fn weight16(ctx: &CudaContext, w: &Weight, rows: usize, cols: usize, bf16: bool)
     };
     let want = if bf16 { DType::BF16 } else { DType::F16 };
     let fits = d.dtype() == want && d.rows() == rows && d.cols() == cols;
-    fits.then(|| ptr(ctx, d.bytes()))
+    fits.then(|| ctx.weight_ptr(d))
 }
 
 fn vector_at(ctx: &CudaContext, v: &Vector, len: usize) -> Option<u64> {

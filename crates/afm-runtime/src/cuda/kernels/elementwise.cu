@@ -230,18 +230,20 @@ extern "C" __global__ void gated_act(const float* __restrict__ gate, const float
 }
 
 // gated_act with the output rounded to 16 bits (ty 1 bf16, 2 f16), as f32_to_bf16 / f32_to_f16
-// round it: the down projection's input for cuBLAS, without a conversion launch. gate and up are
-// [n][ff] (stride ff); v4 as gated_act's (the host checked ff % 4 and alignment).
+// round it: the down projection's input for cuBLAS, without a conversion launch. Row r of gate
+// and up starts at r * stride (stride ff: [n][ff]; 2 ff: one GEMM's [gate | up] rows); out is
+// [n][ff]; v4 as gated_act's (the host checked ff and stride % 4 and alignment).
 template <int OUT>
 __device__ __forceinline__ void gated_act_h_impl(const float* __restrict__ gate,
                                                  const float* __restrict__ up, u16* __restrict__ out,
-                                                 int n, int ff, int act, int v4) {
+                                                 int n, int ff, int stride, int act, int v4) {
     const i64 idx = blockIdx.x * (i64)blockDim.x + threadIdx.x;
     const int w = v4 ? 4 : 1;
     if (idx * w >= (i64)n * ff) return;
+    const i64 r = idx * w / ff, at = r * stride + (idx * w - r * ff);
     float o[4];
     for (int e = 0; e < w; e++) {
-        const float g = gate[idx * w + e], u = up[idx * w + e];
+        const float g = gate[at + e], u = up[at + e];
         o[e] = (act == 0 ? silu_f(g) : gelu_tanh_f(g)) * u;
     }
     u16 h[4];
@@ -251,10 +253,33 @@ __device__ __forceinline__ void gated_act_h_impl(const float* __restrict__ gate,
 }
 
 extern "C" __global__ void gated_act_h(const float* __restrict__ gate, const float* __restrict__ up,
-                                       u16* __restrict__ out, int n, int ff, int act, int v4,
-                                       int ty) { pdl_begin();
-    if (ty == 1) gated_act_h_impl<1>(gate, up, out, n, ff, act, v4);
-    else gated_act_h_impl<2>(gate, up, out, n, ff, act, v4);
+                                       u16* __restrict__ out, int n, int ff, int stride, int act,
+                                       int v4, int ty) { pdl_begin();
+    if (ty == 1) gated_act_h_impl<1>(gate, up, out, n, ff, stride, act, v4);
+    else gated_act_h_impl<2>(gate, up, out, n, ff, stride, act, v4);
+}
+
+// The columns of src [n][c0 + c1 + c2] (one GEMM over Q/K/V's joined rows) into o0 [n][c0],
+// o1 [n][c1] and o2 [n][c2] (c2 may be 0). With v4 (the host checked every width % 4 and 16-byte
+// alignment) a thread copies a float4, which never straddles two outputs.
+extern "C" __global__ void split3_f32(const float* __restrict__ src, float* __restrict__ o0,
+                                      float* __restrict__ o1, float* __restrict__ o2, int n,
+                                      int c0, int c1, int c2, int v4) { pdl_begin();
+    const int total = c0 + c1 + c2, w = v4 ? 4 : 1;
+    const i64 idx = (blockIdx.x * (i64)blockDim.x + threadIdx.x) * w;
+    if (idx >= (i64)n * total) return;
+    const i64 r = idx / total;
+    int c = (int)(idx - r * total);
+    float* o;
+    if (c < c0) {
+        o = o0 + r * c0 + c;
+    } else if ((c -= c0) < c1) {
+        o = o1 + r * c1 + c;
+    } else {
+        o = o2 + r * c2 + (c - c1);
+    }
+    if (v4) *(float4*)o = *(const float4*)(src + idx);
+    else *o = src[idx];
 }
 
 extern "C" __global__ void add_f32(float* x, const float* y, i64 n) { pdl_begin();
