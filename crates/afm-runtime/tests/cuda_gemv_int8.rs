@@ -17,12 +17,11 @@
 mod common;
 
 use afm_runtime::cuda::{Activation, DeviceWeight, MatmulPath};
-use afm_runtime::{DType, WeightMatrix};
-use common::int8::{
-    activations, assert_as_accurate_as_the_cpu, gelu_tanh, gpu_matmul, int8_rounded, silu,
-};
-use common::weights::{dequantized, dot_rows, random_weight};
-use common::{assert_close, ctx, poisoned, shared_launch_vs_single, Rng};
+use afm_runtime::DType;
+use common::int8::{assert_as_accurate_as_the_cpu, int8_rounded};
+use common::matmul::{exact_cases, gated_cases, shared_launch_cases};
+use common::weights::random_weight;
+use common::{assert_close, ctx, poisoned, Rng};
 
 const QUANT: [DType; 3] = [DType::Q8_0, DType::Q4K, DType::Q6K];
 /// (rows, cols): row counts not multiples of the 4 rows of a thread group (nor of 8 or 16);
@@ -40,28 +39,26 @@ const BATCHES: [usize; 5] = [1, 3, 8, 13, 16];
 
 #[test]
 fn int8_gemv_equals_dequantized_weights_times_rounded_activations() {
-    let mut rng = Rng(21);
-    for dtype in QUANT {
-        for (rows, cols) in SHAPES {
-            let w = random_weight(&mut rng, dtype, rows, cols);
-            let dw = DeviceWeight::upload(&ctx(), &w).expect("upload");
-            let wd = dequantized(&w);
-            for n in BATCHES {
-                let x = activations(&mut rng, n, cols);
-                let want = dot_rows(&wd, rows, cols, &int8_rounded(&x), n);
-                // Auto picks one row per thread group at these sizes; four are forced too.
-                for path in [
-                    MatmulPath::Auto,
-                    MatmulPath::GemvRows(1),
-                    MatmulPath::GemvRows(4),
-                ] {
-                    let got = gpu_matmul(path, &dw, &x, n);
-                    let what = format!("{dtype:?} {rows}x{cols} n={n} {path:?}");
-                    assert_close(&what, &got, &want, 5e-5);
-                }
+    let round = |_: DType, x: &[f32]| int8_rounded(x);
+    exact_cases(
+        &mut Rng(21),
+        &QUANT,
+        &SHAPES,
+        |_| BATCHES.to_vec(),
+        round,
+        |case| {
+            // Auto picks one row per thread group at these sizes; four are forced too.
+            for path in [
+                MatmulPath::Auto,
+                MatmulPath::GemvRows(1),
+                MatmulPath::GemvRows(4),
+            ] {
+                let got = case.run(path);
+                let what = format!("{} {path:?}", case.what());
+                assert_close(&what, &got, case.want, 5e-5);
             }
-        }
-    }
+        },
+    );
 }
 
 #[test]
@@ -91,73 +88,36 @@ fn shared_quantization_matches_separate_matmuls() {
         ),
     ];
     for (cols, mats, tol) in sets {
-        let ws: Vec<WeightMatrix> = mats
-            .iter()
-            .map(|&(t, rows)| random_weight(&mut rng, t, rows, cols))
-            .collect();
-        let mut c = ctx();
-        let dws: Vec<DeviceWeight> = ws
-            .iter()
-            .map(|w| DeviceWeight::upload(&c, w).expect("upload"))
-            .collect();
-        for n in BATCHES {
-            let x = activations(&mut rng, n, cols);
-            let xd = c.upload(&x).expect("upload");
-            shared_launch_vs_single(&mut c, &dws, &xd, n, MatmulPath::Gemv, |what, got, want| {
-                if tol == 0.0 {
-                    assert_eq!(got, want, "{what}: shared quantization differs");
-                } else {
-                    assert_close(what, got, want, tol);
-                }
-            });
-        }
+        let path = MatmulPath::Gemv;
+        shared_launch_cases(&mut rng, cols, &mats, &BATCHES, path, |what, got, want| {
+            if tol == 0.0 {
+                assert_eq!(got, want, "{what}: shared quantization differs");
+            } else {
+                assert_close(what, got, want, tol);
+            }
+        });
     }
 }
 
 #[test]
 fn gated_int8_gemv_equals_activation_of_separate_matmuls() {
-    let mut rng = Rng(25);
-    for dtype in QUANT {
-        // 3201 rows: enough blocks (> 4 per SM up to 200 SMs) for four rows per thread group.
-        for (rows, cols) in [(70, 1024), (45, 2048), (19, 4096), (3201, 4096)] {
-            let (g, u) = (
-                random_weight(&mut rng, dtype, rows, cols),
-                random_weight(&mut rng, dtype, rows, cols),
-            );
-            let mut c = ctx();
-            let (dg, du) = (
-                DeviceWeight::upload(&c, &g).expect("upload"),
-                DeviceWeight::upload(&c, &u).expect("upload"),
-            );
-            for n in [1, 3, 8, 16] {
-                let x = activations(&mut rng, n, cols);
-                let xd = c.upload(&x).expect("upload");
-                let mut gs = poisoned(&c, n * rows);
-                let mut us = poisoned(&c, n * rows);
-                c.matmul_with(MatmulPath::Gemv, &dg, &xd, n, &mut gs)
-                    .expect("gate");
-                c.matmul_with(MatmulPath::Gemv, &du, &xd, n, &mut us)
-                    .expect("up");
-                let (gs, us) = (
-                    c.download(&gs).expect("download"),
-                    c.download(&us).expect("download"),
-                );
-                for (act, f) in [
-                    (Activation::Silu, silu as fn(f32) -> f32),
-                    (Activation::GeluTanh, gelu_tanh),
-                ] {
-                    let want: Vec<f32> = gs.iter().zip(&us).map(|(&a, &b)| f(a) * b).collect();
-                    let mut out = poisoned(&c, n * rows);
-                    let fused = c
-                        .matmul_gated(&dg, &du, act, &xd, n, &mut out)
-                        .expect("gated");
-                    assert!(fused, "{dtype:?} n={n}: not fused");
-                    let what = format!("gated {act:?} {dtype:?} {rows}x{cols} n={n}");
-                    assert_close(&what, &c.download(&out).expect("download"), &want, 1e-6);
-                }
-            }
-        }
-    }
+    // 3201 rows: enough blocks (> 4 per SM up to 200 SMs) for four rows per thread group.
+    let shapes = [(70, 1024), (45, 2048), (19, 4096), (3201, 4096)];
+    let separate = MatmulPath::Gemv;
+    gated_cases(
+        &mut Rng(25),
+        &QUANT,
+        &shapes,
+        &[1, 3, 8, 16],
+        separate,
+        |c, case, want| {
+            let (dtype, n) = (case.dtype, case.n);
+            let got = case
+                .auto(c)
+                .unwrap_or_else(|| panic!("{dtype:?} n={n}: not fused"));
+            assert_close(&format!("gated {}", case.what()), &got, want, 1e-6);
+        },
+    );
 }
 
 /// Gate and up of different quantized types are not fused (the caller falls back).

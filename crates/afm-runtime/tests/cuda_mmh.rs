@@ -24,11 +24,14 @@
 
 mod common;
 
-use afm_runtime::cuda::{Activation, DeviceWeight, MatmulPath, MMH_GATED_MAX_ROWS};
-use afm_runtime::{DType, WeightMatrix};
-use common::int8::{activations, gelu_tanh, gpu_matmul, silu};
-use common::weights::{dequantized, dot_rows, random_weight};
-use common::{assert_close, ctx, poisoned, rel_err, shared_launch_vs_single, Rng};
+use afm_runtime::cuda::{DeviceWeight, MatmulPath, MMH_GATED_MAX_ROWS};
+use afm_runtime::DType;
+use common::int8::{activations, gpu_matmul};
+use common::matmul::{
+    assert_auto_is, exact_cases, gated_cases, refusal, shared_launch_cases, with_forced_small,
+};
+use common::weights::random_weight;
+use common::{assert_close, ctx, poisoned, rel_err, Rng};
 use half::{bf16, f16};
 
 const HALF: [DType; 2] = [DType::BF16, DType::F16];
@@ -64,7 +67,7 @@ fn mmh_env_off() -> bool {
 }
 
 /// `x` as the kernels see it: each value rounded to the weights' 16-bit type.
-fn rounded(x: &[f32], dtype: DType) -> Vec<f32> {
+fn rounded(dtype: DType, x: &[f32]) -> Vec<f32> {
     x.iter()
         .map(|&v| match dtype {
             DType::BF16 => bf16::from_f32(v).to_f32(),
@@ -75,39 +78,26 @@ fn rounded(x: &[f32], dtype: DType) -> Vec<f32> {
 
 #[test]
 fn mmh_equals_weights_times_rounded_activations() {
-    let mut rng = Rng(41);
-    for dtype in HALF {
-        for (rows, cols) in SHAPES {
-            let w = random_weight(&mut rng, dtype, rows, cols);
-            let dw = DeviceWeight::upload(&ctx(), &w).expect("upload");
-            let wd = dequantized(&w);
-            let forced_only = if rows < 100 {
-                &[1, 8, 100][..]
-            } else {
-                &[][..]
-            };
-            for &n in BATCHES.iter().chain(forced_only) {
-                let x = activations(&mut rng, n, cols);
-                let want = dot_rows(&wd, rows, cols, &rounded(&x, dtype), n);
-                for (warps, splits, fixup, prefetch) in FORCED {
-                    let path = forced(warps, splits, fixup, prefetch);
-                    let got = gpu_matmul(path, &dw, &x, n);
-                    let what = format!(
-                        "{dtype:?} {rows}x{cols} n={n} {warps} warps {splits} splits fixup {fixup}"
-                    );
-                    assert_close(&what, &got, &want, 5e-5);
-                    if splits > 1 {
-                        // The split-K sum runs in a fixed order, whichever block arrives last.
-                        let again = gpu_matmul(path, &dw, &x, n);
-                        assert_eq!(got, again, "{what}: a second run differs");
-                    }
-                }
-                let got = gpu_matmul(MatmulPath::Mmh, &dw, &x, n);
-                let what = format!("{dtype:?} {rows}x{cols} n={n} automatic shape");
-                assert_close(&what, &got, &want, 5e-5);
+    let batches = |rows| with_forced_small(&BATCHES, rows);
+    exact_cases(&mut Rng(41), &HALF, &SHAPES, batches, rounded, |case| {
+        for (warps, splits, fixup, prefetch) in FORCED {
+            let path = forced(warps, splits, fixup, prefetch);
+            let got = case.run(path);
+            let what = format!(
+                "{} {warps} warps {splits} splits fixup {fixup}",
+                case.what()
+            );
+            assert_close(&what, &got, case.want, 5e-5);
+            if splits > 1 {
+                // The split-K sum runs in a fixed order, whichever block arrives last.
+                let again = case.run(path);
+                assert_eq!(got, again, "{what}: a second run differs");
             }
         }
-    }
+        let got = case.run(MatmulPath::Mmh);
+        let what = format!("{} automatic shape", case.what());
+        assert_close(&what, &got, case.want, 5e-5);
+    });
 }
 
 /// MMH gives the cuBLAS path's result to summation order (both round x with common.cuh's
@@ -164,13 +154,8 @@ fn auto_path_takes_mmh_from_9_to_64_rows() {
                 _ if mmh => MatmulPath::Mmh,
                 _ => MatmulPath::Gemm,
             };
-            let x = activations(&mut rng, n, cols);
-            let auto = gpu_matmul(MatmulPath::Auto, &dw, &x, n);
-            let forced = gpu_matmul(expected, &dw, &x, n);
-            assert_eq!(
-                auto, forced,
-                "{rows}x{cols} n={n}: Auto is not {expected:?} (MMH off: {off})"
-            );
+            let what = format!("{rows}x{cols} (MMH off: {off})");
+            assert_auto_is(&mut rng, &dw, n, expected, &what);
         }
     }
 }
@@ -185,23 +170,19 @@ fn shared_launch_matches_single_mmh() {
     }
     let mut rng = Rng(44);
     for (dtype, cols) in [(DType::BF16, 1024), (DType::F16, 4096)] {
-        let ws: Vec<WeightMatrix> = [2048, 1024, 517]
-            .iter()
-            .map(|&rows| random_weight(&mut rng, dtype, rows, cols))
-            .collect();
-        let mut c = ctx();
-        let dws: Vec<DeviceWeight> = ws
-            .iter()
-            .map(|w| DeviceWeight::upload(&c, w).expect("upload"))
-            .collect();
-        for n in [9, 33, 64] {
-            let x = activations(&mut rng, n, cols);
-            let xd = c.upload(&x).expect("upload");
-            // Different K splits sum in a different order: the H200 showed 1.01e-6.
-            shared_launch_vs_single(&mut c, &dws, &xd, n, MatmulPath::Mmh, |what, got, want| {
+        let mats = [(dtype, 2048), (dtype, 1024), (dtype, 517)];
+        let path = MatmulPath::Mmh;
+        shared_launch_cases(
+            &mut rng,
+            cols,
+            &mats,
+            &[9, 33, 64],
+            path,
+            |what, got, want| {
+                // Different K splits sum in a different order: the H200 showed 1.01e-6.
                 assert_close(&format!("{what} in one launch"), got, want, 1e-5)
-            });
-        }
+            },
+        );
     }
 }
 
@@ -209,65 +190,34 @@ fn shared_launch_matches_single_mmh() {
 /// MMH results, with the automatic shape (via `matmul_gated`) and forced ones.
 #[test]
 fn gated_mmh_equals_activation_of_single_mmh() {
-    let mut rng = Rng(45);
     let off = mmh_env_off();
-    for dtype in HALF {
-        // 45 rows: one block of 64 or 128; 3201: 26 blocks of 128 (8 warps).
-        for (rows, cols) in [(45, 1024), (3201, 4096)] {
-            let (g, u) = (
-                random_weight(&mut rng, dtype, rows, cols),
-                random_weight(&mut rng, dtype, rows, cols),
+    // 45 rows: one block of 64 or 128; 3201: 26 blocks of 128 (8 warps).
+    let shapes = [(45, 1024), (3201, 4096)];
+    let separate = MatmulPath::Mmh;
+    gated_cases(
+        &mut Rng(45),
+        &HALF,
+        &shapes,
+        &[9, 17, 33, 64],
+        separate,
+        |c, case, want| {
+            let what = format!("gated MMH {}", case.what());
+            let auto = case.auto(c);
+            assert_eq!(
+                auto.is_some(),
+                !off && case.n <= MMH_GATED_MAX_ROWS,
+                "{what}: matmul_gated's choice (AFM_MMH=0: {off})"
             );
-            let mut c = ctx();
-            let (dg, du) = (
-                DeviceWeight::upload(&c, &g).expect("upload"),
-                DeviceWeight::upload(&c, &u).expect("upload"),
-            );
-            for n in [9, 17, 33, 64] {
-                let x = activations(&mut rng, n, cols);
-                let xd = c.upload(&x).expect("upload");
-                let mut gs = poisoned(&c, n * rows);
-                let mut us = poisoned(&c, n * rows);
-                c.matmul_with(MatmulPath::Mmh, &dg, &xd, n, &mut gs)
-                    .expect("gate");
-                c.matmul_with(MatmulPath::Mmh, &du, &xd, n, &mut us)
-                    .expect("up");
-                let (gs, us) = (
-                    c.download(&gs).expect("download"),
-                    c.download(&us).expect("download"),
-                );
-                for (act, f) in [
-                    (Activation::Silu, silu as fn(f32) -> f32),
-                    (Activation::GeluTanh, gelu_tanh),
-                ] {
-                    let want: Vec<f32> = gs.iter().zip(&us).map(|(&a, &b)| f(a) * b).collect();
-                    let what = format!("gated MMH {act:?} {dtype:?} {rows}x{cols} n={n}");
-                    let mut out = poisoned(&c, n * rows);
-                    let fused = c
-                        .matmul_gated(&dg, &du, act, &xd, n, &mut out)
-                        .expect("gated");
-                    assert_eq!(
-                        fused,
-                        !off && n <= MMH_GATED_MAX_ROWS,
-                        "{what}: matmul_gated's choice (AFM_MMH=0: {off})"
-                    );
-                    if fused {
-                        let got = c.download(&out).expect("download");
-                        assert_close(&format!("{what} auto"), &got, &want, 1e-5);
-                    }
-                    for (warps, splits, fixup) in [(4, 1, true), (8, 5, true), (4, 6, false)] {
-                        let mut out = poisoned(&c, n * rows);
-                        let path = forced(warps, splits, fixup, 4);
-                        c.matmul_gated_with(path, &dg, &du, act, &xd, n, &mut out)
-                            .expect("gated");
-                        let got = c.download(&out).expect("download");
-                        let what = format!("{what} {warps} warps {splits} splits");
-                        assert_close(&what, &got, &want, 1e-5);
-                    }
-                }
+            if let Some(got) = auto {
+                assert_close(&format!("{what} auto"), &got, want, 1e-5);
             }
-        }
-    }
+            for (warps, splits, fixup) in [(4, 1, true), (8, 5, true), (4, 6, false)] {
+                let got = case.forced(c, forced(warps, splits, fixup, 4));
+                let what = format!("{what} {warps} warps {splits} splits");
+                assert_close(&what, &got, want, 1e-5);
+            }
+        },
+    );
 }
 
 /// The accumulating matmul adds the product to what the output held: bit for bit the output
@@ -321,23 +271,13 @@ fn mmh_kernels_do_not_spill() {
 fn mmh_refuses_what_it_cannot_serve() {
     let mut rng = Rng(47);
     let mut c = ctx();
-    let xd = c.upload(&rng.vec(32 * 1040, 1.0)).expect("upload");
-    let mut out = poisoned(&c, 32 * 8);
     for (dtype, cols) in [(DType::Q4K, 1024), (DType::BF16, 1040)] {
-        let w = DeviceWeight::upload(&c, &random_weight(&mut rng, dtype, 8, cols)).expect("upload");
-        let err = c
-            .matmul_with(MatmulPath::Mmh, &w, &xd, 32, &mut out)
-            .expect_err("not servable");
-        let msg = err.to_string();
+        let msg = refusal(&mut c, &mut rng, dtype, cols, MatmulPath::Mmh);
         assert!(
             msg.contains("MMH weights") && msg.contains(&format!("{cols}")),
             "{msg}"
         );
     }
-    let w =
-        DeviceWeight::upload(&c, &random_weight(&mut rng, DType::BF16, 8, 1024)).expect("upload");
-    let err = c
-        .matmul_with(forced(5, 1, true, 0), &w, &xd, 32, &mut out)
-        .expect_err("5 warps");
-    assert!(err.to_string().contains("MMH warps per block"), "{err}");
+    let msg = refusal(&mut c, &mut rng, DType::BF16, 1024, forced(5, 1, true, 0));
+    assert!(msg.contains("MMH warps per block"), "{msg}");
 }

@@ -19,13 +19,14 @@
 
 mod common;
 
-use afm_runtime::cuda::{Activation, DeviceWeight, MatmulPath, MMQ_GATED_MAX_ROWS};
-use afm_runtime::{DType, WeightMatrix};
-use common::int8::{
-    activations, assert_as_accurate_as_the_cpu, gelu_tanh, gpu_matmul, int8_rounded, silu,
+use afm_runtime::cuda::{DeviceWeight, MatmulPath, MMQ_GATED_MAX_ROWS};
+use afm_runtime::DType;
+use common::int8::{assert_as_accurate_as_the_cpu, int8_rounded};
+use common::matmul::{
+    assert_auto_is, exact_cases, gated_cases, refusal, shared_launch_cases, with_forced_small,
 };
-use common::weights::{dequantized, dot_rows, random_weight};
-use common::{assert_close, ctx, poisoned, shared_launch_vs_single, Rng};
+use common::weights::random_weight;
+use common::{assert_close, ctx, Rng};
 
 const QUANT: [DType; 3] = [DType::Q8_0, DType::Q4K, DType::Q6K];
 /// (rows, cols): rows not multiples of 32 (nor 16 or 8); 256 columns is one super-block (three
@@ -41,37 +42,24 @@ fn mmq_env_off() -> bool {
 
 #[test]
 fn mmq_equals_dequantized_weights_times_rounded_activations() {
-    let mut rng = Rng(31);
-    for dtype in QUANT {
-        for (rows, cols) in SHAPES {
-            let w = random_weight(&mut rng, dtype, rows, cols);
-            let dw = DeviceWeight::upload(&ctx(), &w).expect("upload");
-            let wd = dequantized(&w);
-            // 1 and 8: single tiles (the GEMV's sizes, forced); 100: launches of 64 and 36.
-            let forced_only = if rows < 100 {
-                &[1, 8, 100][..]
-            } else {
-                &[][..]
-            };
-            for &n in BATCHES.iter().chain(forced_only) {
-                let x = activations(&mut rng, n, cols);
-                let want = dot_rows(&wd, rows, cols, &int8_rounded(&x), n);
-                // Both kernel sets (columns split over 4 or 8 warps); `Mmq` picks one by width.
-                for warps in [4, 8] {
-                    let got = gpu_matmul(MatmulPath::MmqWarps(warps), &dw, &x, n);
-                    let what = format!("{dtype:?} {rows}x{cols} n={n} MMQ {warps} warps");
-                    assert_close(&what, &got, &want, 5e-5);
-                }
-                let got = gpu_matmul(MatmulPath::Mmq, &dw, &x, n);
-                if BATCHES.contains(&n) {
-                    // The int8 GEMV on the same inputs (its own launches of 8 rows).
-                    let gemv = gpu_matmul(MatmulPath::Gemv, &dw, &x, n);
-                    let what = format!("{dtype:?} {rows}x{cols} n={n} MMQ vs int8 GEMV");
-                    assert_close(&what, &got, &gemv, 5e-5);
-                }
-            }
+    // 1 and 8: single tiles (the GEMV's sizes, forced); 100: launches of 64 and 36.
+    let batches = |rows| with_forced_small(&BATCHES, rows);
+    let round = |_: DType, x: &[f32]| int8_rounded(x);
+    exact_cases(&mut Rng(31), &QUANT, &SHAPES, batches, round, |case| {
+        // Both kernel sets (columns split over 4 or 8 warps); `Mmq` picks one by width.
+        for warps in [4, 8] {
+            let got = case.run(MatmulPath::MmqWarps(warps));
+            let what = format!("{} MMQ {warps} warps", case.what());
+            assert_close(&what, &got, case.want, 5e-5);
         }
-    }
+        let got = case.run(MatmulPath::Mmq);
+        if BATCHES.contains(&case.n) {
+            // The int8 GEMV on the same inputs (its own launches of 8 rows).
+            let gemv = case.run(MatmulPath::Gemv);
+            let what = format!("{} MMQ vs int8 GEMV", case.what());
+            assert_close(&what, &got, &gemv, 5e-5);
+        }
+    });
 }
 
 #[test]
@@ -95,33 +83,19 @@ fn auto_path_takes_mmq_from_17_to_64_rows() {
     let w = random_weight(&mut rng, DType::Q4K, rows, cols);
     let dw = DeviceWeight::upload(&ctx(), &w).expect("upload");
     let off = mmq_env_off();
+    let mmq = if off {
+        MatmulPath::Gemm
+    } else {
+        MatmulPath::Mmq
+    };
+    let what = format!("{rows}x{cols} (AFM_MMQ=0: {off})");
     for (n, expected) in [
         (16, MatmulPath::Gemv),
-        (
-            17,
-            if off {
-                MatmulPath::Gemm
-            } else {
-                MatmulPath::Mmq
-            },
-        ),
-        (
-            64,
-            if off {
-                MatmulPath::Gemm
-            } else {
-                MatmulPath::Mmq
-            },
-        ),
+        (17, mmq),
+        (64, mmq),
         (65, MatmulPath::Gemm),
     ] {
-        let x = activations(&mut rng, n, cols);
-        let auto = gpu_matmul(MatmulPath::Auto, &dw, &x, n);
-        let forced = gpu_matmul(expected, &dw, &x, n);
-        assert_eq!(
-            auto, forced,
-            "n={n}: Auto is not {expected:?} (AFM_MMQ=0: {off})"
-        );
+        assert_auto_is(&mut rng, &dw, n, expected, &what);
     }
 }
 
@@ -133,25 +107,16 @@ fn shared_quantization_matches_separate_mmq() {
         eprintln!("skipped: AFM_MMQ=0 keeps matmul_many off the MMQ path");
         return;
     }
-    let mut rng = Rng(34);
-    let cols = 4096;
     let mats = [(DType::Q4K, 3201), (DType::Q6K, 1030), (DType::Q8_0, 517)];
-    let ws: Vec<WeightMatrix> = mats
-        .iter()
-        .map(|&(t, rows)| random_weight(&mut rng, t, rows, cols))
-        .collect();
-    let mut c = ctx();
-    let dws: Vec<DeviceWeight> = ws
-        .iter()
-        .map(|w| DeviceWeight::upload(&c, w).expect("upload"))
-        .collect();
-    for n in BATCHES {
-        let x = activations(&mut rng, n, cols);
-        let xd = c.upload(&x).expect("upload");
-        shared_launch_vs_single(&mut c, &dws, &xd, n, MatmulPath::Mmq, |what, got, want| {
-            assert_eq!(got, want, "{what}: shared quantization differs")
-        });
-    }
+    let path = MatmulPath::Mmq;
+    shared_launch_cases(
+        &mut Rng(34),
+        4096,
+        &mats,
+        &BATCHES,
+        path,
+        |what, got, want| assert_eq!(got, want, "{what}: shared quantization differs"),
+    );
 }
 
 /// Gate and up in one MMQ launch (16 rows of each per block) with the activation applied give
@@ -162,79 +127,46 @@ fn gated_mmq_equals_activation_of_separate_mmq() {
         eprintln!("skipped: AFM_MMQ=0 keeps matmul_gated off the MMQ path");
         return;
     }
-    let mut rng = Rng(37);
-    for dtype in QUANT {
-        // 3201 rows: 201 blocks of 16 rows of each; 4096 columns: the 8-warp kernels.
-        for (rows, cols) in [(45, 2048), (19, 4096), (3201, 4096)] {
-            let (g, u) = (
-                random_weight(&mut rng, dtype, rows, cols),
-                random_weight(&mut rng, dtype, rows, cols),
-            );
-            let mut c = ctx();
-            let (dg, du) = (
-                DeviceWeight::upload(&c, &g).expect("upload"),
-                DeviceWeight::upload(&c, &u).expect("upload"),
-            );
-            for n in BATCHES {
-                let x = activations(&mut rng, n, cols);
-                let xd = c.upload(&x).expect("upload");
-                let mut gs = poisoned(&c, n * rows);
-                let mut us = poisoned(&c, n * rows);
-                c.matmul_with(MatmulPath::Mmq, &dg, &xd, n, &mut gs)
-                    .expect("gate");
-                c.matmul_with(MatmulPath::Mmq, &du, &xd, n, &mut us)
-                    .expect("up");
-                let (gs, us) = (
-                    c.download(&gs).expect("download"),
-                    c.download(&us).expect("download"),
+    // 3201 rows: 201 blocks of 16 rows of each; 4096 columns: the 8-warp kernels.
+    let shapes = [(45, 2048), (19, 4096), (3201, 4096)];
+    gated_cases(
+        &mut Rng(37),
+        &QUANT,
+        &shapes,
+        &BATCHES,
+        MatmulPath::Mmq,
+        |c, case, want| {
+            let (dtype, n) = (case.dtype, case.n);
+            let fused = case.auto(c);
+            if n > MMQ_GATED_MAX_ROWS {
+                // Past it the caller runs gate and up as one two-matrix launch.
+                assert!(
+                    fused.is_none(),
+                    "{dtype:?} n={n}: fused past MMQ_GATED_MAX_ROWS"
                 );
-                for (act, f) in [
-                    (Activation::Silu, silu as fn(f32) -> f32),
-                    (Activation::GeluTanh, gelu_tanh),
-                ] {
-                    let want: Vec<f32> = gs.iter().zip(&us).map(|(&a, &b)| f(a) * b).collect();
-                    let mut out = poisoned(&c, n * rows);
-                    let fused = c
-                        .matmul_gated(&dg, &du, act, &xd, n, &mut out)
-                        .expect("gated");
-                    if n > MMQ_GATED_MAX_ROWS {
-                        // Past it the caller runs gate and up as one two-matrix launch.
-                        assert!(!fused, "{dtype:?} n={n}: fused past MMQ_GATED_MAX_ROWS");
-                        continue;
-                    }
-                    assert!(fused, "{dtype:?} n={n}: not fused");
-                    let what = format!("gated MMQ {act:?} {dtype:?} {rows}x{cols} n={n}");
-                    assert_close(&what, &c.download(&out).expect("download"), &want, 1e-6);
-                }
+                return;
             }
-        }
-    }
+            let got = fused.unwrap_or_else(|| panic!("{dtype:?} n={n}: not fused"));
+            assert_close(&format!("gated MMQ {}", case.what()), &got, want, 1e-6);
+        },
+    );
 }
 
 #[test]
 fn mmq_refuses_other_warp_counts() {
-    let mut rng = Rng(36);
-    let mut c = ctx();
-    let w = DeviceWeight::upload(&c, &random_weight(&mut rng, DType::Q4K, 8, 256)).expect("upload");
-    let xd = c.upload(&rng.vec(32 * 256, 1.0)).expect("upload");
-    let mut out = poisoned(&c, 32 * 8);
-    let err = c
-        .matmul_with(MatmulPath::MmqWarps(5), &w, &xd, 32, &mut out)
-        .expect_err("5 warps");
-    assert!(err.to_string().contains("MMQ warps per block"), "{err}");
+    let msg = refusal(
+        &mut ctx(),
+        &mut Rng(36),
+        DType::Q4K,
+        256,
+        MatmulPath::MmqWarps(5),
+    );
+    assert!(msg.contains("MMQ warps per block"), "{msg}");
 }
 
 #[test]
 fn mmq_refuses_unquantized_weights() {
-    let mut rng = Rng(35);
-    let mut c = ctx();
-    let w = DeviceWeight::upload(&c, &random_weight(&mut rng, DType::F16, 8, 256)).expect("upload");
-    let xd = c.upload(&rng.vec(32 * 256, 1.0)).expect("upload");
-    let mut out = poisoned(&c, 32 * 8);
-    let err = c
-        .matmul_with(MatmulPath::Mmq, &w, &xd, 32, &mut out)
-        .expect_err("F16 weights through MMQ");
-    let msg = err.to_string();
+    let msg = refusal(&mut ctx(), &mut Rng(35), DType::F16, 256, MatmulPath::Mmq);
     assert!(
         msg.contains("MMQ weight type") && msg.contains("F16"),
         "{msg}"

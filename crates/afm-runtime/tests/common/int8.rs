@@ -6,7 +6,7 @@
 use afm_runtime::cuda::{DeviceWeight, MatmulPath};
 use afm_runtime::DType;
 
-use super::weights::{dequantized, dot_rows, random_weight};
+use super::matmul::exact_cases;
 use super::{ctx, poisoned, rel_err, Rng};
 
 /// Uniform in ±1 with every 61st column 8× larger: hidden states have outlier channels, which
@@ -53,28 +53,29 @@ pub fn assert_as_accurate_as_the_cpu(
     shapes: &[(usize, usize)],
     batches: &[usize],
 ) {
-    for &dtype in dtypes {
-        for &(rows, cols) in shapes {
-            let w = random_weight(rng, dtype, rows, cols);
-            let dw = DeviceWeight::upload(&ctx(), &w).expect("upload");
-            let wd = dequantized(&w);
-            for &n in batches {
-                let x = activations(rng, n, cols);
-                let exact = dot_rows(&wd, rows, cols, &x, n);
-                let mut cpu = vec![0f32; n * rows];
-                w.matmul(&x, n, &mut cpu);
-                let got = gpu_matmul(path, &dw, &x, n);
-                let (e_gpu, e_cpu) = (rel_err(&got, &exact), rel_err(&cpu, &exact));
-                eprintln!(
-                    "{dtype:?} {rows}x{cols} n={n}: vs exact {path:?} {e_gpu:.2e} cpu {e_cpu:.2e}"
-                );
-                assert!(
-                    e_gpu <= 1.1 * e_cpu + 1e-5,
-                    "{dtype:?} {rows}x{cols} n={n}: {path:?} error {e_gpu:.3e} > CPU's {e_cpu:.3e}"
-                );
-            }
-        }
-    }
+    // The activations unrounded: the exact product.
+    let unrounded = |_: DType, x: &[f32]| x.to_vec();
+    exact_cases(
+        rng,
+        dtypes,
+        shapes,
+        |_| batches.to_vec(),
+        unrounded,
+        |case| {
+            let (dtype, rows, cols, n) = (case.dtype, case.rows, case.cols, case.n);
+            let mut cpu = vec![0f32; n * rows];
+            case.host.matmul(case.x, n, &mut cpu);
+            let got = case.run(path);
+            let (e_gpu, e_cpu) = (rel_err(&got, case.want), rel_err(&cpu, case.want));
+            eprintln!(
+                "{dtype:?} {rows}x{cols} n={n}: vs exact {path:?} {e_gpu:.2e} cpu {e_cpu:.2e}"
+            );
+            assert!(
+                e_gpu <= 1.1 * e_cpu + 1e-5,
+                "{dtype:?} {rows}x{cols} n={n}: {path:?} error {e_gpu:.3e} > CPU's {e_cpu:.3e}"
+            );
+        },
+    );
 }
 
 pub fn silu(x: f32) -> f32 {

@@ -1,13 +1,16 @@
-//! Set-up shared by the GPU test binaries (`cuda_ops`, `cuda_gemv_int8`, `cuda_mmq`, `cuda_mmh`, `cuda_fused`,
-//! `cuda_attention_mma`): the one device context per binary, reproducible random data, error
-//! measures and poisoned outputs here; random GGML weights and their CPU references in
-//! [`weights`]; the int8 matmul tests' activations and references in [`int8`]; attention
-//! scenarios run on the CPU and the device over the same KV cache contents in [`attention`].
+//! Set-up shared by the GPU test binaries (`cuda_ops`, `cuda_gemv_int8`, `cuda_mmq`,
+//! `cuda_mmh`, `cuda_fused`, `cuda_attention_mma`, ...): the one device context per binary,
+//! reproducible random data, error measures and poisoned outputs here; random GGML weights and
+//! their CPU references in [`weights`]; the int8 matmul tests' activations and references in
+//! [`int8`]; the matmul tests' case loops (exact products, gated launches, the automatic path,
+//! refusals) in [`matmul`]; attention scenarios run on the CPU and the device over the same KV
+//! cache contents in [`attention`].
 // Each test binary uses a part of this module.
 #![allow(dead_code)]
 
 pub mod attention;
 pub mod int8;
+pub mod matmul;
 pub mod weights;
 
 use std::sync::{Mutex, MutexGuard, OnceLock};
