@@ -17,80 +17,23 @@
 // Prints the relative error of each case (‖kernel − reference‖ / ‖reference‖ over the rows
 // the kernel serves), fails above 2e-3, and fails if the kernel writes any row outside them.
 
-#include <algorithm>
-#include <atomic>
 #include <barrier>
-#include <cmath>
-#include <cstdint>
-#include <cstdio>
-#include <cstring>
 #include <functional>
 #include <random>
 #include <thread>
 #include <vector>
 
-typedef unsigned char u8;
-typedef unsigned short u16;
-typedef unsigned int u32;
-typedef unsigned long long u64;
-typedef long long i64;
+// CUDA's and common.cuh's stand-ins; the threads, shuffles, ldmatrix and mma are below.
+#include "../crates/afm-runtime/tests/host_emulation.h"
 
-#define __device__
-#define __global__
-#define __forceinline__ inline
-#define __launch_bounds__(x)
-#define __restrict__ __restrict
-#define __align__(n) __attribute__((aligned(n)))
 #define __shared__
 #define __CUDA_ARCH__ 800
-#define AFM_HOST_EMULATION
-#define NEG_INF (-INFINITY)
-#define FULL_MASK 0xffffffffu
-
-using std::max;
-using std::min;
 
 struct Dim3 {
     int x = 0, y = 0, z = 0;
 };
 static Dim3 blockIdx, blockDim, gridDim;
 static thread_local Dim3 threadIdx;
-
-#define __expf expf
-
-// f32 -> f16 bits, round to nearest even (as cvt.rn.f16.f32); and back.
-static inline u16 f2h(float f) {
-    u32 x;
-    memcpy(&x, &f, 4);
-    const u32 sign = (x >> 16) & 0x8000u;
-    const u32 ax = x & 0x7fffffffu;
-    if (ax >= 0x7f800000u) return sign | 0x7c00u | (ax > 0x7f800000u ? 0x200u : 0);
-    if (ax >= 0x477ff000u) return sign | 0x7c00u;  // rounds past the largest f16
-    if (ax < 0x38800000u) {                        // subnormal f16 (or zero)
-        float a;
-        memcpy(&a, &ax, 4);
-        return sign | (u16)lrintf(a * 16777216.0f);  // units of 2^-24, ties to even
-    }
-    u32 m = ax + 0xfffu + ((ax >> 13) & 1u);  // round the 13 dropped bits to even
-    return sign | (u16)((m - 0x38000000u) >> 13);
-}
-static inline float h2f(u16 h) {
-    const u32 sign = (u32)(h & 0x8000u) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff;
-    float f;
-    if (e == 0) {
-        f = ldexpf((float)m, -24);
-        return sign ? -f : f;
-    }
-    u32 x = e == 31 ? (sign | 0x7f800000u | (m << 13)) : (sign | ((e + 112) << 23) | (m << 13));
-    memcpy(&f, &x, 4);
-    return f;
-}
-static inline void pdl_begin() {}
-static inline void __threadfence() {}
-static inline float __ldcg(const float* p) { return *p; }
-static inline int atomicAdd(int* p, int v) {
-    return std::atomic_ref<int>(*p).fetch_add(v);
-}
 
 // One CTA's shared memory (dynamic), its barrier, and each warp's exchange area.
 alignas(16) u16 smem[1 << 17];

@@ -14,101 +14,25 @@
 // 9 cases. Prints each case's relative error (max |kernel - reference| / max |reference| over x) and
 // fails above 2e-3 (f16 rounding of q, K and V can land on either side in the two).
 
-#include <algorithm>
-#include <atomic>
 #include <barrier>
 #include <chrono>
-#include <cmath>
-#include <cstdint>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <memory>
 #include <random>
 #include <thread>
 #include <vector>
 
-typedef unsigned char u8;
-typedef unsigned short u16;
-typedef unsigned int u32;
-typedef unsigned long long u64;
-typedef long long i64;
+// CUDA's and common.cuh's stand-ins; the CTAs' threads, barriers and shuffles are below.
+#include "../crates/afm-runtime/tests/host_emulation.h"
 
-#define __device__
-#define __global__
-#define __forceinline__ inline
-#define __launch_bounds__(...)
-#define __restrict__ __restrict
-#define __align__(n) __attribute__((aligned(n)))
 #define __shared__
 #define __CUDA_ARCH__ 800
-#define AFM_HOST_EMULATION
-#define NEG_INF (-INFINITY)
-#define FULL_MASK 0xffffffffu
 #define FD_SPIN_NS 600000000000ull  // emulated phases are slow: trap after 10 minutes
-
-using std::max;
-using std::min;
-
-struct uint4 {
-    u32 x, y, z, w;
-};
-struct float4 {
-    float x, y, z, w;
-};
-static inline uint4 make_uint4(u32 a, u32 b, u32 c, u32 d) { return {a, b, c, d}; }
 
 struct Dim3 {
     int x = 0, y = 0, z = 0;
 };
 static thread_local Dim3 threadIdx, blockIdx;
 static Dim3 gridDim;
-
-static inline float __uint_as_float(u32 u) {
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-static inline u32 __float_as_uint(float f) {
-    u32 u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-#define __expf expf
-static inline float __fmaf_rn(float a, float b, float c) { return fmaf(a, b, c); }
-static inline float __fmul_rn(float a, float b) { return a * b; }
-template <class T>
-static inline T __ldg(const T* p) { return *p; }
-template <class T>
-static inline T __ldcg(const T* p) { return *p; }
-
-// f32 -> f16 bits, round to nearest even (as cvt.rn.f16.f32); and back.
-static inline u16 f2h(float f) {
-    u32 x;
-    memcpy(&x, &f, 4);
-    const u32 sign = (x >> 16) & 0x8000u;
-    const u32 ax = x & 0x7fffffffu;
-    if (ax >= 0x7f800000u) return sign | 0x7c00u | (ax > 0x7f800000u ? 0x200u : 0);
-    if (ax >= 0x477ff000u) return sign | 0x7c00u;
-    if (ax < 0x38800000u) {
-        float a;
-        memcpy(&a, &ax, 4);
-        return sign | (u16)lrintf(a * 16777216.0f);
-    }
-    u32 m = ax + 0xfffu + ((ax >> 13) & 1u);
-    return sign | (u16)((m - 0x38000000u) >> 13);
-}
-static inline float h2f(u16 h) {
-    const u32 sign = (u32)(h & 0x8000u) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff;
-    float f;
-    if (e == 0) {
-        f = ldexpf((float)m, -24);
-        return sign ? -f : f;
-    }
-    u32 x = e == 31 ? (sign | 0x7f800000u | (m << 13)) : (sign | ((e + 112) << 23) | (m << 13));
-    memcpy(&f, &x, 4);
-    return f;
-}
 
 // ---- One CTA: its barrier, shared memory and warps' exchange areas ----
 struct Warp {
@@ -133,11 +57,6 @@ static inline float __shfl_xor_sync(u32, float v, int m) {
     w.bar.arrive_and_wait();
     return r;
 }
-static inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
-static inline int atomicAdd(int* p, int v) { return std::atomic_ref<int>(*p).fetch_add(v); }
-static inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v) {
-    return std::atomic_ref<unsigned long long>(*p).fetch_add(v);
-}
 static inline unsigned long long atomicMax(unsigned long long* p, unsigned long long v) {
     std::atomic_ref<unsigned long long> r(*p);
     unsigned long long old = r.load();
@@ -161,7 +80,6 @@ static inline u64 fd_load_acquire(const u64* p) {
 static inline void fd_red_release(u64* p, u64 v) {
     std::atomic_ref<u64>(*p).fetch_add(v, std::memory_order_release);
 }
-static inline void fd_prefetch(const void*) {}
 static inline float* fd_smem() { return cta->smem.data(); }
 static inline void fd_pdl_wait() {}
 

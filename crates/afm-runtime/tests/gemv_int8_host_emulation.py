@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """Checks gemv.cu's int8 GEMV (gemv8*) on a machine without a GPU, by running its own code.
 
-    python3 crates/afm-runtime/tests/gemv_int8_host_emulation.py      (needs g++, numpy, gguf)
+    python3 crates/afm-runtime/tests/gemv_int8_host_emulation.py  (needs g++ with C++20, numpy, gguf)
 
 The kernel's device functions (q8_group, q8_pick, acc8 and the per-type acc8_* / Q4_K, Q6_K
-decoding) are cut from gemv.cu and compiled with g++ under small host stand-ins (dp4a, f16
-loads); a driver runs the GEMV8 kernel body for every block and thread, in launches of <= 8
+decoding) are cut from gemv.cu and compiled with g++ under host stand-ins (host_emulation.h:
+f16 and GGML loads; dp4a here); a driver runs the GEMV8 kernel body for every block and thread, in launches of <= 8
 activation rows as cuda/matmul.rs does, for one and for three mixed-type matrices, 1 and 4 rows
 per thread group, and writes each output once (a second write or an unwritten output fails).
 The warp/block reduction is replaced by a plain sum per thread group.
@@ -13,37 +13,17 @@ Reference: gguf-py's dequantization (not afm's) times the activations rounded to
 quantize_x_q8 does, in f64. Prints the worst relative error (float rounding: ~3e-7), then what
 the activation rounding alone costs against exact activations (int8/int16, blocks of 32/256).
 """
-import os
 import re
 import subprocess
 import sys
-import tempfile
 
 import numpy as np
 from gguf import GGMLQuantizationType as T
 from gguf.quants import dequantize
 
-SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "../src/cuda/kernels/gemv.cu")
-src = open(SRC).read()
-os.chdir(tempfile.mkdtemp(prefix="gemv_int8_emu_"))
+from host_emulation import build, extract, int8_values, quant8, random_weight, rel, source, type_code
 
-def extract(sig):
-    i = src.rfind("\n", 0, src.index(sig)) + 1   # start of the signature's line
-    # include a preceding "template <int N>\n"
-    j = src.rfind("\n", 0, i - 1)
-    if src[j + 1:i].startswith("template"):
-        i = j + 1
-    k = src.index("{", src.index(sig))
-    depth = 0
-    for m in range(k, len(src)):
-        if src[m] == "{": depth += 1
-        elif src[m] == "}":
-            depth -= 1
-            if depth == 0:
-                end = m + 1
-                if src[end:end + 1] == ";": end += 1
-                return src[i:end] + "\n"
-    raise SystemExit("unbalanced " + sig)
+src = source("gemv.cu")
 
 parts = [re.search(r"#define GEMV_THREADS.*\n", src).group(0),
          re.search(r"#define GEMV_ROWS.*\n", src).group(0)]
@@ -51,25 +31,11 @@ parts += re.findall(r"#define Q8_Q\w+ \d\n", src)
 for sig in ["void q4k_scales_hd", "void q6k_unit", "int dot16", "struct Q8Group", "Q8Group q8_group",
             "void acc8_q4_k", "void acc8_q6_k", "void acc8_q8_0", "void acc8(", "struct Q8Mats",
             "struct Q8Pick", "Q8Pick q8_pick"]:
-    parts.append(extract(sig))
+    parts.append(extract(src, sig))
 
 prelude = r'''
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <cmath>
 #include <vector>
-#include <algorithm>
-typedef unsigned char u8; typedef unsigned short u16; typedef unsigned int u32; typedef long long i64;
-struct uint4 { u32 x, y, z, w; }; struct int4 { int x, y, z, w; }; struct int2 { int x, y; };
 struct Dim { unsigned x; }; static Dim threadIdx, blockIdx;
-#define __device__
-#define __forceinline__ inline
-using std::min;
-static inline float h2f(u16 h) { return (float)(*(_Float16*)&h); }
-static inline u16 ld16(const u8* p) { u16 v; memcpy(&v, p, 2); return v; }
-static inline u32 ld32_a2(const u8* p) { return (u32)ld16(p) | ((u32)ld16(p + 2) << 16); }
-static inline float __fmul_rn(float a, float b) { return a * b; }
 static inline int dp4a(int a, int b, int c) {
     for (int i = 0; i < 4; i++) c += (int)(signed char)(a >> (8 * i)) * (int)(signed char)(b >> (8 * i));
     return c;
@@ -114,17 +80,15 @@ int main(int argc, char** argv) {
     // argv: cols n R  then per matrix: type rows wfile
     int cols = atoi(argv[1]), n = atoi(argv[2]), R = atoi(argv[3]);
     const int nm = (argc - 4) / 3;
-    auto rd = [](const char* p, size_t& len) { FILE* f = fopen(p, "rb"); fseek(f, 0, SEEK_END); len = ftell(f); fseek(f, 0, SEEK_SET);
-        char* b = (char*)malloc(len); if (fread(b, 1, len, f) != len) exit(2); fclose(f); return b; };
     size_t l;
-    const signed char* xq = (const signed char*)rd("xq.bin", l);
-    const float* xd = (const float*)rd("xd.bin", l);
-    const float* xs = (const float*)rd("xs.bin", l);
+    const signed char* xq = (const signed char*)read_file("xq.bin", l);
+    const float* xd = (const float*)read_file("xd.bin", l);
+    const float* xs = (const float*)read_file("xs.bin", l);
     const u8* ws[3]; int ts[3], rs[3]; std::vector<std::vector<float>> outs(3);
     for (int i = 0; i < 3; i++) {
         const int k = i < nm ? i : 0;
         ts[i] = atoi(argv[4 + 3 * k]); rs[i] = i < nm ? atoi(argv[5 + 3 * k]) : 0;
-        ws[i] = (const u8*)rd(argv[6 + 3 * k], l);
+        ws[i] = (const u8*)read_file(argv[6 + 3 * k], l);
         outs[i].assign((size_t)n * rs[i], NAN);
     }
     for (int c0 = 0; c0 < n; c0 += 8) {   // launches of <= 8 rows, as matmul.rs
@@ -144,43 +108,13 @@ int main(int argc, char** argv) {
     }
 }
 '''
-open("emu.cpp", "w").write(prelude + "".join(parts) + driver)
-r = subprocess.run(["g++", "-O2", "-std=c++17", "-ffp-contract=off", "-o", "emu", "emu.cpp"], capture_output=True, text=True)
-if r.returncode:
-    print(r.stderr[:4000]); sys.exit(1)
-
-BLOCK = {T.Q4_K: (256, 144), T.Q6_K: (256, 210), T.Q8_0: (32, 34)}
-KIND = {T.Q4_K: 0, T.Q6_K: 1, T.Q8_0: 2}
-
-def random_weight(rng, t, rows, cols):
-    bw, bb = BLOCK[t]
-    nblk = rows * cols // bw
-    b = rng.integers(0, 256, size=(nblk, bb), dtype=np.uint8)
-    sc = lambda: np.float16(0.002 + 0.01 * rng.random(nblk)).view(np.uint8).reshape(nblk, 2)
-    if t == T.Q8_0: b[:, 0:2] = sc()
-    elif t == T.Q4_K: b[:, 0:2] = sc(); b[:, 2:4] = sc()
-    else: b[:, 208:210] = sc()
-    return b.reshape(rows, -1)
-
-def quant8(x):
-    """quantize_x_q8 in f32: q = rint(x * (127/amax)), d = amax/127, s = d * sum(q)."""
-    xb = x.reshape(-1, 32).astype(np.float32)
-    amax = np.abs(xb).max(axis=1)
-    with np.errstate(divide="ignore"):
-        idv = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
-    q = np.rint(xb * idv[:, None]).astype(np.int32)
-    d = (amax / np.float32(127)).astype(np.float32)
-    s = (d * q.sum(axis=1).astype(np.float32)).astype(np.float32)
-    return q.astype(np.int8), d, s
+build(prelude + "".join(parts) + driver, "gemv_int8_emu_")
 
 def rounded(x, levels, block):
     xb = x.reshape(-1, block).astype(np.float64)
     amax = np.abs(xb).max(axis=1, keepdims=True)
     amax[amax == 0] = 1
     return (np.rint(xb * (levels / amax)) * (amax / levels)).reshape(x.shape)
-
-def rel(a, b):
-    return float(np.linalg.norm(a.astype(np.float64) - b) / np.linalg.norm(b))
 
 def acts(rng, n, cols, kind):
     if kind == "uniform":
@@ -205,12 +139,12 @@ for si, (rows, cols) in enumerate(shapes):
         x = acts(rng, n, cols, "outliers" if n % 2 else "uniform")
         q, d, s = quant8(x)
         q.tofile("xq.bin"); d.tofile("xd.bin"); s.tofile("xs.bin")
-        xhat = (q.astype(np.float64).reshape(-1, 32) * d[:, None]).reshape(n, cols)
+        xhat = int8_values(q, d, (n, cols))
         for R in (1, 4):
             for nm in (1, 3):
                 args = ["./emu", str(cols), str(n), str(R)]
                 for k in range(nm):
-                    args += [str(KIND[mats[k][0]]), str(mats[k][1]), f"w{k}.bin"]
+                    args += [str(type_code(mats[k][0])), str(mats[k][1]), f"w{k}.bin"]
                 subprocess.run(args, check=True)
                 for k in range(nm):
                     t, r, wd = mats[k]

@@ -3,7 +3,8 @@
 
     python3 crates/afm-runtime/tests/mmh_host_emulation.py      (needs g++ with C++20 and numpy)
 
-The whole of mmh.cu is compiled with g++ under host stand-ins: every block runs as 128 or 256
+The whole of mmh.cu is compiled with g++ under host stand-ins (host_emulation.h for CUDA's and
+common.cuh's, here the threads', the mma and cp.async): every block runs as 128 or 256
 std::threads (4- and 8-warp kernels), __syncthreads is a barrier of the block, and mma.sync
 m16n8k16 (bf16 and f16, f32 accumulate) is emulated per warp through a barrier of its 32 threads,
 which gathers the lanes' registers into A (16x16), B (16x8) by the fragment layout of the PTX ISA
@@ -27,88 +28,29 @@ element never written fails).
 Reference: the weights times x rounded to bf16 / f16 by numpy (round to nearest even), in f64.
 Relative error should be float accumulation (~1e-7).
 """
-import os
 import subprocess
 import sys
-import tempfile
 
 import numpy as np
 
-SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "../src/cuda/kernels/mmh.cu")
-src = open(SRC).read()
-os.chdir(tempfile.mkdtemp(prefix="mmh_emu_"))
+from host_emulation import ACTS, GRID, build, cut, rel, source
 
-
-def cut(text, sig):
-    """`text` without the function whose signature contains `sig` (its body is replaced)."""
-    i = text.rfind("\n", 0, text.index(sig)) + 1
-    i = text.rfind("template", 0, i) if text[text.rfind("\n", 0, i - 1) + 1:i].startswith("template") else i
-    k = text.index("{", text.index(sig))
-    depth = 0
-    for m in range(k, len(text)):
-        if text[m] == "{":
-            depth += 1
-        elif text[m] == "}":
-            depth -= 1
-            if depth == 0:
-                return text[:i] + text[m + 1:]
-    raise SystemExit("unbalanced " + sig)
-
-
-body = src
-for sig in ["void mmh_mma(", "void mmh_prefetch(", "u32 mmh_pack(", "void mmh_cp16(", "void mmh_cp_commit(",
-            "void mmh_cp_wait("]:
-    body = cut(body, sig)
+# The kernel's own code but the mma, the 16-bit packing and cp.async (emulated below).
+body = cut(source("mmh.cu"), "void mmh_mma(", "u32 mmh_pack(", "void mmh_cp16(", "void mmh_cp_commit(",
+           "void mmh_cp_wait(")
 SMEM_DECL = "extern __shared__ __align__(16) unsigned char mmh_smem[];"
 assert SMEM_DECL in body
 body = body.replace(SMEM_DECL, "unsigned char* const mmh_smem = emu_smem;")
 
-prelude = r'''
-#include <algorithm>
-#include <atomic>
-#include <barrier>
-#include <cmath>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <random>
-#include <thread>
-#include <vector>
-typedef unsigned char u8; typedef unsigned short u16; typedef unsigned int u32; typedef long long i64;
-struct uint2 { u32 x, y; }; struct uint4 { u32 x, y, z, w; };
-struct float4 { float x, y, z, w; };
-static inline uint2 make_uint2(u32 a, u32 b) { return {a, b}; }
-static inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
-struct Dim { unsigned x, y, z; };
-static thread_local Dim threadIdx;
-static Dim blockIdx, blockDim;
-#define __device__
-#define __global__
-#define __forceinline__ inline
-#define __launch_bounds__(x)
-#define __shared__ static
-#define __align__(x) __attribute__((aligned(x)))
-using std::min;
-static inline void pdl_begin() {}
+prelude = GRID + r'''
 // The L2 prefetch does nothing here but must point into a weight matrix (whole 128-byte line).
 static const u16* w_lo[3]; static const u16* w_hi[3];
-static inline void mmh_prefetch(const u16* p) {
+static void prefetch_in_weights(const void* at) {
+    const u16* p = (const u16*)at;
     for (int i = 0; i < 3; i++) if (w_lo[i] && p >= w_lo[i] && p + 64 <= w_hi[i]) return;
     fprintf(stderr, "prefetch outside the weights\n");
     abort();
 }
-static inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
-static inline float4 __ldcg(const float4* p) { return *p; }
-static inline int atomicAdd(int* p, int v) { int o = *p; *p = o + v; return o; }
-static inline float bf2f(u16 b) { u32 u = (u32)b << 16; float f; memcpy(&f, &u, 4); return f; }
-static inline u16 f2bf(float f) {   // common.cuh's, verbatim
-    u32 u; memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (u16)((u >> 16) | 0x40u);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (u16)(u >> 16);
-}
-static inline u16 f2h(float f) { _Float16 h = (_Float16)f; u16 b; memcpy(&b, &h, 2); return b; }
-static inline float h2f(u16 b) { _Float16 h; memcpy(&h, &b, 2); return (float)h; }
 // cvt.rn.{bf16,f16}x2.f32 as documented: each value rounded to nearest even, a in the low half.
 template <bool BF>
 static inline u32 mmh_pack(float a, float b) {
@@ -159,9 +101,6 @@ static void cp_check_drained() {
     cp_groups.clear();
 }
 
-static std::barrier<>* block_bar;
-static std::barrier<>* warp_bar[8];
-static inline void __syncthreads() { block_bar->arrive_and_wait(); }
 static u32 lane_a[8][32][4], lane_b[8][32][2];
 
 // mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}, from the PTX ISA's fragment tables.
@@ -201,33 +140,11 @@ typedef void (*Kernel)(MmhMats, const float*, float4*, int*, int, int, int, int,
     mmh_##T##_w##W##_4, mmh_##T##_w##W##_5, mmh_##T##_w##W##_6, mmh_##T##_w##W##_7, mmh_##T##_w##W##_8}
 static const Kernel KERNELS[2][2][9] = {{K8(f16, 4), K8(f16, 8)}, {K8(bf16, 4), K8(bf16, 8)}};
 
-// Runs the grid's blocks one at a time, in grid order or shuffled by `seed`.
+// The grid's blocks one at a time, in grid order or shuffled by `seed`: shared memory NaN until
+// a copy lands, and every thread's copies committed and waited for by its end.
 template <class F>
-static void run_grid(unsigned gx, unsigned gy, unsigned threads, unsigned seed, F f) {
-    blockDim.x = threads;
-    std::vector<std::pair<unsigned, unsigned>> order;
-    for (unsigned y = 0; y < gy; y++)
-        for (unsigned x = 0; x < gx; x++) order.push_back({x, y});
-    if (seed) std::shuffle(order.begin(), order.end(), std::mt19937(seed));
-    for (auto [x, y] : order) {
-        blockIdx.x = x;
-        blockIdx.y = y;
-        std::barrier<> bb(threads);
-        for (unsigned w = 0; w < threads / 32; w++) warp_bar[w] = new std::barrier<>(32);
-        block_bar = &bb;
-        std::vector<std::thread> ts;
-        memset(emu_smem, 0xff, sizeof emu_smem);  // NaN until a copy lands
-        for (unsigned t = 0; t < threads; t++)
-            ts.emplace_back([t, &f] { threadIdx.x = t; f(); cp_check_drained(); });
-        for (auto& t : ts) t.join();
-        for (unsigned w = 0; w < threads / 32; w++) delete warp_bar[w];
-    }
-}
-
-static char* rd(const char* p, size_t& len) {
-    FILE* f = fopen(p, "rb"); if (!f) exit(2);
-    fseek(f, 0, SEEK_END); len = ftell(f); fseek(f, 0, SEEK_SET);
-    char* b = (char*)malloc(len); if (fread(b, 1, len, f) != len) exit(2); fclose(f); return b;
+static void run_mmh_grid(unsigned gx, unsigned gy, unsigned threads, unsigned seed, F f) {
+    run_grid(gx, gy, threads, seed, f, [] { memset(emu_smem, 0xff, sizeof emu_smem); }, cp_check_drained);
 }
 
 int main(int argc, char** argv) {
@@ -239,15 +156,16 @@ int main(int argc, char** argv) {
     const int accumulate = atoi(argv[8]);
     const unsigned seed = (unsigned)atoi(argv[9]);
     eager = atoi(argv[10]) != 0;
+    emu_prefetch_check = prefetch_in_weights;
     const int nm = (argc - 11) / 2;
     size_t l;
-    const float* x = (const float*)rd("x.bin", l);
+    const float* x = (const float*)read_file("x.bin", l);
     x_lo = x;
     x_hi = x + l / 4;
     const u16* w[3] = {}; int rs[3] = {};
     for (int i = 0; i < nm; i++) {
         rs[i] = atoi(argv[11 + 2 * i]);
-        w[i] = (const u16*)rd(argv[12 + 2 * i], l);
+        w[i] = (const u16*)read_file(argv[12 + 2 * i], l);
         w_lo[i] = w[i];
         w_hi[i] = w[i] + l / 2;
     }
@@ -256,7 +174,7 @@ int main(int argc, char** argv) {
     for (int i = 0; i < nout; i++) {
         if (accumulate) {
             char name[32]; snprintf(name, sizeof name, "init%d.bin", i);
-            const float* init = (const float*)rd(name, l);
+            const float* init = (const float*)read_file(name, l);
             outs[i].assign(init, init + (size_t)n * rs[i]);
         } else {
             outs[i].assign((size_t)n * rs[i], NAN);
@@ -277,13 +195,13 @@ int main(int argc, char** argv) {
         // 128 B + x 8NT rows x 256 B), then two 16-bit x buffers of 8NT rows x 192 B.
         emu_smem_bytes = (size_t)(warps == 8 ? 4 : 6) * (4096 * warps + 2048 * nt) + 2 * 1536 * nt;
         if (emu_smem_bytes > sizeof emu_smem) { fprintf(stderr, "smem too large\n"); return 4; }
-        run_grid((unsigned)blocks, (unsigned)splits, 32 * warps, seed, [&] {
+        run_mmh_grid((unsigned)blocks, (unsigned)splits, 32 * warps, seed, [&] {
             KERNELS[bf][warps / 8][nt](m, x0, part.data(), done.data(), cols, nb, splits, fixup, 3, act,
                                        accumulate);
         });
         if (splits > 1 && !fixup) {   // then mmh_reduce, as cuda/mmh.rs launches it
             const unsigned total = (unsigned)(blocks * nt * 32 * warps);
-            run_grid((total + 255) / 256, 1, 256, seed, [&] {
+            run_mmh_grid((total + 255) / 256, 1, 256, seed, [&] {
                 mmh_reduce(m, part.data(), blocks, splits, nt, warps, nb, act, accumulate);
             });
         }
@@ -295,12 +213,7 @@ int main(int argc, char** argv) {
     }
 }
 '''
-open("emu.cpp", "w").write(prelude + body + driver)
-r = subprocess.run(["g++", "-O2", "-std=c++20", "-pthread", "-ffp-contract=off", "-o", "emu", "emu.cpp"],
-                   capture_output=True, text=True)
-if r.returncode:
-    print(r.stderr[:6000])
-    sys.exit(1)
+build(prelude + body + driver, "mmh_emu_")
 
 
 def to16(a, bf):
@@ -319,10 +232,6 @@ def from16(b, bf):
     return (b.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
 
 
-def rel(a, b):
-    return float(np.linalg.norm(a.astype(np.float64) - b) / np.linalg.norm(b))
-
-
 def emu(bf, cols, n, warps, splits, fixup, act, acc, mats, seed, eager=0):
     args = ["./emu", str(bf), str(cols), str(n), str(warps), str(splits), str(fixup), str(act), str(acc),
             str(seed), str(eager)]
@@ -335,8 +244,6 @@ def emu(bf, cols, n, warps, splits, fixup, act, acc, mats, seed, eager=0):
 
 rng = np.random.default_rng(16)
 failed, worst = False, 0.0
-ACTS = [lambda g: g / (1 + np.exp(-g)),
-        lambda g: 0.5 * g * (1 + np.tanh(0.7978846 * (g + 0.044715 * g ** 3)))]
 # (bf, mats [(rows)], cols, n, warps, splits, act, accumulate): rows not multiples of the 16-row
 # tile nor of a block's 32 W; one chunk (64 columns) and uneven chunk shares over the splits;
 # batches across tile edges; 100: launches of 64 and 36.
