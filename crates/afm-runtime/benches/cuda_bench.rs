@@ -16,8 +16,9 @@
 //! Run: `target/cuda/bin/cuda_bench [SECTION...]` (device `AFM_CUDA_DEVICE`, default 0); with
 //! section names (copy, gemv, gemv_rows, mmq, mmh, fused_projections, prefill_matmul,
 //! decode_attention, attend_prologue, prefill_mma, sampling, small) only those run
-//! (the copy ceiling always does). `gemv_rows`: issue #9's one-row 16-bit GEMVs at 4 and 8
-//! weight rows per block (`matmul.rs` `half_rows_rule`), with and without the folded norm.
+//! (the copy ceiling always does). `gemv_rows`: issue #9's one-row 16-bit GEMVs at 1, 2, 4 and 8
+//! weight rows per block, and for one matrix also 2 and 4 with two units in flight (`matmul.rs`
+//! `half_rows_rule`), with and without the folded norm.
 //!
 //! Measured 2026-11-29 on the H200 (copy ceiling 4251 GB/s), batch-1 GEMV as % of it (the
 //! quantized kernels of then are gone; the int8 ones' times are in bench/RESULTS.md, "Quantized
@@ -222,8 +223,9 @@ enum OneRow {
     NormThenGated,
 }
 
-/// Issue #9's one-row 16-bit GEMVs at each block size (weight rows per block R = 4, 8, 16,
-/// forced through `set_gemv_half`, then `auto`: `matmul.rs`'s table) on Qwen3-0.6B and
+/// Issue #9's one-row 16-bit GEMVs at each block shape (weight rows per block R = 1, 2, 4, 8,
+/// and for one matrix, O, down and lm_head, R = 2 and 4 with two units of each row in flight,
+/// "2u2" and "4u2"; forced through `set_gemv_half`, then `auto`: `matmul.rs`'s table) on Qwen3-0.6B and
 /// Qwen3-8B bf16 shapes: µs, GB/s of weights read and its fraction of the copy ceiling. The
 /// folded norms beside a separate norm launch plus the unfolded kernel. Weights rotate over
 /// ≥ 512 MB ([`rotated_sets`]).
@@ -279,8 +281,15 @@ fn gemv_rows(c: &mut CudaContext, copy_gbs: f64, out: &mut Vec<String>) -> R<()>
                 .iter()
                 .map(|&(r, _)| c.alloc(r))
                 .collect::<Result<_, _>>()?;
-            for rows in [Some(4), Some(8), None] {
-                c.set_gemv_half(rows, true)?;
+            // Two units in flight only where the kernels have them (the others would repeat R).
+            let one_matrix = matches!(kind, OneRow::Add | OneRow::Plain);
+            let shapes = ["1", "2", "4", "8"]
+                .into_iter()
+                .chain(one_matrix.then_some(["2u2", "4u2"]).into_iter().flatten())
+                .map(Some)
+                .chain([None]);
+            for block in shapes {
+                c.set_gemv_half(block, true)?;
                 let ms = time_ms(c, 20, |c, i| {
                     let set = &sets[i % sets.len()];
                     let norm = || RowNorm {
@@ -330,9 +339,9 @@ fn gemv_rows(c: &mut CudaContext, copy_gbs: f64, out: &mut Vec<String>) -> R<()>
                     .map(|&(r, k)| format!("{r}x{k}"))
                     .collect::<Vec<_>>()
                     .join("+");
-                let r = rows.map_or("auto".to_string(), |r| format!("R={r}"));
+                let r = block.map_or("auto".to_string(), |r| format!("R={r}"));
                 out.push(format!(
-                    "| gemv_rows {model:10} | {what:13} | {shape:24} | {r:4} | {:7.2} us | {gbs:5.0} GB/s | {:5.1}% |",
+                    "| gemv_rows {model:10} | {what:13} | {shape:24} | {r:6} | {:7.2} us | {gbs:5.0} GB/s | {:5.1}% |",
                     ms * 1e3,
                     100.0 * gbs / copy_gbs
                 ));

@@ -1,11 +1,13 @@
 #![cfg(feature = "cuda")]
-//! The one-row 16-bit GEMV at every block size (weight rows per block R = 4 and 8, forced
-//! through `CudaContext::set_gemv_half`, and the table's own pick): each product kind (plain,
-//! residual add, Q/K/V with and without the folded RMSNorm, gate+up with SiLU and GELU, with
-//! and without the norm) gives the same bits at every R, and at R = 4 is within 1e-5 of the
-//! CPU's exact product (`WeightMatrix::matmul_reference` after `ops::rms_norm_into`: f32
-//! activations, only the rounding order differs). Row counts leave partial blocks at every R.
-//! Also: an R the kernels lack is refused; the one-row kernels do not spill.
+//! The one-row 16-bit GEMV at every block shape (weight rows per block R = 1, 2, 4 and 8, and
+//! two units in flight at R = 2 and 4, forced through `CudaContext::set_gemv_half`, and the
+//! table's own pick): each product kind (plain, residual add, Q/K/V with and without the folded
+//! RMSNorm, gate+up with SiLU and GELU, with and without the norm) gives the same bits at every
+//! shape, and at R = 4 is within 1e-5 of the CPU's exact product
+//! (`WeightMatrix::matmul_reference` after `ops::rms_norm_into`: f32 activations, only the
+//! rounding order differs). Row counts leave partial blocks at every R > 1, and 3,072 columns
+//! (3 units per thread) a partial step at two units in flight. Also: a shape the kernels lack
+//! is refused; the one-row kernels do not spill.
 //!
 //! Needs a CUDA device (`AFM_CUDA_DEVICE`, default 0). Run with `--test-threads=1`. The
 //! overrides are process-wide, so they live in this binary only (cuda_fused.rs checks the
@@ -21,8 +23,17 @@ use common::weights::random_weight;
 use common::{assert_close, ctx, poisoned, Rng};
 
 const EPS: f32 = 1e-6;
+/// Block shapes as `AFM_GEMV_R` takes them, R = 4 first (the one checked against the CPU);
 /// `None`: the table's pick (`matmul.rs` `half_rows_rule`).
-const ROWS: [Option<usize>; 3] = [Some(4), Some(8), None];
+const SHAPES: [Option<&str>; 7] = [
+    Some("4"),
+    Some("1"),
+    Some("2"),
+    Some("8"),
+    Some("2u2"),
+    Some("4u2"),
+    None,
+];
 
 /// Restores the table (and the default gate+up fold width) when a test ends, even by a panic:
 /// declared before the test takes the context, so it drops (and takes it) after.
@@ -109,12 +120,12 @@ fn one_row_gemv_gives_the_same_bits_at_every_block_size() {
     let _restore = Restore;
     let mut c = ctx();
     let mut rng = Rng(101);
-    // Q/K/V-like row counts: partial blocks of 4 and 8, and grids on both sides of the table's
-    // switch (a few blocks, and > 4 per SM at R = 8 for 5000 rows on 132 SMs).
+    // Q/K/V-like row counts: partial blocks of 2, 4 and 8, and grids on both sides of the
+    // table's switch (a few blocks, and > 4 per SM at R = 8 for 5000 rows on 132 SMs).
     for (dtype, cols, qkv_rows, gu_rows) in [
         (DType::BF16, 1024, [70, 23, 41], 45),
         (DType::F16, 4096, [70, 23, 41], 45),
-        (DType::BF16, 4096, [3000, 1000, 1000], 4500),
+        (DType::BF16, 3072, [3000, 1000, 1000], 4500),
         (DType::F16, 2048, [2056, 520, 520], 3080),
     ] {
         let qh: Vec<WeightMatrix> = qkv_rows
@@ -132,9 +143,9 @@ fn one_row_gemv_gives_the_same_bits_at_every_block_size() {
         let before = rng.vec(qkv_rows[0], 1.0);
         let (xd, gd) = (c.upload(&x).expect("upload"), c.upload(&g).expect("upload"));
         let mut first: Option<Vec<(String, Vec<f32>)>> = None;
-        for rows in ROWS {
+        for shape in SHAPES {
             // The norm folded into gate+up at 4,096 columns too, to cover gemvgn there.
-            c.set_gemv_half(rows, true).expect("set R");
+            c.set_gemv_half(shape, true).expect("set the shape");
             let got = all_products(&mut c, &qkv, &gu, &xd, &gd, &before);
             match &first {
                 None => first = Some(got),
@@ -147,7 +158,7 @@ fn one_row_gemv_gives_the_same_bits_at_every_block_size() {
                             .count();
                         assert_eq!(
                             moved, 0,
-                            "{dtype:?} {cols} columns, R {rows:?}, {what}: {moved} values differ from R = 4"
+                            "{dtype:?} {cols} columns, shape {shape:?}, {what}: {moved} values differ from R = 4"
                         );
                     }
                 }
@@ -212,31 +223,39 @@ fn gated_norm_fold_width_follows_the_override() {
 }
 
 #[test]
-fn rows_per_block_the_kernels_lack_are_refused() {
+fn block_shapes_the_kernels_lack_are_refused() {
     let _restore = Restore;
     let c = ctx();
-    for r in [0, 1, 2, 5, 12, 32] {
+    for bad in ["0", "3", "5", "12", "16", "32", "8u2", "1u2", "4u3", "x"] {
         let e = c
-            .set_gemv_half(Some(r), false)
-            .expect_err("an R without kernels");
+            .set_gemv_half(Some(bad), false)
+            .expect_err("a shape without kernels");
         let msg = e.to_string();
         assert!(
-            msg.contains(&r.to_string()) && msg.contains("4 or 8"),
-            "R {r}: {msg}"
+            msg.contains(&format!("= {bad} ")) && msg.contains("1, 2, 4, 8, 2u2 or 4u2"),
+            "{bad}: {msg}"
         );
     }
-    for r in [4, 8] {
-        c.set_gemv_half(Some(r), false).expect("an R with kernels");
+    for good in ["1", "2", "4", "8", "2u2", "4u2"] {
+        c.set_gemv_half(Some(good), false)
+            .expect("a shape with kernels");
     }
 }
 
 /// As the driver compiled them for this device, no one-row 16-bit GEMV kernel spills to local
-/// memory (R = 8 holds 8 rows' loads in flight per thread); registers are logged.
+/// memory (R = 8 holds 8 rows' loads in flight per thread, R = 4 with two units 8 too);
+/// registers are logged.
 #[test]
 fn one_row_gemv_kernels_do_not_spill() {
     let res = ctx().gemv_half_resources().expect("kernel attributes");
     eprintln!("(kernel, registers, local bytes): {res:?}");
-    assert_eq!(res.len(), 36, "one-row 16-bit kernels listed");
+    // 6 families x 2 types at R = 1, 2, 4, 8, their 6 preloading twins at R = 4, and plain and
+    // residual add with two units in flight at R = 2 and 4.
+    assert_eq!(
+        res.len(),
+        6 * 2 * 4 + 6 * 2 + 2 * 2 * 2,
+        "one-row 16-bit kernels listed"
+    );
     let spilled: Vec<_> = res.iter().filter(|r| r.2 > 0).collect();
     assert!(spilled.is_empty(), "local memory in {spilled:?}");
 }

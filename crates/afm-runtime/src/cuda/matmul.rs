@@ -19,9 +19,11 @@
 //! `AFM_GEMV_PREFETCH=0` turns off the quantized GEMV's L2 prefetch of its first weights (on by
 //! default; an A/B knob until the prefetch is measured end to end).
 //!
-//! At one activation row the 16-bit GEMV blocks own R = 4 or 8 weight rows, picked per
-//! kernel from the grid size by `half_rows_rule`'s table; `AFM_GEMV_R=4|8|16` forces one
-//! (A/B runs), as does [`CudaContext::set_gemv_half`] (benchmarks). Every R gives the same bits.
+//! At one activation row the 16-bit GEMV blocks own R = 1, 2, 4 or 8 weight rows (the
+//! one-matrix kernels at R = 2 and 4 also with two units of each row in flight per thread),
+//! picked per kernel from the grid size by `half_rows_rule`'s table; `AFM_GEMV_R=1|2|4|8|2u2|4u2`
+//! forces one (A/B runs), as does [`CudaContext::set_gemv_half`] (benchmarks). Every shape gives
+//! the same bits.
 //!
 //! Several quantized matrices of one input share one activation quantization and one launch:
 //! Q/K/V, of any mix of the three types ([`CudaContext::matmul_many`]), and gate with up,
@@ -85,8 +87,11 @@ const NORM_FOLD_GATED_MAX_COLS: usize = 4096;
 /// Threads per GEMV block (`GEMV_THREADS` in gemv.cu).
 const GEMV_THREADS: usize = 128;
 /// Weight rows per block of the one-row 16-bit GEMV kernels (gemv.cu `GEMV_R_ALL`): 4 (the
-/// multi-row kernels' `GEMV_ROWS`) and 8 (names ending `_r8`).
-const GEMV_HALF_ROWS: [usize; 2] = [4, 8];
+/// multi-row kernels' `GEMV_ROWS`, no suffix) and 1, 2, 8 (names ending `_r1`, `_r2`, `_r8`).
+const GEMV_HALF_ROWS: [usize; 4] = [1, 2, 4, 8];
+/// R at which the one-matrix kernels (`gemv_*`, `gemva_*`) also come with two units of each row
+/// in flight per thread (gemv.cu `GEMV_U2`; names ending `_r2u2`, `_r4u2`).
+const GEMV_HALF_U2_ROWS: [usize; 2] = [2, 4];
 /// Values per int8 activation block (and weights per int8 GEMV work unit).
 const Q8_BLOCK: usize = 32;
 /// Weights dequantized to f16 per cuBLAS call, bounding the scratch (64 MiB).
@@ -282,45 +287,120 @@ enum HalfKernel {
     GatedNorm,
 }
 
-/// R for one kernel family at one activation row: its candidates, largest first, and the
-/// fewest blocks per SM the largest usable one must leave (the last candidate serves whatever
-/// is left). `cuda_bench gemv_rows` on the H200 (session 8, µs at R = 4 / 8 / 16, weights
-/// rotated through more than L2): Qwen3-8B Q/K/V 14.5 / 13.8 / 16.4, with the norm folded
-/// 16.3 / 14.9 / 16.4, gate+up with the norm 52.3 / 47.8 / 48.4; O 11.2 / 12.6 / 12.8, down
-/// 28.8 / 32.7 / 33.1, gate+up 46.6 / 47.8 / 47.9, lm_head 277 at every R. Qwen3-0.6B: every
-/// family within ±0.4 µs of R = 4 except gate+up with the norm (6.6 / 6.2 / 6.5). So R = 8 for
-/// Q/K/V where it still leaves 4 blocks per SM (the 8B's 768, not the 0.6B's 512) and for
-/// gate+up with the norm; R = 4 elsewhere. R = 16 won nowhere, so it has no kernels.
-fn half_rows_rule(k: HalfKernel) -> (&'static [usize], usize) {
-    match k {
-        HalfKernel::Qkv | HalfKernel::QkvNorm => (&[8, 4], 4),
-        HalfKernel::GatedNorm => (&[8, 4], 2),
-        HalfKernel::Plain | HalfKernel::Gated => (&[4], 0),
+/// The block shape of a one-row 16-bit GEMV launch: `rows` (R) weight rows per block, and
+/// `units` units (8 weights) of each row a thread loads before its first product.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct HalfShape {
+    rows: usize,
+    units: usize,
+}
+
+impl HalfShape {
+    const fn new(rows: usize, units: usize) -> Self {
+        Self { rows, units }
+    }
+
+    /// Whether `k`'s kernels come in this shape (gemv.cu `GEMV_R_ALL`, `GEMV_U2`).
+    fn exists_for(self, k: HalfKernel) -> bool {
+        GEMV_HALF_ROWS.contains(&self.rows)
+            && (self.units == 1
+                || (self.units == 2
+                    && k == HalfKernel::Plain
+                    && GEMV_HALF_U2_ROWS.contains(&self.rows)))
+    }
+
+    /// This shape forced on `k`: itself, or where `k` lacks it (more units in flight) one unit
+    /// at its R.
+    fn for_kernel(self, k: HalfKernel) -> Self {
+        if self.exists_for(k) {
+            self
+        } else {
+            Self::new(self.rows, 1)
+        }
+    }
+
+    /// The kernel name's suffix (gemv.cu: none at `GEMV_ROWS` with one unit).
+    fn suffix(self) -> String {
+        match (self.rows, self.units) {
+            (GEMV_ROWS, 1) => String::new(),
+            (r, 1) => format!("_r{r}"),
+            (r, u) => format!("_r{r}u{u}"),
+        }
+    }
+
+    /// Every shape some kernel family comes in.
+    #[cfg(test)]
+    fn all() -> impl Iterator<Item = Self> {
+        let one = GEMV_HALF_ROWS.into_iter().map(|r| Self::new(r, 1));
+        one.chain(GEMV_HALF_U2_ROWS.into_iter().map(|r| Self::new(r, 2)))
     }
 }
 
-/// R forced for every one-row 16-bit GEMV ([`CudaContext::set_gemv_half`]; 0: none).
-static HALF_ROWS_FORCED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+/// One candidate of a family's R rule: taken where its grid leaves at least
+/// `min_blocks_per_sm` blocks per SM.
+#[derive(Debug, Clone, Copy)]
+struct HalfPick {
+    shape: HalfShape,
+    min_blocks_per_sm: usize,
+}
+
+const fn pick(rows: usize, units: usize, min_blocks_per_sm: usize) -> HalfPick {
+    HalfPick {
+        shape: HalfShape::new(rows, units),
+        min_blocks_per_sm,
+    }
+}
+
+/// The shape for one kernel family at one activation row: the first candidate whose grid
+/// leaves enough blocks per SM (the last asks for none). `cuda_bench gemv_rows` on the H200
+/// (session 8, µs at R = 4 / 8 / 16, weights rotated through more than L2): Qwen3-8B Q/K/V
+/// 14.5 / 13.8 / 16.4, with the norm folded 16.3 / 14.9 / 16.4, gate+up with the norm 52.3 /
+/// 47.8 / 48.4; O 11.2 / 12.6 / 12.8, down 28.8 / 32.7 / 33.1, gate+up 46.6 / 47.8 / 47.9,
+/// lm_head 277 at every R. Qwen3-0.6B: every family within ±0.4 µs of R = 4 except gate+up with
+/// the norm (6.6 / 6.2 / 6.5). So R = 8 for Q/K/V where it still leaves 4 blocks per SM (the
+/// 8B's 768, not the 0.6B's 512) and for gate+up with the norm; R = 4 elsewhere. R = 16 won
+/// nowhere, so it has no kernels. R = 1 and 2, and two units in flight, are not measured yet.
+fn half_rows_rule(k: HalfKernel) -> &'static [HalfPick] {
+    const QKV: &[HalfPick] = &[pick(8, 1, 4), pick(4, 1, 0)];
+    const GATED_NORM: &[HalfPick] = &[pick(8, 1, 2), pick(4, 1, 0)];
+    const FOUR: &[HalfPick] = &[pick(4, 1, 0)];
+    match k {
+        HalfKernel::Qkv | HalfKernel::QkvNorm => QKV,
+        HalfKernel::GatedNorm => GATED_NORM,
+        HalfKernel::Plain | HalfKernel::Gated => FOUR,
+    }
+}
+
+/// Shape forced for every one-row 16-bit GEMV ([`CudaContext::set_gemv_half`]), as
+/// `rows << 8 | units` (0: none).
+static HALF_SHAPE_FORCED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 /// Whether gate+up folds the norm in at any width ([`CudaContext::set_gemv_half`]).
 static GATED_NORM_ANY_WIDTH: std::sync::atomic::AtomicBool =
     std::sync::atomic::AtomicBool::new(false);
 
-fn parse_half_rows(v: &str) -> Option<usize> {
-    v.trim().parse().ok().filter(|r| GEMV_HALF_ROWS.contains(r))
+/// The shapes one can force: what the one-matrix kernels come in (every family has its R).
+const HALF_SHAPES_SUPPORTED: &str = "1, 2, 4, 8, 2u2 or 4u2 (R, or R u units in flight)";
+
+/// "R" or "RuU" (units in flight), for a shape the one-matrix kernels come in.
+fn parse_half_rows(v: &str) -> Option<HalfShape> {
+    let v = v.trim();
+    let (r, u) = v.split_once('u').unwrap_or((v, "1"));
+    let shape = HalfShape::new(r.parse().ok()?, u.parse().ok()?);
+    shape.exists_for(HalfKernel::Plain).then_some(shape)
 }
 
 fn bad_half_rows(what: &'static str, value: String) -> CudaError {
     CudaError::Unsupported {
         what,
         value,
-        supported: "4 or 8",
+        supported: HALF_SHAPES_SUPPORTED,
     }
 }
 
-/// `AFM_GEMV_R` (read once): R forced for every one-row 16-bit GEMV; an error on each use
-/// where it is set to anything else.
-fn half_rows_env() -> Result<Option<usize>> {
-    static ENV: std::sync::OnceLock<std::result::Result<Option<usize>, String>> =
+/// `AFM_GEMV_R` (read once): the shape forced for every one-row 16-bit GEMV; an error on each
+/// use where it is set to anything else.
+fn half_rows_env() -> Result<Option<HalfShape>> {
+    static ENV: std::sync::OnceLock<std::result::Result<Option<HalfShape>, String>> =
         std::sync::OnceLock::new();
     ENV.get_or_init(|| match std::env::var("AFM_GEMV_R") {
         Err(std::env::VarError::NotPresent) => Ok(None),
@@ -331,36 +411,36 @@ fn half_rows_env() -> Result<Option<usize>> {
     .map_err(|v| bad_half_rows("AFM_GEMV_R", v))
 }
 
-/// R (weight rows per block) of a 16-bit GEMV launch over matrices of `rows` rows each, for
-/// `n` activation rows: 4 except at one row (and for the preloading "p" kernels, `pre`).
-fn half_rows(k: HalfKernel, rows: &[usize], n: usize, pre: bool, sm_count: usize) -> Result<usize> {
+/// The block shape of a 16-bit GEMV launch over matrices of `rows` rows each, for `n`
+/// activation rows: R = 4 with one unit except at one row (and for the preloading "p" kernels,
+/// `pre`).
+fn half_rows(
+    k: HalfKernel,
+    rows: &[usize],
+    n: usize,
+    pre: bool,
+    sm_count: usize,
+) -> Result<HalfShape> {
+    let four = HalfShape::new(GEMV_ROWS, 1);
     if n != 1 || pre {
-        return Ok(GEMV_ROWS);
+        return Ok(four);
     }
-    let forced = HALF_ROWS_FORCED.load(std::sync::atomic::Ordering::Relaxed);
-    if forced != 0 {
-        return Ok(forced);
-    }
-    if let Some(r) = half_rows_env()? {
-        return Ok(r);
-    }
-    let (candidates, min_per_sm) = half_rows_rule(k);
-    let blocks = |r: usize| rows.iter().map(|m| m.div_ceil(r)).sum::<usize>();
-    Ok(candidates
-        .iter()
-        .copied()
-        .find(|&r| blocks(r) >= min_per_sm * sm_count)
-        .or(candidates.last().copied())
-        .unwrap_or(GEMV_ROWS))
-}
-
-/// The kernel name's suffix for R rows per block (gemv.cu: none at `GEMV_ROWS`).
-fn half_rows_suffix(r: usize) -> String {
-    if r == GEMV_ROWS {
-        String::new()
+    let forced = HALF_SHAPE_FORCED.load(std::sync::atomic::Ordering::Relaxed);
+    let forced = if forced != 0 {
+        Some(HalfShape::new(forced >> 8, forced & 0xff))
     } else {
-        format!("_r{r}")
+        half_rows_env()?
+    };
+    if let Some(s) = forced {
+        return Ok(s.for_kernel(k));
     }
+    let blocks = |r: usize| rows.iter().map(|m| m.div_ceil(r)).sum::<usize>();
+    let rule = half_rows_rule(k);
+    Ok(rule
+        .iter()
+        .find(|p| blocks(p.shape.rows) >= p.min_blocks_per_sm * sm_count)
+        .or(rule.last())
+        .map_or(four, |p| p.shape))
 }
 
 fn is_quant(t: DType) -> bool {
@@ -474,6 +554,11 @@ pub(super) fn kernel_names() -> Vec<String> {
                 for r in GEMV_HALF_ROWS.into_iter().filter(|&r| r != GEMV_ROWS) {
                     for k in ["gemv", "gemva", "gemv3", "gemvg", "gemv3n", "gemvgn"] {
                         v.push(format!("{k}_{t}_{n}_r{r}"));
+                    }
+                }
+                for r in GEMV_HALF_U2_ROWS {
+                    for k in ["gemv", "gemva"] {
+                        v.push(format!("{k}_{t}_{n}_r{r}u2"));
                     }
                 }
             }
@@ -621,23 +706,30 @@ impl CudaContext {
     }
 
     /// Process-wide overrides of the one-row 16-bit GEMV (they hold for every context of the
-    /// process), for benchmarks and A/B runs: `rows`, the weight rows per block (4 or 8;
-    /// `None`: `AFM_GEMV_R` if set, else the table, `half_rows_rule`); `gated_norm_any_width`,
-    /// fold the RMSNorm into gate+up at any width, not only up to `NORM_FOLD_GATED_MAX_COLS`
-    /// (set at R = 4). Results do not change with R, only times. An error (nothing changed) for
-    /// an R the kernels do not come with.
-    pub fn set_gemv_half(&self, rows: Option<usize>, gated_norm_any_width: bool) -> Result<()> {
-        if let Some(r) = rows.filter(|r| !GEMV_HALF_ROWS.contains(r)) {
-            return Err(bad_half_rows("GEMV rows per block", r.to_string()));
-        }
+    /// process), for benchmarks and A/B runs: `shape`, as `AFM_GEMV_R` takes it: the weight
+    /// rows per block R ("1", "2", "4", "8"), or R with two units in flight ("2u2", "4u2": the
+    /// one-matrix kernels; the others take that R with one unit); `None`: `AFM_GEMV_R` if set,
+    /// else the table, `half_rows_rule`. `gated_norm_any_width`: fold the RMSNorm into gate+up
+    /// at any width, not only up to `NORM_FOLD_GATED_MAX_COLS` (set at R = 4). Results do not
+    /// change with the shape, only times. An error (nothing changed) for a shape the kernels do
+    /// not come in.
+    pub fn set_gemv_half(&self, shape: Option<&str>, gated_norm_any_width: bool) -> Result<()> {
+        let forced = match shape {
+            None => 0,
+            Some(v) => {
+                let s = parse_half_rows(v)
+                    .ok_or_else(|| bad_half_rows("GEMV block shape", v.to_string()))?;
+                s.rows << 8 | s.units
+            }
+        };
         use std::sync::atomic::Ordering::Relaxed;
-        HALF_ROWS_FORCED.store(rows.unwrap_or(0), Relaxed);
+        HALF_SHAPE_FORCED.store(forced, Relaxed);
         GATED_NORM_ANY_WIDTH.store(gated_norm_any_width, Relaxed);
         Ok(())
     }
 
     /// Registers per thread and local (spilled) bytes per thread of every one-row 16-bit GEMV
-    /// kernel (each R, with and without the folded norm) as the driver compiled it for this
+    /// kernel (each shape, with and without the folded norm) as the driver compiled it for this
     /// device: (name, registers, local bytes).
     pub fn gemv_half_resources(&self) -> Result<Vec<(String, i32, i32)>> {
         // bf16/f16 at one activation row: "gemv3n_bf16_1", "gemv_f16_1_r8", ...
@@ -755,14 +847,14 @@ impl CudaContext {
             let x0 = xp + (c0 * cols * 4) as u64;
             let o0 = op + (c0 * rows * 4) as u64;
             let pre = preload_suffix(nb, cols);
-            let r = half_rows(HalfKernel::Plain, &[rows], nb, !pre.is_empty(), sm_count)?;
+            let s = half_rows(HalfKernel::Plain, &[rows], nb, !pre.is_empty(), sm_count)?;
             let cfg = LaunchConfig {
-                grid_dim: (rows.div_ceil(r) as u32, 1, 1),
+                grid_dim: (rows.div_ceil(s.rows) as u32, 1, 1),
                 block_dim: (GEMV_THREADS as u32, 1, 1),
                 shared_mem_bytes: 0,
             };
             let t = half_name(w);
-            let f = self.kernel(&format!("{name}{pre}_{t}_{nb}{}", half_rows_suffix(r)))?;
+            let f = self.kernel(&format!("{name}{pre}_{t}_{nb}{}", s.suffix()))?;
             launch!(self, f, cfg; wp, x0, o0, ri, ci)?;
         }
         Ok(())
@@ -1161,15 +1253,15 @@ impl CudaContext {
         };
         let pre = preload_suffix(n, ws[0].cols);
         let mat_rows: Vec<usize> = ws.iter().map(|w| w.rows).collect();
-        let r = half_rows(kind, &mat_rows, n, !pre.is_empty(), self.info().sm_count)?;
-        let blocks: usize = mat_rows.iter().map(|m| m.div_ceil(r)).sum();
+        let s = half_rows(kind, &mat_rows, n, !pre.is_empty(), self.info().sm_count)?;
+        let blocks: usize = mat_rows.iter().map(|m| m.div_ceil(s.rows)).sum();
         let cfg = LaunchConfig {
             grid_dim: (blocks as u32, 1, 1),
             block_dim: (GEMV_THREADS as u32, 1, 1),
             shared_mem_bytes: 0,
         };
         let t = half_name(ws[0]);
-        let f = self.kernel(&format!("{name}{pre}_{t}_{n}{}", half_rows_suffix(r)))?;
+        let f = self.kernel(&format!("{name}{pre}_{t}_{n}{}", s.suffix()))?;
         launch!(self, f, cfg; w0, w1, w2, xp, nw, eps, o0, o1, o2, r0, r1, r2, ci)?;
         Ok(true)
     }
@@ -1366,15 +1458,15 @@ impl CudaContext {
             ("gemvg", HalfKernel::Gated)
         };
         let pre = preload_suffix(n, gate.cols);
-        let r = half_rows(kind, &[gate.rows], n, !pre.is_empty(), self.info().sm_count)?;
+        let s = half_rows(kind, &[gate.rows], n, !pre.is_empty(), self.info().sm_count)?;
         let cfg = LaunchConfig {
-            grid_dim: (gate.rows.div_ceil(r) as u32, 1, 1),
+            grid_dim: (gate.rows.div_ceil(s.rows) as u32, 1, 1),
             block_dim: (GEMV_THREADS as u32, 1, 1),
             shared_mem_bytes: 0,
         };
         let NormArg { w: nw, eps } = norm.unwrap_or(NormArg { w: 0, eps: 0.0 });
         let t = half_name(gate);
-        let f = self.kernel(&format!("{name}{pre}_{t}_{n}{}", half_rows_suffix(r)))?;
+        let f = self.kernel(&format!("{name}{pre}_{t}_{n}{}", s.suffix()))?;
         launch!(self, f, cfg; gp, up_, xp, nw, eps, op, ri, ci, a)?;
         Ok(true)
     }
@@ -1385,14 +1477,19 @@ mod tests {
     use super::*;
 
     /// The table's picks on the H200 (132 SMs) at the shapes issue #9 measured ([`half_rows_rule`]);
-    /// more than one row, or the preloading kernels, always 4. Needs no device (unless `AFM_GEMV_R` is set, which forces them).
+    /// more than one row, or the preloading kernels, always 4. Needs no device (unless
+    /// `AFM_GEMV_R` is set, which forces them).
     #[test]
     fn rows_per_block_follow_the_grid_size() {
         if std::env::var_os("AFM_GEMV_R").is_some() {
             eprintln!("skipped: AFM_GEMV_R forces R");
             return;
         }
-        let pick = |k, rows: &[usize], n, pre| half_rows(k, rows, n, pre, 132).expect("pick");
+        let pick = |k, rows: &[usize], n, pre| {
+            let s = half_rows(k, rows, n, pre, 132).expect("pick");
+            assert_eq!(s.units, 1, "{k:?} {rows:?}");
+            s.rows
+        };
         use HalfKernel::*;
         // Qwen3-8B: Q/K/V 4096+1024+1024, O and down 4096 rows, gate+up 12288, lm_head.
         assert_eq!(pick(QkvNorm, &[4096, 1024, 1024], 1, false), 8);
@@ -1407,25 +1504,61 @@ mod tests {
         assert_eq!(pick(Plain, &[1024], 1, false), 4);
         assert_eq!(pick(Plain, &[151_936], 2, false), GEMV_ROWS);
         assert_eq!(pick(Qkv, &[4096, 1024, 1024], 1, true), GEMV_ROWS);
-        for r in GEMV_HALF_ROWS {
-            assert_eq!(parse_half_rows(&r.to_string()), Some(r));
+    }
+
+    /// `AFM_GEMV_R` / `set_gemv_half` take every shape the one-matrix kernels come in, by R or
+    /// R and units, and nothing else.
+    #[test]
+    fn forced_shapes_parse() {
+        for (v, r, u) in [
+            ("1", 1, 1),
+            ("2", 2, 1),
+            (" 4 ", 4, 1),
+            ("8", 8, 1),
+            ("4u1", 4, 1),
+            ("2u2", 2, 2),
+            ("4u2", 4, 2),
+        ] {
+            assert_eq!(parse_half_rows(v), Some(HalfShape::new(r, u)), "{v:?}");
         }
-        for bad in ["", "0", "2", "5", "32", "x", "-4"] {
+        for bad in [
+            "", "0", "3", "5", "16", "32", "x", "-4", "8u2", "1u2", "4u", "u2", "4u3",
+        ] {
             assert_eq!(parse_half_rows(bad), None, "{bad:?}");
         }
     }
 
-    /// Every R the host can pick has its kernels listed (so loaded) for both 16-bit types.
+    /// Every family's rule ends in a candidate that always applies, and every candidate and
+    /// every forced shape maps to a kernel that is listed (so loaded) for both 16-bit types.
     #[test]
     fn every_rows_per_block_has_its_kernels() {
         let names = kernel_names();
-        for r in GEMV_HALF_ROWS {
-            for k in ["gemv", "gemva", "gemv3", "gemv3n", "gemvg", "gemvgn"] {
-                for t in ["bf16", "f16"] {
-                    let name = format!("{k}_{t}_1{}", half_rows_suffix(r));
-                    assert!(names.contains(&name), "{name} not listed");
+        use HalfKernel::*;
+        let families = [
+            (Plain, ["gemv", "gemva"].as_slice()),
+            (Qkv, &["gemv3"]),
+            (QkvNorm, &["gemv3n"]),
+            (Gated, &["gemvg"]),
+            (GatedNorm, &["gemvgn"]),
+        ];
+        for (k, prefixes) in families {
+            let rule = half_rows_rule(k);
+            assert_eq!(rule.last().map(|p| p.min_blocks_per_sm), Some(0), "{k:?}");
+            let picks = rule.iter().map(|p| p.shape);
+            let forced = HalfShape::all().map(|s| s.for_kernel(k));
+            for s in picks.chain(forced) {
+                assert!(s.exists_for(k), "{k:?} {s:?}");
+                for p in prefixes {
+                    for t in ["bf16", "f16"] {
+                        let name = format!("{p}_{t}_1{}", s.suffix());
+                        assert!(names.contains(&name), "{name} not listed");
+                    }
                 }
             }
         }
+        // Shapes with more units come only for the one-matrix kernels.
+        assert!(HalfShape::new(4, 2).exists_for(Plain));
+        assert!(!HalfShape::new(4, 2).exists_for(Gated));
+        assert!(!HalfShape::new(8, 2).exists_for(Plain));
     }
 }

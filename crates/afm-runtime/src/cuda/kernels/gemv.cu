@@ -5,7 +5,7 @@
 // once and activations are re-read cols/rows-per-block times, not cols.
 //
 // - bf16/f16 weights (gemv_*, gemv3_* for Q/K/V, gemvg_* for gate+up): f32 activations,
-//   R rows per block (GEMV_ROWS = 4; the one-row kernels also with 8, "_r8"),
+//   R rows per block (GEMV_ROWS = 4; the one-row kernels also with 1, 2 and 8: "_r1", ...),
 //   a unit is 8 weights (one 16-byte load).
 // - Q4_K/Q6_K/Q8_0 weights (gemv8*, section "Quantized weights" below): read in their GGML
 //   blocks against activations quantized to int8 blocks of 32 (quantize_x_q8), so a weight
@@ -19,9 +19,9 @@
 
 #define GEMV_THREADS 128
 // Weight rows per block (R) of the 16-bit kernels, unless a name says otherwise: each activation
-// load serves all of them. At one activation row there is also R = 8 (GEMV_R_ALL below):
-// fewer, longer blocks re-read x (and a folded norm's weight and sum of squares) less often and
-// fit in one wave of resident blocks. A row's sums do not depend on R (the same thread owns the
+// load serves all of them. At one activation row there are also R = 8, 2 and 1 (GEMV_R_ALL
+// below): fewer, longer blocks re-read x (and a folded norm's weight and sum of squares) less
+// often; more, shorter ones spread a one-wave grid more evenly over the SMs. A row's sums do not depend on R (the same thread owns the
 // same units of it, the same reductions follow), so every R gives the same bits.
 #define GEMV_ROWS 4
 
@@ -90,50 +90,73 @@ __device__ __forceinline__ void gemv_inv_rms(const float (&ss)[N], int cols, flo
 // inv * acc is W . (x * inv * nw), the normalized row's product (up to rounding order), and with
 // NORM == 2 ss[b] gathers this thread's share of sum x^2 for inv.
 // `pre` holds the thread's first unit (gemv_preload, issued before the PDL wait).
-template <int N, int R, bool BF16, int NORM, bool PRE>
+// UN units of each row per step: all their weight loads are issued before the first product
+// (more bytes in flight per thread without more rows per block); the units are still taken in
+// order, u, u + GEMV_THREADS, ..., so every UN gives the same sums, bit for bit.
+template <int N, int R, int UN, bool BF16, int NORM, bool PRE>
 __device__ __forceinline__ void gemv_half_acc(const u16* W, const float* x, const float* nw,
                                               int rows, int cols, int row0,
                                               const uint4 (&pre)[R], float (&acc)[R][N],
                                               float (&ss)[N]) {
-    for (int u = threadIdx.x; u < cols / 8; u += GEMV_THREADS) {
-        float w[R][8];
+    const int units = cols / 8;
+    for (int u0 = threadIdx.x; u0 < units; u0 += UN * GEMV_THREADS) {
+        uint4 q[UN][R];
 #pragma unroll
-        for (int r = 0; r < R; r++) {
-            const uint4 q = PRE && u == threadIdx.x
-                                ? pre[r]
-                                : ((const uint4*)(W + (i64)min(row0 + r, rows - 1) * cols))[u];
-            const u32 ws[4] = {q.x, q.y, q.z, q.w};
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                if (BF16) {
-                    w[r][2 * i] = __uint_as_float(ws[i] << 16);
-                    w[r][2 * i + 1] = __uint_as_float(ws[i] & 0xffff0000u);
-                } else {
-                    w[r][2 * i] = h2f((u16)(ws[i] & 0xffff));
-                    w[r][2 * i + 1] = h2f((u16)(ws[i] >> 16));
-                }
-            }
-        }
-        float4 ga = make_float4(1.f, 1.f, 1.f, 1.f), gc = ga;
-        if (NORM) {
-            ga = ((const float4*)(nw + 8 * u))[0];
-            gc = ((const float4*)(nw + 8 * u))[1];
-        }
-#pragma unroll
-        for (int b = 0; b < N; b++) {
-            const float4* xv = (const float4*)(x + (i64)b * cols + 8 * u);
-            float4 a = xv[0], c = xv[1];
-            if (NORM == 2)
-                ss[b] += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w + c.x * c.x + c.y * c.y +
-                         c.z * c.z + c.w * c.w;
-            if (NORM) {
-                a = make_float4(a.x * ga.x, a.y * ga.y, a.z * ga.z, a.w * ga.w);
-                c = make_float4(c.x * gc.x, c.y * gc.y, c.z * gc.z, c.w * gc.w);
-            }
+        for (int j = 0; j < UN; j++) {
+            // Past the row's end the last unit again, its products dropped below: no predicate
+            // or branch for the compiler to sink the loads behind.
+            const int u = min(u0 + j * GEMV_THREADS, units - 1);
 #pragma unroll
             for (int r = 0; r < R; r++)
-                acc[r][b] += w[r][0] * a.x + w[r][1] * a.y + w[r][2] * a.z + w[r][3] * a.w +
-                             w[r][4] * c.x + w[r][5] * c.y + w[r][6] * c.z + w[r][7] * c.w;
+                q[j][r] = PRE && u == threadIdx.x
+                              ? pre[r]
+                              : ((const uint4*)(W + (i64)min(row0 + r, rows - 1) * cols))[u];
+        }
+#pragma unroll
+        for (int j = 0; j < UN; j++) {
+            const bool in = j == 0 || u0 + j * GEMV_THREADS < units;
+            const int u = min(u0 + j * GEMV_THREADS, units - 1);
+            float w[R][8];
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                const u32 ws[4] = {q[j][r].x, q[j][r].y, q[j][r].z, q[j][r].w};
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    if (BF16) {
+                        w[r][2 * i] = __uint_as_float(ws[i] << 16);
+                        w[r][2 * i + 1] = __uint_as_float(ws[i] & 0xffff0000u);
+                    } else {
+                        w[r][2 * i] = h2f((u16)(ws[i] & 0xffff));
+                        w[r][2 * i + 1] = h2f((u16)(ws[i] >> 16));
+                    }
+                }
+            }
+            float4 ga = make_float4(1.f, 1.f, 1.f, 1.f), gc = ga;
+            if (NORM) {
+                ga = ((const float4*)(nw + 8 * u))[0];
+                gc = ((const float4*)(nw + 8 * u))[1];
+            }
+#pragma unroll
+            for (int b = 0; b < N; b++) {
+                const float4* xv = (const float4*)(x + (i64)b * cols + 8 * u);
+                float4 a = xv[0], c = xv[1];
+                if (NORM == 2) {
+                    const float s2 = a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w + c.x * c.x +
+                                     c.y * c.y + c.z * c.z + c.w * c.w;
+                    ss[b] = in ? ss[b] + s2 : ss[b];
+                }
+                if (NORM) {
+                    a = make_float4(a.x * ga.x, a.y * ga.y, a.z * ga.z, a.w * ga.w);
+                    c = make_float4(c.x * gc.x, c.y * gc.y, c.z * gc.z, c.w * gc.w);
+                }
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    const float d = w[r][0] * a.x + w[r][1] * a.y + w[r][2] * a.z +
+                                    w[r][3] * a.w + w[r][4] * c.x + w[r][5] * c.y +
+                                    w[r][6] * c.z + w[r][7] * c.w;
+                    acc[r][b] = in ? acc[r][b] + d : acc[r][b];
+                }
+            }
         }
     }
 }
@@ -152,19 +175,19 @@ __device__ __forceinline__ void gemv_preload(const u16* W, int rows, int cols, i
 }
 
 // R rows of out from row0: out = x . W^T, or with NORM rms_norm(x, nw, eps) . W^T; added to
-// out with ACC.
-template <int N, int R, bool BF16, bool NORM, bool ACC, bool PRE>
+// out with ACC; UN units of each row in flight per thread (gemv_half_acc).
+template <int N, int R, int UN, bool BF16, bool NORM, bool ACC, bool PRE>
 __device__ void gemv_half_rows(const u16* W, const float* x, const float* nw, float eps,
                                float* out, int rows, int cols, int row0, const uint4 (&pre)[R]) {
     GEMV_ZERO(acc)
     float ss[N] = {};
     if (NORM) {
         __shared__ float inv[N];
-        gemv_half_acc<N, R, BF16, 2, PRE>(W, x, nw, rows, cols, row0, pre, acc, ss);
+        gemv_half_acc<N, R, UN, BF16, 2, PRE>(W, x, nw, rows, cols, row0, pre, acc, ss);
         gemv_inv_rms<N>(ss, cols, eps, inv);
         gemv_finish<N, R, ACC>(acc, out, rows, row0, inv);
     } else {
-        gemv_half_acc<N, R, BF16, 0, PRE>(W, x, nw, rows, cols, row0, pre, acc, ss);
+        gemv_half_acc<N, R, UN, BF16, 0, PRE>(W, x, nw, rows, cols, row0, pre, acc, ss);
         gemv_finish<N, R, ACC>(acc, out, rows, row0, nullptr);
     }
 }
@@ -238,12 +261,12 @@ __device__ void gemv_gated_half(const u16* G, const u16* U, const float* x, cons
     GEMV_ZERO(au)
     float ss[N] = {};
     if (NORM) {
-        gemv_half_acc<N, R, BF16, 2, PRE>(G, x, nw, rows, cols, row0, pg, ag, ss);
-        gemv_half_acc<N, R, BF16, 1, PRE>(U, x, nw, rows, cols, row0, pu, au, ss);
+        gemv_half_acc<N, R, 1, BF16, 2, PRE>(G, x, nw, rows, cols, row0, pg, ag, ss);
+        gemv_half_acc<N, R, 1, BF16, 1, PRE>(U, x, nw, rows, cols, row0, pu, au, ss);
         gemv_inv_rms<N>(ss, cols, eps, inv);
     } else {
-        gemv_half_acc<N, R, BF16, 0, PRE>(G, x, nw, rows, cols, row0, pg, ag, ss);
-        gemv_half_acc<N, R, BF16, 0, PRE>(U, x, nw, rows, cols, row0, pu, au, ss);
+        gemv_half_acc<N, R, 1, BF16, 0, PRE>(G, x, nw, rows, cols, row0, pg, ag, ss);
+        gemv_half_acc<N, R, 1, BF16, 0, PRE>(U, x, nw, rows, cols, row0, pu, au, ss);
     }
     float g = gemv_reduce<N, R>(ag);
     float u = gemv_reduce<N, R>(au);
@@ -265,23 +288,35 @@ __device__ void gemv_gated_half(const u16* G, const u16* U, const float* x, cons
 #define GEMV_PRE(PRE, R, W, rows, cols, row0, pre)                                             \
     uint4 pre[R];                                                                              \
     if (PRE) gemv_preload<R>(W, rows, cols, row0, pre);
-// Kernel names: KNAME_NAME_N then SFX (empty at R = GEMV_ROWS, "_r8" otherwise).
+// Kernel names: KNAME_NAME_N then SFX: empty at R = GEMV_ROWS, "_r1", "_r2", "_r8" at the
+// other R, "_r2u2", "_r4u2" with two units in flight (UN = 2).
 // Launch bounds: at R = 8 with an explicit minimum of one block per SM. Without it ptxas (12.9,
 // sm_90, from NVRTC 13.2's PTX) interleaved the R weight loads with the products of rows already
 // loaded, so few of a thread's 16-byte loads were in flight (R = 4 with the folded norm: 3 of
 // 8). With it every load of a unit is issued before the first product (78-102 registers at
 // R = 8; none spill).
-// R = 4 keeps its bounds (without the norm its loads are all in flight already).
+// R = 1, 2, 4 keep the default (their few loads are all in flight already).
+#define GEMV_BOUNDS_1 __launch_bounds__(GEMV_THREADS)
+#define GEMV_BOUNDS_2 __launch_bounds__(GEMV_THREADS)
 #define GEMV_BOUNDS_4 __launch_bounds__(GEMV_THREADS)
 #define GEMV_BOUNDS_8 __launch_bounds__(GEMV_THREADS, 1)
-#define GEMV_H(NAME, BF, N, R, SFX, KNAME, ACC, PRE)                                           \
-    extern "C" __global__ void GEMV_BOUNDS_##R KNAME##_##NAME##_##N##SFX(                       \
+#define GEMV_BOUNDS_1_1 GEMV_BOUNDS_1
+#define GEMV_BOUNDS_2_1 GEMV_BOUNDS_2
+#define GEMV_BOUNDS_4_1 GEMV_BOUNDS_4
+#define GEMV_BOUNDS_8_1 GEMV_BOUNDS_8
+// Two units in flight (GEMV_U2) as R = 8: all 2R weight loads issue before the first product
+// (ptxas 12.9: R = 2 60 registers, R = 4 86; bounded to 64 registers, R = 4 spilled and split
+// its loads in two, so it has 5 blocks per SM and Qwen3-8B's O and down take 1.55 waves).
+#define GEMV_BOUNDS_2_2 __launch_bounds__(GEMV_THREADS, 1)
+#define GEMV_BOUNDS_4_2 __launch_bounds__(GEMV_THREADS, 1)
+#define GEMV_H(NAME, BF, N, R, UN, SFX, KNAME, ACC, PRE)                                       \
+    extern "C" __global__ void GEMV_BOUNDS_##R##_##UN KNAME##_##NAME##_##N##SFX(                       \
         const u16* W, const float* x, float* out, int rows, int cols) {                        \
         const int row0 = blockIdx.x * R;                                                       \
         GEMV_PRE(PRE, R, W, rows, cols, row0, pre)                                             \
         pdl_begin();                                                                           \
-        gemv_half_rows<N, R, BF, false, ACC, PRE>(W, x, nullptr, 0.f, out, rows, cols, row0,   \
-                                                  pre);                                        \
+        gemv_half_rows<N, R, UN, BF, false, ACC, PRE>(W, x, nullptr, 0.f, out, rows, cols,     \
+                                                      row0, pre);                              \
     }
 // gemv3_*: Q/K/V; gemv3n_*: the same of rms_norm(x, nw, eps) (nw and eps unused in gemv3_*).
 #define GEMV_3(NAME, BF, N, R, SFX, KNAME, NORM, PRE)                                          \
@@ -291,8 +326,8 @@ __device__ void gemv_gated_half(const u16* G, const u16* U, const float* x, cons
         const Gemv3Pick m = gemv3_pick<R>(W0, W1, W2, o0, o1, o2, r0, r1, r2);                 \
         GEMV_PRE(PRE, R, m.W, m.rows, cols, m.row0, pre)                                       \
         pdl_begin();                                                                           \
-        gemv_half_rows<N, R, BF, NORM, false, PRE>(m.W, x, nw, eps, m.out, m.rows, cols,       \
-                                                   m.row0, pre);                               \
+        gemv_half_rows<N, R, 1, BF, NORM, false, PRE>(m.W, x, nw, eps, m.out, m.rows, cols,    \
+                                                      m.row0, pre);                            \
     }
 // gemvg_*: gate + up; gemvgn_*: the same of rms_norm(x, nw, eps).
 #define GEMV_G(NAME, BF, N, R, SFX, KNAME, NORM, PRE)                                          \
@@ -305,8 +340,10 @@ __device__ void gemv_gated_half(const u16* G, const u16* U, const float* x, cons
         gemv_gated_half<N, R, BF, NORM, PRE>(G, U, x, nw, eps, out, rows, cols, act, pg, pu);  \
     }
 #define GEMV_ALL(N)                                                                            \
-    GEMV_H(bf16, true, N, 4, , gemv, false, false) GEMV_H(f16, false, N, 4, , gemv, false, false) \
-    GEMV_H(bf16, true, N, 4, , gemva, true, false) GEMV_H(f16, false, N, 4, , gemva, true, false) \
+    GEMV_H(bf16, true, N, 4, 1, , gemv, false, false)                                          \
+    GEMV_H(f16, false, N, 4, 1, , gemv, false, false)                                          \
+    GEMV_H(bf16, true, N, 4, 1, , gemva, true, false)                                          \
+    GEMV_H(f16, false, N, 4, 1, , gemva, true, false)                                          \
     GEMV_3(bf16, true, N, 4, , gemv3, false, false)                                            \
     GEMV_3(f16, false, N, 4, , gemv3, false, false)                                            \
     GEMV_G(bf16, true, N, 4, , gemvg, false, false)                                            \
@@ -319,23 +356,38 @@ __device__ void gemv_gated_half(const u16* G, const u16* U, const float* x, cons
     GEMV_G(bf16, true, 1, R, SFX, gemvgn, true, false)                                         \
     GEMV_G(f16, false, 1, R, SFX, gemvgn, true, false)
 GEMV_NORM_ALL(4, )
-// One activation row at R = 8 rows per block (cuda/matmul.rs `half_rows` picks R by grid size,
-// or AFM_GEMV_R forces it): gemv_bf16_1_r8, gemv3n_f16_1_r8, ... (R = 16 measured slower on
-// every H200 shape, session 8, and was dropped).
+// One activation row at R = 1, 2 and 8 rows per block (cuda/matmul.rs `half_rows` picks R by
+// grid size, or AFM_GEMV_R forces it): gemv_bf16_1_r8, gemv3n_f16_1_r2, ... (R = 16 measured
+// slower on every H200 shape, session 8, and was dropped). Smaller R: more, shorter blocks, so
+// a one-wave grid (Qwen3-8B's O and down: 1024 blocks at R = 4 on 132 SMs) ends less unevenly.
 #define GEMV_R_ALL(R)                                                                          \
-    GEMV_H(bf16, true, 1, R, _r##R, gemv, false, false)                                        \
-    GEMV_H(f16, false, 1, R, _r##R, gemv, false, false)                                        \
-    GEMV_H(bf16, true, 1, R, _r##R, gemva, true, false)                                        \
-    GEMV_H(f16, false, 1, R, _r##R, gemva, true, false)                                        \
+    GEMV_H(bf16, true, 1, R, 1, _r##R, gemv, false, false)                                     \
+    GEMV_H(f16, false, 1, R, 1, _r##R, gemv, false, false)                                     \
+    GEMV_H(bf16, true, 1, R, 1, _r##R, gemva, true, false)                                     \
+    GEMV_H(f16, false, 1, R, 1, _r##R, gemva, true, false)                                     \
     GEMV_3(bf16, true, 1, R, _r##R, gemv3, false, false)                                       \
     GEMV_3(f16, false, 1, R, _r##R, gemv3, false, false)                                       \
     GEMV_G(bf16, true, 1, R, _r##R, gemvg, false, false)                                       \
     GEMV_G(f16, false, 1, R, _r##R, gemvg, false, false)                                       \
     GEMV_NORM_ALL(R, _r##R)
+GEMV_R_ALL(1)
+GEMV_R_ALL(2)
 GEMV_R_ALL(8)
+// One matrix (O, down, lm_head) with two units of each row in flight per thread: in a grid that
+// fits in one wave the bytes in flight per SM are rows x units per step x 16 B whatever R is,
+// so only more units per step raise them (down's 12,288-column rows take 12 steps at UN = 1).
+// Not more threads per block or blocks per row: either would change which products a thread
+// sums, so the bits would differ from the other R.
+#define GEMV_U2(R)                                                                             \
+    GEMV_H(bf16, true, 1, R, 2, _r##R##u2, gemv, false, false)                                 \
+    GEMV_H(f16, false, 1, R, 2, _r##R##u2, gemv, false, false)                                 \
+    GEMV_H(bf16, true, 1, R, 2, _r##R##u2, gemva, true, false)                                 \
+    GEMV_H(f16, false, 1, R, 2, _r##R##u2, gemva, true, false)
+GEMV_U2(2)
+GEMV_U2(4)
 // The same at one row, R = 4, with the first weights loaded before the PDL wait.
-GEMV_H(bf16, true, 1, 4, , gemvp, false, true) GEMV_H(f16, false, 1, 4, , gemvp, false, true)
-GEMV_H(bf16, true, 1, 4, , gemvap, true, true) GEMV_H(f16, false, 1, 4, , gemvap, true, true)
+GEMV_H(bf16, true, 1, 4, 1, , gemvp, false, true) GEMV_H(f16, false, 1, 4, 1, , gemvp, false, true)
+GEMV_H(bf16, true, 1, 4, 1, , gemvap, true, true) GEMV_H(f16, false, 1, 4, 1, , gemvap, true, true)
 GEMV_3(bf16, true, 1, 4, , gemv3p, false, true) GEMV_3(f16, false, 1, 4, , gemv3p, false, true)
 GEMV_G(bf16, true, 1, 4, , gemvgp, false, true) GEMV_G(f16, false, 1, 4, , gemvgp, false, true)
 GEMV_3(bf16, true, 1, 4, , gemv3np, true, true) GEMV_3(f16, false, 1, 4, , gemv3np, true, true)
