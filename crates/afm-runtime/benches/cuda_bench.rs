@@ -225,10 +225,10 @@ enum OneRow {
 
 /// Issue #9's one-row 16-bit GEMVs at each block shape (weight rows per block R = 1, 2, 4, 8,
 /// and for one matrix, O, down and lm_head, R = 2 and 4 with two units of each row in flight,
-/// "2u2" and "4u2"; forced through `set_gemv_half`, then `auto`: `matmul.rs`'s table) on Qwen3-0.6B and
-/// Qwen3-8B bf16 shapes: µs, GB/s of weights read and its fraction of the copy ceiling. The
-/// folded norms beside a separate norm launch plus the unfolded kernel. Weights rotate over
-/// ≥ 512 MB ([`rotated_sets`]).
+/// "2u2" and "4u2"; forced through `set_gemv_half`, then `auto`: `matmul.rs`'s table) on
+/// Qwen3-0.6B and Qwen3-8B bf16 shapes: µs, GB/s of weights read and its fraction of the copy
+/// ceiling. The folded norms beside a separate norm launch plus the unfolded kernel. Weights
+/// rotate over ≥ 512 MB ([`rotated_sets`]).
 fn gemv_rows(c: &mut CudaContext, copy_gbs: f64, out: &mut Vec<String>) -> R<()> {
     let mut rng = Rng(10);
     // (model, hidden, q rows, kv rows, intermediate); O is hidden x q.

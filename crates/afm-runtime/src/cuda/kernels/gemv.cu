@@ -21,8 +21,9 @@
 // Weight rows per block (R) of the 16-bit kernels, unless a name says otherwise: each activation
 // load serves all of them. At one activation row there are also R = 8, 2 and 1 (GEMV_R_ALL
 // below): fewer, longer blocks re-read x (and a folded norm's weight and sum of squares) less
-// often; more, shorter ones spread a one-wave grid more evenly over the SMs. A row's sums do not depend on R (the same thread owns the
-// same units of it, the same reductions follow), so every R gives the same bits.
+// often; more, shorter ones spread a one-wave grid more evenly over the SMs. A row's sums do
+// not depend on R (the same thread owns the same units of it, the same reductions follow), so
+// every R gives the same bits.
 #define GEMV_ROWS 4
 
 // Sums each (row, batch) accumulator over the block and writes out[b][row0 + r], times inv[b]
@@ -305,12 +306,13 @@ __device__ void gemv_gated_half(const u16* G, const u16* U, const float* x, cons
 #define GEMV_BOUNDS_4_1 GEMV_BOUNDS_4
 #define GEMV_BOUNDS_8_1 GEMV_BOUNDS_8
 // Two units in flight (GEMV_U2) as R = 8: all 2R weight loads issue before the first product
-// (ptxas 12.9: R = 2 60 registers, R = 4 86; bounded to 64 registers, R = 4 spilled and split
-// its loads in two, so it has 5 blocks per SM and Qwen3-8B's O and down take 1.55 waves).
+// (ptxas 12.9: R = 2 60 registers, R = 4 86). At 86, 5 blocks fit on an SM, so Qwen3-8B's O and
+// down (1024 blocks at R = 4) take 1.55 waves; bounded to 64 registers (8 blocks per SM) R = 4
+// spilled and split its loads in two.
 #define GEMV_BOUNDS_2_2 __launch_bounds__(GEMV_THREADS, 1)
 #define GEMV_BOUNDS_4_2 __launch_bounds__(GEMV_THREADS, 1)
 #define GEMV_H(NAME, BF, N, R, UN, SFX, KNAME, ACC, PRE)                                       \
-    extern "C" __global__ void GEMV_BOUNDS_##R##_##UN KNAME##_##NAME##_##N##SFX(                       \
+    extern "C" __global__ void GEMV_BOUNDS_##R##_##UN KNAME##_##NAME##_##N##SFX(               \
         const u16* W, const float* x, float* out, int rows, int cols) {                        \
         const int row0 = blockIdx.x * R;                                                       \
         GEMV_PRE(PRE, R, W, rows, cols, row0, pre)                                             \
