@@ -296,13 +296,16 @@ __device__ void gemv_gated_half(const u16* G, const u16* U, const float* x, cons
 // loaded, so few of a thread's 16-byte loads were in flight (R = 4 with the folded norm: 3 of
 // 8). With it every load of a unit is issued before the first product (78-102 registers at
 // R = 8; none spill).
-// R = 1, 2, 4 keep the default (their few loads are all in flight already).
+// R = 1, 2, 4 keep the default (their few loads are all in flight already), except for one
+// matrix at R = 1 and 2 (GEMV_H, GEMV_BOUNDS_R_UN): at most 32 registers there, so 16 blocks
+// fit on an SM and Qwen3-8B's O and down at R = 2 (2048 blocks, 15.5 per SM) run in one wave.
+// Unbounded they took 34-44 (10-12 blocks per SM); the norm and gate+up kernels spill at 32.
 #define GEMV_BOUNDS_1 __launch_bounds__(GEMV_THREADS)
 #define GEMV_BOUNDS_2 __launch_bounds__(GEMV_THREADS)
 #define GEMV_BOUNDS_4 __launch_bounds__(GEMV_THREADS)
 #define GEMV_BOUNDS_8 __launch_bounds__(GEMV_THREADS, 1)
-#define GEMV_BOUNDS_1_1 GEMV_BOUNDS_1
-#define GEMV_BOUNDS_2_1 GEMV_BOUNDS_2
+#define GEMV_BOUNDS_1_1 __launch_bounds__(GEMV_THREADS, 16)
+#define GEMV_BOUNDS_2_1 __launch_bounds__(GEMV_THREADS, 16)
 #define GEMV_BOUNDS_4_1 GEMV_BOUNDS_4
 #define GEMV_BOUNDS_8_1 GEMV_BOUNDS_8
 // Two units in flight (GEMV_U2) as R = 8: all 2R weight loads issue before the first product
