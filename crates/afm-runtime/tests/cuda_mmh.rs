@@ -202,11 +202,12 @@ fn gated_mmh_equals_activation_of_single_mmh() {
         separate,
         |c, case, want| {
             let what = format!("gated MMH {}", case.what());
+            // MMH's gated launch when it is on; when off, 16-bit gate+up past the GEMV's rows
+            // still runs fused (one conversion, the cuBLAS GEMMs, the activation: gate_up_half).
             let auto = case.auto(c);
-            assert_eq!(
+            assert!(
                 auto.is_some(),
-                !off && case.n <= MMH_GATED_MAX_ROWS,
-                "{what}: matmul_gated's choice (AFM_MMH=0: {off})"
+                "{what}: matmul_gated declined (AFM_MMH=0: {off}, MMH_GATED_MAX_ROWS {MMH_GATED_MAX_ROWS})"
             );
             if let Some(got) = auto {
                 assert_close(&format!("{what} auto"), &got, want, 1e-5);

@@ -337,37 +337,54 @@ impl HalfShape {
 }
 
 /// One candidate of a family's R rule: taken where its grid leaves at least
-/// `min_blocks_per_sm` blocks per SM.
+/// `min_blocks_per_sm` blocks per SM and the matrices have at least `min_cols` columns.
 #[derive(Debug, Clone, Copy)]
 struct HalfPick {
     shape: HalfShape,
     min_blocks_per_sm: usize,
+    min_cols: usize,
 }
 
 const fn pick(rows: usize, units: usize, min_blocks_per_sm: usize) -> HalfPick {
     HalfPick {
         shape: HalfShape::new(rows, units),
         min_blocks_per_sm,
+        min_cols: 0,
+    }
+}
+
+/// A candidate for rows of at least `min_cols` columns only.
+const fn wide(rows: usize, units: usize, min_cols: usize) -> HalfPick {
+    HalfPick {
+        shape: HalfShape::new(rows, units),
+        min_blocks_per_sm: 0,
+        min_cols,
     }
 }
 
 /// The shape for one kernel family at one activation row: the first candidate whose grid
-/// leaves enough blocks per SM (the last asks for none). `cuda_bench gemv_rows` on the H200
-/// (session 8, µs at R = 4 / 8 / 16, weights rotated through more than L2): Qwen3-8B Q/K/V
-/// 14.5 / 13.8 / 16.4, with the norm folded 16.3 / 14.9 / 16.4, gate+up with the norm 52.3 /
-/// 47.8 / 48.4; O 11.2 / 12.6 / 12.8, down 28.8 / 32.7 / 33.1, gate+up 46.6 / 47.8 / 47.9,
-/// lm_head 277 at every R. Qwen3-0.6B: every family within ±0.4 µs of R = 4 except gate+up with
-/// the norm (6.6 / 6.2 / 6.5). So R = 8 for Q/K/V where it still leaves 4 blocks per SM (the
-/// 8B's 768, not the 0.6B's 512) and for gate+up with the norm; R = 4 elsewhere. R = 16 won
-/// nowhere, so it has no kernels. R = 1 and 2, and two units in flight, are not measured yet.
+/// leaves enough blocks per SM and whose width fits (the last asks for nothing).
+/// `cuda_bench gemv_rows` on the H200 (session 9, µs at R = 1 / 2 / 4 / 8 / 2u2 / 4u2, weights
+/// rotated through more than L2): Qwen3-8B O 12.96 / 10.14 / 11.08 / 12.44 / 10.52 / 10.07,
+/// down 27.95 / 25.52 / 28.97 / 32.47 / 25.67 / 25.32, lm_head 281 / 280 / 282 / 282 / 275 / 277;
+/// Q/K/V with the norm folded 20.5 / 14.7 / 16.4 / 15.1, gate+up with the norm 67.6 / 49.4 /
+/// 53.1 / 48.8. Qwen3-0.6B (1,024–3,072 columns): O and down within ±0.2 µs at R = 2 / 4 / 2u2,
+/// two units in flight slower where a row has fewer units than two per thread (lm_head 71.5 at
+/// R = 4 against 82.1 at 4u2). Forcing R = 2 everywhere moved Qwen3-8B's batch-1 decode only
+/// 234.7 → 235.8 tok/s (in a graph the next launch already overlaps a grid's tail), so the
+/// rule keeps session 8's picks and adds two units in flight (4u2) for one-matrix products of
+/// at least 4,096 columns, where the gain is in the steady state (more bytes in flight per
+/// thread), not the tail. R = 16 won nowhere (session 8), so it has no kernels.
 fn half_rows_rule(k: HalfKernel) -> &'static [HalfPick] {
     const QKV: &[HalfPick] = &[pick(8, 1, 4), pick(4, 1, 0)];
     const GATED_NORM: &[HalfPick] = &[pick(8, 1, 2), pick(4, 1, 0)];
+    const PLAIN: &[HalfPick] = &[wide(4, 2, 4096), pick(4, 1, 0)];
     const FOUR: &[HalfPick] = &[pick(4, 1, 0)];
     match k {
         HalfKernel::Qkv | HalfKernel::QkvNorm => QKV,
         HalfKernel::GatedNorm => GATED_NORM,
-        HalfKernel::Plain | HalfKernel::Gated => FOUR,
+        HalfKernel::Plain => PLAIN,
+        HalfKernel::Gated => FOUR,
     }
 }
 
@@ -417,6 +434,7 @@ fn half_rows_env() -> Result<Option<HalfShape>> {
 fn half_rows(
     k: HalfKernel,
     rows: &[usize],
+    cols: usize,
     n: usize,
     pre: bool,
     sm_count: usize,
@@ -438,7 +456,7 @@ fn half_rows(
     let rule = half_rows_rule(k);
     Ok(rule
         .iter()
-        .find(|p| blocks(p.shape.rows) >= p.min_blocks_per_sm * sm_count)
+        .find(|p| blocks(p.shape.rows) >= p.min_blocks_per_sm * sm_count && cols >= p.min_cols)
         .or(rule.last())
         .map_or(four, |p| p.shape))
 }
@@ -847,7 +865,14 @@ impl CudaContext {
             let x0 = xp + (c0 * cols * 4) as u64;
             let o0 = op + (c0 * rows * 4) as u64;
             let pre = preload_suffix(nb, cols);
-            let s = half_rows(HalfKernel::Plain, &[rows], nb, !pre.is_empty(), sm_count)?;
+            let s = half_rows(
+                HalfKernel::Plain,
+                &[rows],
+                cols,
+                nb,
+                !pre.is_empty(),
+                sm_count,
+            )?;
             let cfg = LaunchConfig {
                 grid_dim: (rows.div_ceil(s.rows) as u32, 1, 1),
                 block_dim: (GEMV_THREADS as u32, 1, 1),
@@ -1253,7 +1278,14 @@ impl CudaContext {
         };
         let pre = preload_suffix(n, ws[0].cols);
         let mat_rows: Vec<usize> = ws.iter().map(|w| w.rows).collect();
-        let s = half_rows(kind, &mat_rows, n, !pre.is_empty(), self.info().sm_count)?;
+        let s = half_rows(
+            kind,
+            &mat_rows,
+            ws[0].cols,
+            n,
+            !pre.is_empty(),
+            self.info().sm_count,
+        )?;
         let blocks: usize = mat_rows.iter().map(|m| m.div_ceil(s.rows)).sum();
         let cfg = LaunchConfig {
             grid_dim: (blocks as u32, 1, 1),
@@ -1458,7 +1490,14 @@ impl CudaContext {
             ("gemvg", HalfKernel::Gated)
         };
         let pre = preload_suffix(n, gate.cols);
-        let s = half_rows(kind, &[gate.rows], n, !pre.is_empty(), self.info().sm_count)?;
+        let s = half_rows(
+            kind,
+            &[gate.rows],
+            gate.cols,
+            n,
+            !pre.is_empty(),
+            self.info().sm_count,
+        )?;
         let cfg = LaunchConfig {
             grid_dim: (gate.rows.div_ceil(s.rows) as u32, 1, 1),
             block_dim: (GEMV_THREADS as u32, 1, 1),
@@ -1485,25 +1524,33 @@ mod tests {
             eprintln!("skipped: AFM_GEMV_R forces R");
             return;
         }
-        let pick = |k, rows: &[usize], n, pre| {
-            let s = half_rows(k, rows, n, pre, 132).expect("pick");
-            assert_eq!(s.units, 1, "{k:?} {rows:?}");
-            s.rows
+        let pick = |k, rows: &[usize], cols, n, pre| {
+            let s = half_rows(k, rows, cols, n, pre, 132).expect("pick");
+            (s.rows, s.units)
         };
         use HalfKernel::*;
-        // Qwen3-8B: Q/K/V 4096+1024+1024, O and down 4096 rows, gate+up 12288, lm_head.
-        assert_eq!(pick(QkvNorm, &[4096, 1024, 1024], 1, false), 8);
-        assert_eq!(pick(Qkv, &[4096, 1024, 1024], 1, false), 8);
-        assert_eq!(pick(Plain, &[4096], 1, false), 4);
-        assert_eq!(pick(Gated, &[12288], 1, false), 4);
-        assert_eq!(pick(GatedNorm, &[12288], 1, false), 8);
-        assert_eq!(pick(Plain, &[151_936], 1, false), 4);
-        // Qwen3-0.6B: Q/K/V 2048+1024+1024, gate+up 3072, O and down 1024 rows.
-        assert_eq!(pick(Qkv, &[2048, 1024, 1024], 1, false), 4);
-        assert_eq!(pick(GatedNorm, &[3072], 1, false), 8);
-        assert_eq!(pick(Plain, &[1024], 1, false), 4);
-        assert_eq!(pick(Plain, &[151_936], 2, false), GEMV_ROWS);
-        assert_eq!(pick(Qkv, &[4096, 1024, 1024], 1, true), GEMV_ROWS);
+        // Qwen3-8B: Q/K/V 4096+1024+1024, O and down 4096 rows (4,096 and 12,288 columns),
+        // gate+up 12288, lm_head: one-matrix products that wide take two units in flight.
+        assert_eq!(pick(QkvNorm, &[4096, 1024, 1024], 4096, 1, false), (8, 1));
+        assert_eq!(pick(Qkv, &[4096, 1024, 1024], 4096, 1, false), (8, 1));
+        assert_eq!(pick(Plain, &[4096], 4096, 1, false), (4, 2));
+        assert_eq!(pick(Plain, &[4096], 12288, 1, false), (4, 2));
+        assert_eq!(pick(Gated, &[12288], 4096, 1, false), (4, 1));
+        assert_eq!(pick(GatedNorm, &[12288], 4096, 1, false), (8, 1));
+        assert_eq!(pick(Plain, &[151_936], 4096, 1, false), (4, 2));
+        // Qwen3-0.6B: Q/K/V 2048+1024+1024, gate+up 3072, O and down 1024 rows (2,048 and
+        // 3,072 columns), lm_head of 1,024 columns: one unit.
+        assert_eq!(pick(Qkv, &[2048, 1024, 1024], 1024, 1, false), (4, 1));
+        assert_eq!(pick(GatedNorm, &[3072], 1024, 1, false), (8, 1));
+        assert_eq!(pick(Plain, &[1024], 2048, 1, false), (4, 1));
+        assert_eq!(pick(Plain, &[1024], 3072, 1, false), (4, 1));
+        assert_eq!(pick(Plain, &[151_936], 1024, 1, false), (4, 1));
+        // More than one activation row, or the preloading kernels: always R = 4, one unit.
+        assert_eq!(pick(Plain, &[151_936], 4096, 2, false), (GEMV_ROWS, 1));
+        assert_eq!(
+            pick(Qkv, &[4096, 1024, 1024], 4096, 1, true),
+            (GEMV_ROWS, 1)
+        );
     }
 
     /// `AFM_GEMV_R` / `set_gemv_half` take every shape the one-matrix kernels come in, by R or
