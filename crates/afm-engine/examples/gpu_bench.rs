@@ -214,6 +214,7 @@ fn main() {
     }
     stop.store(true, Ordering::Relaxed);
     watcher.join().expect("memory watcher");
+    engine.shutdown();
     let mem =
         |m: Option<(usize, usize)>| m.map_or("null".to_string(), |(f, t)| format!("{}", t - f));
     let logit_max = if logit_max.is_finite() {
@@ -235,5 +236,4 @@ fn main() {
         decode.join(","),
         ttft.join(",")
     );
-    std::thread::sleep(Duration::from_millis(10));
 }

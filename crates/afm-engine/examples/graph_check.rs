@@ -119,6 +119,7 @@ fn main() {
         };
         let engine = Engine::spawn(model, cfg).expect("engine");
         results.push(run(&engine, &reqs));
+        engine.shutdown(); // frees this engine's device state before the next one loads
     }
     let mut greedy_ok = true;
     for (i, (name, _)) in reqs.iter().enumerate() {

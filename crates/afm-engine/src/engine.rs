@@ -98,6 +98,8 @@ enum Command {
         constraint: Option<Box<dyn TokenConstraint>>,
     },
     Cancel(RequestId),
+    /// Stop: the engine thread drops its state and returns ([`EngineHandle::shutdown`]).
+    Shutdown,
 }
 
 /// A cheap, cloneable handle to the engine thread.
@@ -111,6 +113,8 @@ pub struct EngineHandle {
     max_context: usize,
     metrics: Arc<EngineMetrics>,
     profile: Option<Arc<crate::gpu_profile::DeviceProfile>>,
+    /// The engine thread, joined by the first [`shutdown`](EngineHandle::shutdown).
+    thread: Arc<std::sync::Mutex<Option<std::thread::JoinHandle<()>>>>,
 }
 
 impl EngineHandle {
@@ -156,6 +160,19 @@ impl EngineHandle {
     /// Stops a request wherever it is; its `Finished { Cancelled }` event follows.
     pub fn cancel(&self, id: RequestId) {
         let _ = self.tx.send(Command::Cancel(id));
+    }
+
+    /// Stops the engine and waits for its thread: requests still running end (their event
+    /// streams close) and the model, KV pool and device buffers are freed on that thread
+    /// before this returns. Call it before the process exits: a thread still tearing down CUDA
+    /// state while `exit` unloads the driver's libraries crashed gpu_bench at exit (2 runs in
+    /// 8 on the H200). Later calls, and calls from clones, return at once.
+    pub fn shutdown(&self) {
+        let _ = self.tx.send(Command::Shutdown);
+        let thread = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(t) = thread {
+            let _ = t.join();
+        }
     }
 
     pub fn max_context(&self) -> usize {
@@ -314,11 +331,12 @@ impl Engine {
             state_slots,
             device_decode,
         };
-        std::thread::Builder::new()
+        let thread = std::thread::Builder::new()
             .name("afm-engine".into())
             .spawn(move || engine.run())
             .map_err(|e| EngineError::Config(format!("cannot start the engine thread: {e}")))?;
         Ok(EngineHandle {
+            thread: Arc::new(std::sync::Mutex::new(Some(thread))),
             tx,
             next_id: Arc::new(AtomicU64::new(1)),
             waiting,
@@ -334,11 +352,14 @@ impl Engine {
             if !self.scheduler.has_work() {
                 // Idle: block until a command arrives; exit when every handle is gone.
                 match self.rx.recv() {
+                    Ok(Command::Shutdown) | Err(_) => return,
                     Ok(cmd) => self.handle(cmd),
-                    Err(_) => return,
                 }
             }
             while let Ok(cmd) = self.rx.try_recv() {
+                if matches!(cmd, Command::Shutdown) {
+                    return;
+                }
                 self.handle(cmd);
             }
             if self.scheduler.has_work() {
@@ -399,6 +420,7 @@ impl Engine {
                 );
             }
             Command::Cancel(id) => self.finish(id, FinishReason::Cancelled),
+            Command::Shutdown => {} // taken by `run` before it gets here
         }
     }
 

@@ -85,7 +85,9 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         .worker_threads(2)
         .enable_all()
         .build()?;
-    let reports = sweep(args, &runtime, &Target::Engine(engine), vocab);
+    let reports = sweep(args, &runtime, &Target::Engine(engine.clone()), vocab);
+    drop(runtime);
+    engine.shutdown();
     println!(
         "model {name} (sha256 {sha}), greedy, engine events (no HTTP), prefix caching {}, kv {}",
         on_off(!args.disable_prefix_caching),

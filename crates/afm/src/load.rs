@@ -7,7 +7,7 @@ use std::sync::Arc;
 use afm_api::ModelInfo;
 use afm_chat::template::{SandboxConfig, TemplateSandbox};
 use afm_chat::{ChatTemplate, Tokenizer};
-use afm_engine::{Engine, EngineConfig};
+use afm_engine::{Engine, EngineConfig, EngineHandle};
 use afm_models::source::resolve_model;
 use afm_models::{load_model_on, LoadedModel};
 use afm_runtime::compute::Device;
@@ -20,7 +20,9 @@ use crate::cli::{KvMemory, ServeArgs};
 /// The hidden first argument that makes `afm` a chat-template worker (see main.rs).
 pub const TEMPLATE_WORKER_ARG: &str = "__template-worker";
 
-pub fn load(args: &ServeArgs) -> Result<ServedModel> {
+/// The model served by `args`, and its engine (to [`shutdown`](EngineHandle::shutdown) before
+/// the process exits).
+pub fn load(args: &ServeArgs) -> Result<(ServedModel, EngineHandle)> {
     let location = resolve_model(&args.model).map_err(|e| anyhow!("{e}"))?;
     let device =
         Device::open(args.device).with_context(|| format!("opening --device {}", args.device))?;
@@ -73,11 +75,12 @@ pub fn load(args: &ServeArgs) -> Result<ServedModel> {
         );
     }
     let handle = Engine::spawn(model, cfg).map_err(|e| anyhow!("starting the engine: {e}"))?;
-    Ok(ServedModel {
+    let served = ServedModel {
         info,
         text: Arc::new(text),
-        generator: Arc::new(handle),
-    })
+        generator: Arc::new(handle.clone()),
+    };
+    Ok((served, handle))
 }
 
 /// Tokenizer and chat template from the GGUF metadata or the HF directory; a model without

@@ -75,19 +75,22 @@ fn run(cli: Cli) -> Result<()> {
         limits: args.limits.limits(),
         ..ServerConfig::default()
     };
-    let served = load::load(&args)?;
+    let (served, engine) = load::load(&args)?;
     let state = AppState::new(served, config);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    runtime.block_on(async {
+    let done = runtime.block_on(async {
         match &args.single_prompt {
             Some(prompt) => single::run(&args, state, prompt).await,
             None => serve(&args, state).await,
         }
-    })
+    });
+    drop(runtime);
+    engine.shutdown();
+    done
 }
 
 async fn serve(args: &ServeArgs, state: Arc<AppState>) -> Result<()> {
