@@ -135,27 +135,77 @@ fn compile_module(name: &'static str, src: &str, arch: Option<&'static str>) -> 
     })
 }
 
+/// Module `i`'s source as compiled: `common.cuh`, then the module.
+pub(super) fn module_source(i: usize) -> String {
+    format!("{COMMON}\n{}", KERNEL_MODULES[i].1)
+}
+
+/// Module `i` for a device of NVRTC architecture `arch`: a CUBIN of its real architecture, from
+/// the disk cache (`true`) or compiled now (`kernel_cache`); PTX, for the driver to translate at
+/// load, where the architecture is unknown.
+fn module_binary(i: usize, arch: Option<&'static str>) -> Result<(Ptx, bool)> {
+    let (name, src) = KERNEL_MODULES[i];
+    match arch.and_then(|a| a.strip_prefix("compute_")) {
+        Some(v) => {
+            let dir = super::kernel_cache::cache_dir();
+            let sm = format!("sm_{v}");
+            let (bytes, cached) =
+                super::kernel_cache::cubin(name, &module_source(i), &sm, dir.as_deref())?;
+            Ok((Ptx::from_binary(bytes), cached))
+        }
+        None => Ok((compile_module(name, src, arch)?, false)),
+    }
+}
+
+/// Loads module `i` from `binary`; a cached CUBIN that the driver refuses is dropped from the
+/// cache and compiled again.
+fn load_binary(
+    ctx: &Arc<cudarc::driver::CudaContext>,
+    i: usize,
+    arch: Option<&'static str>,
+    (binary, cached): (Ptx, bool),
+) -> Result<Vec<CudaFunction>> {
+    let name = KERNEL_MODULES[i].0;
+    match load_module(ctx, name, binary) {
+        Err(_) if cached => {
+            let sm = arch
+                .and_then(|a| a.strip_prefix("compute_"))
+                .unwrap_or_default();
+            if let Some(dir) = super::kernel_cache::cache_dir() {
+                super::kernel_cache::forget(name, &module_source(i), &format!("sm_{sm}"), &dir);
+            }
+            load_module(ctx, name, module_binary(i, arch)?.0)
+        }
+        loaded => loaded,
+    }
+}
+
+/// A loaded module: its index in [`KERNEL_MODULES`] and its entry points.
+type LoadedModule = (usize, Vec<CudaFunction>);
+
 /// The modules compiled at start ([`compiled_at_start`]), with their index in
-/// [`KERNEL_MODULES`]: compiled by NVRTC in parallel (thread-safe across programs; start-up
-/// pays the slowest module rather than the sum), then loaded one after another on this thread
-/// (the driver's JIT from PTX). Parallel loads were tried and left out: the driver API is
-/// documented thread-safe, but other projects report crashes in concurrent cuModuleLoadData
-/// (arrayfire #1801, ILGPU #724), and no GPU here could show it safe or faster.
+/// [`KERNEL_MODULES`], and how many came from the kernel cache: compiled by NVRTC in parallel
+/// (thread-safe across programs; start-up pays the slowest module rather than the sum), then
+/// loaded one after another on this thread. Parallel loads were tried and left out: the driver
+/// API is documented thread-safe, but other projects report crashes in concurrent
+/// cuModuleLoadData (arrayfire #1801, ILGPU #724), and no GPU here could show it safe or faster.
 fn load_at_start(
     ctx: &Arc<cudarc::driver::CudaContext>,
     arch: Option<&'static str>,
-) -> Result<Vec<(usize, Vec<CudaFunction>)>> {
+) -> Result<(Vec<LoadedModule>, usize)> {
     use rayon::prelude::*;
-    let compiled: Vec<(usize, Ptx)> = KERNEL_MODULES
+    let compiled: Vec<(usize, (Ptx, bool))> = KERNEL_MODULES
         .par_iter()
         .enumerate()
         .filter(|(_, (name, _))| compiled_at_start(name))
-        .map(|(i, &(name, src))| Ok((i, compile_module(name, src, arch)?)))
+        .map(|(i, _)| Ok((i, module_binary(i, arch)?)))
         .collect::<Result<_>>()?;
-    compiled
+    let cached = compiled.iter().filter(|(_, (_, c))| *c).count();
+    let loaded = compiled
         .into_iter()
-        .map(|(i, ptx)| Ok((i, load_module(ctx, KERNEL_MODULES[i].0, ptx)?)))
-        .collect()
+        .map(|(i, binary)| Ok((i, load_binary(ctx, i, arch, binary)?)))
+        .collect::<Result<_>>()?;
+    Ok((loaded, cached))
 }
 
 /// Loads `ptx` (module `name`) on the device: its entry points in `kernel_names` order.
@@ -300,7 +350,8 @@ impl CudaContext {
         let arch = arch_for(cc);
         let mut modules: Vec<OnceLock<Vec<CudaFunction>>> =
             KERNEL_MODULES.iter().map(|_| OnceLock::new()).collect();
-        for (i, funcs) in load_at_start(&ctx, arch)? {
+        let (loaded, cached) = load_at_start(&ctx, arch)?;
+        for (i, funcs) in loaded {
             modules[i] = OnceLock::from(funcs);
         }
         let mut kernel_index = HashMap::new();
@@ -343,7 +394,7 @@ impl CudaContext {
             .filter(|name| !loaded.contains(name))
             .collect();
         eprintln!(
-            "[CUDA] {} kernel modules compiled and loaded in {:.0} ms{}",
+            "[CUDA] {} kernel modules compiled and loaded in {:.0} ms ({cached} from the kernel cache){}",
             loaded.len(),
             ctx.info.compile_ms,
             if later.is_empty() {
@@ -421,8 +472,8 @@ impl CudaContext {
             return Ok(f);
         }
         let started = Instant::now();
-        let (name, src) = KERNEL_MODULES[i];
-        let funcs = load_module(&self.ctx, name, compile_module(name, src, self.arch)?)?;
+        let name = KERNEL_MODULES[i].0;
+        let funcs = load_binary(&self.ctx, i, self.arch, module_binary(i, self.arch)?)?;
         eprintln!(
             "[CUDA] kernel module {name} compiled and loaded on first use in {:.0} ms",
             started.elapsed().as_secs_f64() * 1e3

@@ -29,6 +29,7 @@ mod attention;
 mod attention_mma;
 mod context;
 mod decode_fused;
+mod kernel_cache;
 mod matmul;
 mod mmh;
 mod mmq;
