@@ -45,14 +45,8 @@ impl Linear {
         inp: usize,
         bias: bool,
     ) -> std::result::Result<Self, ModelError> {
-        let w = matrix(ck, dev, &format!("{name}.weight"), n, out, inp)?;
-        let b = if bias {
-            let bn = format!("{name}.bias");
-            Some(placed(&bn, dev.vector(ck.vector(&bn, n, out)?))?)
-        } else {
-            None
-        };
-        Ok(Self { w, b })
+        let [l] = Self::load_joined(ck, dev, [(name, out)], n, inp, bias)?;
+        Ok(l)
     }
 
     /// Projections of one input (`names` with their output sizes), their weights placed side
@@ -69,10 +63,8 @@ impl Linear {
             .iter()
             .map(|&(name, out)| ck.matrix(&format!("{name}.weight"), n, out, inp))
             .collect::<std::result::Result<Vec<_>, _>>()?;
-        let ws = placed(
-            names.first().map_or("", |(nm, _)| nm),
-            dev.weights_joined(mats),
-        )?;
+        let first = names.first().map_or("", |(nm, _)| nm);
+        let ws = placed(&format!("{first}.weight"), dev.weights_joined(mats))?;
         let got = ws.len();
         let all = names
             .iter()
@@ -88,7 +80,7 @@ impl Linear {
             })
             .collect::<std::result::Result<Vec<_>, ModelError>>()?;
         all.try_into().map_err(|_| ModelError::Config {
-            key: names.first().map_or("", |(nm, _)| nm).to_string(),
+            key: first.to_string(),
             reason: format!("the device placed {got} of {K} joined matrices"),
         })
     }
