@@ -175,11 +175,13 @@ const DECODE_MIN_KEYS: usize = 32;
 const DECODE_TARGET_BLOCKS_PER_SM: usize = 12;
 /// Up to this many keys (a graph's context class) the split count aims for
 /// [`DECODE_TARGET_BLOCKS_PER_SM_SHORT`] blocks per SM instead: fewer splits, so fewer partials
-/// to merge. H200, session 8, `gpu_bench` 64 streams, 128-token prompts + 256 tokens (1k
-/// class): Qwen3-0.6B 24,151 tok/s at 4 against 23,480 at 12 and 21,951 at 24; Qwen3-8B 8,642
-/// against 8,426.
+/// to merge. H200, `gpu_bench`, 128-token prompts + 256 tokens (1k class): session 8, 64
+/// streams, Qwen3-0.6B 24,151 tok/s at 4 against 23,480 at 12 and 21,951 at 24, Qwen3-8B 8,642
+/// against 8,426; session 9 (after the joined Q/K/V and gate+up GEMMs), 2 against 4: 0.6B 64
+/// streams 29,128 / 28,711 against 26,999 / 27,350 (64 streams × 8 KV heads is 512 blocks, one
+/// split instead of two), 8B 9,654 against 9,400; 1, 8, 16 and 32 streams unchanged.
 const DECODE_SHORT_KEYS: usize = 1024;
-const DECODE_TARGET_BLOCKS_PER_SM_SHORT: usize = 4;
+const DECODE_TARGET_BLOCKS_PER_SM_SHORT: usize = 2;
 /// Above this many keys, with at least one block per multiprocessor before splitting, decode
 /// steps with GH <= 2 keep `attn_impl`: there it streams faster (H200, 0.6B heads, 64
 /// streams at 16k: 1255 us against 1367; at 1k 96 against 98; below, the decode kernel wins).
@@ -730,10 +732,11 @@ mod tests {
         assert_eq!(splits(p, 1024, 8), 16);
         assert_eq!(splits(plan(4, 16384, 8), 16384, 8), MAX_SPLITS);
         // Qwen3-0.6B (GH 2) at 64 streams: decode kernel up to the 1k class, attn_impl above.
-        // Up to the 1k class fewer splits (4 blocks per SM, not 12).
+        // Up to the 1k class fewer splits (2 blocks per SM, not 12): 512 blocks need none.
         let p = plan(2, 1024, 512);
         assert!(p.decode);
-        assert_eq!(splits(p, 1024, 512), 2);
+        assert_eq!(splits(p, 1024, 512), 1);
+        assert_eq!(splits(p, 1024, 128), 3);
         assert_eq!(splits(plan(4, 2048, 512), 2048, 512), 4);
         let p = plan(2, 16384, 512);
         assert!(!p.decode);
