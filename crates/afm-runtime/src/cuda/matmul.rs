@@ -8,7 +8,9 @@
 //!                             16-bit tensor cores, x rounded to bf16/f16 in the kernel (sm_80+,
 //!                             width a multiple of 64)
 //!             n > 8           x → bf16/f16 (once for Q/K/V, once for gate and up), cuBLAS
-//!                             GEMM with f32 accumulation and output
+//!                             GEMM with f32 accumulation and output; one GEMM for Q/K/V
+//!                             and one for gate+up where their weights lie back to back
+//!                             ([`DeviceWeight::upload_joined`])
 //! Q8_0/Q4_K/Q6_K  n ≤ 16      x → int8 blocks of 32, GEMV kernels on the GGML blocks (dp4a),
 //!                             8 activation rows per launch
 //!             17 ≤ n ≤ 64     x → int8 blocks of 32, MMQ: int8 tensor cores on the GGML blocks
@@ -21,7 +23,7 @@
 //!
 //! At one activation row the 16-bit GEMV blocks own R = 1, 2, 4 or 8 weight rows (the
 //! one-matrix kernels at R = 2 and 4 also with two units of each row in flight per thread),
-//! picked per kernel from the grid size by `half_rows_rule`'s table; `AFM_GEMV_R=1|2|4|8|2u2|4u2`
+//! picked per kernel from the grid size and width by `half_rows_rule`'s table; `AFM_GEMV_R=1|2|4|8|2u2|4u2`
 //! forces one (A/B runs), as does [`CudaContext::set_gemv_half`] (benchmarks). Every shape gives
 //! the same bits.
 //!
