@@ -5,7 +5,7 @@
 use super::{alloc, check, vector, view, view_mut, wrong, CudaDevice, Result};
 use crate::attention::AttnParams;
 use crate::compute::{ComputeError, KvData, KvPool, QkNorm, Step, StepData, Tensor};
-use crate::cuda::{CudaSlice, CudaView, DeviceKvCache, RopeTable};
+use crate::cuda::{AttnBatch, Buf, CudaSlice, CudaView, DeviceKvCache, RopeTable};
 
 impl CudaDevice {
     /// Shapes were checked by `Device::attn_prologue`, except against the cache and table.
@@ -22,13 +22,8 @@ impl CudaDevice {
         step: &Step,
         head_dim: usize,
     ) -> Result<()> {
-        let KvData::Cuda(cache) = &mut kv.data else {
-            return Err(wrong("attn_prologue", "cpu", "cuda"));
-        };
-        let StepData::Cuda { positions, attn } = &step.data else {
-            return Err(wrong("attn_prologue", "cpu", "cuda"));
-        };
-        check_prologue_cuda(cache, t, k, layer, step, head_dim)?;
+        let (cache, positions, attn) =
+            prologue_target("attn_prologue", kv, step, t, k, layer, head_dim)?;
         if q.rows == 0 {
             return Ok(());
         }
@@ -69,13 +64,8 @@ impl CudaDevice {
         step: &Step,
         p: &AttnParams,
     ) -> Result<CudaSlice<f32>> {
-        let KvData::Cuda(cache) = &mut kv.data else {
-            return Err(wrong("attend_prologue", "cpu", "cuda"));
-        };
-        let StepData::Cuda { positions, attn } = &step.data else {
-            return Err(wrong("attend_prologue", "cpu", "cuda"));
-        };
-        check_prologue_cuda(cache, t, k, layer, step, p.head_dim)?;
+        let (cache, positions, attn) =
+            prologue_target("attend_prologue", kv, step, t, k, layer, p.head_dim)?;
         let mut ctx = self.lock();
         let n = q.rows * q.cols;
         let mut out = alloc(&ctx, n)?;
@@ -132,15 +122,23 @@ impl CudaDevice {
     }
 }
 
-/// The prologue's checks against layer `layer` of the cache and the rotary table.
-fn check_prologue_cuda(
-    cache: &DeviceKvCache,
+/// The device cache, positions and attention batch a prologue op (`op`) works on, after its
+/// checks against layer `layer` of the cache and the rotary table.
+fn prologue_target<'a>(
+    op: &'static str,
+    kv: &'a mut KvPool,
+    step: &'a Step,
     t: &RopeTable,
     k: &Tensor,
     layer: usize,
-    step: &Step,
     head_dim: usize,
-) -> Result<()> {
+) -> Result<(&'a mut DeviceKvCache, &'a Buf<i32>, &'a AttnBatch)> {
+    let KvData::Cuda(cache) = &mut kv.data else {
+        return Err(wrong(op, "cpu", "cuda"));
+    };
+    let StepData::Cuda { positions, attn } = &step.data else {
+        return Err(wrong(op, "cpu", "cuda"));
+    };
     let shape = cache.layers[layer].shape;
     check(
         "attention prologue head_dim (the cache's)",
@@ -159,7 +157,7 @@ fn check_prologue_cuda(
             want: t.max_pos(),
         });
     }
-    Ok(())
+    Ok((cache, positions, attn))
 }
 
 /// The Q/K head norms' device weights and epsilon, as the prologue kernels take them.
