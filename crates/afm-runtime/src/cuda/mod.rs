@@ -7,6 +7,8 @@
 //! - `matmul`: weights on the device ([`DeviceWeight`]) and `out = x · Wᵀ` for f32/f16/bf16
 //!   (cuBLAS) and Q8_0/Q4_K/Q6_K (own GEMV kernels reading GGML blocks; dequantize + cuBLAS
 //!   for large batches).
+//! - `gemv_shape`: the one-row 16-bit GEMVs' block shape (rows per block, units in flight),
+//!   from a measured table.
 //! - `mmq`: Q8_0/Q4_K/Q6_K times 17..64 activation rows on int8 tensor cores (`mma.sync`).
 //! - `mmh`: BF16/F16 times 9..64 activation rows on 16-bit tensor cores (`mma.sync`), with
 //!   Q/K/V, gate+up and `out +=` in one launch each.
@@ -17,6 +19,7 @@
 //!   long chunks over an f16 cache, and the rule for when it replaces the SIMT kernel.
 //! - `sampling`: greedy and top-k/top-p/min-p sampling without copying logits to the host.
 //! - `decode_fused`: a whole llama-family decode step of one sequence in one persistent launch.
+//! - `kernel_cache`: NVRTC to CUBIN for the device's architecture, kept on disk.
 //!
 //! Activations are f32 row-major `[rows][features]` buffers ([`CudaSlice<f32>`]), as on the CPU.
 //! Kernels are CUDA C (`kernels/*.cu`) compiled by NVRTC when the context is created, except
@@ -29,6 +32,7 @@ mod attention;
 mod attention_mma;
 mod context;
 mod decode_fused;
+mod gemv_shape;
 mod kernel_cache;
 mod matmul;
 mod mmh;
