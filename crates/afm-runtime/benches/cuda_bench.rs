@@ -817,13 +817,7 @@ fn decode_attention(c: &mut CudaContext, copy_gbs: f64, out: &mut Vec<String>) -
         let q: Vec<f32> = (0..batch * nh * d).map(|_| rng.sym()).collect();
         let qd = c.upload(&q)?;
         let mut o: CudaSlice<f32> = c.alloc(batch * nh * d)?;
-        let p = AttnParams {
-            n_heads: nh,
-            head_dim: d,
-            scale: 1.0 / (d as f32).sqrt(),
-            window: None,
-            softcap: None,
-        };
+        let p = AttnParams::scaled(nh, d);
         for (name, splits) in [("split-K auto", None), ("split-K off", Some(1))] {
             let ms = time_ms(c, 20, |c, i| {
                 c.paged_attention(
@@ -894,13 +888,7 @@ fn attend_prologue(c: &mut CudaContext, out: &mut Vec<String>) -> R<()> {
             let (qn, kn) = (c.upload(&vec![1f32; d])?, c.upload(&vec![1f32; d])?);
             let (qnv, knv) = (qn.slice(0..d), kn.slice(0..d));
             let mut o = c.zeros::<f32>(batch * nh * d)?;
-            let p = AttnParams {
-                n_heads: nh,
-                head_dim: d,
-                scale: 1.0 / (d as f32).sqrt(),
-                window: None,
-                softcap: None,
-            };
+            let p = AttnParams::scaled(nh, d);
             let norms = Some((&qnv, &knv, 1e-6));
             // Without a kernel ahead, then (batch 1) behind the Q/K/V GEMV.
             let qkv = if batch == 1 {
@@ -1054,13 +1042,7 @@ fn prefill_attention_mma(c: &mut CudaContext, out: &mut Vec<String>) -> R<()> {
         let b = AttnBatch::new(c, &cache, &seqs, nh)?;
         let q: Vec<f32> = (0..chunk * nh * d).map(|_| rng.sym()).collect();
         let qd = c.upload(&q)?;
-        let p = AttnParams {
-            n_heads: nh,
-            head_dim: d,
-            scale: 1.0 / (d as f32).sqrt(),
-            window: None,
-            softcap: None,
-        };
+        let p = AttnParams::scaled(nh, d);
         // QK^T and PV over the keys each query sees (positions 0..=pos).
         let keys: usize = (n - chunk..n).map(|p| p + 1).sum();
         let flops = 4.0 * keys as f64 * (nh * d) as f64;
@@ -1222,13 +1204,7 @@ fn small_decode_attention(c: &mut CudaContext, out: &mut Vec<String>) -> R<()> {
                 let q: Vec<f32> = (0..batch * nh * d).map(|_| rng.sym()).collect();
                 let qd = c.upload(&q)?;
                 let mut o: CudaSlice<f32> = c.alloc(batch * nh * d)?;
-                let p = AttnParams {
-                    n_heads: nh,
-                    head_dim: d,
-                    scale: 1.0 / (d as f32).sqrt(),
-                    window: None,
-                    softcap: None,
-                };
+                let p = AttnParams::scaled(nh, d);
                 let mut us = [0.0; 2];
                 for (i, old) in [false, true].into_iter().enumerate() {
                     c.set_decode_attention_old(old);

@@ -50,6 +50,20 @@ pub struct AttnParams {
     pub softcap: Option<f32>,
 }
 
+impl AttnParams {
+    /// Plain scaled dot-product attention over `n_heads` heads of `head_dim`: scores times
+    /// `1/√head_dim`, no window, no softcap.
+    pub fn scaled(n_heads: usize, head_dim: usize) -> Self {
+        Self {
+            n_heads,
+            head_dim,
+            scale: 1.0 / (head_dim as f32).sqrt(),
+            window: None,
+            softcap: None,
+        }
+    }
+}
+
 /// `q`: `[tokens][n_heads * head_dim]`; `out` the same shape.
 ///
 /// Each (sequence, KV head) reads its keys and values out of the paged cache once

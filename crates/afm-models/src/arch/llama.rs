@@ -197,13 +197,7 @@ impl Llama {
         // Head norms, RoPE, the K/V store and attention: one launch for a decode step on a
         // GPU (two otherwise).
         let norm = a.qk_norm();
-        let params = AttnParams {
-            n_heads: self.cfg.num_heads,
-            head_dim: hd,
-            scale: 1.0 / (hd as f32).sqrt(),
-            window: None,
-            softcap: None,
-        };
+        let params = AttnParams::scaled(self.cfg.num_heads, hd);
         let o = dev.attend_prologue(&self.rope, norm, q, k, &v, kv, layer, step, &params)?;
         dev.linear_add(&o, &a.o.w, a.o.b.as_ref(), x)
     }

@@ -502,13 +502,7 @@ impl Qwen35 {
         a.k_norm.forward_inplace(dev, &mut k)?;
         dev.rope(&self.rope, &mut q, hd, step)?;
         dev.rope(&self.rope, &mut k, hd, step)?;
-        let params = AttnParams {
-            n_heads: nh,
-            head_dim: hd,
-            scale: 1.0 / (hd as f32).sqrt(),
-            window: None,
-            softcap: None,
-        };
+        let params = AttnParams::scaled(nh, hd);
         let o = dev.attention(kv, a.kv_layer, step, &q, &k, &v, &params)?;
         let o = dev.host_compute("attention output gate", &[&o, &gate], rows, nh * hd, |v| {
             Ok(v[0]

@@ -121,13 +121,7 @@ fn attention_layer_steps(
     let qn = d.vector(head_w(60)).expect("q_norm");
     let kn = d.vector(head_w(61)).expect("k_norm");
     let (ta, tb) = ([9u32, 1, 4, 3], [2u32, 0, 11, 6]);
-    let p = AttnParams {
-        n_heads: nh,
-        head_dim: hd,
-        scale: 1.0 / (hd as f32).sqrt(),
-        window: None,
-        softcap: None,
-    };
+    let p = AttnParams::scaled(nh, hd);
     let (mut out, mut qk) = (Vec::new(), Vec::new());
     let steps = [
         (7, 0, 10, 0),
