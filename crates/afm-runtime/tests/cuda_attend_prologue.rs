@@ -15,7 +15,7 @@ use afm_runtime::attention::{AttnParams, AttnSeq};
 use afm_runtime::cuda::{AttnBatch, CudaContext, DeviceKvCache, RopeTable};
 use afm_runtime::kv_store::{KvDtype, LayerKvShape};
 use afm_runtime::ops::{Rope, RopeStyle};
-use common::attention::scattered_tables;
+use common::attention::{prologue_inputs, scattered_tables};
 use common::{ctx, poisoned, Rng};
 
 const BS: usize = 16;
@@ -131,16 +131,8 @@ fn check(case: Case) {
     let rows = batch.n_rows();
     let mut positions: Vec<i32> = case.ctx.iter().map(|&p| p as i32).collect();
     positions.resize(rows, 0);
-    let (qw, kw) = (nh * d, nkv * d);
-    let (q, k, v) = (
-        rng.vec(rows * qw, 2.0),
-        rng.vec(rows * kw, 2.0),
-        rng.vec(rows * kw, 1.0),
-    );
-    let (qn, kn): (Vec<f32>, Vec<f32>) = (
-        (0..d).map(|_| 1.0 + rng.sym(0.5)).collect(),
-        (0..d).map(|_| 1.0 + rng.sym(0.5)).collect(),
-    );
+    let qw = nh * d;
+    let [q, k, v, qn, kn] = prologue_inputs(&mut rng, rows, nh, nkv, d);
     let max_pos = case.ctx.iter().max().map_or(1, |&p| p + 1);
     let rope = Rope::new(d, 1e6, 1.0, RopeStyle::Neox);
     let table = RopeTable::from_cpu(&c, &rope, d, RopeStyle::Neox, max_pos).unwrap();

@@ -18,7 +18,9 @@ use afm_runtime::cuda::{
 use afm_runtime::kv_store::{KvCache, KvDtype, LayerKvShape};
 use afm_runtime::ops::{self, Rope, RopeStyle};
 use afm_runtime::DType;
-use common::attention::{run_attention, run_attention_fixed, scattered_tables, AttnCase};
+use common::attention::{
+    prologue_inputs, run_attention, run_attention_fixed, scattered_tables, AttnCase,
+};
 use common::weights::random_weight;
 use common::{assert_close, ctx, poisoned, rel_err, Rng};
 
@@ -570,15 +572,7 @@ fn check_prologue(case: PrologueCase) {
     }
     let rows = positions.len();
     let (qw, kw) = (nh * d, nkv * d);
-    let (q, k, v) = (
-        rng.vec(rows * qw, 2.0),
-        rng.vec(rows * kw, 2.0),
-        rng.vec(rows * kw, 1.0),
-    );
-    let (qn, kn): (Vec<f32>, Vec<f32>) = (
-        (0..d).map(|_| 1.0 + rng.sym(0.5)).collect(),
-        (0..d).map(|_| 1.0 + rng.sym(0.5)).collect(),
-    );
+    let [q, k, v, qn, kn] = prologue_inputs(&mut rng, rows, nh, nkv, d);
     let eps = 1e-6;
     let (rope, dims, style) = &case.rope;
     let max_pos = positions.iter().max().map_or(1, |&p| p as usize + 1);

@@ -212,3 +212,25 @@ pub fn scattered_tables(
     }
     (num_blocks, tables)
 }
+
+/// A prologue's random inputs for `rows` rows: q (`n_heads` heads), k and v (`n_kv` heads) of
+/// `d` values, and per-head norm weights for q and k near 1, drawn in that order.
+pub fn prologue_inputs(
+    rng: &mut Rng,
+    rows: usize,
+    n_heads: usize,
+    n_kv: usize,
+    d: usize,
+) -> [Vec<f32>; 5] {
+    let (qw, kw) = (n_heads * d, n_kv * d);
+    let (q, k, v) = (
+        rng.vec(rows * qw, 2.0),
+        rng.vec(rows * kw, 2.0),
+        rng.vec(rows * kw, 1.0),
+    );
+    let (qn, kn): (Vec<f32>, Vec<f32>) = (
+        (0..d).map(|_| 1.0 + rng.sym(0.5)).collect(),
+        (0..d).map(|_| 1.0 + rng.sym(0.5)).collect(),
+    );
+    [q, k, v, qn, kn]
+}
