@@ -283,11 +283,6 @@ impl CudaDevice {
         Ok(self.lock().mem_info()?)
     }
 
-    pub(super) fn weight(&self, w: &WeightMatrix) -> Result<DeviceWeight> {
-        let mut d = self.weights_joined(std::slice::from_ref(w))?;
-        Ok(d.remove(0))
-    }
-
     /// Matrices sharing an input, placed back to back where their type allows one GEMM over
     /// all of them (`DeviceWeight::upload_joined`).
     pub(super) fn weights_joined(&self, ws: &[WeightMatrix]) -> Result<Vec<DeviceWeight>> {

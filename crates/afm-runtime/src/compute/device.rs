@@ -75,18 +75,13 @@ impl Device {
 
     /// Places a weight matrix on this device, in [`stored_type`](Self::stored_type).
     pub fn weight(&self, w: WeightMatrix) -> Result<Weight> {
-        let (dtype, rows, cols) = (w.dtype(), w.rows(), w.cols());
-        let data = match self {
-            Device::Cpu => WeightData::Host(w),
-            #[cfg(feature = "cuda")]
-            Device::Cuda(c) => WeightData::Cuda(Arc::new(c.weight(&w)?)),
-        };
-        Ok(Weight {
-            dtype,
-            rows,
-            cols,
-            data,
-        })
+        self.weights_joined(vec![w])?
+            .pop()
+            .ok_or(ComputeError::Shape {
+                what: "weights placed",
+                got: 0,
+                want: 1,
+            })
     }
 
     /// Places matrices that multiply the same input (Q/K/V, gate and up): on a GPU back to back
