@@ -9,6 +9,9 @@ pub mod dtype;
 pub mod error;
 pub mod matmul;
 pub mod quant;
+// Only the CUDA paths read their switches; a CPU build can still set them.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+mod switch;
 pub mod threads;
 
 pub mod attention;

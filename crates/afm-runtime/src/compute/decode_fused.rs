@@ -16,7 +16,9 @@
 //! H200 it measured slower than the layer loop (session 7: Qwen3-0.6B batch 1 988 vs 1,107
 //! tok/s, Qwen3-8B 190 vs 214; bench/RESULTS.md).
 
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::switch::Switch;
 
 use super::{Activation, Device, KvPool, QkNorm, Result, Rotary, Step, Tensor, Vector, Weight};
 
@@ -51,8 +53,8 @@ pub struct FusedDecoder<'a> {
     pub rope: &'a Rotary,
 }
 
-/// Process-wide switch: 0 not read yet, 1 on (`AFM_FUSED_DECODE=1`), 2 off.
-static SWITCH: AtomicU8 = AtomicU8::new(0);
+/// Process-wide switch: on with `AFM_FUSED_DECODE=1`, or [`Device::set_fused_decode`].
+static SWITCH: Switch = Switch::new("AFM_FUSED_DECODE", false);
 
 /// Fused steps launched (or captured into a graph) by this process, for tests that must know
 /// the fused path ran.
@@ -60,14 +62,7 @@ static LAUNCHES: AtomicU64 = AtomicU64::new(0);
 
 #[cfg(feature = "cuda")]
 fn fused_decode_on() -> bool {
-    match SWITCH.load(Ordering::Relaxed) {
-        0 => {
-            let on = std::env::var("AFM_FUSED_DECODE").is_ok_and(|v| v == "1");
-            SWITCH.store(if on { 1 } else { 2 }, Ordering::Relaxed);
-            on
-        }
-        s => s == 1,
-    }
+    SWITCH.on()
 }
 
 impl Device {
@@ -75,7 +70,7 @@ impl Device {
     /// does (in-process A/B tests and benchmarks). CUDA graphs captured before keep the path
     /// they were captured with.
     pub fn set_fused_decode(on: bool) {
-        SWITCH.store(if on { 1 } else { 2 }, Ordering::Relaxed);
+        SWITCH.set(on);
     }
 
     /// Fused steps this process has launched or captured so far.

@@ -31,7 +31,7 @@
 //! new token normalize and rotate its key too and put K and V into their shared-memory stage,
 //! one of them storing both in the cache); `AFM_ATTN_FUSED_PRO=0` keeps two launches.
 
-use std::sync::atomic::{AtomicU8, Ordering};
+use crate::switch::Switch;
 
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig};
 use half::f16;
@@ -242,20 +242,12 @@ fn split_count(sm_count: usize, blocks: usize, max_splits: usize, per_sm: usize)
         .min(MAX_SPLITS)
 }
 
-/// Which kernel decode steps take, process-wide: 0 not read yet, 1 the decode kernel, 2
-/// `attn_impl` (the A/B switch: `AFM_ATTN_DECODE_OLD=1`, or
-/// [`CudaContext::set_decode_attention_old`]).
-static DECODE_KERNEL: AtomicU8 = AtomicU8::new(0);
+/// Decode steps on the kernel before `attn_decode_impl` (`attn_impl`), process-wide: the A/B
+/// switch `AFM_ATTN_DECODE_OLD=1`, or [`CudaContext::set_decode_attention_old`].
+static DECODE_OLD: Switch = Switch::new("AFM_ATTN_DECODE_OLD", false);
 
 fn decode_old() -> bool {
-    match DECODE_KERNEL.load(Ordering::Relaxed) {
-        0 => {
-            let old = std::env::var("AFM_ATTN_DECODE_OLD").is_ok_and(|v| v == "1");
-            DECODE_KERNEL.store(if old { 2 } else { 1 }, Ordering::Relaxed);
-            old
-        }
-        k => k == 2,
-    }
+    DECODE_OLD.on()
 }
 
 /// Blocks per SM the decode kernel's splits aim for over contexts of at most `keys` keys:
@@ -277,19 +269,12 @@ fn decode_target_per_sm(keys: usize) -> usize {
 }
 
 /// Whether decode steps fold the attention prologue into the decode kernel
-/// ([`CudaContext::attend_prologue`]), process-wide: 0 not read yet, 1 on, 2 off
-/// (`AFM_ATTN_FUSED_PRO=0`, or [`CudaContext::set_attn_fused_prologue`]).
-static FUSED_PROLOGUE: AtomicU8 = AtomicU8::new(0);
+/// ([`CudaContext::attend_prologue`]), process-wide: off with `AFM_ATTN_FUSED_PRO=0`, or
+/// [`CudaContext::set_attn_fused_prologue`].
+static FUSED_PROLOGUE: Switch = Switch::new("AFM_ATTN_FUSED_PRO", true);
 
 fn fused_prologue_on() -> bool {
-    match FUSED_PROLOGUE.load(Ordering::Relaxed) {
-        0 => {
-            let off = std::env::var("AFM_ATTN_FUSED_PRO").is_ok_and(|v| v == "0");
-            FUSED_PROLOGUE.store(if off { 2 } else { 1 }, Ordering::Relaxed);
-            !off
-        }
-        k => k == 1,
-    }
+    FUSED_PROLOGUE.on()
 }
 
 /// Which kernel a step's attention takes, and the split rule that goes with it.
@@ -411,13 +396,13 @@ impl CudaContext {
     /// context of the process, as `AFM_ATTN_DECODE_OLD=1` does (A/B benchmarks). Batches
     /// packed for CUDA graphs keep the split count of the rule they were packed under.
     pub fn set_decode_attention_old(&self, old: bool) {
-        DECODE_KERNEL.store(if old { 2 } else { 1 }, Ordering::Relaxed);
+        DECODE_OLD.set(old);
     }
 
     /// Folds the attention prologue into the decode kernel where it can (`on`) or keeps the
     /// two launches, for every context of the process, as `AFM_ATTN_FUSED_PRO=0` does (A/B).
     pub fn set_attn_fused_prologue(&self, on: bool) {
-        FUSED_PROLOGUE.store(if on { 1 } else { 2 }, Ordering::Relaxed);
+        FUSED_PROLOGUE.set(on);
     }
 
     /// Writes the step's new keys and values (row t at `k + t·k_stride`, `n_kv_heads · head_dim`

@@ -165,11 +165,7 @@ pub(super) fn env_switch(
     var: &str,
     default: bool,
 ) -> bool {
-    *cell.get_or_init(|| match std::env::var(var) {
-        Ok(v) if default => v != "0",
-        Ok(v) => v == "1",
-        Err(_) => default,
-    })
+    *cell.get_or_init(|| crate::switch::from_env(var, default))
 }
 
 /// Whether kernels launch with programmatic dependent launch (`AFM_PDL=0` turns it off): a
