@@ -179,13 +179,7 @@ impl CudaContext {
         len: usize,
     ) -> Result<()> {
         let d = w.len();
-        if d == 0 || !len.is_multiple_of(d) {
-            return Err(CudaError::Shape {
-                what: "rms_norm input length (a multiple of the weight length)",
-                got: len,
-                want: d,
-            });
-        }
+        check_norm_rows(len, d)?;
         let (rows, wp) = ((len / d) as i32, self.ptr(w));
         let di = d as i32;
         let v4 = norm_v4(d, &[x, res, wp, out]);
@@ -213,13 +207,7 @@ impl CudaContext {
         len: usize,
         bf16: bool,
     ) -> Result<()> {
-        if d == 0 || !len.is_multiple_of(d) {
-            return Err(CudaError::Shape {
-                what: "rms_norm input length (a multiple of the weight length)",
-                got: len,
-                want: d,
-            });
-        }
+        check_norm_rows(len, d)?;
         let (rows, di, ty) = ((len / d) as i32, d as i32, if bf16 { 1i32 } else { 2 });
         // 8-byte stores of four 16-bit values need the same alignment as the f32 side's float4s.
         let v4 = norm_v4(d, &[x, w, out]);
@@ -433,4 +421,16 @@ impl CudaContext {
         let f = self.kernel(name)?;
         launch!(self, f, cfg; tp, ip, op, ni, di, rb, vocab)
     }
+}
+
+/// RMSNorm's input is whole rows of the weight's length `d`.
+fn check_norm_rows(len: usize, d: usize) -> Result<()> {
+    if d == 0 || !len.is_multiple_of(d) {
+        return Err(CudaError::Shape {
+            what: "rms_norm input length (a multiple of the weight length)",
+            got: len,
+            want: d,
+        });
+    }
+    Ok(())
 }
