@@ -46,6 +46,7 @@ struct Warp {
 static Warp warps[4];
 
 static inline void __syncthreads() { cta_bar->arrive_and_wait(); }
+static inline void __syncwarp() { warps[threadIdx.x >> 5].bar.arrive_and_wait(); }
 static inline int lane_id() { return threadIdx.x & 31; }
 static inline Warp& my_warp() { return warps[threadIdx.x >> 5]; }
 
@@ -55,6 +56,16 @@ static inline float __shfl_xor_sync(u32, float v, int m) {
     w.f[l][0] = v;
     w.bar.arrive_and_wait();
     const float r = w.f[l ^ m][0];
+    w.bar.arrive_and_wait();
+    return r;
+}
+
+static inline int __shfl_sync(u32, int v, int src) {
+    Warp& w = my_warp();
+    const int l = lane_id();
+    w.w[l][9] = (u32)v;
+    w.bar.arrive_and_wait();
+    const int r = (int)w.w[src][9];
     w.bar.arrive_and_wait();
     return r;
 }
@@ -135,11 +146,15 @@ struct Case {
     std::vector<std::pair<int, int>> seqs;  // (cached positions, new rows)
     bool bs_shift = true;                   // block_size 16 by a shift, or by division
     int splits = 1;                         // key-range splits (split-K)
+    bool decode = false;  // one row per sequence on attn_dec_mma_* (seqs' rows must be 1)
 };
 
 static bool run(const Case& c, std::mt19937& rng) {
     const int bs = 16, d = c.d, nkv = c.n_kv, nh = c.n_heads;
     Kernel kernel = d == 64 ? attn_mma_f16_64 : d == 128 ? attn_mma_f16_128 : attn_mma_f16_256;
+    if (c.decode)
+        kernel = d == 64 ? attn_dec_mma_f16_64 : d == 128 ? attn_dec_mma_f16_128 : attn_dec_mma_f16_256;
+    const int threads = c.decode && d != 64 ? 64 : 128;  // ATTN_DEC_MMA's warps
     std::uniform_real_distribution<float> U(-1.f, 1.f);
     // Block tables over a shuffled pool, as the engine's cache hands them out.
     int need_total = 0, max_blocks = 1;
@@ -159,7 +174,8 @@ static bool run(const Case& c, std::mt19937& rng) {
         const int need = (p + l + bs - 1) / bs;
         for (int b = 0; b < need; b++) tables[s * max_blocks + b] = ids[at++];
         seqs.insert(seqs.end(), {rows, l, p, 0});
-        if (l >= 64)
+        if (c.decode) tiles.insert(tiles.end(), {(int)s, 0});
+        else if (l >= 64)
             for (int q0 = ((l - 1) / 64) * 64; q0 >= 0; q0 -= 64) tiles.insert(tiles.end(), {(int)s, q0});
         rows += l;
     }
@@ -175,18 +191,20 @@ static bool run(const Case& c, std::mt19937& rng) {
               c.bs_shift ? 4 : -1, c.splits, 1.0f / sqrtf((float)d), c.softcap};
 
     const int n_tiles = (int)tiles.size() / 2;
-    std::vector<float> ws((size_t)n_tiles * nh * c.splits * 64 * (d + 2), NAN);
-    std::vector<int> done((size_t)n_tiles * nh, 0);
-    gridDim = {nh, n_tiles, c.splits};
+    // Decode: a CTA per (KV head, sequence, split), the split partials per query head.
+    const int gx = c.decode ? nkv : nh;
+    std::vector<float> ws((size_t)n_tiles * nh * c.splits * (c.decode ? 1 : 64) * (d + 2), NAN);
+    std::vector<int> done((size_t)n_tiles * gx, 0);
+    gridDim = {gx, n_tiles, c.splits};
     for (int ty = 0; ty < n_tiles; ty++) {
-        for (int hx = 0; hx < nh; hx++) {
+        for (int hx = 0; hx < gx; hx++) {
           for (int z = 0; z < c.splits; z++) {
             blockIdx = {hx, ty, z};
-            blockDim = {128, 1, 1};
-            std::barrier<> bar(128);
+            blockDim = {threads, 1, 1};
+            std::barrier<> bar(threads);
             cta_bar = &bar;
             std::vector<std::thread> th;
-            for (int t = 0; t < 128; t++)
+            for (int t = 0; t < threads; t++)
                 th.emplace_back([&, t] {
                     threadIdx = {t, 0, 0};
                     kernel(q.data(), kc.data(), vc.data(), tables.data(), seqs.data(),
@@ -208,7 +226,7 @@ static bool run(const Case& c, std::mt19937& rng) {
             const int pos = p0 + i, lo = c.window > 0 ? max(0, pos + 1 - c.window) : 0;
             for (int h = 0; h < nh; h++) {
                 const float* o = &out[((size_t)(r0 + i) * nh + h) * d];
-                if (l < 64) {  // not the kernel's rows: must stay unwritten
+                if (l < 64 && !c.decode) {  // not the kernel's rows: must stay unwritten
                     for (int e = 0; e < d; e++) stray |= !std::isnan(o[e]);
                     continue;
                 }
@@ -269,6 +287,29 @@ int main(int argc, char** argv) {
                          {{700, 64}, {3, 5}, {0, 100}}, true, 3});
         cases.push_back({"split-K 16 > tiles, window", s[0], s[1], s[2], 150, 20.f,
                          {{300, 70}}, true, 16});
+    }
+    // Decode (one new token per sequence): groups 1 to 16, contexts from one key to several
+    // tiles per warp, windows, softcap, splits (more than some sequences have tiles).
+    const int dshapes[][3] = {{2, 2, 64}, {16, 8, 128}, {32, 8, 128}, {16, 1, 128}, {8, 2, 256}};
+    for (auto& s : dshapes) {
+        std::vector<std::pair<int, int>> ds = {{0, 1}, {15, 1}, {16, 1}, {200, 1}, {37, 1}, {700, 1}};
+        Case dc{"decode", s[0], s[1], s[2], 0, 0.f, ds};
+        dc.decode = true;
+        cases.push_back(dc);
+        dc.name = "decode, window 40, softcap";
+        dc.window = 40;
+        dc.softcap = 30.f;
+        cases.push_back(dc);
+        dc.name = "decode split 3, window 300";
+        dc.window = 300;
+        dc.softcap = 0.f;
+        dc.splits = 3;
+        cases.push_back(dc);
+        dc.name = "decode split 16, by div";
+        dc.window = 0;
+        dc.splits = 16;
+        dc.bs_shift = false;
+        cases.push_back(dc);
     }
     int fails = 0;
     const bool quick = argc > 1;

@@ -208,3 +208,96 @@ fn mma_refuses_what_it_cannot_serve() {
         assert!(rel_err(&auto, &want) <= tol);
     }
 }
+
+/// Decode steps (one new token per sequence) of enough sequences to fill the device: one CTA
+/// per KV head and sequence reaches the SM count, so `Auto` takes the tensor-core decode kernel
+/// (`attn_dec_mma_*`). Contexts from one key to several tiles per warp.
+fn decode_seqs(n_kv: usize, sm_count: usize) -> Vec<(usize, usize)> {
+    let n = sm_count.div_ceil(n_kv) + 3;
+    (0..n).map(|i| ((i * 37) % 700, 1)).collect()
+}
+
+/// Query heads per KV head 1, 2, 4, 8 and 16 (one mma tile's rows), every head_dim.
+const DECODE_SHAPES: [(usize, usize, usize); 6] = [
+    (4, 4, 64),
+    (16, 8, 128),
+    (32, 8, 128),
+    (16, 2, 128),
+    (16, 1, 128),
+    (8, 2, 256),
+];
+
+/// The decode step with the tensor-core decode kernel on and off (the SIMT decode kernel),
+/// each against the CPU; they must be different kernels (outputs not bit-equal: the mma
+/// kernel rounds the attention weights to f16, the SIMT one does not).
+fn check_decode(what: &str, case: &AttnCase) {
+    let c = ctx();
+    c.set_decode_attention_mma(true);
+    drop(c);
+    let on = check(what, case, &[AttnKernel::Auto]).remove(0);
+    let c = ctx();
+    c.set_decode_attention_mma(false);
+    drop(c);
+    let off = check(what, case, &[AttnKernel::Auto]).remove(0);
+    ctx().set_decode_attention_mma(true);
+    assert_ne!(on, off, "{what}: the tensor-core decode kernel did not run");
+    let e = rel_err(&on, &off);
+    assert!(
+        e <= TOL,
+        "{what}: mma vs simt decode: relative error {e:.3e}"
+    );
+}
+
+#[test]
+fn decode_on_tensor_cores() {
+    let sm = ctx().info().sm_count;
+    for shape in DECODE_SHAPES {
+        let seqs = decode_seqs(shape.1, sm);
+        check_decode("decode", &case(shape, &seqs, None, None));
+    }
+}
+
+#[test]
+fn decode_on_tensor_cores_window_and_softcap() {
+    let sm = ctx().info().sm_count;
+    for shape in DECODE_SHAPES {
+        let seqs = decode_seqs(shape.1, sm);
+        check_decode("decode window", &case(shape, &seqs, Some(40), Some(30.0)));
+        check_decode("decode wide window", &case(shape, &seqs, Some(300), None));
+    }
+}
+
+/// Forced splits of the key range: 1, 3 and 16 (more than the short contexts have tiles).
+#[test]
+fn decode_on_tensor_cores_split() {
+    let sm = ctx().info().sm_count;
+    for shape in DECODE_SHAPES {
+        for splits in [1, 3, 16] {
+            let c = AttnCase {
+                splits: Some(splits),
+                ..case(shape, &decode_seqs(shape.1, sm), None, None)
+            };
+            check_decode("decode split", &c);
+        }
+    }
+}
+
+/// The batch a CUDA graph replays (a bucket with padding rows, tables of the context class)
+/// takes the same kernel, with the split count packed into it.
+#[test]
+fn decode_on_tensor_cores_graph_batch() {
+    let sm = ctx().info().sm_count;
+    for shape in [(16, 8, 128), (32, 8, 128), (8, 2, 256)] {
+        let seqs = decode_seqs(shape.1, sm);
+        let bucket = seqs.len() + 5;
+        let case = case(shape, &seqs, None, None);
+        let mut c = ctx();
+        let mut rng = Rng(77);
+        let (want, got) =
+            common::attention::run_attention_fixed(&mut c, &mut rng, &case, bucket, 64);
+        let got = got.unwrap_or_else(|e| panic!("graph batch: {e}"));
+        let e = rel_err(&got, &want);
+        eprintln!("graph batch {shape:?}: rel err {e:.2e}");
+        assert!(e <= TOL, "graph batch {shape:?}: relative error {e:.3e}");
+    }
+}

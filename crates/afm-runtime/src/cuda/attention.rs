@@ -188,6 +188,8 @@ const DECODE_TARGET_BLOCKS_PER_SM_SHORT: usize = 2;
 const DECODE_MAX_KEYS_GH2_WIDE: usize = 1024;
 /// `MAX_SPLITS` in attention.cu.
 const MAX_SPLITS: usize = 128;
+/// `MMA_MAX_SPLITS` in attention_mma.cu (its merge's split weights).
+const DEC_MMA_MAX_SPLITS: usize = 16;
 
 /// One step's sequences, packed for the device (see the module header).
 pub struct AttnBatch {
@@ -277,40 +279,66 @@ fn fused_prologue_on() -> bool {
     FUSED_PROLOGUE.on()
 }
 
+/// Decode steps of many sequences on tensor cores (`attn_dec_mma_*` in attention_mma.cu),
+/// process-wide: off with `AFM_ATTN_DEC_MMA=0`, or [`CudaContext::set_decode_attention_mma`].
+static DECODE_MMA: Switch = Switch::new("AFM_ATTN_DEC_MMA", true);
+
+/// What the kernel choice of a step depends on besides its size: the device and the layer.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct StepShape {
+    pub sm_count: usize,
+    /// mma.sync (compute capability 8.0 or later).
+    pub tensor_cores: bool,
+    /// Query heads per SIMT block ([`heads_per_block`]).
+    pub gh: usize,
+    /// Query heads per KV head.
+    pub group: usize,
+    pub head_dim: usize,
+    /// Bytes per cached K/V element.
+    pub elem: usize,
+}
+
 /// Which kernel a step's attention takes, and the split rule that goes with it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct DecodePlan {
-    /// `attn_decode_impl` (else `attn_impl`).
+    /// `attn_decode_impl` or `attn_dec_mma_impl` (else `attn_impl`).
     decode: bool,
+    /// `attn_dec_mma_impl`: one CTA per (sequence, KV head, split).
+    mma: bool,
     min_keys: usize,
     target_per_sm: usize,
 }
 
 impl DecodePlan {
-    /// For a step of `blocks` attention blocks (before splitting) over at most `keys` keys:
-    /// decode steps (`one_query`) take the decode kernel where it has the shape, is not
-    /// switched off, and is the faster (see [`DECODE_MAX_KEYS_GH2_WIDE`]).
-    fn new(
-        sm_count: usize,
-        gh: usize,
-        head_dim: usize,
-        elem: usize,
-        keys: usize,
-        blocks: usize,
-        one_query: bool,
-    ) -> Self {
-        let wide_long_gh2 = gh <= 2 && keys > DECODE_MAX_KEYS_GH2_WIDE && blocks >= sm_count;
-        let decode =
-            one_query && !decode_old() && has_decode_kernel(head_dim, elem, gh) && !wide_long_gh2;
+    /// For a step of `blocks` SIMT attention blocks (before splitting) over at most `keys`
+    /// keys: decode steps (`one_query`) with a SIMT block per multiprocessor or more (before
+    /// splitting, per KV head) take the tensor-core decode kernel where it has the shape;
+    /// otherwise the SIMT decode kernel where it has the shape, is not switched off, and is
+    /// the faster (see [`DECODE_MAX_KEYS_GH2_WIDE`]).
+    fn new(s: &StepShape, keys: usize, blocks: usize, one_query: bool) -> Self {
+        let kv_blocks = blocks * s.gh / s.group.max(1);
+        let mma = one_query
+            && s.tensor_cores
+            && DECODE_MMA.on()
+            && has_dec_mma_kernel(s.head_dim, s.elem, s.group)
+            && kv_blocks >= s.sm_count;
+        let wide_long_gh2 = s.gh <= 2 && keys > DECODE_MAX_KEYS_GH2_WIDE && blocks >= s.sm_count;
+        let decode = mma
+            || (one_query
+                && !decode_old()
+                && has_decode_kernel(s.head_dim, s.elem, s.gh)
+                && !wide_long_gh2);
         if decode {
             Self {
                 decode,
+                mma,
                 min_keys: DECODE_MIN_KEYS,
                 target_per_sm: decode_target_per_sm(keys),
             }
         } else {
             Self {
                 decode,
+                mma,
                 min_keys: SPLIT_MIN_KEYS,
                 target_per_sm: SPLIT_TARGET_BLOCKS_PER_SM,
             }
@@ -330,6 +358,24 @@ impl DecodePlan {
             keys / (2 * self.min_keys)
         }
     }
+
+    /// Key-range splits of a step of `blocks` SIMT blocks over at most `keys` keys, unless
+    /// forced: the tensor-core decode kernel's rule for its plan
+    /// ([`dec_mma_split_count`](super::attention_mma::dec_mma_split_count)), else
+    /// [`split_count`].
+    fn splits(&self, s: &StepShape, keys: usize, blocks: usize) -> usize {
+        if self.mma {
+            let ctas = blocks * s.gh / s.group.max(1);
+            super::attention_mma::dec_mma_split_count(s.sm_count, ctas, keys, s.head_dim)
+        } else {
+            split_count(
+                s.sm_count,
+                blocks,
+                self.max_splits(keys),
+                self.target_per_sm,
+            )
+        }
+    }
 }
 
 /// Whether attention.cu has a decode kernel for `head_dim` over KV elements of `elem` bytes
@@ -338,6 +384,12 @@ impl DecodePlan {
 fn has_decode_kernel(head_dim: usize, elem: usize, gh: usize) -> bool {
     // heads_per_block(gh, d) == gh: gh is within the limit for head_dim.
     elem == 2 && matches!(head_dim, 64 | 128 | 256) && heads_per_block(gh, head_dim) == gh
+}
+
+/// Whether attention_mma.cu has a decode kernel for `head_dim` over KV elements of `elem`
+/// bytes and `group` query heads per KV head (the rows of one mma tile).
+fn has_dec_mma_kernel(head_dim: usize, elem: usize, group: usize) -> bool {
+    elem == 2 && matches!(head_dim, 64 | 128 | 256) && (1..=16).contains(&group)
 }
 
 /// Entry points of the decode kernel (`attn_dec_f16_{head_dim}_{heads per block}`) and of
@@ -397,6 +449,14 @@ impl CudaContext {
     /// packed for CUDA graphs keep the split count of the rule they were packed under.
     pub fn set_decode_attention_old(&self, old: bool) {
         DECODE_OLD.set(old);
+    }
+
+    /// Sends decode steps of many sequences to the tensor-core decode kernel (`on`) or keeps
+    /// them on the SIMT one, for every context of the process, as `AFM_ATTN_DEC_MMA=0` does
+    /// (A/B benchmarks, tests). Batches packed for CUDA graphs keep the split count of the
+    /// rule they were packed under.
+    pub fn set_decode_attention_mma(&self, on: bool) {
+        DECODE_MMA.set(on);
     }
 
     /// Folds the attention prologue into the decode kernel where it can (`on`) or keeps the
@@ -528,6 +588,19 @@ impl CudaContext {
             splits,
         );
         let (ws, done) = self.split_scratch(batch, p, &l)?;
+        if l.mma {
+            let bs = cache.block_size;
+            return self.launch_dec_mma(
+                kv,
+                bs,
+                batch,
+                &l,
+                (qp, q_stride),
+                p,
+                (op, out_stride),
+                (ws, done),
+            );
+        }
         let (kc, vc) = (kv.k.ptr(self), kv.v.ptr(self));
         let (tab, seqs, _, tiles) = batch.ptrs(self);
         let (d, gh, t) = (kv.shape.head_dim, batch.gh, l.elem_name);
@@ -566,12 +639,19 @@ impl CudaContext {
             KvBuf::F32(_) => ("f32", 4),
             KvBuf::F16(_) => ("f16", 2),
         };
-        let sm = self.info().sm_count;
-        let plan = DecodePlan::new(sm, gh, d, elem, keys, blocks, batch.qb == 1);
+        let shape = self.step_shape(gh, group, d, elem);
+        let plan = DecodePlan::new(&shape, keys, blocks, batch.qb == 1);
         let n_splits = splits
             .or(batch.forced_splits)
-            .unwrap_or_else(|| split_count(sm, blocks, plan.max_splits(keys), plan.target_per_sm))
-            .clamp(1, MAX_SPLITS);
+            .unwrap_or_else(|| plan.splits(&shape, keys, blocks))
+            .clamp(
+                1,
+                if plan.mma {
+                    DEC_MMA_MAX_SPLITS
+                } else {
+                    MAX_SPLITS
+                },
+            );
         let args = AttnArgs {
             n_heads: p.n_heads as i32,
             n_kv_heads: nkv as i32,
@@ -588,11 +668,33 @@ impl CudaContext {
             scale: p.scale,
             softcap: p.softcap.unwrap_or(0.0),
         };
+        // The tensor-core decode kernel serves a KV head's whole group in one CTA.
+        let gx = if plan.mma { nkv } else { nkv * hchunks };
         SimtLaunch {
             decode: plan.decode,
+            mma: plan.mma,
             elem_name,
-            grid: ((nkv * hchunks) as u32, simt_tiles as u32, n_splits as u32),
+            grid: (gx as u32, simt_tiles as u32, n_splits as u32),
             args,
+        }
+    }
+
+    /// The device and layer facts of a step's kernel choice ([`DecodePlan`]).
+    pub(super) fn step_shape(
+        &self,
+        gh: usize,
+        group: usize,
+        head_dim: usize,
+        elem: usize,
+    ) -> StepShape {
+        let info = self.info();
+        StepShape {
+            sm_count: info.sm_count,
+            tensor_cores: info.compute_capability.0 >= 8,
+            gh,
+            group,
+            head_dim,
+            elem,
         }
     }
 
@@ -620,8 +722,10 @@ impl CudaContext {
 
 /// How the SIMT attention of a step launches ([`CudaContext::simt_launch`]).
 pub(super) struct SimtLaunch {
-    /// `attn_decode_impl` (else `attn_impl`).
+    /// `attn_decode_impl` or `attn_dec_mma_impl` (else `attn_impl`).
     pub decode: bool,
+    /// `attn_dec_mma_impl` (attention_mma.cu; grid x: KV heads).
+    pub mma: bool,
     /// The cache's element type in kernel names.
     pub elem_name: &'static str,
     pub grid: (u32, u32, u32),
@@ -705,7 +809,17 @@ mod tests {
     /// f16 KV, head_dim 128. Assumes AFM_ATTN_DECODE_OLD is not set.
     #[test]
     fn decode_plan_picks_kernel_and_splits() {
-        let plan = |gh, keys, blocks| DecodePlan::new(132, gh, 128, 2, keys, blocks, true);
+        let shape = |gh, group, head_dim, elem, tensor_cores| StepShape {
+            sm_count: 132,
+            tensor_cores,
+            gh,
+            group,
+            head_dim,
+            elem,
+        };
+        // The SIMT kernels (no tensor cores), group = gh.
+        let simt = |gh| shape(gh, gh, 128, 2, false);
+        let plan = |gh, keys, blocks| DecodePlan::new(&simt(gh), keys, blocks, true);
         let splits = |p: DecodePlan, keys, blocks| {
             split_count(132, blocks, p.max_splits(keys), p.target_per_sm)
         };
@@ -729,9 +843,90 @@ mod tests {
         // ... but batch 1 keeps the decode kernel at any context.
         assert!(plan(2, 16384, 8).decode);
         // No decode kernel: f32 caches, head_dim 512, prefill tiles.
-        assert!(!DecodePlan::new(132, 2, 128, 4, 1024, 8, true).decode);
-        assert!(!DecodePlan::new(132, 1, 512, 2, 1024, 8, true).decode);
-        assert!(!DecodePlan::new(132, 2, 128, 2, 1024, 8, false).decode);
+        let no_tc = |gh, d, elem| shape(gh, gh, d, elem, false);
+        assert!(!DecodePlan::new(&no_tc(2, 128, 4), 1024, 8, true).decode);
+        assert!(!DecodePlan::new(&no_tc(1, 512, 2), 1024, 8, true).decode);
+        assert!(!DecodePlan::new(&no_tc(2, 128, 2), 1024, 8, false).decode);
+    }
+
+    /// Decode steps with a SIMT block per SM or more (per KV head) take the tensor-core
+    /// decode kernel on an sm_80+ device, one split while they fill the device. Assumes
+    /// AFM_ATTN_DEC_MMA is not set to 0.
+    #[test]
+    fn decode_plan_takes_tensor_cores_for_many_sequences() {
+        // Qwen3-0.6B (16 heads over 8 KV heads, GH 2) and Qwen3-8B (32 over 8, GH 4).
+        let s06 = StepShape {
+            sm_count: 132,
+            tensor_cores: true,
+            gh: 2,
+            group: 2,
+            head_dim: 128,
+            elem: 2,
+        };
+        let s8 = StepShape {
+            gh: 4,
+            group: 4,
+            ..s06
+        };
+        for s in [s06, s8] {
+            let p = DecodePlan::new(&s, 1024, 8 * 64, true);
+            assert!(p.mma && p.decode);
+            assert_eq!(p.splits(&s, 1024, 8 * 64), 1);
+            // 17 streams: 136 CTAs; two per SM need two splits where the keys allow.
+            let p = DecodePlan::new(&s, 1024, 8 * 17, true);
+            assert!(p.mma);
+            assert_eq!(p.splits(&s, 1024, 8 * 17), 2);
+            assert_eq!(p.splits(&s, 64, 8 * 17), 1);
+            // 16 streams (128 blocks) and batch 1: the SIMT decode kernel.
+            assert!(!DecodePlan::new(&s, 1024, 8 * 16, true).mma);
+            assert!(!DecodePlan::new(&s, 1024, 8, true).mma);
+            // Prefill tiles, an f32 cache, no tensor cores: never.
+            assert!(!DecodePlan::new(&s, 1024, 8 * 64, false).mma);
+            assert!(!DecodePlan::new(&StepShape { elem: 4, ..s }, 1024, 512, true).mma);
+            let old = StepShape {
+                tensor_cores: false,
+                ..s
+            };
+            assert!(!DecodePlan::new(&old, 1024, 512, true).mma);
+        }
+        // Gemma-style groups of 8 with GH 4 (two SIMT blocks per KV head) count KV heads.
+        let g8 = StepShape {
+            gh: 4,
+            group: 8,
+            head_dim: 256,
+            ..s06
+        };
+        assert!(!DecodePlan::new(&g8, 1024, 2 * 2 * 32, true).mma);
+        assert!(DecodePlan::new(&g8, 1024, 2 * 2 * 66, true).mma);
+        // Long 16k contexts at 64 streams too (GH 2 would otherwise take attn_impl).
+        assert!(DecodePlan::new(&s06, 16384, 512, true).mma);
+        // Head dims without an instantiation, groups past one tile's 16 rows.
+        assert!(
+            !DecodePlan::new(
+                &StepShape {
+                    head_dim: 512,
+                    gh: 1,
+                    ..s06
+                },
+                1024,
+                512,
+                true
+            )
+            .mma
+        );
+        assert!(
+            !DecodePlan::new(
+                &StepShape {
+                    group: 32,
+                    gh: 4,
+                    ..s06
+                },
+                1024,
+                8 * 512,
+                true
+            )
+            .mma
+        );
     }
 
     #[test]

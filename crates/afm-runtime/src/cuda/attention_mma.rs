@@ -12,7 +12,7 @@
 use cudarc::driver::sys::CUfunction_attribute_enum;
 use cudarc::driver::LaunchConfig;
 
-use super::attention::{AttnBatch, DeviceLayerKv};
+use super::attention::{AttnBatch, DeviceLayerKv, SimtLaunch};
 use super::context::{scratch, scratch_zeroed};
 use super::{launch, CudaContext, CudaError, Result};
 use crate::attention::AttnParams;
@@ -95,6 +95,52 @@ fn mma_split_count(sm_count: usize, ctas: usize, key_tiles: usize) -> usize {
         .clamp(1, MMA_MAX_SPLITS)
 }
 
+/// Keys per tile of the decode kernel (`DEC_BN` in attention_mma.cu).
+const DEC_KEYS: usize = 16;
+/// CTAs per multiprocessor the decode kernel's split count aims for (its shared memory lets
+/// 2 to 5 reside, by head_dim).
+const DEC_TARGET_CTAS_PER_SM: usize = 2;
+
+/// Warps per CTA of the decode kernel (`ATTN_DEC_MMA` in attention_mma.cu).
+fn dec_warps(head_dim: usize) -> usize {
+    if head_dim == 64 {
+        4
+    } else {
+        2
+    }
+}
+
+/// Ring buffers per warp of the decode kernel (`ATTN_DEC_MMA` in attention_mma.cu).
+fn dec_stages(head_dim: usize) -> usize {
+    if head_dim > 128 {
+        2
+    } else {
+        3
+    }
+}
+
+/// Key-range splits of the decode kernel over `ctas` CTAs (sequence × KV head) of contexts of
+/// at most `keys` keys: enough CTAs for [`DEC_TARGET_CTAS_PER_SM`], each warp at least two
+/// tiles per split, at most `MMA_MAX_SPLITS`.
+pub(super) fn dec_mma_split_count(
+    sm_count: usize,
+    ctas: usize,
+    keys: usize,
+    head_dim: usize,
+) -> usize {
+    let most = keys.div_ceil(DEC_KEYS) / (2 * dec_warps(head_dim));
+    (DEC_TARGET_CTAS_PER_SM * sm_count)
+        .div_ceil(ctas.max(1))
+        .min(most)
+        .clamp(1, MMA_MAX_SPLITS)
+}
+
+/// Dynamic shared memory of one decode CTA: Q [16] and each warp's ring of buffers each of K
+/// and V [DEC_KEYS], rows of `head_dim + 8` f16; the warps' partials reuse the rings.
+fn dec_shared_bytes(head_dim: usize) -> usize {
+    (16 + dec_warps(head_dim) * dec_stages(head_dim) * 2 * DEC_KEYS) * (head_dim + 8) * 2
+}
+
 /// Keys per shared-memory tile for `head_dim` (`ATTN_MMA` in attention_mma.cu).
 fn keys_per_tile(head_dim: usize) -> Option<usize> {
     match head_dim {
@@ -130,6 +176,36 @@ struct MmaArgs {
 
 // SAFETY: plain #[repr(C)] data, laid out as the CUDA struct.
 unsafe impl cudarc::driver::DeviceRepr for MmaArgs {}
+
+impl MmaArgs {
+    fn new(
+        p: &AttnParams,
+        nkv: usize,
+        block_size: usize,
+        batch: &AttnBatch,
+        (q_stride, out_stride): (usize, usize),
+        n_splits: u32,
+    ) -> Self {
+        Self {
+            n_heads: p.n_heads as i32,
+            n_kv_heads: nkv as i32,
+            block_size: block_size as i32,
+            max_blocks: batch.max_blocks() as i32,
+            window: p.window.unwrap_or(0) as i32,
+            q_stride: q_stride as i32,
+            out_stride: out_stride as i32,
+            group: (p.n_heads / nkv) as i32,
+            bs_shift: if block_size.is_power_of_two() {
+                block_size.trailing_zeros() as i32
+            } else {
+                -1
+            },
+            n_splits: n_splits as i32,
+            scale: p.scale,
+            softcap: p.softcap.unwrap_or(0.0),
+        }
+    }
+}
 
 /// Where an [`AttnKernel::Mma`] request cannot be met, or `None` where it can.
 fn mma_refusal(ctx: &CudaContext, kv: &DeviceLayerKv, batch: &AttnBatch) -> Option<CudaError> {
@@ -254,24 +330,14 @@ impl CudaContext {
         } else {
             (0, 0)
         };
-        let args = MmaArgs {
-            n_heads: p.n_heads as i32,
-            n_kv_heads: nkv as i32,
-            block_size: block_size as i32,
-            max_blocks: batch.max_blocks() as i32,
-            window: p.window.unwrap_or(0) as i32,
-            q_stride: q_stride as i32,
-            out_stride: out_stride as i32,
-            group: (p.n_heads / nkv) as i32,
-            bs_shift: if block_size.is_power_of_two() {
-                block_size.trailing_zeros() as i32
-            } else {
-                -1
-            },
-            n_splits: n_splits as i32,
-            scale: p.scale,
-            softcap: p.softcap.unwrap_or(0.0),
-        };
+        let args = MmaArgs::new(
+            p,
+            nkv,
+            block_size,
+            batch,
+            (q_stride, out_stride),
+            n_splits as u32,
+        );
         let (kc, vc) = kv.addresses(self);
         let (tab, seqs, _, _) = batch.ptrs(self);
         let tiles = batch.mma_tiles_ptr(self);
@@ -281,6 +347,42 @@ impl CudaContext {
             shared_mem_bytes: shared_bytes(d, keys) as u32,
         };
         let f = self.kernel(&format!("attn_mma_f16_{d}"))?;
+        launch!(self, f, cfg; q, kc, vc, tab, seqs, tiles, out, ws, done, args)
+    }
+}
+
+impl CudaContext {
+    /// The tensor-core decode kernel over the first `l.grid.1` tiles (one per decode row) of
+    /// `batch` ([`SimtLaunch::mma`]: shapes and strides checked by the caller, `ws` and `done`
+    /// sized for `l`'s splits).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn launch_dec_mma(
+        &mut self,
+        kv: &DeviceLayerKv,
+        block_size: usize,
+        batch: &AttnBatch,
+        l: &SimtLaunch,
+        (q, q_stride): (u64, usize),
+        p: &AttnParams,
+        (out, out_stride): (u64, usize),
+        (ws, done): (u64, u64),
+    ) -> Result<()> {
+        let (d, nkv) = (kv.shape.head_dim, kv.shape.n_kv_heads);
+        let bytes = dec_shared_bytes(d);
+        let f = self.kernel(&format!("attn_dec_mma_f16_{d}"))?;
+        self.stream().context().bind_to_thread()?;
+        f.set_attribute(
+            CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            bytes as i32,
+        )?;
+        let args = MmaArgs::new(p, nkv, block_size, batch, (q_stride, out_stride), l.grid.2);
+        let (kc, vc) = kv.addresses(self);
+        let (tab, seqs, _, tiles) = batch.ptrs(self);
+        let cfg = LaunchConfig {
+            grid_dim: l.grid,
+            block_dim: (32 * dec_warps(d) as u32, 1, 1),
+            shared_mem_bytes: bytes as u32,
+        };
         launch!(self, f, cfg; q, kc, vc, tab, seqs, tiles, out, ws, done, args)
     }
 }

@@ -99,7 +99,14 @@ fn kernel_names(module: &str) -> Vec<String> {
             v.extend(super::attention::decode_kernel_names());
             v
         }
-        "attention_mma" => fixed(&["attn_mma_f16_64", "attn_mma_f16_128", "attn_mma_f16_256"]),
+        "attention_mma" => fixed(&[
+            "attn_mma_f16_64",
+            "attn_mma_f16_128",
+            "attn_mma_f16_256",
+            "attn_dec_mma_f16_64",
+            "attn_dec_mma_f16_128",
+            "attn_dec_mma_f16_256",
+        ]),
         "sampling" => fixed(&["argmax_rows", "sample_rows", "adjust_logits"]),
         "decode_fused" => super::decode_fused::kernel_names(),
         _ => Vec::new(),

@@ -3,8 +3,8 @@
 use cudarc::driver::CudaSlice;
 
 use super::{
-    check, check_len, heads_per_block, split_count, step_tiles, AttnBatch, AttnSeq, Buf,
-    CudaContext, CudaError, DecodePlan, DeviceKvCache, KvDtype, Result,
+    check, check_len, heads_per_block, step_tiles, AttnBatch, AttnSeq, Buf, CudaContext, CudaError,
+    DecodePlan, DeviceKvCache, KvDtype, Result,
 };
 
 /// Heads per block for a step over every layer of `cache`: the smallest any layer allows,
@@ -252,9 +252,9 @@ impl AttnBatch {
         let blocks = shape.n_kv_heads * (group / gh) * bucket;
         let f16 = cache.layers.iter().all(|l| matches!(l.dtype, KvDtype::F16));
         let elem = if f16 { 2 } else { 4 };
-        let sm = ctx.info().sm_count;
-        let plan = DecodePlan::new(sm, gh, shape.head_dim, elem, max_context, blocks, true);
-        let splits = split_count(sm, blocks, plan.max_splits(max_context), plan.target_per_sm);
+        let step = ctx.step_shape(gh, group, shape.head_dim, elem);
+        let plan = DecodePlan::new(&step, max_context, blocks, true);
+        let splits = plan.splits(&step, max_context, blocks);
         let off_seqs = bucket * max_blocks;
         Ok(Self {
             meta,

@@ -131,6 +131,7 @@ impl CudaContext {
             && batch.qb == 1
             && batch.mma_tiles == 0
             && l.decode
+            && !l.mma
             && matches!(kv.k, KvBuf::F16(_));
         if !fused {
             self.attn_prologue(cache, layer, batch, table, positions, q, nh, k, v, norms)?;

@@ -214,11 +214,12 @@ __device__ __forceinline__ void store_rows(const float (&o)[DT][4], float* pa, f
 }
 
 // Split-K, after every CTA of the (tile, head) has stored its partials at w0
-// ([split][MMA_BM][O (D) | m | l]): the last to arrive merges them into out's rows (nq of
-// them, `out` at the first, rows `stride` apart). `sw` and `flag`: free shared memory.
+// ([split][wr][O (D) | m | l], wr rows per split: MMA_BM for prefill tiles): the last to arrive
+// merges them into out's rows (nq of them, `out` at the first, rows `stride` apart; row r of
+// the decode kernel's at `out + r * D`, `stride` = D). `sw` and `flag`: free shared memory.
 template <int D>
 __device__ void merge_mma_splits(const float* w0, int* done, float* out, i64 stride, int nq,
-                                 int n_splits, float* sw, int* flag) {
+                                 int n_splits, float* sw, int* flag, int wr) {
     constexpr int W = D + 2;
     __threadfence();
     __syncthreads();
@@ -233,13 +234,13 @@ __device__ void merge_mma_splits(const float* w0, int* done, float* out, i64 str
     // Partials are read past L1 (__ldcg): other CTAs wrote them.
     for (int r = threadIdx.x; r < nq; r += blockDim.x) {
         float M = NEG_INF;
-        for (int z = 0; z < n_splits; z++) M = fmaxf(M, __ldcg(w0 + (z * MMA_BM + r) * W + D));
+        for (int z = 0; z < n_splits; z++) M = fmaxf(M, __ldcg(w0 + (z * wr + r) * W + D));
         float L = 0.f;
         for (int z = 0; z < n_splits; z++) {
-            const float mz = __ldcg(w0 + (z * MMA_BM + r) * W + D);
+            const float mz = __ldcg(w0 + (z * wr + r) * W + D);
             const float e = mz == NEG_INF ? 0.f : __expf(mz - M);  // a split that saw no key
             sw[r * MMA_MAX_SPLITS + z] = e;
-            L += __ldcg(w0 + (z * MMA_BM + r) * W + D + 1) * e;
+            L += __ldcg(w0 + (z * wr + r) * W + D + 1) * e;
         }
         for (int z = 0; z < n_splits; z++) sw[r * MMA_MAX_SPLITS + z] /= L;
     }
@@ -248,7 +249,7 @@ __device__ void merge_mma_splits(const float* w0, int* done, float* out, i64 str
         const int r = e / D, d = e % D;
         float acc = 0.f;
         for (int z = 0; z < n_splits; z++)
-            acc += __ldcg(w0 + (z * MMA_BM + r) * W + d) * sw[r * MMA_MAX_SPLITS + z];
+            acc += __ldcg(w0 + (z * wr + r) * W + d) * sw[r * MMA_MAX_SPLITS + z];
         out[r * stride + d] = acc;
     }
 }
@@ -379,7 +380,178 @@ __device__ void attn_mma_impl(const float* __restrict__ q, const u16* __restrict
     // Q's and K's space are free since the loop's last barrier: the split weights and the
     // flag go there (no static shared memory, which would add to the opt-in-sized dynamic).
     merge_mma_splits<D>(w0, done + pair, out + (i64)(row0 + q_off) * a.out_stride + h * D,
-                        a.out_stride, nq, a.n_splits, (float*)smem, (int*)sk);
+                        a.out_stride, nq, a.n_splits, (float*)smem, (int*)sk, MMA_BM);
+}
+
+
+// ---- Decode on tensor cores: one query row per sequence, many sequences ----
+// One CTA (NW warps) = one sequence x one KV head x one split of its keys. The G query heads
+// of the KV head (G = group, at most 16) are the rows of one m16n8k16 tile, rows G..15 zero:
+// tensor cores have throughput to spare, and one tile's ldmatrix and mma replace the SIMT
+// kernel's per-key shuffles. Warp w walks key tiles w, w + NW, ... of the split (DEC_BN keys
+// each) through its own ring of STG buffers (STG - 1 tiles in flight while one computes), so
+// no CTA barrier runs inside the loop; each warp keeps its own online softmax (qk_tile,
+// softmax_tile, pv_tile as the prefill kernel), then the warps merge through shared memory,
+// and splits (n_splits > 1) merge as the prefill kernel's.
+// Latency is what bounds a decode step's attention, so:
+//  - a tile's copy reads the block table once per key (lanes 0..15, in parallel) and passes
+//    each row's cache offset by shuffle, not once per 16-byte chunk;
+//  - each warp's first STG - 1 tiles are issued before the PDL wait, but for the tile holding
+//    the new key `pos`: the kernel just before (attn_prologue, kv_write) writes that row and
+//    the queries; no kernel before it writes any other cache row (see attention.cu's decode
+//    kernel, "issued before the PDL wait", for why this is safe), and the host wrote the
+//    step's tables and metadata.
+// Shared memory (dynamic): Q [16][LD] | per warp: STG x (K [DEC_BN][LD], V [DEC_BN][LD]).
+#define DEC_BN 16
+
+template <int D, int NW, int STG>
+__device__ void attn_dec_mma_impl(const float* __restrict__ q, const u16* __restrict__ kc,
+                                  const u16* __restrict__ vc, const int* __restrict__ tables,
+                                  const int* __restrict__ seqs, const int* __restrict__ tiles,
+                                  float* __restrict__ out, float* __restrict__ ws,
+                                  int* __restrict__ done, const MmaArgs a) {
+    constexpr int LD = D + 8, DT = D / 8, CH = D / 8, BN = DEC_BN, W = D + 2;
+    constexpr int TILE = 2 * BN * LD;  // halves of one buffer (K then V)
+    static_assert(32 % CH == 0 || CH % 32 == 0, "chunks per row");
+    extern __shared__ __align__(16) u16 smem[];
+    u16* sq = smem;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int grp = lane >> 2, tig = lane & 3;
+    u16* ring = smem + 16 * LD + warp * STG * TILE;
+    const int kvh = blockIdx.x, G = a.group;
+    const int s = tiles[blockIdx.y * 2];
+    const int row0 = seqs[s * 4], len = seqs[s * 4 + 1], pos = seqs[s * 4 + 2];
+    if (len == 0) return;  // padding of a CUDA-graph batch: the whole CTA, before any wait
+    const int k_lo = a.window > 0 ? max(0, pos + 1 - a.window) : 0, k_hi = pos + 1;
+    const int* table = tables + (i64)s * a.max_blocks;
+
+    // Keys j0..j0+BN-1 into this warp's buffer b (no commit); keys past `pos` are zero
+    // (their probability is 0, and 0 * garbage could be NaN). Tiles start at k_lo, so every
+    // key of a tile is inside a window. Lane r < BN finds key j0 + r's cache row.
+    auto load = [&](int j0, int b) {
+        u16* dk = ring + b * TILE;
+        u16* dv = dk + BN * LD;
+        int crow = 0;  // (block * n_kv_heads + kvh) * block_size + slot: the row's index
+        if (lane < BN && j0 + lane < k_hi) {
+            const int j = j0 + lane;
+            const int bi = a.bs_shift >= 0 ? j >> a.bs_shift : j / a.block_size;
+            crow = (table[bi] * a.n_kv_heads + kvh) * a.block_size + (j - bi * a.block_size);
+        }
+#pragma unroll
+        for (int i = 0; i < BN * CH / 32; i++) {
+            const int e = lane + 32 * i, r = e / CH, c = (e % CH) * 8;
+            const int row = __shfl_sync(FULL_MASK, crow, r);
+            const bool ok = j0 + r < k_hi;
+            const i64 off = (i64)row * D + c;
+            cp_async16(dk + r * LD + c, kc + off, ok);
+            cp_async16(dv + r * LD + c, vc + off, ok);
+        }
+    };
+
+    // This split's key tiles [t0, t1); this warp's every NW-th from t0 + warp.
+    const int n_all = (k_hi - k_lo + BN - 1) / BN;
+    const int per = (n_all + a.n_splits - 1) / a.n_splits;
+    const int t0 = blockIdx.z * per, t1 = min(n_all, t0 + per);
+    const int tw = t0 + warp;
+    // The ring's first fill: one cp.async group per tile, empty past t1. Before the wait
+    // while the tile ends before `pos`; from the first that does not, after it.
+    int pre = 0;
+    for (; pre < STG - 1; pre++) {
+        const int t = tw + pre * NW, j0 = k_lo + t * BN;
+        if (t < t1 && j0 + BN - 1 >= pos) break;
+        if (t < t1) load(j0, pre);
+        cp_async_commit();
+    }
+    pdl_begin();
+    for (int k = pre; k < STG - 1; k++) {
+        const int t = tw + k * NW;
+        if (t < t1) load(k_lo + t * BN, k);
+        cp_async_commit();
+    }
+
+    // The query heads, rounded to f16 as the SIMT kernel and the CPU do; rows past G zero.
+    for (int e = tid; e < 16 * D / 2; e += blockDim.x) {
+        const int r = e / (D / 2), c = (e % (D / 2)) * 2;
+        u32 v = 0;
+        if (r < G) {
+            const float* qp = q + (i64)row0 * a.q_stride + (kvh * G + r) * D + c;
+            v = pack_h2(qp[0], qp[1]);
+        }
+        *(u32*)(sq + r * LD + c) = v;
+    }
+    __syncthreads();  // Q visible to every warp
+
+    float o[DT][4];
+#pragma unroll
+    for (int d = 0; d < DT; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
+    float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
+    const int pp[2] = {pos, pos};
+    for (int i = 0, t = tw; t < t1; t += NW, i++) {
+        // Tile i + STG - 1 into the buffer tile i - 1 used (free since the loop's end).
+        const int tn = t + (STG - 1) * NW;
+        if (tn < t1) load(k_lo + tn * BN, (i + STG - 1) % STG);
+        cp_async_commit();
+        cp_async_wait<STG - 1>();  // tile i's group
+        __syncwarp();  // its chunks, copied by every lane, visible to the warp
+        const int j0 = k_lo + t * BN;
+        const u16* bk = ring + (i % STG) * TILE;
+        float sc[BN / 8][4];
+        u32 pk[BN / 8][2];
+        qk_tile<D, BN, LD>(sc, smem_addr(sq), smem_addr(bk), 0, lane);
+        softmax_tile<BN, DT>(sc, o, m, l, pk, a, j0, j0 + BN - 1 > pos, tig, pp);
+        pv_tile<D, BN, LD>(o, pk, smem_addr(bk + BN * LD), lane);
+        __syncwarp();  // every lane is done with this buffer before it is refilled
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        l[r] += __shfl_xor_sync(FULL_MASK, l[r], 1);
+        l[r] += __shfl_xor_sync(FULL_MASK, l[r], 2);
+    }
+
+    // The warps' partials [NW][16][O | m | l] over the rings (every warp is past its loop;
+    // its cp.async groups past t1 were empty).
+    cp_async_wait<0>();
+    __syncthreads();
+    float* part = (float*)(smem + 16 * LD);
+    {
+        float* pw = part + warp * 16 * W;
+        const int ra = grp, rb = grp + 8;
+        store_rows<DT>(o, pw + ra * W + 2 * tig, pw + rb * W + 2 * tig, ra < G, rb < G, 1.f, 1.f);
+        if (tig == 0 && ra < G) { pw[ra * W + D] = m[0]; pw[ra * W + D + 1] = l[0]; }
+        if (tig == 0 && rb < G) { pw[rb * W + D] = m[1]; pw[rb * W + D + 1] = l[1]; }
+    }
+    __syncthreads();
+    // Each thread one (head, dim) at a time: the warps' weights e^(m_w - M), M their maximum
+    // (a warp that saw no key has m = -inf and weight 0; so has a whole split without keys).
+    const bool split = a.n_splits > 1;
+    const i64 pair = (i64)blockIdx.y * gridDim.x + kvh;
+    float* w0 = ws + pair * a.n_splits * (G * W);
+    float* wp = w0 + (i64)blockIdx.z * (G * W);
+    for (int e = tid; e < G * D; e += blockDim.x) {
+        const int r = e / D, c = e % D;
+        float M = NEG_INF;
+#pragma unroll
+        for (int w = 0; w < NW; w++) M = fmaxf(M, part[(w * 16 + r) * W + D]);
+        float L = 0.f, acc = 0.f;
+#pragma unroll
+        for (int w = 0; w < NW; w++) {
+            const float* pw = part + (w * 16 + r) * W;
+            const float ew = pw[D] == NEG_INF ? 0.f : __expf(pw[D] - M);
+            L += pw[D + 1] * ew;
+            acc += pw[c] * ew;
+        }
+        if (!split) {
+            out[(i64)row0 * a.out_stride + (kvh * G + r) * D + c] = acc / L;
+        } else {
+            wp[r * W + c] = acc;
+            if (c == 0) { wp[r * W + D] = M; wp[r * W + D + 1] = L; }
+        }
+    }
+    if (!split) return;
+    // The split weights and the flag over Q's space and the first ring (free since the
+    // barrier in the merge, which every thread reaches).
+    merge_mma_splits<D>(w0, done + pair, out + (i64)row0 * a.out_stride + kvh * G * D, D, G,
+                        a.n_splits, (float*)(smem + 16 * LD), (int*)smem, G);
 }
 
 #define ATTN_MMA(D, BN)                                                                        \
@@ -389,6 +561,12 @@ __device__ void attn_mma_impl(const float* __restrict__ q, const u16* __restrict
         pdl_begin();                                                                           \
         attn_mma_impl<D, BN>(q, kc, vc, tables, seqs, tiles, out, ws, done, a);                \
     }
+#define ATTN_DEC_MMA(D, NW, STG)                                                               \
+    extern "C" __global__ void __launch_bounds__(NW * 32) attn_dec_mma_f16_##D(                \
+        const float* q, const u16* kc, const u16* vc, const int* tables, const int* seqs,      \
+        const int* tiles, float* out, float* ws, int* done, const MmaArgs a) {                 \
+        attn_dec_mma_impl<D, NW, STG>(q, kc, vc, tables, seqs, tiles, out, ws, done, a);       \
+    }
 
 #else  // below sm_80: the entry points exist (the module lists them) but are never launched
 
@@ -396,6 +574,10 @@ __device__ void attn_mma_impl(const float* __restrict__ q, const u16* __restrict
     extern "C" __global__ void attn_mma_f16_##D(const float*, const u16*, const u16*,          \
                                                 const int*, const int*, const int*, float*,    \
                                                 float*, int*, const MmaArgs) {}
+#define ATTN_DEC_MMA(D, NW, STG)                                                               \
+    extern "C" __global__ void attn_dec_mma_f16_##D(const float*, const u16*, const u16*,      \
+                                                    const int*, const int*, const int*,        \
+                                                    float*, float*, int*, const MmaArgs) {}
 
 #endif
 
@@ -403,3 +585,9 @@ __device__ void attn_mma_impl(const float* __restrict__ q, const u16* __restrict
 ATTN_MMA(64, 64)
 ATTN_MMA(128, 64)
 ATTN_MMA(256, 32)
+// Decode: warps per CTA and ring buffers per warp (the host's dec_warps, dec_stages): shared
+// memory for 4 CTAs of 2 warps per SM at head_dim 128 (55 KB each: 64 streams x 8 KV heads
+// is one wave on 132 SMs), 3 of 4 warps at 64, 2 of 2 warps at 256 (76 KB).
+ATTN_DEC_MMA(64, 4, 3)
+ATTN_DEC_MMA(128, 2, 3)
+ATTN_DEC_MMA(256, 2, 2)
