@@ -4,8 +4,10 @@
 //! kernel's shapes it is one launch (the prologue folded into `attn_dec_pro_*`, which the
 //! test asserts it took); elsewhere it must be the two launches. Contexts cross cache blocks
 //! and key-range splits (forced and chosen), down to a single key; a CUDA graph's fixed
-//! batch adds padding rows. The two-launch path is checked against the CPU by `cuda_ops`'
-//! prologue and attention tests.
+//! batch adds padding rows. The same rows as one buffer of rows `[q | k | v]` (a joined Q/K/V
+//! product, `attend_prologue_joined`), read in place with its stride, give the same bits on
+//! both paths. The two-launch path is checked against the CPU by `cuda_ops`' prologue and
+//! attention tests.
 //!
 //! Needs a CUDA device (`AFM_CUDA_DEVICE`, default 0). Run with `--test-threads=1`.
 
@@ -102,7 +104,7 @@ fn check(case: Case) {
     };
     let new: Vec<(usize, usize)> = case.ctx.iter().map(|&p| (p, 1)).collect();
     let (num_blocks, tables) = scattered_tables(&mut rng, &new, BS, 3);
-    let mut caches = [(); 2].map(|_| {
+    let mut caches = [(); 4].map(|_| {
         let mut cache = DeviceKvCache::new(&c, &[shape], num_blocks, BS, case.dtype).unwrap();
         fill_history(&c, &mut cache, &tables, &case, 77);
         cache
@@ -148,7 +150,7 @@ fn check(case: Case) {
         window: case.window,
         softcap: case.softcap,
     };
-    let [sep, fused] = &mut caches;
+    let [sep, fused, joined, joined_two] = &mut caches;
 
     // Two launches.
     let (mut qs, mut ks) = (c.upload(&q).unwrap(), c.upload(&k).unwrap());
@@ -182,6 +184,39 @@ fn check(case: Case) {
         .unwrap();
     assert_eq!(one, case.one_launch, "{what}: one launch");
 
+    // The same rows as one buffer of rows [q | k | v] (a joined Q/K/V product), read in
+    // place: in one launch where the step allows it, and as two launches (switched off).
+    let kw = nkv * d;
+    let qkv: Vec<f32> = (0..rows)
+        .flat_map(|r| {
+            let (qr, kr) = (&q[r * qw..(r + 1) * qw], &k[r * kw..(r + 1) * kw]);
+            qr.iter().chain(kr).chain(&v[r * kw..(r + 1) * kw]).copied()
+        })
+        .collect();
+    let mut run_joined = |cache: &mut DeviceKvCache, on: bool| {
+        c.set_attn_fused_prologue(on);
+        let mut all = c.upload(&qkv).unwrap();
+        let mut out = poisoned(&c, rows * qw);
+        let one = c
+            .attend_prologue_joined(
+                cache,
+                0,
+                &batch,
+                &table,
+                &pd,
+                &mut all,
+                norms,
+                &p,
+                &mut out,
+                case.splits,
+            )
+            .unwrap();
+        c.set_attn_fused_prologue(true);
+        assert_eq!(one, on && case.one_launch, "{what}: joined, one launch");
+        c.download(&out).unwrap()
+    };
+    let out_joined = [run_joined(joined, true), run_joined(joined_two, false)];
+
     let real = case.ctx.len() * qw;
     let (a, b) = (
         c.download(&out_fused).unwrap(),
@@ -200,15 +235,23 @@ fn check(case: Case) {
     );
     // Padding rows' outputs are left alone by both.
     assert_eq!(bits(&a[real..]), bits(&b[real..]), "{what}: padding rows");
+    for (i, j) in out_joined.iter().enumerate() {
+        assert!(
+            bits(j) == bits(&b),
+            "{what}: joined q|k|v ({i}) moved the outputs"
+        );
+    }
     for blk in 0..num_blocks {
         for h in 0..nkv {
-            let x = fused.layers[0].read_block(&c, fused, blk, h).unwrap();
             let y = sep.layers[0].read_block(&c, sep, blk, h).unwrap();
-            assert_eq!(
-                (bits(&x.0), bits(&x.1)),
-                (bits(&y.0), bits(&y.1)),
-                "{what}: cache block {blk} head {h} moved"
-            );
+            for cache in [&*fused, &*joined, &*joined_two] {
+                let x = cache.layers[0].read_block(&c, cache, blk, h).unwrap();
+                assert_eq!(
+                    (bits(&x.0), bits(&x.1)),
+                    (bits(&y.0), bits(&y.1)),
+                    "{what}: cache block {blk} head {h} moved"
+                );
+            }
         }
     }
 }

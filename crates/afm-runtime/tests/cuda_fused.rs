@@ -269,8 +269,9 @@ fn mlp_in_one_path_equals_gate_up_then_down() {
 /// Q/K/V and gate+up uploaded back to back in one allocation (`DeviceWeight::upload_joined`,
 /// what the models do) give the results of separate uploads: bit for bit on the GEMV (views are
 /// only addresses), and within rounding past it, where the joined matrices run as one GEMM
-/// (Q/K/V then split into their outputs) and cuBLAS may sum in another order. Quantized
-/// weights are not joined and take their usual paths.
+/// (Q/K/V then split into their outputs) and cuBLAS may sum in another order. That GEMM's
+/// output left as one buffer of rows `[q | k | v]` (`matmul_joined`, 9 to 64 rows here) holds
+/// the split outputs' bits. Quantized weights are not joined and take their usual paths.
 #[test]
 fn joined_weights_equal_separate_uploads() {
     let mut c = ctx();
@@ -297,7 +298,7 @@ fn joined_weights_equal_separate_uploads() {
             !is_quant(dtype),
             "{dtype:?}: joined in one allocation"
         );
-        for n in [1, 8, 16, 40] {
+        for n in [1, 8, 9, 16, 40, 64] {
             let what = format!("{dtype:?} d={d} n={n}");
             let (x, g, _) = inputs(&mut rng, n, d);
             let (xd, nd) = (c.upload(&x).unwrap(), c.upload(&g).unwrap());
@@ -330,6 +331,47 @@ fn joined_weights_equal_separate_uploads() {
             for (i, (a, b)) in one.iter().flatten().zip(three.iter().flatten()).enumerate() {
                 close(&format!("{what} qkv {i}"), a, b);
             }
+            // Past the GEMV's rows, the joined weights' one GEMM also as one buffer of rows
+            // [q | k | v] (`matmul_joined`, no copy into three): each part the bits of the
+            // three outputs above; with and without the norm.
+            let joined_ws = [&qkv[0], &qkv[1], &qkv[2]];
+            let mmh = std::env::var("AFM_MMH").is_ok_and(|v| v == "1");
+            for with_norm in [true, false] {
+                let rn = with_norm.then(norm);
+                let j = c.matmul_joined(&joined_ws, &xd, rn, n).unwrap();
+                let expect = n > 8 && !is_quant(dtype) && (with_norm || !mmh);
+                let w = format!("{what} norm {with_norm}");
+                assert_eq!(j.is_some(), expect, "{w}: matmul_joined taken");
+                let Some(j) = j else { continue };
+                let parts = if with_norm {
+                    one.clone().expect("the three-output path ran")
+                } else {
+                    let mut outs: Vec<_> = [qr, kr, kr].map(|r| poisoned(&c, n * r)).into();
+                    let mut refs: Vec<_> = outs.iter_mut().collect();
+                    assert!(c.matmul_many(&joined_ws, &xd, n, &mut refs).unwrap());
+                    outs.iter().map(|o| c.download(o).unwrap()).collect()
+                };
+                let j = c.download(&j).unwrap();
+                let stride = qr + 2 * kr;
+                assert_eq!(j.len(), n * stride, "{w}: joined length");
+                for (i, (off, width)) in [(0, qr), (qr, kr), (qr + kr, kr)].into_iter().enumerate()
+                {
+                    let part: Vec<u32> = j
+                        .chunks_exact(stride)
+                        .flat_map(|row| &row[off..off + width])
+                        .map(|v| v.to_bits())
+                        .collect();
+                    let want: Vec<u32> = parts[i].iter().map(|v| v.to_bits()).collect();
+                    assert!(
+                        part == want,
+                        "{w}: joined part {i} differs from matmul_many's"
+                    );
+                }
+            }
+            // Separately uploaded weights are not one GEMM's rows.
+            let sep_ws = [&sep[0], &sep[1], &sep[2]];
+            let none = c.matmul_joined(&sep_ws, &xd, Some(norm()), n).unwrap();
+            assert!(none.is_none(), "{what}: matmul_joined of separate uploads");
             for act in [Activation::Silu, Activation::GeluTanh] {
                 let gated = |c: &mut CudaContext, g: &DeviceWeight, u| {
                     let mut h = poisoned(c, n * ff);

@@ -5,7 +5,7 @@
 
 use afm_runtime::attention::AttnParams;
 use afm_runtime::compute::{
-    Activation, ComputeError, Device, KvPool, QkNorm, Rotary, Step, Tensor,
+    Activation, ComputeError, Device, KvPool, QkNorm, Qkv, Rotary, Step, Tensor,
 };
 use afm_runtime::kv_store::LayerKvShape;
 use afm_runtime::ops::{Rope, RopeStyle};
@@ -158,7 +158,8 @@ impl Gemma3 {
             },
             softcap: self.cfg.attn_logit_softcap,
         };
-        let o = dev.attend_prologue(rope, Some(norm), q, k, &v, kv, layer, step, &params)?;
+        let qkv = Qkv::new(q, k, v)?;
+        let o = dev.attend_prologue(rope, Some(norm), qkv, kv, layer, step, &params)?;
         b.o.forward(dev, &o)
     }
 }

@@ -177,28 +177,23 @@ impl Llama {
         step: &Step,
     ) -> Result<(), ComputeError> {
         let (dev, hd, a) = (&self.dev, self.cfg.head_dim, &b.attn);
-        // One launch for the norm and the three projections where the device can.
-        let qkv = dev.norm_linear_many(
+        // One launch for the norm and the three projections where the device can; past the
+        // GEMV's rows one GEMM into one buffer of rows [q | k | v], read in place below.
+        let qkv = dev.norm_linear_qkv(
             x,
             &b.input_norm.w,
             b.input_norm.eps,
-            &[
+            [
                 (&a.q.w, a.q.b.as_ref()),
                 (&a.k.w, a.k.b.as_ref()),
                 (&a.v.w, a.v.b.as_ref()),
             ],
         )?;
-        let n = qkv.len();
-        let [q, k, v]: [Tensor; 3] = qkv.try_into().map_err(|_| ComputeError::Shape {
-            what: "projections returned by linear_many",
-            got: n,
-            want: 3,
-        })?;
         // Head norms, RoPE, the K/V store and attention: one launch for a decode step on a
         // GPU (two otherwise).
         let norm = a.qk_norm();
         let params = AttnParams::scaled(self.cfg.num_heads, hd);
-        let o = dev.attend_prologue(&self.rope, norm, q, k, &v, kv, layer, step, &params)?;
+        let o = dev.attend_prologue(&self.rope, norm, qkv, kv, layer, step, &params)?;
         dev.linear_add(&o, &a.o.w, a.o.b.as_ref(), x)
     }
 

@@ -10,13 +10,15 @@
 //! write); on the CPU it is those ops in that order, which define its results. `attend` is
 //! [`Device::attention`] without the store. `attend_prologue` is the two in one call: on a GPU
 //! one launch when the step is all decode rows (the decode attention kernel normalizes and
-//! rotates its own query heads and stores the new K/V), the same bits as the two. Models with
-//! other shapes keep calling `attention`.
+//! rotates its own query heads and stores the new K/V), the same bits as the two. It takes the
+//! step's [`Qkv`]: three tensors, or the joined product of `norm_linear_qkv`, whose rows
+//! `[q | k | v]` the kernels read in place with their stride. Models with other shapes keep
+//! calling `attention`.
 
 #[cfg(feature = "cuda")]
 use super::RotaryData;
-use super::{check, check_norm, ComputeError, Data, Device, KvData, KvPool, Result, Rotary};
-use super::{Step, Tensor, Vector};
+use super::{check, check_norm_width, ComputeError, Data, Device, KvData, KvPool, Qkv};
+use super::{Result, Rotary, Step, Tensor, Vector};
 use crate::attention::{paged_attention, AttnParams};
 
 /// The per-head RMSNorm of Q and K before RoPE (Qwen 3, Gemma 3): one head's weights each.
@@ -47,7 +49,16 @@ impl Device {
         step: &Step,
         head_dim: usize,
     ) -> Result<()> {
-        check_prologue(norm, q, k, v, kv, layer, step, head_dim)?;
+        let rows = [q.rows, k.rows, v.rows];
+        check_prologue(
+            norm,
+            rows,
+            [q.cols, k.cols, v.cols],
+            kv,
+            layer,
+            step,
+            head_dim,
+        )?;
         match self {
             Device::Cpu => {
                 if let Some(nm) = norm {
@@ -108,38 +119,39 @@ impl Device {
     }
 
     /// [`attn_prologue`](Self::attn_prologue) then [`attend`](Self::attend) (`p.head_dim`
-    /// wide heads), the same results bit for bit: on a GPU one launch where the step is all
-    /// decode rows of the decode attention kernel (`CudaContext::attend_prologue`). `q` and
-    /// `k` are consumed: that launch never writes their normed, rotated values back.
+    /// wide heads) of `qkv`'s queries, keys and values, the same results bit for bit: on a GPU
+    /// one launch where the step is all decode rows of the decode attention kernel
+    /// (`CudaContext::attend_prologue`), and a joined `qkv` ([`Device::norm_linear_qkv`]) read
+    /// in place. `qkv` is consumed: that launch never writes the normed, rotated q and k back.
     #[allow(clippy::too_many_arguments)]
     pub fn attend_prologue(
         &self,
         r: &Rotary,
         norm: Option<QkNorm>,
-        mut q: Tensor,
-        mut k: Tensor,
-        v: &Tensor,
+        qkv: Qkv,
         kv: &mut KvPool,
         layer: usize,
         step: &Step,
         p: &AttnParams,
     ) -> Result<Tensor> {
+        let (rows, [qc, kc, vc]) = (qkv.rows, qkv.widths);
+        check_prologue(norm, [rows; 3], [qc, kc, vc], kv, layer, step, p.head_dim)?;
+        check("attention query width", qc, p.n_heads * p.head_dim)?;
         match self {
             Device::Cpu => {
-                self.attn_prologue(r, norm, &mut q, &mut k, v, kv, layer, step, p.head_dim)?;
+                let [mut q, mut k, v] = qkv.into_parts("attend_prologue")?;
+                self.attn_prologue(r, norm, &mut q, &mut k, &v, kv, layer, step, p.head_dim)?;
                 self.attend(kv, layer, step, &q, p)
             }
             #[cfg(feature = "cuda")]
             Device::Cuda(c) => {
-                check_prologue(norm, &q, &k, v, kv, layer, step, p.head_dim)?;
-                check("attention query width", q.cols, p.n_heads * p.head_dim)?;
                 let RotaryData::Cuda(t) = &r.data else {
                     return Err(super::wrong("attend_prologue", "cpu", "cuda"));
                 };
-                let data = c.attend_prologue(t, norm, &mut q, &mut k, v, kv, layer, step, p)?;
+                let data = c.attend_prologue(t, norm, qkv, kv, layer, step, p)?;
                 Ok(Tensor {
-                    rows: q.rows,
-                    cols: q.cols,
+                    rows,
+                    cols: qc,
                     data: Data::Cuda(data),
                 })
             }
@@ -147,13 +159,13 @@ impl Device {
     }
 }
 
-/// [`Device::attn_prologue`]'s shape checks (the device arms add the cache's and table's).
+/// [`Device::attn_prologue`]'s shape checks on q, k and v's rows and widths (the device arms
+/// add the cache's and table's).
 #[allow(clippy::too_many_arguments)]
 fn check_prologue(
     norm: Option<QkNorm>,
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
+    [qr, kr, vr]: [usize; 3],
+    [qc, kc, vc]: [usize; 3],
     kv: &KvPool,
     layer: usize,
     step: &Step,
@@ -161,24 +173,20 @@ fn check_prologue(
 ) -> Result<()> {
     check_layer(kv, layer)?;
     let n = step.n_rows();
-    check("attention prologue query rows", q.rows, n)?;
-    check("attention prologue key rows", k.rows, n)?;
-    check("attention prologue value rows", v.rows, n)?;
-    check(
-        "attention prologue value width (the key width)",
-        v.cols,
-        k.cols,
-    )?;
-    if head_dim == 0 || !q.cols.is_multiple_of(head_dim) || !k.cols.is_multiple_of(head_dim) {
+    check("attention prologue query rows", qr, n)?;
+    check("attention prologue key rows", kr, n)?;
+    check("attention prologue value rows", vr, n)?;
+    check("attention prologue value width (the key width)", vc, kc)?;
+    if head_dim == 0 || !qc.is_multiple_of(head_dim) || !kc.is_multiple_of(head_dim) {
         return Err(ComputeError::Shape {
             what: "attention prologue q and k widths (multiples of head_dim)",
-            got: if head_dim == 0 { 0 } else { q.cols.max(k.cols) },
+            got: if head_dim == 0 { 0 } else { qc.max(kc) },
             want: head_dim,
         });
     }
     if let Some(nm) = norm {
-        check_norm(q, nm.q)?;
-        check_norm(k, nm.k)?;
+        check_norm_width(qc, nm.q)?;
+        check_norm_width(kc, nm.k)?;
         check(
             "attention prologue q_norm length (head_dim)",
             nm.q.len,

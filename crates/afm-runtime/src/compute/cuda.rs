@@ -744,6 +744,32 @@ impl CudaDevice {
         Ok(done.then_some(outs))
     }
 
+    /// Projections of `x` (of `rms_norm(x, w)` with `norm`) whose weights lie back to back, as
+    /// one buffer of rows `[w₀ | w₁ | …]` ([`cuda::CudaContext::matmul_joined`]); `None`
+    /// (nothing launched) where that does not apply.
+    pub(super) fn linear_joined(
+        &self,
+        x: &Tensor,
+        norm: Option<(&Vector, f32)>,
+        ws: &[&Weight],
+    ) -> Result<Option<CudaSlice<f32>>> {
+        let mut ctx = self.lock();
+        let dws = ws
+            .iter()
+            .map(|w| weight(w, "linear"))
+            .collect::<Result<Vec<_>>>()?;
+        let xv = view(x, "linear")?;
+        let rn = norm
+            .map(|(w, eps)| {
+                Ok::<_, ComputeError>(cuda::RowNorm {
+                    w: vector(w, "rms_norm")?,
+                    eps,
+                })
+            })
+            .transpose()?;
+        Ok(ctx.matmul_joined(&dws, &xv, rn, x.rows)?)
+    }
+
     /// `gated_linear(rms_norm(x, w), gate, up)` with the norm folded in; `None` (nothing
     /// launched) where it cannot be.
     pub(super) fn norm_gated_linear(

@@ -110,10 +110,15 @@ impl Device {
 }
 
 pub(super) fn check_norm(x: &Tensor, w: &Vector) -> Result<()> {
-    if w.len == 0 || !x.cols.is_multiple_of(w.len) {
+    check_norm_width(x.cols, w)
+}
+
+/// Rows `cols` wide normalize in groups of the weight's length.
+pub(super) fn check_norm_width(cols: usize, w: &Vector) -> Result<()> {
+    if w.len == 0 || !cols.is_multiple_of(w.len) {
         return Err(ComputeError::Shape {
             what: "rms_norm row width (a multiple of the weight length)",
-            got: x.cols,
+            got: cols,
             want: w.len,
         });
     }

@@ -2,9 +2,14 @@
 //! (`linear_many`), and the gated MLP's first half (`gated_linear`), with their shape checks;
 //! and the forms a pre-norm block uses so a GPU can fold its neighbours in: the residual add
 //! into the projection's store (`linear_add`) and the RMSNorm into the first products
-//! (`norm_linear_many`, `norm_gated_linear`). On the CPU they are the plain ops in sequence.
+//! (`norm_linear_many`, `norm_gated_linear`), and Q/K/V as one buffer the attention reads in
+//! place (`norm_linear_qkv`). On the CPU they are the plain ops in sequence.
 
-use super::{check, host, Activation, ComputeError, Data, Device, Result, Tensor, Vector, Weight};
+#[cfg(feature = "cuda")]
+use super::QkvData;
+use super::{
+    check, host, Activation, ComputeError, Data, Device, Qkv, Result, Tensor, Vector, Weight,
+};
 use crate::WeightMatrix;
 
 impl Device {
@@ -163,6 +168,47 @@ impl Device {
             }
         }
         self.linear_many(&self.rms_norm(x, norm, eps)?, ws)
+    }
+
+    /// Q, K and V of `rms_norm(x, norm)` for [`attend_prologue`](Self::attend_prologue):
+    /// [`norm_linear_many`](Self::norm_linear_many) of the three, except that on a GPU past
+    /// the GEMV's rows, where the weights lie back to back ([`weights_joined`]) and have no
+    /// biases, one GEMM writes one buffer of rows `[q | k | v]` that the attention reads in
+    /// place (the same values, without copying them into three tensors).
+    ///
+    /// [`weights_joined`]: Self::weights_joined
+    pub fn norm_linear_qkv(
+        &self,
+        x: &Tensor,
+        norm: &Vector,
+        eps: f32,
+        ws: [(&Weight, Option<&Vector>); 3],
+    ) -> Result<Qkv> {
+        #[cfg(feature = "cuda")]
+        if let Device::Cuda(c) = self {
+            super::elementwise::check_norm(x, norm)?;
+            let fits =
+                norm.len == x.cols && ws.iter().all(|(w, b)| b.is_none() && w.cols == x.cols);
+            let plain = ws.map(|(w, _)| w);
+            if fits {
+                if let Some(buf) = c.linear_joined(x, Some((norm, eps)), &plain)? {
+                    return Ok(Qkv {
+                        rows: x.rows,
+                        widths: plain.map(|w| w.rows),
+                        data: QkvData::Joined(buf),
+                    });
+                }
+            }
+        }
+        let [q, k, v]: [Tensor; 3] = self
+            .norm_linear_many(x, norm, eps, &ws)?
+            .try_into()
+            .map_err(|got: Vec<Tensor>| ComputeError::Shape {
+                what: "projections returned by norm_linear_many",
+                got: got.len(),
+                want: 3,
+            })?;
+        Qkv::new(q, k, v)
     }
 
     /// [`gated_linear`](Self::gated_linear) of `rms_norm(x, norm)`, the norm folded in on a

@@ -6,6 +6,7 @@
 //! ```text
 //! Device   ── Cpu | Cuda(Arc<CudaDevice>)            where the work runs
 //! Tensor   ── rows × cols f32 activations             host Vec or device buffer
+//! Qkv      ── a step's q, k, v: three tensors, or one buffer of rows [q | k | v] (GPU)
 //! Weight   ── WeightMatrix | DeviceWeight             in its storage type
 //! Vector   ── norm weights, biases (f32)
 //! Rotary   ── RoPE: the CPU `Rope` or its cos/sin table on the device
@@ -51,9 +52,11 @@ pub use decode_fused::{FusedDecoder, FusedLayer};
 pub use kv_rows::KvPart;
 pub use state_pool::{LayerStateShape, StatePool, StateSnapshot};
 pub use tensors::{Activation, DecodeForward, DeviceLogits, DeviceSample, KvPool, Rotary};
-pub use tensors::{Step, Tensor, Vector, Weight};
+pub use tensors::{Qkv, Step, Tensor, Vector, Weight};
 
-use elementwise::check_norm;
+use elementwise::check_norm_width;
+#[cfg(feature = "cuda")]
+use tensors::QkvData;
 use tensors::{Data, KvData, RotaryData, StepData, VectorData, WeightData};
 
 use std::fmt;

@@ -37,6 +37,24 @@ pub(super) enum Data {
     Cuda(CudaSlice<f32>),
 }
 
+/// A step's queries, keys and values for [`Device::attend_prologue`](super::Device::attend_prologue): three
+/// tensors, or on a GPU the joined Q/K/V product ([`Device::norm_linear_qkv`](super::Device::norm_linear_qkv)),
+/// one buffer that the attention reads in place with its row stride (no copy into three):
+/// ```text
+/// row r:  | q (widths[0]) | k (widths[1]) | v (widths[2]) |    stride Σ widths
+/// ```
+pub struct Qkv {
+    pub(super) rows: usize,
+    pub(super) widths: [usize; 3],
+    pub(super) data: QkvData,
+}
+
+pub(super) enum QkvData {
+    Parts([Tensor; 3]),
+    #[cfg(feature = "cuda")]
+    Joined(CudaSlice<f32>),
+}
+
 /// A weight matrix on a device, in its storage type. Clones share the storage (tied embeddings).
 #[derive(Clone)]
 pub struct Weight {
@@ -175,6 +193,44 @@ impl Tensor {
             Data::Host(v) => Ok(v),
             #[cfg(feature = "cuda")]
             Data::Cuda(_) => Err(wrong(op, "cuda", "cpu")),
+        }
+    }
+}
+
+impl Qkv {
+    /// Q, K and V as three tensors of the same rows.
+    pub fn new(q: Tensor, k: Tensor, v: Tensor) -> Result<Self> {
+        check("key rows (the query rows)", k.rows, q.rows)?;
+        check("value rows (the query rows)", v.rows, q.rows)?;
+        Ok(Self {
+            rows: q.rows,
+            widths: [q.cols, k.cols, v.cols],
+            data: QkvData::Parts([q, k, v]),
+        })
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// The widths of q, k and v.
+    pub fn widths(&self) -> [usize; 3] {
+        self.widths
+    }
+
+    /// Whether the three lie in one buffer of rows `[q | k | v]`.
+    pub fn is_joined(&self) -> bool {
+        !matches!(self.data, QkvData::Parts(_))
+    }
+
+    /// The three tensors, for the CPU (which never joins them).
+    // `op` names the operation in the error a GPU build can raise.
+    #[cfg_attr(not(feature = "cuda"), allow(unused_variables))]
+    pub(super) fn into_parts(self, op: &'static str) -> Result<[Tensor; 3]> {
+        match self.data {
+            QkvData::Parts(p) => Ok(p),
+            #[cfg(feature = "cuda")]
+            QkvData::Joined(_) => Err(wrong(op, "cuda", "cpu")),
         }
     }
 }

@@ -158,7 +158,15 @@ fn attention_layer_steps(
         });
         let o = match path {
             AttnPath::Fused => d
-                .attend_prologue(&rot, nm, q, k, &v, &mut kv, 1, &step, &p)
+                .attend_prologue(
+                    &rot,
+                    nm,
+                    Qkv::new(q, k, v).expect("qkv"),
+                    &mut kv,
+                    1,
+                    &step,
+                    &p,
+                )
                 .expect("attend_prologue"),
             AttnPath::Prologue => {
                 d.attn_prologue(&rot, nm, &mut q, &mut k, &v, &mut kv, 1, &step, hd)

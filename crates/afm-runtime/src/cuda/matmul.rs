@@ -10,7 +10,9 @@
 //!             n > 8           x → bf16/f16 (once for Q/K/V, once for gate and up), cuBLAS
 //!                             GEMM with f32 accumulation and output; one GEMM for Q/K/V
 //!                             and one for gate+up where their weights lie back to back
-//!                             ([`DeviceWeight::upload_joined`])
+//!                             ([`DeviceWeight::upload_joined`]), Q/K/V's output left as one
+//!                             buffer of rows [q | k | v] for the attention to read in place
+//!                             ([`CudaContext::matmul_joined`])
 //! Q8_0/Q4_K/Q6_K  n ≤ 16      x → int8 blocks of 32, GEMV kernels on the GGML blocks (dp4a),
 //!                             8 activation rows per launch
 //!             17 ≤ n ≤ 64     x → int8 blocks of 32, MMQ: int8 tensor cores on the GGML blocks
@@ -789,7 +791,9 @@ impl CudaContext {
     /// Two or three products of weights lying back to back (`all`, [`joined`]) as one GEMM
     /// into `[n][Σ rows]`, then their columns split into each output (`split3_f32`). At 64
     /// streams a skinny GEMM costs about the same whatever its rows (Qwen3-0.6B's K and V,
-    /// 2 MB each: 5.4 µs; Q, 4 MB: 5.7 µs), so one GEMM and a copy beat three GEMMs.
+    /// 2 MB each: 5.4 µs; Q, 4 MB: 5.7 µs), so one GEMM and a copy beat three GEMMs. The
+    /// models skip the copy ([`matmul_joined`](Self::matmul_joined)); this serves
+    /// `matmul_many`'s separate outputs (its other callers: benchmarks, tests).
     fn gemm_joined(
         &mut self,
         ty: cudaDataType_t,
@@ -1006,6 +1010,38 @@ impl CudaContext {
         quant_shared_ok(ws, n)
             || (half_norm_fold(ws, gated, n) && fused_ok(ws, n, self.ptr(x)))
             || half_gemm_ok(ws, n)
+    }
+
+    /// Two or three projections of the same `n` rows whose weights lie back to back
+    /// ([`DeviceWeight::upload_joined`]; Q, K, V) as one GEMM into one `[n][Σ rows]` buffer,
+    /// each row the outputs side by side (`[q | k | v]`), of `rms_norm(x)` with `norm`: what
+    /// [`matmul_many`](Self::matmul_many) computes there, bit for bit, without its copy into
+    /// separate outputs, for consumers that read rows with a stride
+    /// ([`attend_prologue_joined`](Self::attend_prologue_joined)). `None` (nothing launched)
+    /// where `matmul_many` would not take that GEMM: up to `GEMV_MAX_BATCH` rows, MMH on,
+    /// quantized or separately uploaded weights.
+    pub fn matmul_joined(
+        &mut self,
+        ws: &[&DeviceWeight],
+        x: &impl DevicePtr<f32>,
+        norm: Option<RowNorm>,
+        n: usize,
+    ) -> Result<Option<CudaSlice<f32>>> {
+        let xp = self.ptr(x);
+        let Some(all) = joined(ws) else {
+            return Ok(None);
+        };
+        // As `many` chooses: MMH only without a norm, else cuBLAS past the GEMV's rows.
+        let mmh = norm.is_none() && self.mmh_auto(ws, n, xp);
+        if !(2..=3).contains(&ws.len()) || !half_gemm_ok(ws, n) || mmh {
+            return Ok(None);
+        }
+        check_len("matmul input", x.len(), n * all.cols)?;
+        let norm = self.norm_arg(norm.as_ref(), all.cols)?;
+        let mut out = self.alloc::<f32>(n * all.rows)?;
+        let op = self.ptr_mut(&mut out);
+        self.gemm_many_half(&[&all], xp, n, &[op], false, norm)?;
+        Ok(Some(out))
     }
 
     fn many(

@@ -1,10 +1,11 @@
 //! The CUDA arm of `compute::attn_step`: the attention prologue in one launch
 //! (`CudaContext::attn_prologue`), attention against the cache without a store, and the two
-//! in one call (`CudaContext::attend_prologue`: one launch for decode steps).
+//! in one call (`CudaContext::attend_prologue`: one launch for decode steps; of a joined Q/K/V
+//! buffer, `CudaContext::attend_prologue_joined`).
 
 use super::{alloc, check, vector, view, view_mut, wrong, CudaDevice, Result};
 use crate::attention::AttnParams;
-use crate::compute::{ComputeError, KvData, KvPool, QkNorm, Step, StepData, Tensor};
+use crate::compute::{ComputeError, KvData, KvPool, QkNorm, Qkv, QkvData, Step, StepData, Tensor};
 use crate::cuda::{AttnBatch, Buf, CudaSlice, CudaView, DeviceKvCache, RopeTable};
 
 impl CudaDevice {
@@ -23,7 +24,7 @@ impl CudaDevice {
         head_dim: usize,
     ) -> Result<()> {
         let (cache, positions, attn) =
-            prologue_target("attn_prologue", kv, step, t, k, layer, head_dim)?;
+            prologue_target("attn_prologue", kv, step, t, k.cols, layer, head_dim)?;
         if q.rows == 0 {
             return Ok(());
         }
@@ -49,49 +50,49 @@ impl CudaDevice {
         Ok(())
     }
 
-    /// `attn_prologue` then `attend` (see `Device::attend_prologue`); shapes were checked by
-    /// it, except against the cache and table. Leaves q and k normed and rotated, or raw.
+    /// `attn_prologue` then `attend` (see `Device::attend_prologue`) of three tensors or of
+    /// the joined buffer; shapes were checked by it, except against the cache and table.
+    /// Leaves q and k normed and rotated, or raw.
     #[allow(clippy::too_many_arguments)]
     pub(in crate::compute) fn attend_prologue(
         &self,
         t: &RopeTable,
         norm: Option<QkNorm>,
-        q: &mut Tensor,
-        k: &mut Tensor,
-        v: &Tensor,
+        qkv: Qkv,
         kv: &mut KvPool,
         layer: usize,
         step: &Step,
         p: &AttnParams,
     ) -> Result<CudaSlice<f32>> {
+        let (rows, [qc, kc, vc]) = (qkv.rows, qkv.widths);
         let (cache, positions, attn) =
-            prologue_target("attend_prologue", kv, step, t, k, layer, p.head_dim)?;
+            prologue_target("attend_prologue", kv, step, t, kc, layer, p.head_dim)?;
         let mut ctx = self.lock();
-        let n = q.rows * q.cols;
+        let n = rows * qc;
         let mut out = alloc(&ctx, n)?;
         if n == 0 {
             return Ok(out);
         }
-        let vv = view(v, "attend_prologue")?;
         let norms = head_norms(norm, "attend_prologue")?;
-        let mut qv = view_mut(q, "attend_prologue")?;
-        let mut kv_ = view_mut(k, "attend_prologue")?;
+        let norms = norms.as_ref().map(|(a, b, e)| (a, b, *e));
         let pos = positions.slice(0..step.n_rows());
         let mut ov = out.slice_mut(0..n);
-        ctx.attend_prologue(
-            cache,
-            layer,
-            attn,
-            t,
-            &pos,
-            &mut qv,
-            &mut kv_,
-            &vv,
-            norms.as_ref().map(|(a, b, e)| (a, b, *e)),
-            p,
-            &mut ov,
-            None,
-        )?;
+        match qkv.data {
+            QkvData::Parts([mut q, mut k, v]) => {
+                let vv = view(&v, "attend_prologue")?;
+                let mut qv = view_mut(&mut q, "attend_prologue")?;
+                let mut kv_ = view_mut(&mut k, "attend_prologue")?;
+                ctx.attend_prologue(
+                    cache, layer, attn, t, &pos, &mut qv, &mut kv_, &vv, norms, p, &mut ov, None,
+                )?;
+            }
+            QkvData::Joined(mut buf) => {
+                let mut all = buf.slice_mut(0..rows * (qc + kc + vc));
+                ctx.attend_prologue_joined(
+                    cache, layer, attn, t, &pos, &mut all, norms, p, &mut ov, None,
+                )?;
+            }
+        }
         Ok(out)
     }
 
@@ -129,7 +130,7 @@ fn prologue_target<'a>(
     kv: &'a mut KvPool,
     step: &'a Step,
     t: &RopeTable,
-    k: &Tensor,
+    k_width: usize,
     layer: usize,
     head_dim: usize,
 ) -> Result<(&'a mut DeviceKvCache, &'a Buf<i32>, &'a AttnBatch)> {
@@ -147,7 +148,7 @@ fn prologue_target<'a>(
     )?;
     check(
         "attention key width (the cache's)",
-        k.cols,
+        k_width,
         shape.n_kv_heads * shape.head_dim,
     )?;
     if let Some(&p) = step.positions.iter().find(|&&p| p >= t.max_pos()) {

@@ -387,3 +387,127 @@ fn fused_attention_step_matches_the_cpu_and_the_separate_kernels() {
         }
     }
 }
+
+/// A seeded bf16 matrix (placed joined with its neighbours by the caller).
+fn bf16_matrix(rows: usize, cols: usize, seed: u64) -> WeightMatrix {
+    let bytes: Vec<u8> = splitmix(seed, rows * cols)
+        .iter()
+        .flat_map(|x| half::bf16::from_f32(*x).to_le_bytes())
+        .collect();
+    WeightMatrix::new(DType::BF16, rows, cols, crate::WeightBytes::from_vec(bytes))
+        .expect("bf16 matrix")
+}
+
+/// A llama-family layer's attention as `llama.rs` runs it, over `seqs` sequences: a prefill of
+/// 5 tokens each, then a decode step of all of them. Q/K/V are placed back to back
+/// (`weights_joined`); `joined` takes `norm_linear_qkv` (one buffer of rows [q | k | v] on a
+/// GPU past the GEMV's rows), else `norm_linear_many` into three tensors. Returns every step's
+/// output, then each sequence's cached keys and values, and how many steps were joined.
+fn qkv_layer(d: &Device, joined: bool, seqs: usize, dtype: KvDtype) -> (Vec<f32>, usize) {
+    let (h, nh, nkv, hd) = (256, 8, 2, 64);
+    let ws = d
+        .weights_joined(vec![
+            bf16_matrix(nh * hd, h, 70),
+            bf16_matrix(nkv * hd, h, 71),
+            bf16_matrix(nkv * hd, h, 72),
+        ])
+        .expect("joined weights");
+    let proj = [(&ws[0], None), (&ws[1], None), (&ws[2], None)];
+    let norm = d
+        .vector(splitmix(73, h).iter().map(|v| 1.0 + 0.5 * v).collect())
+        .expect("input norm");
+    let head_w = |seed| splitmix(seed, hd).iter().map(|v| 1.0 + 0.5 * v).collect();
+    let (qn, kn) = (d.vector(head_w(74)).unwrap(), d.vector(head_w(75)).unwrap());
+    let nm = QkNorm {
+        q: &qn,
+        k: &kn,
+        eps: 1e-6,
+    };
+    let shape = LayerKvShape {
+        n_kv_heads: nkv,
+        head_dim: hd,
+    };
+    let mut kv = d.kv_pool(&[shape], 2 * seqs, 4, dtype).expect("pool");
+    let rot = d
+        .rotary(
+            Rope::new(hd, 1e6, 1.0, RopeStyle::Neox),
+            hd,
+            RopeStyle::Neox,
+            64,
+        )
+        .expect("rotary");
+    let p = AttnParams::scaled(nh, hd);
+    // Sequence s on blocks 2s + 1 then 2s.
+    let tables: Vec<[u32; 2]> = (0..seqs as u32).map(|s| [2 * s + 1, 2 * s]).collect();
+    let (mut out, mut n_joined) = (Vec::new(), 0);
+    for (i, (len, pos0)) in [(5, 0), (1, 5)].into_iter().enumerate() {
+        let attn: Vec<AttnSeq> = tables
+            .iter()
+            .enumerate()
+            .map(|(s, t)| AttnSeq {
+                row0: s * len,
+                len,
+                pos0,
+                block_table: t,
+            })
+            .collect();
+        let step = d.step(&attn, &kv, nh).expect("step");
+        let x = placed_tensor(d, seqs * len, h, 80 + i as u64);
+        let qkv = if joined {
+            d.norm_linear_qkv(&x, &norm, 1e-6, proj)
+                .expect("norm_linear_qkv")
+        } else {
+            let parts = d.norm_linear_many(&x, &norm, 1e-6, &proj);
+            let Ok([q, k, v]) = <[Tensor; 3]>::try_from(parts.expect("norm_linear_many")) else {
+                panic!("{seqs} sequences: not three projections");
+            };
+            Qkv::new(q, k, v).expect("qkv")
+        };
+        n_joined += usize::from(qkv.is_joined());
+        let o = d
+            .attend_prologue(&rot, Some(nm), qkv, &mut kv, 0, &step, &p)
+            .expect("attend_prologue");
+        out.extend(d.to_host(o).expect("output"));
+    }
+    let positions: Vec<usize> = (0..6).collect();
+    for t in &tables {
+        for part in [KvPart::Keys, KvPart::Values] {
+            out.extend(d.kv_read_rows(&kv, 0, t, &positions, part).expect("cache"));
+        }
+    }
+    (out, n_joined)
+}
+
+/// Q/K/V past the GEMV's rows as one buffer of rows [q | k | v] that the attention prologue
+/// and the decode kernel read in place (`norm_linear_qkv`, no copy into three tensors): the
+/// bits of the three-tensor path (one GEMM split by a copy), outputs and cache, at 9 and 64
+/// decode rows (prefill steps of 45 and 320 rows before them), on the fused decode launch (f16
+/// cache) and the two-launch path (f32); and the CPU's values within bf16 rounding of the
+/// GEMM's input. Up to 8 rows both are the GEMV's three tensors.
+#[test]
+fn joined_qkv_attention_matches_the_three_tensors() {
+    let Some(g) = gpu() else { return };
+    let join_on = std::env::var("AFM_JOIN_WEIGHTS").as_deref() != Ok("0");
+    for seqs in [1, 8, 9, 64] {
+        for dtype in [KvDtype::F16, KvDtype::F32] {
+            let what = format!("{seqs} sequences, {dtype:?} cache");
+            let (one, joined) = qkv_layer(&g, true, seqs, dtype);
+            let (three, split) = qkv_layer(&g, false, seqs, dtype);
+            let (cpu, _) = qkv_layer(&Device::Cpu, true, seqs, dtype);
+            // Prefill steps of 5 · seqs rows and decode steps of seqs rows past 8.
+            let want = if join_on {
+                usize::from(5 * seqs > 8) + usize::from(seqs > 8)
+            } else {
+                0
+            };
+            assert_eq!((joined, split), (want, 0), "{what}: steps joined");
+            assert!(one.iter().all(|x| x.is_finite()), "{what}: non-finite");
+            let moved = one
+                .iter()
+                .zip(&three)
+                .filter(|(a, b)| a.to_bits() != b.to_bits());
+            assert_eq!(moved.count(), 0, "{what}: joined q|k|v moved values");
+            close(&format!("{what}: against the CPU"), &one, &cpu, 3e-2);
+        }
+    }
+}

@@ -1,6 +1,8 @@
 //! The step before attention in one launch: per-head Q/K RMSNorm, RoPE and the K/V write;
 //! and that step with the attention itself ([`CudaContext::attend_prologue`]): one launch of
-//! the decode kernel's prologue twin (`attn_dec_pro_*`) where a step is all decode rows.
+//! the decode kernel's prologue twin (`attn_dec_pro_*`) where a step is all decode rows. Its
+//! inputs are three buffers, or one of rows `[q | k | v]` read in place with that row's stride
+//! ([`CudaContext::attend_prologue_joined`]; the kernels take q, k and v strides).
 
 use cudarc::driver::{CudaView, DevicePtr, DevicePtrMut, LaunchConfig};
 
@@ -27,6 +29,19 @@ struct Prologue {
     cs: u64,
 }
 
+/// Where the prologue reads its q, k and v rows: three buffers of packed rows, or one buffer
+/// of rows `[q | k | v]` (a joined Q/K/V product, [`CudaContext::matmul_joined`]), each part
+/// read and written in place with the joined row's stride. Addresses and lengths (elements).
+#[derive(Clone, Copy)]
+enum Rows {
+    Separate {
+        q: (u64, usize),
+        k: (u64, usize),
+        v: (u64, usize),
+    },
+    Joined((u64, usize)),
+}
+
 impl CudaContext {
     /// The attention prologue of layer `layer` in one launch: each `head_dim` head of `q`
     /// (`[rows][n_heads · head_dim]`) and of `k` (`[rows][n_kv_heads · head_dim]`) RMS-normed
@@ -49,12 +64,181 @@ impl CudaContext {
         v: &impl DevicePtr<f32>,
         norms: Option<HeadNorms>,
     ) -> Result<()> {
-        let Some(pro) = self.prologue(
-            cache, layer, batch, table, positions, q, n_heads, k, v, norms,
-        )?
-        else {
-            return Ok(());
+        let rows = self.separate_rows(q, k, v);
+        let pro = self.prologue(cache, layer, batch, table, positions, n_heads, rows, norms)?;
+        match pro {
+            Some(pro) => self.launch_prologue(cache, layer, batch, n_heads, pro),
+            None => Ok(()),
+        }
+    }
+
+    /// [`attn_prologue`](Self::attn_prologue) (with `p.n_heads` query heads) followed by
+    /// [`paged_attention`](Self::paged_attention) of the rotated q into `out`
+    /// (`[rows][n_heads · head_dim]`, both strides the row width), with the same results, bit
+    /// for bit. When every row is a decode row of the decode kernel (f16 cache, head_dim 64,
+    /// 128 or 256) and `AFM_ATTN_FUSED_PRO` is not `0`, it is one launch of that kernel's
+    /// prologue twin, which leaves `q` and `k` as they came (raw); otherwise the two
+    /// launches, which leave them normed and rotated. So afterwards q and k hold either:
+    /// callers must not read them. Returns whether it was one launch.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attend_prologue(
+        &mut self,
+        cache: &mut DeviceKvCache,
+        layer: usize,
+        batch: &AttnBatch,
+        table: &RopeTable,
+        positions: &impl DevicePtr<i32>,
+        q: &mut (impl DevicePtrMut<f32> + DevicePtr<f32>),
+        k: &mut impl DevicePtrMut<f32>,
+        v: &impl DevicePtr<f32>,
+        norms: Option<HeadNorms>,
+        p: &AttnParams,
+        out: &mut impl DevicePtrMut<f32>,
+        splits: Option<usize>,
+    ) -> Result<bool> {
+        let rows = self.separate_rows(q, k, v);
+        let width = p.n_heads * p.head_dim;
+        let step = PrologueStep {
+            table,
+            positions,
+            norms,
         };
+        self.attend_prologue_rows(cache, layer, batch, step, rows, &*q, width, p, out, splits)
+    }
+
+    /// [`attend_prologue`](Self::attend_prologue) of the rows of one buffer `qkv`, each
+    /// `[q | k | v]` (`n_heads · head_dim`, then `n_kv_heads · head_dim` twice: a joined
+    /// Q/K/V product, [`matmul_joined`](Self::matmul_joined)), read in place with that row's
+    /// stride rather than copied into three buffers first. The same results, bit for bit, as
+    /// `attend_prologue` of the three parts; afterwards the q and k parts hold either their
+    /// raw or their normed and rotated values, as there.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attend_prologue_joined(
+        &mut self,
+        cache: &mut DeviceKvCache,
+        layer: usize,
+        batch: &AttnBatch,
+        table: &RopeTable,
+        positions: &impl DevicePtr<i32>,
+        qkv: &mut (impl DevicePtrMut<f32> + DevicePtr<f32>),
+        norms: Option<HeadNorms>,
+        p: &AttnParams,
+        out: &mut impl DevicePtrMut<f32>,
+        splits: Option<usize>,
+    ) -> Result<bool> {
+        let rows = Rows::Joined((self.ptr_mut(qkv), qkv.len()));
+        // The row stride: q's width and two key widths (the cache's; checked by `prologue`).
+        let nkv = cache.layers.get(layer).map_or(0, |l| l.shape.n_kv_heads);
+        let stride = (p.n_heads + 2 * nkv) * p.head_dim;
+        let step = PrologueStep {
+            table,
+            positions,
+            norms,
+        };
+        self.attend_prologue_rows(
+            cache, layer, batch, step, rows, &*qkv, stride, p, out, splits,
+        )
+    }
+
+    fn separate_rows(
+        &self,
+        q: &mut impl DevicePtrMut<f32>,
+        k: &mut impl DevicePtrMut<f32>,
+        v: &impl DevicePtr<f32>,
+    ) -> Rows {
+        Rows::Separate {
+            q: (self.ptr_mut(q), q.len()),
+            k: (self.ptr_mut(k), k.len()),
+            v: (self.ptr(v), v.len()),
+        }
+    }
+
+    /// `attend_prologue` of `rows`; `q` is the buffer of q's first row, `q_stride` its row
+    /// stride (for the unfused attention launch).
+    #[allow(clippy::too_many_arguments)]
+    fn attend_prologue_rows(
+        &mut self,
+        cache: &mut DeviceKvCache,
+        layer: usize,
+        batch: &AttnBatch,
+        step: PrologueStep<impl DevicePtr<i32>>,
+        rows: Rows,
+        q: &impl DevicePtr<f32>,
+        q_stride: usize,
+        p: &AttnParams,
+        out: &mut impl DevicePtrMut<f32>,
+        splits: Option<usize>,
+    ) -> Result<bool> {
+        let nh = p.n_heads;
+        let width = nh * p.head_dim;
+        let PrologueStep {
+            table,
+            positions,
+            norms,
+        } = step;
+        // The separate path's checks, all before anything launches.
+        attention_layer(cache, layer, batch, p)?;
+        let Some(pro) = self.prologue(cache, layer, batch, table, positions, nh, rows, norms)?
+        else {
+            return Ok(false);
+        };
+        check_attention_rows(batch, p, q_stride, q.len(), width, out.len())?;
+        let kv = &cache.layers[layer];
+        let l = self.simt_launch(
+            kv,
+            cache.block_size,
+            batch,
+            batch.tiles,
+            p,
+            q_stride,
+            width,
+            splits,
+        );
+        let fused = fused_prologue_on()
+            && batch.qb == 1
+            && batch.mma_tiles == 0
+            && l.decode
+            && !l.mma
+            && matches!(kv.k, KvBuf::F16(_));
+        if !fused {
+            self.launch_prologue(cache, layer, batch, nh, pro)?;
+            self.paged_attention(cache, layer, batch, q, q_stride, p, out, width, splits)?;
+            return Ok(false);
+        }
+        let (ws, done) = self.split_scratch(batch, p, &l)?;
+        let pr = DecPro {
+            k: pro.k,
+            v: pro.v,
+            qw: pro.qw,
+            kw: pro.kw,
+            cs: pro.cs,
+            pos: pro.pos,
+            dims: pro.args.dims,
+            neox: pro.args.neox,
+            max_pos: pro.args.max_pos,
+            k_stride: pro.args.k_stride,
+            v_stride: pro.args.v_stride,
+            v4: pro.args.v4,
+            eps: pro.args.eps,
+        };
+        let (qp, op, kc, vc) = (pro.q, self.ptr_mut(out), pro.kc, pro.vc);
+        let (tab, seqs, _, tiles) = batch.ptrs(self);
+        let (d, gh) = (p.head_dim, batch.gh);
+        let f = self.kernel(&format!("attn_dec_pro_f16_{d}_{gh}"))?;
+        let (cfg, args) = (l.config(), l.args);
+        launch!(self, f, cfg; qp, kc, vc, tab, seqs, tiles, op, ws, done, args, pr)?;
+        Ok(true)
+    }
+
+    /// The prologue kernel's launch, for checked arguments.
+    fn launch_prologue(
+        &self,
+        cache: &DeviceKvCache,
+        layer: usize,
+        batch: &AttnBatch,
+        n_heads: usize,
+        pro: Prologue,
+    ) -> Result<()> {
         let (n, nkv) = (batch.n_rows, pro.args.n_kv_heads as usize);
         let groups = (n_heads + nkv).div_ceil(PROLOGUE_WARPS);
         let cfg = LaunchConfig {
@@ -83,86 +267,6 @@ impl CudaContext {
         launch!(self, f, cfg; qp, kp, vp, kc, vc, qw, kw, pp, cs, tab, seqs, rows, args)
     }
 
-    /// [`attn_prologue`](Self::attn_prologue) (with `p.n_heads` query heads) followed by
-    /// [`paged_attention`](Self::paged_attention) of the rotated q into `out`
-    /// (`[rows][n_heads · head_dim]`, both strides the row width), with the same results, bit
-    /// for bit. When every row is a decode row of the decode kernel (f16 cache, head_dim 64,
-    /// 128 or 256) and `AFM_ATTN_FUSED_PRO` is not `0`, it is one launch of that kernel's
-    /// prologue twin, which leaves `q` and `k` as they came (raw); otherwise the two
-    /// launches, which leave them normed and rotated. So afterwards q and k hold either:
-    /// callers must not read them. Returns whether it was one launch.
-    #[allow(clippy::too_many_arguments)]
-    pub fn attend_prologue(
-        &mut self,
-        cache: &mut DeviceKvCache,
-        layer: usize,
-        batch: &AttnBatch,
-        table: &RopeTable,
-        positions: &impl DevicePtr<i32>,
-        q: &mut (impl DevicePtrMut<f32> + DevicePtr<f32>),
-        k: &mut impl DevicePtrMut<f32>,
-        v: &impl DevicePtr<f32>,
-        norms: Option<HeadNorms>,
-        p: &AttnParams,
-        out: &mut impl DevicePtrMut<f32>,
-        splits: Option<usize>,
-    ) -> Result<bool> {
-        let nh = p.n_heads;
-        let width = nh * p.head_dim;
-        // The separate path's checks, all before anything launches.
-        attention_layer(cache, layer, batch, p)?;
-        let Some(pro) = self.prologue(cache, layer, batch, table, positions, q, nh, k, v, norms)?
-        else {
-            return Ok(false);
-        };
-        check_attention_rows(batch, p, width, q.len(), width, out.len())?;
-        let kv = &cache.layers[layer];
-        let l = self.simt_launch(
-            kv,
-            cache.block_size,
-            batch,
-            batch.tiles,
-            p,
-            width,
-            width,
-            splits,
-        );
-        let fused = fused_prologue_on()
-            && batch.qb == 1
-            && batch.mma_tiles == 0
-            && l.decode
-            && !l.mma
-            && matches!(kv.k, KvBuf::F16(_));
-        if !fused {
-            self.attn_prologue(cache, layer, batch, table, positions, q, nh, k, v, norms)?;
-            self.paged_attention(cache, layer, batch, q, width, p, out, width, splits)?;
-            return Ok(false);
-        }
-        let (ws, done) = self.split_scratch(batch, p, &l)?;
-        let pr = DecPro {
-            k: pro.k,
-            v: pro.v,
-            qw: pro.qw,
-            kw: pro.kw,
-            cs: pro.cs,
-            pos: pro.pos,
-            dims: pro.args.dims,
-            neox: pro.args.neox,
-            max_pos: pro.args.max_pos,
-            k_stride: pro.args.k_stride,
-            v_stride: pro.args.v_stride,
-            v4: pro.args.v4,
-            eps: pro.args.eps,
-        };
-        let (qp, op, kc, vc) = (pro.q, self.ptr_mut(out), pro.kc, pro.vc);
-        let (tab, seqs, _, tiles) = batch.ptrs(self);
-        let (d, gh) = (p.head_dim, batch.gh);
-        let f = self.kernel(&format!("attn_dec_pro_f16_{d}_{gh}"))?;
-        let (cfg, args) = (l.config(), l.args);
-        launch!(self, f, cfg; qp, kc, vc, tab, seqs, tiles, op, ws, done, args, pr)?;
-        Ok(true)
-    }
-
     /// The prologue's checks and arguments (`None`: no rows).
     #[allow(clippy::too_many_arguments)]
     fn prologue(
@@ -172,10 +276,8 @@ impl CudaContext {
         batch: &AttnBatch,
         table: &RopeTable,
         positions: &impl DevicePtr<i32>,
-        q: &mut impl DevicePtrMut<f32>,
         n_heads: usize,
-        k: &mut impl DevicePtrMut<f32>,
-        v: &impl DevicePtr<f32>,
+        rows: Rows,
         norms: Option<HeadNorms>,
     ) -> Result<Option<Prologue>> {
         let kv = cache.layers.get(layer).ok_or(CudaError::Shape {
@@ -201,9 +303,21 @@ impl CudaContext {
         if n == 0 {
             return Ok(None);
         }
-        check("attention prologue queries", q.len(), n * n_heads * d)?;
-        check("attention prologue keys", k.len(), n * nkv * d)?;
-        check("attention prologue values", v.len(), n * nkv * d)?;
+        let (qw_, kw_) = (n_heads * d, nkv * d);
+        // Addresses and row strides of q, k and v.
+        let ([qp, kp, vp], [qs, ks, vs]) = match rows {
+            Rows::Separate { q, k, v } => {
+                check("attention prologue queries", q.1, n * qw_)?;
+                check("attention prologue keys", k.1, n * kw_)?;
+                check("attention prologue values", v.1, n * kw_)?;
+                ([q.0, k.0, v.0], [qw_, kw_, kw_])
+            }
+            Rows::Joined((p, len)) => {
+                let s = qw_ + 2 * kw_;
+                check("attention prologue joined q | k | v rows", len, n * s)?;
+                ([p, p + 4 * qw_ as u64, p + 4 * (qw_ + kw_) as u64], [s; 3])
+            }
+        };
         check_len("attention prologue positions", positions.len(), n)?;
         let (qw, kw, eps) = match norms {
             Some((qn, kn, eps)) => {
@@ -214,10 +328,15 @@ impl CudaContext {
             None => (0, 0, 0.0),
         };
         let (cs, neox) = table.kernel_table(self);
-        let (qp, kp, vp) = (self.ptr_mut(q), self.ptr_mut(k), self.ptr(v));
-        // The per-head norms take rms_norm_warp's float4 path where it would (same bits).
-        let v4 = |x: u64, w: u64| {
-            i32::from(d.is_multiple_of(4) && x.is_multiple_of(16) && w.is_multiple_of(16))
+        // The per-head norms take rms_norm_warp's float4 path where it would (same bits):
+        // every head of every row 16-byte aligned.
+        let v4 = |x: u64, stride: usize, w: u64| {
+            i32::from(
+                d.is_multiple_of(4)
+                    && stride.is_multiple_of(4)
+                    && x.is_multiple_of(16)
+                    && w.is_multiple_of(16),
+            )
         };
         let args = PrologueArgs {
             n_heads: n_heads as i32,
@@ -228,11 +347,11 @@ impl CudaContext {
             max_pos: table.max_pos() as i32,
             block_size: cache.block_size as i32,
             max_blocks: batch.max_blocks as i32,
-            q_stride: (n_heads * d) as i32,
-            k_stride: (nkv * d) as i32,
-            v_stride: (nkv * d) as i32,
+            q_stride: qs as i32,
+            k_stride: ks as i32,
+            v_stride: vs as i32,
             eps,
-            v4: v4(qp, qw) | (v4(kp, kw) << 1),
+            v4: v4(qp, qs, qw) | (v4(kp, ks, kw) << 1),
         };
         Ok(Some(Prologue {
             args,
@@ -247,6 +366,13 @@ impl CudaContext {
             cs,
         }))
     }
+}
+
+/// The step-level inputs of a prologue: the rotary table, each row's position, the head norms.
+struct PrologueStep<'a, 'b, 'c, P> {
+    table: &'a RopeTable,
+    positions: &'a P,
+    norms: Option<HeadNorms<'b, 'c>>,
 }
 
 /// `PRO_WARPS` and `PRO_MAX_D` in attention.cu: heads per prologue block, widest head.
