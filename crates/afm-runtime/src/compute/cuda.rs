@@ -82,6 +82,15 @@ extern "C" __global__ void add_bias_rows(float* x, const float* b, long long n, 
     const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
     if (i < n) x[i] += b[i % cols];
 }
+// Q/K/V biases added to rows [q | k | v] of one joined product: column c of a row takes
+// b0[c], b1[c - c0] or b2[c - c0 - c1].
+extern "C" __global__ void add_bias3_rows(float* x, const float* b0, const float* b1,
+                                          const float* b2, long long n, int c0, int c1, int c2) { PDL_BEGIN
+    const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const int c = (int)(i % (c0 + c1 + c2));
+    x[i] += c < c0 ? b0[c] : c < c0 + c1 ? b1[c - c0] : b2[c - c0 - c1];
+}
 // One block per output row.
 extern "C" __global__ void gather_rows_f32(const float* x, const int* rows, float* out, int cols) { PDL_BEGIN
     const float* src = x + (long long)rows[blockIdx.x] * cols;
@@ -104,9 +113,23 @@ extern "C" __global__ void columns_f32(const float* x, float* out, int cols, int
 }
 "#;
 
+/// The PTX of `EXTRA_KERNELS` and the KV row kernels for `arch` (NVRTC).
+fn compile_extra(
+    arch: Option<&'static str>,
+) -> std::result::Result<cudarc::nvrtc::Ptx, cudarc::nvrtc::CompileError> {
+    let opts = CompileOptions {
+        arch,
+        options: vec!["--std=c++17".into()],
+        name: Some("compute_extra.cu".into()),
+        ..Default::default()
+    };
+    compile_ptx_with_opts(format!("{EXTRA_KERNELS}{}", kv_rows::KERNELS), opts)
+}
+
 struct Extra {
     scale: CudaFunction,
     add_bias: CudaFunction,
+    add_bias3: CudaFunction,
     gather: CudaFunction,
     index_add: CudaFunction,
     columns: CudaFunction,
@@ -223,14 +246,8 @@ impl CudaDevice {
         let ctx = CudaContext::new(ordinal)?;
         // The device's architecture, as for the other modules: the kernels' PDL wait
         // (`PDL_BEGIN`) is compiled in only for Hopper and later, where launches ask for it.
-        let opts = CompileOptions {
-            arch: crate::cuda::arch_for(ctx.info().compute_capability),
-            options: vec!["--std=c++17".into()],
-            name: Some("compute_extra.cu".into()),
-            ..Default::default()
-        };
-        let source = format!("{EXTRA_KERNELS}{}", kv_rows::KERNELS);
-        let ptx = compile_ptx_with_opts(source, opts).map_err(|e| CudaError::Compile {
+        let arch = crate::cuda::arch_for(ctx.info().compute_capability);
+        let ptx = compile_extra(arch).map_err(|e| CudaError::Compile {
             module: "compute_extra",
             log: format!("{e:?}"),
         })?;
@@ -243,6 +260,7 @@ impl CudaDevice {
         let extra = Extra {
             scale: f("scale_f32")?,
             add_bias: f("add_bias_rows")?,
+            add_bias3: f("add_bias3_rows")?,
             gather: f("gather_rows_f32")?,
             index_add: f("index_add_rows_f32")?,
             columns: f("columns_f32")?,
@@ -744,14 +762,16 @@ impl CudaDevice {
         Ok(done.then_some(outs))
     }
 
-    /// Projections of `x` (of `rms_norm(x, w)` with `norm`) whose weights lie back to back, as
-    /// one buffer of rows `[w₀ | w₁ | …]` ([`cuda::CudaContext::matmul_joined`]); `None`
-    /// (nothing launched) where that does not apply.
-    pub(super) fn linear_joined(
+    /// Q, K and V of `x` (of `rms_norm(x, w)` with `norm`) whose weights lie back to back, as
+    /// one buffer of rows `[q | k | v]` ([`cuda::CudaContext::matmul_joined`]), plus each
+    /// one's bias (one launch for the three; lengths checked by the caller); `None` (nothing
+    /// launched) where that does not apply.
+    pub(super) fn linear_qkv_joined(
         &self,
         x: &Tensor,
         norm: Option<(&Vector, f32)>,
-        ws: &[&Weight],
+        ws: [&Weight; 3],
+        biases: Option<[&Vector; 3]>,
     ) -> Result<Option<CudaSlice<f32>>> {
         let mut ctx = self.lock();
         let dws = ws
@@ -767,7 +787,22 @@ impl CudaDevice {
                 })
             })
             .transpose()?;
-        Ok(ctx.matmul_joined(&dws, &xv, rn, x.rows)?)
+        let Some(mut out) = ctx.matmul_joined(&dws, &xv, rn, x.rows)? else {
+            return Ok(None);
+        };
+        if let Some([b0, b1, b2]) = biases {
+            let [c0, c1, c2] = ws.map(|w| w.rows as i32);
+            let len = x.rows * ws.iter().map(|w| w.rows).sum::<usize>();
+            let op = ptr_mut(&ctx, &mut out);
+            let (p0, p1, p2) = (
+                ptr(&ctx, &vector(b0, "linear bias")?),
+                ptr(&ctx, &vector(b1, "linear bias")?),
+                ptr(&ctx, &vector(b2, "linear bias")?),
+            );
+            let n = len as i64;
+            launch!(ctx, &self.extra.add_bias3, grid(len, 256); op, p0, p1, p2, n, c0, c1, c2)?;
+        }
+        Ok(Some(out))
     }
 
     /// `gated_linear(rms_norm(x, w), gate, up)` with the norm folded in; `None` (nothing
@@ -880,5 +915,28 @@ impl CudaDevice {
             ctx.add_rms_norm(&mut xv, &yv, &wv, eps, &mut out.slice_mut(0..n))?;
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// The small kernels `open` loads compile and are entry points of the PTX (a broken one
+    /// fails every `Device::open` on the GPU). Needs libnvrtc only.
+    #[test]
+    fn extra_kernels_compile() {
+        let ptx = super::compile_extra(Some("compute_90")).expect("compute_extra compiles");
+        let text = ptx.to_src();
+        let names = [
+            "scale_f32",
+            "add_bias_rows",
+            "add_bias3_rows",
+            "gather_rows_f32",
+        ];
+        for name in names
+            .into_iter()
+            .chain(["index_add_rows_f32", "columns_f32"])
+        {
+            assert!(text.contains(&format!(".entry {name}(")), "no entry {name}");
+        }
     }
 }

@@ -170,11 +170,13 @@ impl Device {
         self.linear_many(&self.rms_norm(x, norm, eps)?, ws)
     }
 
-    /// Q, K and V of `rms_norm(x, norm)` for [`attend_prologue`](Self::attend_prologue):
-    /// [`norm_linear_many`](Self::norm_linear_many) of the three, except that on a GPU past
-    /// the GEMV's rows, where the weights lie back to back ([`weights_joined`]) and have no
-    /// biases, one GEMM writes one buffer of rows `[q | k | v]` that the attention reads in
-    /// place (the same values, without copying them into three tensors).
+    /// Q, K and V of `rms_norm(x, norm)` (+ their biases) for
+    /// [`attend_prologue`](Self::attend_prologue): [`norm_linear_many`](Self::norm_linear_many)
+    /// of the three, except that on a GPU past the GEMV's rows, where the weights lie back to
+    /// back ([`weights_joined`]), one GEMM writes one buffer of rows `[q | k | v]` that the
+    /// attention reads in place: without biases the same values, without copying them into
+    /// three tensors; with them (all three) one bias launch, and the GEMM's sums within
+    /// rounding of the three separate GEMMs `norm_linear_many` runs there.
     ///
     /// [`weights_joined`]: Self::weights_joined
     pub fn norm_linear_qkv(
@@ -187,11 +189,18 @@ impl Device {
         #[cfg(feature = "cuda")]
         if let Device::Cuda(c) = self {
             super::elementwise::check_norm(x, norm)?;
-            let fits =
-                norm.len == x.cols && ws.iter().all(|(w, b)| b.is_none() && w.cols == x.cols);
-            let plain = ws.map(|(w, _)| w);
-            if fits {
-                if let Some(buf) = c.linear_joined(x, Some((norm, eps)), &plain)? {
+            for (w, b) in ws {
+                check_linear(x, w, b)?;
+            }
+            // All three biased (Qwen2) or none.
+            let biases = match ws.map(|(_, b)| b) {
+                [Some(bq), Some(bk), Some(bv)] => Some(Some([bq, bk, bv])),
+                [None, None, None] => Some(None),
+                _ => None,
+            };
+            if let (true, Some(biases)) = (norm.len == x.cols, biases) {
+                let plain = ws.map(|(w, _)| w);
+                if let Some(buf) = c.linear_qkv_joined(x, Some((norm, eps)), plain, biases)? {
                     return Ok(Qkv {
                         rows: x.rows,
                         widths: plain.map(|w| w.rows),

@@ -402,8 +402,15 @@ fn bf16_matrix(rows: usize, cols: usize, seed: u64) -> WeightMatrix {
 /// 5 tokens each, then a decode step of all of them. Q/K/V are placed back to back
 /// (`weights_joined`); `joined` takes `norm_linear_qkv` (one buffer of rows [q | k | v] on a
 /// GPU past the GEMV's rows), else `norm_linear_many` into three tensors. Returns every step's
-/// output, then each sequence's cached keys and values, and how many steps were joined.
-fn qkv_layer(d: &Device, joined: bool, seqs: usize, dtype: KvDtype) -> (Vec<f32>, usize) {
+/// output, then each sequence's cached keys and values, and how many steps were joined. With
+/// `bias`, Q, K and V have biases (Qwen2).
+fn qkv_layer(
+    d: &Device,
+    joined: bool,
+    bias: bool,
+    seqs: usize,
+    dtype: KvDtype,
+) -> (Vec<f32>, usize) {
     let (h, nh, nkv, hd) = (256, 8, 2, 64);
     let ws = d
         .weights_joined(vec![
@@ -412,7 +419,10 @@ fn qkv_layer(d: &Device, joined: bool, seqs: usize, dtype: KvDtype) -> (Vec<f32>
             bf16_matrix(nkv * hd, h, 72),
         ])
         .expect("joined weights");
-    let proj = [(&ws[0], None), (&ws[1], None), (&ws[2], None)];
+    let b = |len, seed| d.vector(splitmix(seed, len)).expect("bias");
+    let bs = [b(nh * hd, 76), b(nkv * hd, 77), b(nkv * hd, 78)];
+    let on = |i: usize| bias.then_some(&bs[i]);
+    let proj = [(&ws[0], on(0)), (&ws[1], on(1)), (&ws[2], on(2))];
     let norm = d
         .vector(splitmix(73, h).iter().map(|v| 1.0 + 0.5 * v).collect())
         .expect("input norm");
@@ -483,17 +493,22 @@ fn qkv_layer(d: &Device, joined: bool, seqs: usize, dtype: KvDtype) -> (Vec<f32>
 /// bits of the three-tensor path (one GEMM split by a copy), outputs and cache, at 9 and 64
 /// decode rows (prefill steps of 45 and 320 rows before them), on the fused decode launch (f16
 /// cache) and the two-launch path (f32); and the CPU's values within bf16 rounding of the
-/// GEMM's input. Up to 8 rows both are the GEMV's three tensors.
+/// GEMM's input. Up to 8 rows both are the GEMV's three tensors. With Q/K/V biases (Qwen2)
+/// the three-tensor path runs three GEMMs, so there the two agree within rounding only.
 #[test]
 fn joined_qkv_attention_matches_the_three_tensors() {
     let Some(g) = gpu() else { return };
     let join_on = std::env::var("AFM_JOIN_WEIGHTS").as_deref() != Ok("0");
     for seqs in [1, 8, 9, 64] {
-        for dtype in [KvDtype::F16, KvDtype::F32] {
-            let what = format!("{seqs} sequences, {dtype:?} cache");
-            let (one, joined) = qkv_layer(&g, true, seqs, dtype);
-            let (three, split) = qkv_layer(&g, false, seqs, dtype);
-            let (cpu, _) = qkv_layer(&Device::Cpu, true, seqs, dtype);
+        for (dtype, bias) in [
+            (KvDtype::F16, false),
+            (KvDtype::F32, false),
+            (KvDtype::F16, true),
+        ] {
+            let what = format!("{seqs} sequences, {dtype:?} cache, bias {bias}");
+            let (one, joined) = qkv_layer(&g, true, bias, seqs, dtype);
+            let (three, split) = qkv_layer(&g, false, bias, seqs, dtype);
+            let (cpu, _) = qkv_layer(&Device::Cpu, true, bias, seqs, dtype);
             // Prefill steps of 5 · seqs rows and decode steps of seqs rows past 8.
             let want = if join_on {
                 usize::from(5 * seqs > 8) + usize::from(seqs > 8)
@@ -502,11 +517,20 @@ fn joined_qkv_attention_matches_the_three_tensors() {
             };
             assert_eq!((joined, split), (want, 0), "{what}: steps joined");
             assert!(one.iter().all(|x| x.is_finite()), "{what}: non-finite");
-            let moved = one
-                .iter()
-                .zip(&three)
-                .filter(|(a, b)| a.to_bits() != b.to_bits());
-            assert_eq!(moved.count(), 0, "{what}: joined q|k|v moved values");
+            if bias {
+                close(
+                    &format!("{what}: against three tensors"),
+                    &one,
+                    &three,
+                    1e-2,
+                );
+            } else {
+                let moved = one
+                    .iter()
+                    .zip(&three)
+                    .filter(|(a, b)| a.to_bits() != b.to_bits());
+                assert_eq!(moved.count(), 0, "{what}: joined q|k|v moved values");
+            }
             close(&format!("{what}: against the CPU"), &one, &cpu, 3e-2);
         }
     }
