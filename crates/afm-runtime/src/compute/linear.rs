@@ -192,13 +192,13 @@ impl Device {
             for (w, b) in ws {
                 check_linear(x, w, b)?;
             }
-            // All three biased (Qwen2) or none.
             let biases = match ws.map(|(_, b)| b) {
-                [Some(bq), Some(bk), Some(bv)] => Some(Some([bq, bk, bv])),
-                [None, None, None] => Some(None),
+                [Some(bq), Some(bk), Some(bv)] => Some([bq, bk, bv]),
                 _ => None,
             };
-            if let (true, Some(biases)) = (norm.len == x.cols, biases) {
+            // All three biased (Qwen2) or none.
+            let unbiased = ws.iter().all(|(_, b)| b.is_none());
+            if norm.len == x.cols && (biases.is_some() || unbiased) {
                 let plain = ws.map(|(w, _)| w);
                 if let Some(buf) = c.linear_qkv_joined(x, Some((norm, eps)), plain, biases)? {
                     return Ok(Qkv {
