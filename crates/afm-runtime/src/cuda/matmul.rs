@@ -111,6 +111,12 @@ pub struct DeviceWeight {
 }
 
 impl DeviceWeight {
+    /// Whether `self` and `other` are views of one device allocation
+    /// ([`upload_joined`](Self::upload_joined)); separate uploads may still lie back to back.
+    pub fn shares_allocation(&self, other: &DeviceWeight) -> bool {
+        Arc::ptr_eq(&self.bytes, &other.bytes)
+    }
+
     pub fn upload(ctx: &CudaContext, w: &WeightMatrix) -> Result<Self> {
         let len = w.bytes().as_slice().len();
         Ok(Self {
