@@ -133,6 +133,25 @@ static inline void mma16816(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
     }
 }
 
+// The decode kernel's folded prologue (attn_dec_mma_pro_*) is not emulated: its per-head
+// arithmetic is common.cuh's, checked on the GPU bit for bit against the prologue kernel
+// (tests/cuda_attend_prologue.rs). Declarations so the file compiles; never called here.
+struct DecPro {
+    const float *k, *v, *qw, *kw, *cs;
+    const int* pos;
+    int dims, neox, max_pos, k_stride, v_stride, v4;
+    float eps;
+};
+template <int MAXD>
+void pro_weights(const float*, int, int, float4 (&)[(MAXD + 127) / 128]) { abort(); }
+template <int MAXD>
+void pro_rope_pairs(const float*, int, int, int, float2 (&)[MAXD / 64]) { abort(); }
+template <int MAXD>
+void pro_head(const float*, float*, const float*, const float4 (&)[(MAXD + 127) / 128], bool,
+              int, float, bool, const float2 (&)[MAXD / 64], int, int, int) {
+    abort();
+}
+
 #include "../crates/afm-runtime/src/cuda/kernels/attention_mma.cu"
 
 typedef void (*Kernel)(const float*, const u16*, const u16*, const int*, const int*,

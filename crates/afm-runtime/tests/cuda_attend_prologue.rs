@@ -426,3 +426,35 @@ fn falls_back_to_two_launches() {
     c.set_attn_fused_prologue(true);
     assert!(!one, "switched off, attend_prologue still took one launch");
 }
+
+/// Steps of enough sequences that a KV head's blocks fill the device take the tensor-core
+/// decode kernel (`attn_dec_mma_*`), whose prologue twin (`attn_dec_mma_pro_*`) must give the
+/// bits of the prologue launch followed by it: every head size, groups 1 to 4, norms on and
+/// off, forced splits (the new key in the last of 3), a window with softcap, a graph's batch.
+#[test]
+fn many_sequences_on_tensor_cores() {
+    let sm = common::ctx().info().sm_count;
+    let ctx = |n_kv: usize| -> Vec<usize> {
+        (0..sm.div_ceil(n_kv) + 3).map(|i| (i * 41) % 600).collect()
+    };
+    check(Case::decode(16, 8, 128, true, &ctx(8)));
+    check(Case::decode(32, 8, 128, false, &ctx(8)));
+    check(Case::decode(8, 2, 256, true, &ctx(2)));
+    check(Case::decode(4, 4, 64, true, &ctx(4)));
+    for splits in [Some(3), Some(1)] {
+        check(Case {
+            splits,
+            ..Case::decode(32, 8, 128, true, &ctx(8))
+        });
+    }
+    check(Case {
+        window: Some(50),
+        softcap: Some(30.0),
+        ..Case::decode(16, 8, 128, true, &ctx(8))
+    });
+    let c = ctx(8);
+    check(Case {
+        fixed: Some((c.len() + 4, 64)),
+        ..Case::decode(16, 8, 128, true, &c)
+    });
+}

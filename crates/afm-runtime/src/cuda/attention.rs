@@ -44,6 +44,7 @@ use crate::kv_store::{KvDtype, LayerKvShape};
 
 mod batch;
 mod prologue;
+pub(super) use prologue::DecPro;
 
 /// Device storage of one layer's keys or values.
 pub enum KvBuf {
@@ -599,6 +600,7 @@ impl CudaContext {
                 p,
                 (op, out_stride),
                 (ws, done),
+                None,
             );
         }
         let (kc, vc) = (kv.k.ptr(self), kv.v.ptr(self));

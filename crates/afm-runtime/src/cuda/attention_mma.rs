@@ -12,7 +12,7 @@
 use cudarc::driver::sys::CUfunction_attribute_enum;
 use cudarc::driver::LaunchConfig;
 
-use super::attention::{AttnBatch, DeviceLayerKv, SimtLaunch};
+use super::attention::{AttnBatch, DecPro, DeviceLayerKv, SimtLaunch};
 use super::context::{scratch, scratch_zeroed};
 use super::{launch, CudaContext, CudaError, Result};
 use crate::attention::AttnParams;
@@ -354,7 +354,8 @@ impl CudaContext {
 impl CudaContext {
     /// The tensor-core decode kernel over the first `l.grid.1` tiles (one per decode row) of
     /// `batch` ([`SimtLaunch::mma`]: shapes and strides checked by the caller, `ws` and `done`
-    /// sized for `l`'s splits).
+    /// sized for `l`'s splits); with `pro`, its twin that does the attention prologue too
+    /// (`attn_dec_mma_pro_*`, see attention/prologue.rs).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn launch_dec_mma(
         &mut self,
@@ -366,10 +367,16 @@ impl CudaContext {
         p: &AttnParams,
         (out, out_stride): (u64, usize),
         (ws, done): (u64, u64),
+        pro: Option<DecPro>,
     ) -> Result<()> {
         let (d, nkv) = (kv.shape.head_dim, kv.shape.n_kv_heads);
         let bytes = dec_shared_bytes(d);
-        let f = self.kernel(&format!("attn_dec_mma_f16_{d}"))?;
+        let kind = if pro.is_some() {
+            "dec_mma_pro"
+        } else {
+            "dec_mma"
+        };
+        let f = self.kernel(&format!("attn_{kind}_f16_{d}"))?;
         self.stream().context().bind_to_thread()?;
         f.set_attribute(
             CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
@@ -383,7 +390,10 @@ impl CudaContext {
             block_dim: (32 * dec_warps(d) as u32, 1, 1),
             shared_mem_bytes: bytes as u32,
         };
-        launch!(self, f, cfg; q, kc, vc, tab, seqs, tiles, out, ws, done, args)
+        match pro {
+            None => launch!(self, f, cfg; q, kc, vc, tab, seqs, tiles, out, ws, done, args),
+            Some(pr) => launch!(self, f, cfg; q, kc, vc, tab, seqs, tiles, out, ws, done, args, pr),
+        }
     }
 }
 

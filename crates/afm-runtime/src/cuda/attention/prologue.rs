@@ -198,7 +198,6 @@ impl CudaContext {
             && batch.qb == 1
             && batch.mma_tiles == 0
             && l.decode
-            && !l.mma
             && matches!(kv.k, KvBuf::F16(_));
         if !fused {
             self.launch_prologue(cache, layer, batch, nh, pro)?;
@@ -222,6 +221,12 @@ impl CudaContext {
             eps: pro.args.eps,
         };
         let (qp, op, kc, vc) = (pro.q, self.ptr_mut(out), pro.kc, pro.vc);
+        if l.mma {
+            let (bs, qo) = (cache.block_size, (qp, q_stride));
+            let w = (op, width);
+            self.launch_dec_mma(kv, bs, batch, &l, qo, p, w, (ws, done), Some(pr))?;
+            return Ok(true);
+        }
         let (tab, seqs, _, tiles) = batch.ptrs(self);
         let (d, gh) = (p.head_dim, batch.gh);
         let f = self.kernel(&format!("attn_dec_pro_f16_{d}_{gh}"))?;
@@ -401,10 +406,10 @@ struct PrologueArgs {
 // SAFETY: plain #[repr(C)] data, laid out as the CUDA struct.
 unsafe impl cudarc::driver::DeviceRepr for PrologueArgs {}
 
-/// Mirror of `DecPro` in attention.cu (the fused kernels' prologue inputs).
+/// Mirror of `DecPro` in common.cuh (the fused kernels' prologue inputs).
 #[repr(C)]
 #[derive(Clone, Copy)]
-struct DecPro {
+pub(in crate::cuda) struct DecPro {
     k: u64,
     v: u64,
     qw: u64,

@@ -268,93 +268,8 @@ __device__ __forceinline__ void store_kv(void* c, i64 at, float x) {
     else ((float*)c)[at] = x;
 }
 
-// A lane's part of one head's norm weights (float4 path) and of its rotary pairs: the loads
-// that may go before the PDL wait. MAXD bounds the head size (sizes the register arrays).
-template <int MAXD>
-__device__ __forceinline__ void pro_weights(const float* w, int D, int lane,
-                                            float4 (&wv)[(MAXD + 127) / 128]) {
-#pragma unroll
-    for (int k = 0; k < (MAXD + 127) / 128; k++)
-        if (lane + 32 * k < D / 4) wv[k] = ((const float4*)w)[lane + 32 * k];
-}
-template <int MAXD>
-__device__ __forceinline__ void pro_rope_pairs(const float* cs, int p, int half, int lane,
-                                               float2 (&cpre)[MAXD / 64]) {
-#pragma unroll
-    for (int k = 0; k < MAXD / 64; k++)
-        if (lane + 32 * k < half) cpre[k] = ((const float2*)cs)[(i64)p * half + lane + 32 * k];
-}
-
-// One warp's prologue of one head: x (D values) RMS-normed into sb by w when given
-// (rms_norm_warp's float4 path when v4, else its scalar path, so the same bits), else copied,
-// then rotated in sb by the pairs cpre when rot. Ends with the warp synchronized.
-template <int MAXD>
-__device__ __forceinline__ void pro_head(const float* x, float* sb, const float* w,
-                                         const float4 (&wv)[(MAXD + 127) / 128], bool v4, int D,
-                                         float eps, bool rot, const float2 (&cpre)[MAXD / 64],
-                                         int half, int neox, int lane) {
-    if (w && v4) {
-        float4 xv[(MAXD + 127) / 128];
-        const int units = D / 4;
-#pragma unroll
-        for (int k = 0; k < (MAXD + 127) / 128; k++)
-            if (lane + 32 * k < units) xv[k] = ((const float4*)x)[lane + 32 * k];
-        float ss = 0.f;
-#pragma unroll
-        for (int k = 0; k < (MAXD + 127) / 128; k++) {
-            if (lane + 32 * k < units) {
-                ss = fmaf(xv[k].x, xv[k].x, ss);
-                ss = fmaf(xv[k].y, xv[k].y, ss);
-                ss = fmaf(xv[k].z, xv[k].z, ss);
-                ss = fmaf(xv[k].w, xv[k].w, ss);
-            }
-        }
-        ss = warp_sum(ss);
-        const float inv = 1.0f / sqrtf(ss / (float)D + eps);
-#pragma unroll
-        for (int k = 0; k < (MAXD + 127) / 128; k++) {
-            const int i = lane + 32 * k;
-            if (i < units) {
-                sb[4 * i] = xv[k].x * (inv * wv[k].x);
-                sb[4 * i + 1] = xv[k].y * (inv * wv[k].y);
-                sb[4 * i + 2] = xv[k].z * (inv * wv[k].z);
-                sb[4 * i + 3] = xv[k].w * (inv * wv[k].w);
-            }
-        }
-    } else if (w) {
-        float xv[MAXD / 32];
-#pragma unroll
-        for (int k = 0; k < MAXD / 32; k++)
-            if (lane + 32 * k < D) xv[k] = x[lane + 32 * k];
-        float ss = 0.f;
-#pragma unroll
-        for (int k = 0; k < MAXD / 32; k++)
-            if (lane + 32 * k < D) ss = fmaf(xv[k], xv[k], ss);
-        ss = warp_sum(ss);
-        const float inv = 1.0f / sqrtf(ss / (float)D + eps);
-#pragma unroll
-        for (int k = 0; k < MAXD / 32; k++) {
-            const int i = lane + 32 * k;
-            if (i < D) sb[i] = xv[k] * (inv * w[i]);
-        }
-    } else {
-        for (int i = lane; i < D; i += 32) sb[i] = x[i];
-    }
-    __syncwarp();
-    if (rot) {
-#pragma unroll
-        for (int k = 0; k < MAXD / 64; k++) {
-            const int i = lane + 32 * k;
-            if (i >= half) break;
-            const float c = cpre[k].x, sn = cpre[k].y;
-            const int ia = neox ? i : 2 * i, ib = neox ? i + half : 2 * i + 1;
-            const float x0 = sb[ia], x1 = sb[ib];
-            sb[ia] = __fmaf_rn(x0, c, -__fmul_rn(x1, sn));
-            sb[ib] = __fmaf_rn(x0, sn, __fmul_rn(x1, c));
-        }
-    }
-    __syncwarp();
-}
+// pro_weights, pro_rope_pairs and pro_head (one warp's prologue of one head): common.cuh, as
+// attention_mma.cu's decode kernel folds the prologue in too.
 
 template <bool HALF>
 __device__ void attn_prologue_impl(float* q, float* k, const float* v, void* kc, void* vc,
@@ -495,15 +410,7 @@ __device__ __forceinline__ void dec_row(const u8* row, int li, u32 (&w)[W]) {
     }
 }
 
-// The prologue inputs of the fused kernels (attn_dec_pro_*): q holds each row's raw query
-// heads; k and v its raw key and value rows; qw and kw the per-head norm weights (null: no
-// norms); pos the rows' positions and cs the rotary table (PrologueArgs' fields).
-struct DecPro {
-    const float *k, *v, *qw, *kw, *cs;
-    const int* pos;
-    int dims, neox, max_pos, k_stride, v_stride, v4;
-    float eps;
-};
+// DecPro (the fused kernels' prologue inputs): common.cuh.
 
 // PRO: the kernel also does attn_prologue_impl's work for its row (see "Fused prologue" below).
 template <bool HALF, int D, int GH, bool PRO = false, int KEYS = DEC_KEYS>

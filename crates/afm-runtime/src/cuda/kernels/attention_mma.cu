@@ -404,12 +404,22 @@ __device__ void attn_mma_impl(const float* __restrict__ q, const u16* __restrict
 // Shared memory (dynamic): Q [16][LD] | per warp: STG x (K [DEC_BN][LD], V [DEC_BN][LD]).
 #define DEC_BN 16
 
-template <int D, int NW, int STG>
+// PRO (attn_dec_mma_pro_*): the kernel also does the attention prologue of its row, as
+// attention.cu's attn_dec_pro_* (the same per-head arithmetic, pro_head, so the same bits):
+// after the PDL wait each warp normalizes and rotates query heads warp, warp + NW, ... into
+// Q's rows; the CTA of the split holding the new key `pos` normalizes and rotates the KV
+// head's key, stores it and the value row in their cache slot, and puts both into the tile
+// buffer of `pos` from shared memory (the tile's copy skips that row), so no CTA reads the
+// slot back. Queries and keys are read raw and never written back.
+// PRO needs no more shared memory: until its loop, a warp's last ring buffer holds no tile
+// (the first fill takes the others), so it is the warp's scratch for pro_head; the new key's
+// rows wait in the registers of the warp whose tile holds `pos`, as f16 pairs.
+template <int D, int NW, int STG, bool PRO = false>
 __device__ void attn_dec_mma_impl(const float* __restrict__ q, const u16* __restrict__ kc,
                                   const u16* __restrict__ vc, const int* __restrict__ tables,
                                   const int* __restrict__ seqs, const int* __restrict__ tiles,
                                   float* __restrict__ out, float* __restrict__ ws,
-                                  int* __restrict__ done, const MmaArgs a) {
+                                  int* __restrict__ done, const MmaArgs a, const DecPro pr) {
     constexpr int LD = D + 8, DT = D / 8, CH = D / 8, BN = DEC_BN, W = D + 2;
     constexpr int TILE = 2 * BN * LD;  // halves of one buffer (K then V)
     static_assert(32 % CH == 0 || CH % 32 == 0, "chunks per row");
@@ -442,6 +452,7 @@ __device__ void attn_dec_mma_impl(const float* __restrict__ q, const u16* __rest
             const int e = lane + 32 * i, r = e / CH, c = (e % CH) * 8;
             const int row = __shfl_sync(FULL_MASK, crow, r);
             const bool ok = j0 + r < k_hi;
+            if (PRO && j0 + r == pos) continue;  // put_new's row
             const i64 off = (i64)row * D + c;
             cp_async16(dk + r * LD + c, kc + off, ok);
             cp_async16(dv + r * LD + c, vc + off, ok);
@@ -453,6 +464,27 @@ __device__ void attn_dec_mma_impl(const float* __restrict__ q, const u16* __rest
     const int per = (n_all + a.n_splits - 1) / a.n_splits;
     const int t0 = blockIdx.z * per, t1 = min(n_all, t0 + per);
     const int tw = t0 + warp;
+    // PRO: the split holding `pos` (its last tile) writes the new key, and of its warps the
+    // one whose tile that is (kw_owner); nk, nv its K and V rows, elements lane + 32 i.
+    const int t_new = (pos - k_lo) / BN;
+    const bool writer = PRO && t0 <= t_new && t_new < t1;
+    const bool kw_owner = writer && (t_new - t0) % NW == warp;
+    float* scratch = (float*)(ring + (STG - 1) * TILE);
+    u16 nk[PRO ? D / 32 : 1], nv[PRO ? D / 32 : 1];
+    // The new key's row into buffer b of the tile at j0 (PRO, the owner's tile of `pos`).
+    auto put_new = [&](int j0, int b) {
+        u16* rk = ring + b * TILE + (pos - j0) * LD;
+#pragma unroll
+        for (int i = 0; i < (PRO ? D / 32 : 0); i++) {
+            rk[lane + 32 * i] = nk[i];
+            rk[BN * LD + lane + 32 * i] = nv[i];
+        }
+    };
+    auto fill = [&](int t, int b) {
+        const int j0 = k_lo + t * BN;
+        load(j0, b);
+        if (kw_owner && t == t_new) put_new(j0, b);
+    };
     // The ring's first fill: one cp.async group per tile, empty past t1. Before the wait
     // while the tile ends before `pos`; from the first that does not, after it.
     int pre = 0;
@@ -462,22 +494,74 @@ __device__ void attn_dec_mma_impl(const float* __restrict__ q, const u16* __rest
         if (t < t1) load(j0, pre);
         cp_async_commit();
     }
+    // PRO, before the wait too: the norm weights and rotary pairs (nothing in a step writes
+    // them).
+    constexpr int PD = D < 128 ? 128 : D;  // pro_* register arrays: at least one float4
+    float4 wq[(PD + 127) / 128], wk[(PD + 127) / 128];
+    float2 cpre[PD / 64];
+    bool rot = false;
+    if constexpr (PRO) {
+        const int ppos = pr.pos[row0];
+        rot = ppos >= 0 && ppos < pr.max_pos;
+        if (pr.qw && (pr.v4 & 1)) pro_weights<PD>(pr.qw, D, lane, wq);
+        if (kw_owner && pr.kw && (pr.v4 & 2)) pro_weights<PD>(pr.kw, D, lane, wk);
+        if (rot) pro_rope_pairs<PD>(pr.cs, ppos, pr.dims / 2, lane, cpre);
+    }
     pdl_begin();
+    if constexpr (PRO) {
+        // The new key's K and V rows (the owner warp; one per sequence and KV head), kept as
+        // f16 and stored in their cache slot, before any tile holding `pos` loads.
+        if (kw_owner) {
+            const float* kx = pr.k + (i64)row0 * pr.k_stride + kvh * D;
+            const float* vx = pr.v + (i64)row0 * pr.v_stride + kvh * D;
+            const int bi = a.bs_shift >= 0 ? pos >> a.bs_shift : pos / a.block_size;
+            const i64 at = ((i64)(table[bi] * a.n_kv_heads + kvh) * a.block_size +
+                            (pos - bi * a.block_size)) * D;
+            pro_head<PD>(kx, scratch, pr.kw, wk, (pr.v4 >> 1) & 1, D, pr.eps, rot, cpre,
+                         pr.dims / 2, pr.neox, lane);
+            // The cache is written through the pointers the kernel reads it by (by cp.async
+            // only, and never this row: put_new).
+            u16* kw16 = (u16*)(const void*)kc;
+            u16* vw16 = (u16*)(const void*)vc;
+#pragma unroll
+            for (int i = 0; i < D / 32; i++) {
+                nk[i] = f2h(scratch[lane + 32 * i]);
+                nv[i] = f2h(vx[lane + 32 * i]);
+                kw16[at + lane + 32 * i] = nk[i];
+                vw16[at + lane + 32 * i] = nv[i];
+            }
+            __syncwarp();  // scratch read before the query heads reuse it
+        }
+    }
     for (int k = pre; k < STG - 1; k++) {
         const int t = tw + k * NW;
-        if (t < t1) load(k_lo + t * BN, k);
+        if (t < t1) fill(t, k);
         cp_async_commit();
     }
 
     // The query heads, rounded to f16 as the SIMT kernel and the CPU do; rows past G zero.
-    for (int e = tid; e < 16 * D / 2; e += blockDim.x) {
-        const int r = e / (D / 2), c = (e % (D / 2)) * 2;
-        u32 v = 0;
-        if (r < G) {
-            const float* qp = q + (i64)row0 * a.q_stride + (kvh * G + r) * D + c;
-            v = pack_h2(qp[0], qp[1]);
+    if constexpr (PRO) {
+        for (int r = warp; r < 16; r += NW) {
+            if (r < G) {
+                const float* x = q + (i64)row0 * a.q_stride + (kvh * G + r) * D;
+                pro_head<PD>(x, scratch, pr.qw, wq, pr.v4 & 1, D, pr.eps, rot, cpre,
+                             pr.dims / 2, pr.neox, lane);
+                for (int i = lane; i < D; i += 32) sq[r * LD + i] = f2h(scratch[i]);
+                __syncwarp();  // scratch read before the next head overwrites it
+            } else {
+                for (int i = lane; i < D; i += 32) sq[r * LD + i] = 0;
+            }
         }
-        *(u32*)(sq + r * LD + c) = v;
+    } else {
+        for (int e = tid; e < 16 * D / 2; e += blockDim.x) {
+            const int r = e / (D / 2), c = (e % (D / 2)) * 2;
+            u32 v = 0;
+            if (r < G) {
+                const float* qp = q + (i64)row0 * a.q_stride + (kvh * G + r) * D + c;
+                v = pack_h2(qp[0], qp[1]);
+            }
+            *(u32*)(sq + r * LD + c) = v;
+        }
     }
     __syncthreads();  // Q visible to every warp
 
@@ -489,7 +573,7 @@ __device__ void attn_dec_mma_impl(const float* __restrict__ q, const u16* __rest
     for (int i = 0, t = tw; t < t1; t += NW, i++) {
         // Tile i + STG - 1 into the buffer tile i - 1 used (free since the loop's end).
         const int tn = t + (STG - 1) * NW;
-        if (tn < t1) load(k_lo + tn * BN, (i + STG - 1) % STG);
+        if (tn < t1) fill(tn, (i + STG - 1) % STG);
         cp_async_commit();
         cp_async_wait<STG - 1>();  // tile i's group
         __syncwarp();  // its chunks, copied by every lane, visible to the warp
@@ -565,7 +649,14 @@ __device__ void attn_dec_mma_impl(const float* __restrict__ q, const u16* __rest
     extern "C" __global__ void __launch_bounds__(NW * 32) attn_dec_mma_f16_##D(                \
         const float* q, const u16* kc, const u16* vc, const int* tables, const int* seqs,      \
         const int* tiles, float* out, float* ws, int* done, const MmaArgs a) {                 \
-        attn_dec_mma_impl<D, NW, STG>(q, kc, vc, tables, seqs, tiles, out, ws, done, a);       \
+        attn_dec_mma_impl<D, NW, STG>(q, kc, vc, tables, seqs, tiles, out, ws, done, a, {});   \
+    }                                                                                          \
+    extern "C" __global__ void __launch_bounds__(NW * 32) attn_dec_mma_pro_f16_##D(            \
+        const float* q, const u16* kc, const u16* vc, const int* tables, const int* seqs,      \
+        const int* tiles, float* out, float* ws, int* done, const MmaArgs a,                   \
+        const DecPro pr) {                                                                     \
+        attn_dec_mma_impl<D, NW, STG, true>(q, kc, vc, tables, seqs, tiles, out, ws, done, a,  \
+                                            pr);                                               \
     }
 
 #else  // below sm_80: the entry points exist (the module lists them) but are never launched
@@ -577,7 +668,10 @@ __device__ void attn_dec_mma_impl(const float* __restrict__ q, const u16* __rest
 #define ATTN_DEC_MMA(D, NW, STG)                                                               \
     extern "C" __global__ void attn_dec_mma_f16_##D(const float*, const u16*, const u16*,      \
                                                     const int*, const int*, const int*,        \
-                                                    float*, float*, int*, const MmaArgs) {}
+                                                    float*, float*, int*, const MmaArgs) {}    \
+    extern "C" __global__ void attn_dec_mma_pro_f16_##D(                                       \
+        const float*, const u16*, const u16*, const int*, const int*, const int*, float*,      \
+        float*, int*, const MmaArgs, const DecPro) {}
 
 #endif
 
