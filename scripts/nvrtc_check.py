@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Compiles every CUDA kernel module with NVRTC, as the runtime does, on a machine without a GPU.
 
-    python3 scripts/nvrtc_check.py [--arch compute_90] [--lib PATH/libnvrtc.so.13]
+    python3 scripts/nvrtc_check.py [--arch compute_90] [--lib PATH/libnvrtc.so.13] [-D MACRO]...
 
 Each crates/afm-runtime/src/cuda/kernels/*.cu is compiled the way cuda/context.rs's
 compile_kernels does: kernels/common.cuh's text, a newline, then the module's text, named
@@ -10,6 +10,11 @@ the device's own; compute_90 is the H200's). common.cuh is never compiled alone:
 every module. No include paths are given, as none are at run time. Then the module that
 compute/cuda.rs's CudaDevice::open builds from Rust string constants (EXTRA_KERNELS, then
 compute/cuda/kv_rows.rs's KERNELS), as it does: "compute_extra.cu", the same two options.
+
+-D MACRO (repeatable) puts "#define MACRO 1" in front of every kernel module, as cuda/context.rs's
+module_source does for the modules whose compile-time switch (MODULE_DEFINES) is on, e.g.
+-D AFM_GEMV_L2PF (gemv.cu's L2 prefetch; the runtime's default) and -D AFM_GEMV_L2PF_LINES.
+Without -D the modules compile with every such switch off.
 
 Prints each module's result and NVRTC's log; exits 1 if any module fails (warnings alone pass,
 but are printed). Needs only libnvrtc (found by --lib, $AFM_NVRTC_LIB, or the pip wheel
@@ -105,6 +110,8 @@ def main():
     ap.add_argument("--lib")
     ap.add_argument("--dir", default=KERNELS, help="folder of the .cu files and common.cuh")
     ap.add_argument("--save-ptx", metavar="DIR", help="also write each module's PTX there")
+    ap.add_argument("-D", "--define", action="append", default=[], metavar="MACRO",
+                    help="#define MACRO 1 in front of every kernel module (repeatable)")
     args = ap.parse_args()
     nv = Nvrtc(find_lib(args.lib))
     with open(os.path.join(args.dir, COMMON)) as f:
@@ -113,11 +120,13 @@ def main():
     if not modules:
         sys.exit(f"nvrtc_check: no .cu files in {args.dir}")
     options = ["--std=c++17", f"--gpu-architecture={args.arch}"]
-    print(f"NVRTC {nv.version}, options {' '.join(options)}")
+    print(f"NVRTC {nv.version}, options {' '.join(options)}"
+          + "".join(f", #define {d} 1" for d in args.define))
     jobs = []
     for path in modules:
         with open(path) as f:
-            jobs.append((os.path.basename(path), f"{common}\n{f.read()}", options))
+            defines = "".join(f"#define {d} 1\n" for d in args.define)
+            jobs.append((os.path.basename(path), f"{defines}{common}\n{f.read()}", options))
     if args.dir == KERNELS:
         extra = "".join(rust_raw_string(os.path.join(COMPUTE, f), c) for f, c in EXTRA)
         jobs.append(("compute_extra.cu", extra, options))

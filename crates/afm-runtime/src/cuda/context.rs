@@ -20,6 +20,7 @@ use cudarc::driver::{
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions, Ptx};
 
 use super::{CudaError, Result};
+use crate::switch::Switch;
 
 const COMMON: &str = include_str!("kernels/common.cuh");
 
@@ -129,14 +130,18 @@ pub fn compile_kernels(arch: Option<&'static str>) -> Result<Vec<(&'static str, 
 
 /// Module `i`'s PTX ([`module_source`]).
 fn compile_module(i: usize, arch: Option<&'static str>) -> Result<Ptx> {
-    let name = KERNEL_MODULES[i].0;
+    compile_source(KERNEL_MODULES[i].0, module_source(i), arch)
+}
+
+/// `src` (module `name`'s source) to PTX for `arch`.
+fn compile_source(name: &'static str, src: String, arch: Option<&'static str>) -> Result<Ptx> {
     let opts = CompileOptions {
         arch,
         options: vec!["--std=c++17".into()],
         name: Some(format!("{name}.cu")),
         ..Default::default()
     };
-    compile_ptx_with_opts(module_source(i), opts).map_err(|e| {
+    compile_ptx_with_opts(src, opts).map_err(|e| {
         let log = match &e {
             cudarc::nvrtc::CompileError::CompileError { log, .. } => {
                 log.to_string_lossy().into_owned()
@@ -147,9 +152,35 @@ fn compile_module(i: usize, arch: Option<&'static str>) -> Result<Ptx> {
     })
 }
 
-/// Module `i`'s source as compiled: `common.cuh`, then the module.
+/// Compile-time A/B switches of the kernels: (module, macro, switch). With the switch on,
+/// `#define MACRO 1` goes in front of the module's source ([`module_source`]); the source is
+/// also the kernel cache's key (`kernel_cache.rs`), so each setting compiles and caches on its
+/// own. Read once per process (before the first compile), like the run-time switches.
+/// - `AFM_GEMV_L2PF` (on; `=0` off): the 16-bit GEMVs prefetch their weights into L2 before
+///   their PDL wait (gemv.cu "Weights into L2"; off, they are the kernels they were).
+/// - `AFM_GEMV_L2PF_LINES` (off; `=1` on): that prefetch line by line rather than in bulk.
+static MODULE_DEFINES: [(&str, &str, &Switch); 2] = [
+    ("gemv", "AFM_GEMV_L2PF", &GEMV_L2PF),
+    ("gemv", "AFM_GEMV_L2PF_LINES", &GEMV_L2PF_LINES),
+];
+static GEMV_L2PF: Switch = Switch::new("AFM_GEMV_L2PF", true);
+static GEMV_L2PF_LINES: Switch = Switch::new("AFM_GEMV_L2PF_LINES", false);
+
+/// Module `i`'s source as compiled: its [`MODULE_DEFINES`] that are on, `common.cuh`, then
+/// the module.
 pub(super) fn module_source(i: usize) -> String {
-    format!("{COMMON}\n{}", KERNEL_MODULES[i].1)
+    source_with(i, Switch::on)
+}
+
+/// Module `i`'s source with `on` deciding its [`MODULE_DEFINES`].
+fn source_with(i: usize, on: impl Fn(&Switch) -> bool) -> String {
+    let (name, text) = KERNEL_MODULES[i];
+    let defines: String = MODULE_DEFINES
+        .iter()
+        .filter(|(m, _, switch)| *m == name && on(switch))
+        .map(|(_, macro_name, _)| format!("#define {macro_name} 1\n"))
+        .collect();
+    format!("{defines}{COMMON}\n{text}")
 }
 
 /// Module `i` for a device of NVRTC architecture `arch`: a CUBIN of its real architecture, from
@@ -645,6 +676,50 @@ mod tests {
             assert!(ctx.loaded_modules().contains(&module), "{module} loaded");
         }
         assert_eq!(ctx.loaded_modules().len(), KERNEL_MODULES.len());
+    }
+
+    /// The gemv module's L2 prefetch settings ([`MODULE_DEFINES`]): off is the module's source
+    /// as it was, each setting is another source (so another kernel cache entry), and all three
+    /// compile with every listed entry point; on, the prefetch is in the PTX, in bulk or line by
+    /// line. Needs libnvrtc only.
+    #[test]
+    fn gemv_l2_prefetch_settings_compile() {
+        use rayon::prelude::*;
+        let gemv = KERNEL_MODULES
+            .iter()
+            .position(|(m, _)| *m == "gemv")
+            .expect("a gemv module");
+        let off = source_with(gemv, |_| false);
+        let bulk = source_with(gemv, |s| std::ptr::eq(s, &GEMV_L2PF));
+        let lines = source_with(gemv, |_| true);
+        assert_eq!(off, format!("{COMMON}\n{}", KERNEL_MODULES[gemv].1));
+        assert!(off != bulk && bulk != lines && lines != off);
+        let ptx: Vec<String> = match [off, bulk, lines]
+            .into_par_iter()
+            .map(|src| compile_source("gemv", src, Some("compute_90")).map(|p| p.to_src()))
+            .collect::<Result<Vec<_>>>()
+        {
+            Ok(p) => p,
+            Err(e @ CudaError::Compile { .. }) => panic!("{e}"),
+            Err(e) => {
+                eprintln!("skipped: no NVRTC ({e})");
+                return;
+            }
+        };
+        for text in &ptx {
+            for name in kernel_names("gemv") {
+                assert!(text.contains(&format!(".entry {name}(")), "no entry {name}");
+            }
+        }
+        let bulk_pf = |t: &String| t.matches("cp.async.bulk.prefetch.L2").count();
+        let line_pf = |t: &String| t.matches("prefetch.global.L2").count();
+        assert_eq!(bulk_pf(&ptx[0]), 0, "off: no bulk prefetch");
+        assert!(bulk_pf(&ptx[1]) > 0, "on: bulk prefetches");
+        assert_eq!(bulk_pf(&ptx[2]), 0, "line by line: no bulk prefetch");
+        assert!(
+            line_pf(&ptx[2]) > line_pf(&ptx[0]),
+            "line by line: more line prefetches"
+        );
     }
 
     /// Every name `kernel_names` lists is an entry point of its module's PTX (a missing one

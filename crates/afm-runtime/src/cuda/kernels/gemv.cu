@@ -282,6 +282,169 @@ __device__ void gemv_gated_half(const u16* G, const u16* U, const float* x, cons
     }
 }
 
+// ---- Weights into L2 before the PDL wait (AFM_GEMV_L2PF) ----
+//
+// cuda/context.rs's module_source puts `#define AFM_GEMV_L2PF 1` in front of this module when
+// its switch is on; without it GEMV_L2PF expands to nothing and the kernels are what they were.
+// A kernel's blocks can be resident, waiting in pdl_begin, while the kernel before still runs
+// (cuda/mod.rs launch_raw), and before a one-row GEMV that kernel is often latency-bound (the
+// decode attention before O: DRAM nearly idle for 5-9 us). So each block first asks for weights
+// to be brought into L2, then waits; the loads after the wait find them there. Weights are
+// never written by a kernel, so fetching them ahead of the wait is safe. A prefetch writes no
+// register and no memory (asm volatile without outputs) and nothing later depends on it: every
+// product, sum and store, and their order, is the same with it as without, so are the bits.
+// Only when the bytes arrive changes.
+//
+// What is fetched. Where the whole grid's weights fit in L2PF_BYTES (32 MiB of the H200's
+// 50 MB L2: Qwen3-0.6B's every projection but lm_head, Qwen3-8B's O at exactly 32 MiB), all of
+// them: block b its own R rows, and for b < S = ceil(G / L2PF_FANOUT) (G = gridDim.x) also
+// those of blocks b + S, b + 2S, b + 3S, so the first S blocks to become resident cover the
+// whole matrix even where the rest of the grid becomes resident only after the kernel before
+// ends (re-fetching a line already in L2 costs little). Bigger grids (Qwen3-8B's Q/K/V at
+// 48 MiB, gate+up, down, lm_head) take the fraction L2PF_BYTES / total of each of the block's
+// own rows, from the row's start (what its first steps read), without fan-out: other blocks'
+// rows would wait in L2 for a later wave while the first wave streams more than L2 holds past
+// them, and DRAM would read them twice.
+//
+// L2PF_FANOUT = 4, from residency: the first S = ceil(G / 4) blocks must be resident while the
+// kernel before runs. Blocks here are 128 threads (GEMV_THREADS); the one-row kernels take
+// 32 registers at R = 1 and 2 (bounded), 40-56 at R = 4, 76-102 at R = 8 and 4u2 (ptxas 13.2
+// via NVRTC, sm_90). Before O comes the decode attention: at short contexts 2 blocks per SM
+// (attention.rs DECODE_TARGET_BLOCKS_PER_SM_SHORT) of 128 threads, 78-96 registers and ~36 KB
+// of shared memory, which leaves about 40K of an SM's 64K registers: ~3 GEMV blocks per SM at
+// 4u2 (86 registers), 4 at R = 8, 9 at R = 2. Qwen3-8B's O (32 MiB, the largest grid that
+// fits) is 1024 blocks at 4u2 (the shape picked there), 512 at R = 8, 2048 at R = 2, so S is
+// 1.9, 1.0 and 3.9 per SM of 132: within what fits, with 1.5-4x to spare. F = 2 would need 3.9
+// blocks per SM at 4u2, more than fit. More fan-out costs the first blocks one prefetch per
+// extra step and gains nothing once S blocks are resident.
+//
+// How. On sm_90 and later one cp.async.bulk.prefetch.L2 per contiguous range (a block's rows
+// of one matrix are one range), each issued by one thread; with AFM_GEMV_L2PF_LINES (an A/B
+// switch, also from module_source), or before sm_90 (no PDL there, so nothing to overlap
+// anyway), prefetch.global.L2 per 128-byte line spread over the block's threads.
+#ifndef AFM_GEMV_L2PF
+#define AFM_GEMV_L2PF 0
+#endif
+#ifndef AFM_GEMV_L2PF_LINES
+#define AFM_GEMV_L2PF_LINES 0
+#endif
+#define L2PF_BYTES (32ll << 20)
+#define L2PF_FANOUT 4
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !AFM_GEMV_L2PF_LINES
+#define L2PF_BULK 1
+#else
+#define L2PF_BULK 0
+#endif
+
+// Bytes [p, p + n) toward L2 (p 16-byte aligned, n a multiple of 16 and below 4 GiB): with
+// L2PF_BULK one bulk prefetch (by the calling thread alone), else line by line over the
+// block's threads (every thread calls).
+__device__ __forceinline__ void l2pf_range(const void* p, i64 n) {
+    if (n <= 0) return;
+#if L2PF_BULK
+    asm volatile(
+        "{\n\t.reg .u64 g;\n\tcvta.to.global.u64 g, %0;\n\t"
+        "cp.async.bulk.prefetch.L2.global [g], %1;\n\t}" ::"l"(p),
+        "r"((u32)n));
+#else
+    const u8* e = (const u8*)p + n;
+    for (const u8* q = (const u8*)((u64)p & ~127ull) + 128 * threadIdx.x; q < e;
+         q += 128 * GEMV_THREADS)
+        prefetch_l2(q);
+#endif
+}
+
+// The weights block b reads: rows row0 .. row0 + n of w0, and of w1 where set (gate+up's up).
+struct L2pfRows {
+    const u16 *w0, *w1;
+    int row0, n;
+};
+
+// The prefetches above for a grid that reads `nrows` rows of `cols` 16-bit values (all its
+// matrices together), block b reading at(b). A range is (j, m): j the fan-out step or the row,
+// m the matrix. In bulk each thread issues at most one (thread 2j + m: no loop, so few
+// registers live beside the kernel's own, which matters where they are bounded to 32); line
+// by line every thread walks every range.
+template <class At>
+__device__ __forceinline__ void gemv_l2pf(At at, int nrows, int cols) {
+    const i64 rb = 2 * (i64)cols;
+    const bool fits = nrows * rb <= L2PF_BYTES;
+    // Where the grid does not fit, L2PF_BYTES / nrows of every row in whole lines (at least
+    // one; a 32-bit division: a 64-bit one is a long software routine at every block's start).
+    const i64 f = ((u32)L2PF_BYTES / (u32)nrows) & ~127u;
+    const i64 part = fits ? rb : f < 128 ? 128 : f < rb ? f : rb;
+    const int g = gridDim.x, s = (g + L2PF_FANOUT - 1) / L2PF_FANOUT;
+    const int steps = !fits ? 1 : (int)blockIdx.x < s ? L2PF_FANOUT : 1;
+#if L2PF_BULK
+    const int j = threadIdx.x >> 1, m = threadIdx.x & 1;
+    if (fits) {
+        const int b = blockIdx.x + j * s;
+        if (j >= steps || b >= g) return;
+        const L2pfRows c = at(b);
+        const u16* w = m ? c.w1 : c.w0;
+        if (w) l2pf_range(w + (i64)c.row0 * cols, c.n * rb);
+    } else {
+        const L2pfRows c = at(blockIdx.x);
+        const u16* w = m ? c.w1 : c.w0;
+        if (j < c.n && w) l2pf_range(w + (i64)(c.row0 + j) * cols, part);
+    }
+#else
+    for (int k = 0; k < steps; k++) {
+        const int b = blockIdx.x + k * s;
+        if (b >= g) break;
+        const L2pfRows c = at(b);
+        for (int r = 0; r < (fits ? 1 : c.n); r++) {
+            const i64 off = (i64)(c.row0 + r) * cols, n = fits ? c.n * rb : part;
+            l2pf_range(c.w0 + off, n);
+            if (c.w1) l2pf_range(c.w1 + off, n);
+        }
+    }
+#endif
+}
+
+// One matrix (GEMV_H), Q/K/V (GEMV_3), gate and up (GEMV_G).
+template <int R>
+__device__ __forceinline__ void gemv_l2pf_one(const u16* W, int rows, int cols) {
+    gemv_l2pf(
+        [&](int b) {
+            return L2pfRows{W, nullptr, b * R, min(R, rows - b * R)};
+        },
+        rows, cols);
+}
+
+template <int R>
+__device__ __forceinline__ void gemv_l2pf_three(const u16* W0, const u16* W1, const u16* W2,
+                                                int r0, int r1, int r2, int cols) {
+    // Block b's matrix and rows, as gemv3_pick (which reads blockIdx.x itself: left as it was,
+    // so the kernels without AFM_GEMV_L2PF compile to the same code).
+    gemv_l2pf(
+        [&](int b) {
+            const int b0 = (r0 + R - 1) / R, b1 = (r1 + R - 1) / R;
+            const u16* w = b < b0 ? W0 : b < b0 + b1 ? W1 : W2;
+            const int rows = b < b0 ? r0 : b < b0 + b1 ? r1 : r2;
+            const int row0 = (b < b0 ? b : b < b0 + b1 ? b - b0 : b - b0 - b1) * R;
+            return L2pfRows{w, nullptr, row0, min(R, rows - row0)};
+        },
+        r0 + r1 + r2, cols);
+}
+
+template <int R>
+__device__ __forceinline__ void gemv_l2pf_gated(const u16* G, const u16* U, int rows,
+                                                int cols) {
+    gemv_l2pf(
+        [&](int b) {
+            return L2pfRows{G, U, b * R, min(R, rows - b * R)};
+        },
+        2 * rows, cols);
+}
+
+#if AFM_GEMV_L2PF
+#define GEMV_L2PF(call) call;
+#else
+#define GEMV_L2PF(call)
+#endif
+
 // gemv_*: out = x . W^T; gemva_*: out += x . W^T. The "p" kernels (gemvp_*, gemvap_*, ...:
 // one activation row) load their first weights (gemv_preload) before the PDL wait; the others
 // read them after it. The "p" kernels measured slower (cuda/matmul.rs PRELOAD_MAX_COLS) and
@@ -318,6 +481,7 @@ __device__ void gemv_gated_half(const u16* G, const u16* U, const float* x, cons
     extern "C" __global__ void GEMV_BOUNDS_##R##_##UN KNAME##_##NAME##_##N##SFX(               \
         const u16* W, const float* x, float* out, int rows, int cols) {                        \
         const int row0 = blockIdx.x * R;                                                       \
+        GEMV_L2PF(gemv_l2pf_one<R>(W, rows, cols))                                             \
         GEMV_PRE(PRE, R, W, rows, cols, row0, pre)                                             \
         pdl_begin();                                                                           \
         gemv_half_rows<N, R, UN, BF, false, ACC, PRE>(W, x, nullptr, 0.f, out, rows, cols,     \
@@ -329,6 +493,7 @@ __device__ void gemv_gated_half(const u16* G, const u16* U, const float* x, cons
         const u16* W0, const u16* W1, const u16* W2, const float* x, const float* nw,          \
         float eps, float* o0, float* o1, float* o2, int r0, int r1, int r2, int cols) {        \
         const Gemv3Pick m = gemv3_pick<R>(W0, W1, W2, o0, o1, o2, r0, r1, r2);                 \
+        GEMV_L2PF(gemv_l2pf_three<R>(W0, W1, W2, r0, r1, r2, cols))                            \
         GEMV_PRE(PRE, R, m.W, m.rows, cols, m.row0, pre)                                       \
         pdl_begin();                                                                           \
         gemv_half_rows<N, R, 1, BF, NORM, false, PRE>(m.W, x, nw, eps, m.out, m.rows, cols,    \
@@ -339,6 +504,7 @@ __device__ void gemv_gated_half(const u16* G, const u16* U, const float* x, cons
     extern "C" __global__ void GEMV_BOUNDS_##R KNAME##_##NAME##_##N##SFX(                       \
         const u16* G, const u16* U, const float* x, const float* nw, float eps, float* out,    \
         int rows, int cols, int act) {                                                         \
+        GEMV_L2PF(gemv_l2pf_gated<R>(G, U, rows, cols))                                        \
         GEMV_PRE(PRE, R, G, rows, cols, blockIdx.x * R, pg)                                    \
         GEMV_PRE(PRE, R, U, rows, cols, blockIdx.x * R, pu)                                    \
         pdl_begin();                                                                           \
