@@ -337,16 +337,22 @@ __device__ void gemv_gated_half(const u16* G, const u16* U, const float* x, cons
 #define L2PF_BULK 0
 #endif
 
-// Bytes [p, p + n) toward L2 (p 16-byte aligned, n a multiple of 16 and below 4 GiB): with
-// L2PF_BULK one bulk prefetch (by the calling thread alone), else line by line over the
-// block's threads (every thread calls).
+// Bytes [p, p + n) toward L2 (n below 4 GiB). With L2PF_BULK one bulk prefetch by the calling
+// thread alone; where p and n need not be multiples of 16 (A16 false: quantized rows of 34-
+// and 210-byte blocks), of p and p + n rounded down to 16 bytes, and the line of the last
+// byte where the end is not aligned (16-bit rows skip that arithmetic: registers). Else line
+// by line over the block's threads (every thread calls).
+template <bool A16>
 __device__ __forceinline__ void l2pf_range(const void* p, i64 n) {
     if (n <= 0) return;
 #if L2PF_BULK
-    asm volatile(
-        "{\n\t.reg .u64 g;\n\tcvta.to.global.u64 g, %0;\n\t"
-        "cp.async.bulk.prefetch.L2.global [g], %1;\n\t}" ::"l"(p),
-        "r"((u32)n));
+    const u64 end = (u64)p + n, a = A16 ? (u64)p : (u64)p & ~15ull, e = A16 ? end : end & ~15ull;
+    if (e > a)
+        asm volatile(
+            "{\n\t.reg .u64 g;\n\tcvta.to.global.u64 g, %0;\n\t"
+            "cp.async.bulk.prefetch.L2.global [g], %1;\n\t}" ::"l"(a),
+            "r"((u32)(e - a)));
+    if (!A16 && e < end) prefetch_l2((const void*)(end - 1));
 #else
     const u8* e = (const u8*)p + n;
     for (const u8* q = (const u8*)((u64)p & ~127ull) + 128 * threadIdx.x; q < e;
@@ -355,57 +361,77 @@ __device__ __forceinline__ void l2pf_range(const void* p, i64 n) {
 #endif
 }
 
-// The weights block b reads: rows row0 .. row0 + n of w0, and of w1 where set (gate+up's up).
+// Weight bytes [off, off + n) of w0, and of w1 where set (gate+up's up).
+struct L2pfSpan {
+    const u8 *w0, *w1;
+    i64 off, n;
+};
+
+// For a grid whose weights fit in L2PF_BYTES, block b reading span(b): this block's span and,
+// for the first S = ceil(G / L2PF_FANOUT) blocks, those of blocks + S, + 2S, + 3S. In bulk
+// thread 2k + m issues step k's matrix m (no loop); line by line every thread walks them all.
+template <bool A16, class Span>
+__device__ __forceinline__ void l2pf_fanout(Span span) {
+    const int g = gridDim.x, s = (g + L2PF_FANOUT - 1) / L2PF_FANOUT;
+    const int steps = (int)blockIdx.x < s ? L2PF_FANOUT : 1;
+#if L2PF_BULK
+    const int k = threadIdx.x >> 1, b = blockIdx.x + k * s;
+    if (k >= steps || b >= g) return;
+    const L2pfSpan c = span(b);
+    const u8* w = threadIdx.x & 1 ? c.w1 : c.w0;
+    if (w) l2pf_range<A16>(w + c.off, c.n);
+#else
+    for (int k = 0; k < steps; k++) {
+        const int b = blockIdx.x + k * s;
+        if (b >= g) break;
+        const L2pfSpan c = span(b);
+        l2pf_range<A16>(c.w0 + c.off, c.n);
+        if (c.w1) l2pf_range<A16>(c.w1 + c.off, c.n);
+    }
+#endif
+}
+
+// The 16-bit rows block b reads: row0 .. row0 + n of w0, and of w1 where set.
 struct L2pfRows {
     const u16 *w0, *w1;
     int row0, n;
 };
 
 // The prefetches above for a grid that reads `nrows` rows of `cols` 16-bit values (all its
-// matrices together), block b reading at(b). A range is (j, m): j the fan-out step or the row,
-// m the matrix. In bulk each thread issues at most one (thread 2j + m: no loop, so few
-// registers live beside the kernel's own, which matters where they are bounded to 32); line
-// by line every thread walks every range.
+// matrices together), block b reading at(b).
 template <class At>
 __device__ __forceinline__ void gemv_l2pf(At at, int nrows, int cols) {
     const i64 rb = 2 * (i64)cols;
-    const bool fits = nrows * rb <= L2PF_BYTES;
-    // Where the grid does not fit, L2PF_BYTES / nrows of every row in whole lines (at least
-    // one; a 32-bit division: a 64-bit one is a long software routine at every block's start).
-    const i64 f = ((u32)L2PF_BYTES / (u32)nrows) & ~127u;
-    const i64 part = fits ? rb : f < 128 ? 128 : f < rb ? f : rb;
-    const int g = gridDim.x, s = (g + L2PF_FANOUT - 1) / L2PF_FANOUT;
-    const int steps = !fits ? 1 : (int)blockIdx.x < s ? L2PF_FANOUT : 1;
-#if L2PF_BULK
-    const int j = threadIdx.x >> 1, m = threadIdx.x & 1;
-    if (fits) {
-        const int b = blockIdx.x + j * s;
-        if (j >= steps || b >= g) return;
-        const L2pfRows c = at(b);
-        const u16* w = m ? c.w1 : c.w0;
-        if (w) l2pf_range(w + (i64)c.row0 * cols, c.n * rb);
-    } else {
-        const L2pfRows c = at(blockIdx.x);
-        const u16* w = m ? c.w1 : c.w0;
-        if (j < c.n && w) l2pf_range(w + (i64)(c.row0 + j) * cols, part);
+    if (nrows * rb <= L2PF_BYTES) {
+        l2pf_fanout<true>([&](int b) {
+            const L2pfRows c = at(b);
+            return L2pfSpan{(const u8*)c.w0, (const u8*)c.w1, c.row0 * rb, c.n * rb};
+        });
+        return;
     }
+    // L2PF_BYTES / nrows of each of the block's own rows in whole lines, at least one (a
+    // 32-bit division: a 64-bit one is a long software routine at every block's start).
+    const i64 f = ((u32)L2PF_BYTES / (u32)nrows) & ~127u;
+    const i64 part = f < 128 ? 128 : f < rb ? f : rb;
+    const L2pfRows c = at(blockIdx.x);
+#if L2PF_BULK
+    const int r = threadIdx.x >> 1;
+    const u16* w = threadIdx.x & 1 ? c.w1 : c.w0;
+    if (r < c.n && w) l2pf_range<true>(w + (i64)(c.row0 + r) * cols, part);
 #else
-    for (int k = 0; k < steps; k++) {
-        const int b = blockIdx.x + k * s;
-        if (b >= g) break;
-        const L2pfRows c = at(b);
-        for (int r = 0; r < (fits ? 1 : c.n); r++) {
-            const i64 off = (i64)(c.row0 + r) * cols, n = fits ? c.n * rb : part;
-            l2pf_range(c.w0 + off, n);
-            if (c.w1) l2pf_range(c.w1 + off, n);
-        }
+    for (int r = 0; r < c.n; r++) {
+        l2pf_range<true>(c.w0 + (i64)(c.row0 + r) * cols, part);
+        if (c.w1) l2pf_range<true>(c.w1 + (i64)(c.row0 + r) * cols, part);
     }
 #endif
 }
 
-// One matrix (GEMV_H), Q/K/V (GEMV_3), gate and up (GEMV_G).
+// One matrix (GEMV_H), Q/K/V (GEMV_3), gate and up (GEMV_G). Called, not inlined: inlined,
+// ptxas shared address arithmetic between them and the main loop, and kernels bounded to 32
+// registers spilled inside it (gemva_bf16_1_r2: 40 bytes); called, every one-row kernel keeps
+// its registers and loop (ptxas 13.2, sm_90; SASS compared), for a call before the wait.
 template <int R>
-__device__ __forceinline__ void gemv_l2pf_one(const u16* W, int rows, int cols) {
+__device__ __noinline__ void gemv_l2pf_one(const u16* W, int rows, int cols) {
     gemv_l2pf(
         [&](int b) {
             return L2pfRows{W, nullptr, b * R, min(R, rows - b * R)};
@@ -414,8 +440,8 @@ __device__ __forceinline__ void gemv_l2pf_one(const u16* W, int rows, int cols) 
 }
 
 template <int R>
-__device__ __forceinline__ void gemv_l2pf_three(const u16* W0, const u16* W1, const u16* W2,
-                                                int r0, int r1, int r2, int cols) {
+__device__ __noinline__ void gemv_l2pf_three(const u16* W0, const u16* W1, const u16* W2,
+                                             int r0, int r1, int r2, int cols) {
     // Block b's matrix and rows, as gemv3_pick (which reads blockIdx.x itself: left as it was,
     // so the kernels without AFM_GEMV_L2PF compile to the same code).
     gemv_l2pf(
@@ -430,8 +456,7 @@ __device__ __forceinline__ void gemv_l2pf_three(const u16* W0, const u16* W1, co
 }
 
 template <int R>
-__device__ __forceinline__ void gemv_l2pf_gated(const u16* G, const u16* U, int rows,
-                                                int cols) {
+__device__ __noinline__ void gemv_l2pf_gated(const u16* G, const u16* U, int rows, int cols) {
     gemv_l2pf(
         [&](int b) {
             return L2pfRows{G, U, b * R, min(R, rows - b * R)};
@@ -928,6 +953,59 @@ __device__ __forceinline__ Q8Pick q8_pick(const Q8Mats& m, int rows_per_block, i
     return p;
 }
 
+// The int8 GEMVs' weights into L2 before the PDL wait, with AFM_GEMV_L2PF (see "Weights into
+// L2" above) and `prefetch`: a grid whose matrices fit in L2PF_BYTES (Qwen3-8B Q8_0: Q/K/V
+// 25.5 MiB, O 17 MiB; Q4_K: also a Q4_K down, 27 MiB) whole, fanned out as there (blocks of 128
+// threads, 56 registers at four rows per group and 32 at one: at most 1024 blocks at R = 4
+// and 2112 at R = 1 below 4 blocks per SM (matmul.rs Q8_MIN_BLOCKS_PER_SM), so S is 1.9 and
+// 4 per SM, where ~5 and ~9 fit beside two attention blocks); a larger one as without it,
+// each thread the first unit of its rows (pf8). Inlined, unlike the 16-bit ones: a call would
+// copy the Q8Mats argument to the stack (104 bytes), and inline nothing spills.
+__device__ __forceinline__ i64 q8_row_bytes(int type, int cols) {
+    if (type == Q8_Q4_K) return (i64)(cols / 256) * 144;
+    if (type == Q8_Q6_K) return (i64)(cols / 256) * 210;
+    return (i64)(cols / 32) * 34;
+}
+
+template <int R>
+__device__ __forceinline__ void gemv8_l2pf(const Q8Mats& m, const Q8Pick& p, int cols,
+                                           int groups, const Q8Group& g) {
+    const i64 total = m.r0 * q8_row_bytes(m.t0, cols) + m.r1 * q8_row_bytes(m.t1, cols) +
+                      m.r2 * q8_row_bytes(m.t2, cols);
+    if (total > L2PF_BYTES) {
+        pf8<R>(p.type, p.w, p.rows, cols, g);
+        return;
+    }
+    l2pf_fanout<false>([&](int b) {
+        const Q8Pick t = q8_pick(m, R * groups, b);  // b: the block's index in its matrix
+        const i64 rb = q8_row_bytes(t.type, cols);
+        const int row0 = b * R * groups;
+        return L2pfSpan{t.w, nullptr, row0 * rb, min(R * groups, t.rows - row0) * rb};
+    });
+}
+
+template <int R>
+__device__ __forceinline__ void gemv8g_l2pf(const u8* G, const u8* U, int type, int rows,
+                                            int cols, int groups, const Q8Group& g) {
+    const i64 rb = q8_row_bytes(type, cols);
+    if (2 * rows * rb > L2PF_BYTES) {
+        pf8<R>(type, G, rows, cols, g);
+        pf8<R>(type, U, rows, cols, g);
+        return;
+    }
+    l2pf_fanout<false>([&](int b) {
+        const int row0 = b * R * groups;
+        return L2pfSpan{G, U, row0 * rb, min(R * groups, rows - row0) * rb};
+    });
+}
+
+// `on` with AFM_GEMV_L2PF, else `off` (the kernels as they were).
+#if AFM_GEMV_L2PF
+#define GEMV8_PF(on, off) on;
+#else
+#define GEMV8_PF(on, off) off
+#endif
+
 #define GEMV8(N, R, NAME)                                                                      \
     extern "C" __global__ void __launch_bounds__(GEMV_THREADS) NAME##_##N(                     \
         Q8Mats m, const signed char* xq, const float* xd, const float* xs, int cols,           \
@@ -935,7 +1013,9 @@ __device__ __forceinline__ Q8Pick q8_pick(const Q8Mats& m, int rows_per_block, i
         int blk = blockIdx.x;                                                                  \
         const Q8Pick p = q8_pick(m, R * groups, blk);                                          \
         const Q8Group g = q8_group(groups, R, blk);                                            \
-        if (prefetch) pf8<R>(p.type, p.w, p.rows, cols, g);                                    \
+        if (prefetch)                                                                          \
+            GEMV8_PF(gemv8_l2pf<R>(m, p, cols, groups, g),                                     \
+                     pf8<R>(p.type, p.w, p.rows, cols, g);)                                    \
         pdl_begin();                                                                           \
         float acc[R][N] = {};                                                                  \
         acc8<N, R>(p.type, p.w, xq, xd, xs, p.rows, cols, g, acc);                             \
@@ -949,8 +1029,8 @@ __device__ __forceinline__ Q8Pick q8_pick(const Q8Mats& m, int rows_per_block, i
         const float* xs, float* out, int rows, int cols, int groups, int prefetch, int act) {  \
         const Q8Group g = q8_group(groups, R, blockIdx.x);                                     \
         if (prefetch) {                                                                        \
-            pf8<R>(type, G, rows, cols, g);                                                    \
-            pf8<R>(type, U, rows, cols, g);                                                    \
+            GEMV8_PF(gemv8g_l2pf<R>(G, U, type, rows, cols, groups, g),                        \
+                     pf8<R>(type, G, rows, cols, g); pf8<R>(type, U, rows, cols, g);)          \
         }                                                                                      \
         pdl_begin();                                                                           \
         float ag[R][N] = {};                                                                   \
