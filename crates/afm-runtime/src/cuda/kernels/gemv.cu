@@ -301,10 +301,13 @@ __device__ void gemv_gated_half(const u16* G, const u16* U, const float* x, cons
 // those of blocks b + S, b + 2S, b + 3S, so the first S blocks to become resident cover the
 // whole matrix even where the rest of the grid becomes resident only after the kernel before
 // ends (re-fetching a line already in L2 costs little). Bigger grids (Qwen3-8B's Q/K/V at
-// 48 MiB, gate+up, down, lm_head) take the fraction L2PF_BYTES / total of each of the block's
-// own rows, from the row's start (what its first steps read), without fan-out: other blocks'
-// rows would wait in L2 for a later wave while the first wave streams more than L2 holds past
-// them, and DRAM would read them twice.
+// 48 MiB, gate+up, down, lm_head) take the fraction L2PF_PART_BYTES / total of each of the
+// block's own rows, from the row's start (what its first steps read), without fan-out: other
+// blocks' rows would wait in L2 for a later wave while the first wave streams more than L2
+// holds past them, and DRAM would read them twice. L2PF_PART_BYTES = 16 MiB, half of the
+// whole-grid limit: before these the kernel is a bandwidth-bound GEMV (down before Q/K/V, O
+// before gate+up) whose last 10-35 MB still stream through L2 while the prefetched lines
+// wait, and its tail of a few us fetches no more than ~15 MB anyway.
 //
 // L2PF_FANOUT = 4, from residency: the first S = ceil(G / 4) blocks must be resident while the
 // kernel before runs. Blocks here are 128 threads (GEMV_THREADS); the one-row kernels take
@@ -329,6 +332,7 @@ __device__ void gemv_gated_half(const u16* G, const u16* U, const float* x, cons
 #define AFM_GEMV_L2PF_LINES 0
 #endif
 #define L2PF_BYTES (32ll << 20)
+#define L2PF_PART_BYTES (16u << 20)
 #define L2PF_FANOUT 4
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !AFM_GEMV_L2PF_LINES
@@ -409,9 +413,9 @@ __device__ __forceinline__ void gemv_l2pf(At at, int nrows, int cols) {
         });
         return;
     }
-    // L2PF_BYTES / nrows of each of the block's own rows in whole lines, at least one (a
-    // 32-bit division: a 64-bit one is a long software routine at every block's start).
-    const i64 f = ((u32)L2PF_BYTES / (u32)nrows) & ~127u;
+    // L2PF_PART_BYTES / nrows of each of the block's own rows in whole lines, at least one
+    // (a 32-bit division: a 64-bit one is a long software routine at every block's start).
+    const i64 f = (L2PF_PART_BYTES / (u32)nrows) & ~127u;
     const i64 part = f < 128 ? 128 : f < rb ? f : rb;
     const L2pfRows c = at(blockIdx.x);
 #if L2PF_BULK
