@@ -156,14 +156,15 @@ fn compile_source(name: &'static str, src: String, arch: Option<&'static str>) -
 /// `#define MACRO 1` goes in front of the module's source ([`module_source`]); the source is
 /// also the kernel cache's key (`kernel_cache.rs`), so each setting compiles and caches on its
 /// own. Read once per process (before the first compile), like the run-time switches.
-/// - `AFM_GEMV_L2PF` (on; `=0` off): the GEMVs (16-bit and int8) prefetch their weights into
+/// - `AFM_GEMV_L2PF` (off; `=1` on): the GEMVs (16-bit and int8) prefetch their weights into
 ///   L2 before their PDL wait (gemv.cu "Weights into L2"; off, they are the kernels they were).
+///   Off by default: slower on the H200 (docs/DECISIONS.md).
 /// - `AFM_GEMV_L2PF_LINES` (off; `=1` on): that prefetch line by line rather than in bulk.
 static MODULE_DEFINES: [(&str, &str, &Switch); 2] = [
     ("gemv", "AFM_GEMV_L2PF", &GEMV_L2PF),
     ("gemv", "AFM_GEMV_L2PF_LINES", &GEMV_L2PF_LINES),
 ];
-static GEMV_L2PF: Switch = Switch::new("AFM_GEMV_L2PF", true);
+static GEMV_L2PF: Switch = Switch::new("AFM_GEMV_L2PF", false);
 static GEMV_L2PF_LINES: Switch = Switch::new("AFM_GEMV_L2PF_LINES", false);
 
 /// Module `i`'s source as compiled: its [`MODULE_DEFINES`] that are on, `common.cuh`, then
