@@ -284,6 +284,19 @@ fn fused_prologue_on() -> bool {
 /// process-wide: off with `AFM_ATTN_DEC_MMA=0`, or [`CudaContext::set_decode_attention_mma`].
 static DECODE_MMA: Switch = Switch::new("AFM_ATTN_DEC_MMA", true);
 
+/// Fewest CTAs (sequences × KV heads) before splitting for which decode steps take the
+/// tensor-core decode kernel: the SM count, or `AFM_ATTN_DEC_MMA_MIN_BLOCKS` (read once) for
+/// A/B runs.
+fn dec_mma_min_blocks(sm_count: usize) -> usize {
+    static MIN: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    let forced = *MIN.get_or_init(|| {
+        std::env::var("AFM_ATTN_DEC_MMA_MIN_BLOCKS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+    });
+    forced.unwrap_or(sm_count)
+}
+
 /// What the kernel choice of a step depends on besides its size: the device and the layer.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct StepShape {
@@ -322,7 +335,7 @@ impl DecodePlan {
             && s.tensor_cores
             && DECODE_MMA.on()
             && has_dec_mma_kernel(s.head_dim, s.elem, s.group)
-            && kv_blocks >= s.sm_count;
+            && kv_blocks >= dec_mma_min_blocks(s.sm_count);
         let wide_long_gh2 = s.gh <= 2 && keys > DECODE_MAX_KEYS_GH2_WIDE && blocks >= s.sm_count;
         let decode = mma
             || (one_query

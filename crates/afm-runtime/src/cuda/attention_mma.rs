@@ -128,11 +128,24 @@ pub(super) fn dec_mma_split_count(
     keys: usize,
     head_dim: usize,
 ) -> usize {
-    let most = keys.div_ceil(DEC_KEYS) / (2 * dec_warps(head_dim));
+    let most = keys.div_ceil(DEC_KEYS) / (dec_min_tiles() * dec_warps(head_dim));
     (DEC_TARGET_CTAS_PER_SM * sm_count)
         .div_ceil(ctas.max(1))
         .min(most)
         .clamp(1, MMA_MAX_SPLITS)
+}
+
+/// Fewest key tiles per warp in a split of the decode kernel: 2, or
+/// `AFM_ATTN_DEC_MMA_TILES` (read once) for A/B runs.
+fn dec_min_tiles() -> usize {
+    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *N.get_or_init(|| {
+        std::env::var("AFM_ATTN_DEC_MMA_TILES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|&v| v > 0)
+            .unwrap_or(2)
+    })
 }
 
 /// Dynamic shared memory of one decode CTA: Q [16] and each warp's ring of buffers each of K
