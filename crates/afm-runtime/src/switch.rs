@@ -47,6 +47,28 @@ impl Switch {
     }
 }
 
+/// A number an A/B run may force through `var` (`AFM_ATTN_DEC_PER_SM=4`): read and parsed once;
+/// unset or not a number is `None` (the caller's rule applies).
+pub(crate) struct Knob {
+    value: std::sync::OnceLock<Option<usize>>,
+    var: &'static str,
+}
+
+impl Knob {
+    pub(crate) const fn new(var: &'static str) -> Self {
+        Self {
+            value: std::sync::OnceLock::new(),
+            var,
+        }
+    }
+
+    pub(crate) fn get(&self) -> Option<usize> {
+        *self
+            .value
+            .get_or_init(|| std::env::var(self.var).ok().and_then(|v| v.parse().ok()))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -31,7 +31,7 @@
 //! new token normalize and rotate its key too and put K and V into their shared-memory stage,
 //! one of them storing both in the cache); `AFM_ATTN_FUSED_PRO=0` keeps two launches.
 
-use crate::switch::Switch;
+use crate::switch::{Knob, Switch};
 
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig};
 use half::f16;
@@ -257,18 +257,15 @@ fn decode_old() -> bool {
 /// [`DECODE_TARGET_BLOCKS_PER_SM_SHORT`] up to [`DECODE_SHORT_KEYS`], else
 /// [`DECODE_TARGET_BLOCKS_PER_SM`]; `AFM_ATTN_DEC_PER_SM` (read once) sets both, for A/B.
 fn decode_target_per_sm(keys: usize) -> usize {
-    static PER_SM: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-    let forced = *PER_SM.get_or_init(|| {
-        std::env::var("AFM_ATTN_DEC_PER_SM")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .filter(|&v| v > 0)
-    });
-    forced.unwrap_or(if keys <= DECODE_SHORT_KEYS {
-        DECODE_TARGET_BLOCKS_PER_SM_SHORT
-    } else {
-        DECODE_TARGET_BLOCKS_PER_SM
-    })
+    static PER_SM: Knob = Knob::new("AFM_ATTN_DEC_PER_SM");
+    PER_SM
+        .get()
+        .filter(|&v| v > 0)
+        .unwrap_or(if keys <= DECODE_SHORT_KEYS {
+            DECODE_TARGET_BLOCKS_PER_SM_SHORT
+        } else {
+            DECODE_TARGET_BLOCKS_PER_SM
+        })
 }
 
 /// Whether decode steps fold the attention prologue into the decode kernel
@@ -288,13 +285,8 @@ static DECODE_MMA: Switch = Switch::new("AFM_ATTN_DEC_MMA", true);
 /// tensor-core decode kernel: the SM count, or `AFM_ATTN_DEC_MMA_MIN_BLOCKS` (read once) for
 /// A/B runs.
 fn dec_mma_min_blocks(sm_count: usize) -> usize {
-    static MIN: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-    let forced = *MIN.get_or_init(|| {
-        std::env::var("AFM_ATTN_DEC_MMA_MIN_BLOCKS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-    });
-    forced.unwrap_or(sm_count)
+    static MIN: Knob = Knob::new("AFM_ATTN_DEC_MMA_MIN_BLOCKS");
+    MIN.get().unwrap_or(sm_count)
 }
 
 /// What the kernel choice of a step depends on besides its size: the device and the layer.

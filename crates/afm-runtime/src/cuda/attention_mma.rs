@@ -17,6 +17,7 @@ use super::context::{scratch, scratch_zeroed};
 use super::{launch, CudaContext, CudaError, Result};
 use crate::attention::AttnParams;
 use crate::kv_store::KvDtype;
+use crate::switch::Knob;
 
 /// Query rows per mma tile (`MMA_BM` in attention_mma.cu: 4 warps × 16).
 pub(super) const MMA_ROWS: usize = 64;
@@ -138,14 +139,8 @@ pub(super) fn dec_mma_split_count(
 /// Fewest key tiles per warp in a split of the decode kernel: 2, or
 /// `AFM_ATTN_DEC_MMA_TILES` (read once) for A/B runs.
 fn dec_min_tiles() -> usize {
-    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *N.get_or_init(|| {
-        std::env::var("AFM_ATTN_DEC_MMA_TILES")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .filter(|&v| v > 0)
-            .unwrap_or(2)
-    })
+    static N: Knob = Knob::new("AFM_ATTN_DEC_MMA_TILES");
+    N.get().filter(|&v| v > 0).unwrap_or(2)
 }
 
 /// Dynamic shared memory of one decode CTA: Q [16] and each warp's ring of buffers each of K

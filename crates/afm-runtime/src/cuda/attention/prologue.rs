@@ -75,11 +75,12 @@ impl CudaContext {
     /// [`attn_prologue`](Self::attn_prologue) (with `p.n_heads` query heads) followed by
     /// [`paged_attention`](Self::paged_attention) of the rotated q into `out`
     /// (`[rows][n_heads · head_dim]`, both strides the row width), with the same results, bit
-    /// for bit. When every row is a decode row of the decode kernel (f16 cache, head_dim 64,
-    /// 128 or 256) and `AFM_ATTN_FUSED_PRO` is not `0`, it is one launch of that kernel's
-    /// prologue twin, which leaves `q` and `k` as they came (raw); otherwise the two
-    /// launches, which leave them normed and rotated. So afterwards q and k hold either:
-    /// callers must not read them. Returns whether it was one launch.
+    /// for bit. When every row is a decode row of a decode kernel (f16 cache, head_dim 64,
+    /// 128 or 256: the SIMT one, or the tensor-core one for many sequences) and
+    /// `AFM_ATTN_FUSED_PRO` is not `0`, it is one launch of that kernel's prologue twin
+    /// (`attn_dec_pro_*`, `attn_dec_mma_pro_*`), which leaves `q` and `k` as they came
+    /// (raw); otherwise the two launches, which leave them normed and rotated. So afterwards
+    /// q and k hold either: callers must not read them. Returns whether it was one launch.
     #[allow(clippy::too_many_arguments)]
     pub fn attend_prologue(
         &mut self,
