@@ -594,9 +594,6 @@ impl CudaContext {
             splits,
         );
         let (ws, done) = self.split_scratch(batch, p, &l)?;
-        // A decode attention is latency-bound: the GEMV after it may fetch its weights
-        // meanwhile (Workspace::fetch_next).
-        self.ws.fetch_next = l.decode;
         if l.mma {
             let bs = cache.block_size;
             return self.launch_dec_mma(

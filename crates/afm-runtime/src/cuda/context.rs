@@ -299,10 +299,6 @@ pub struct Workspace {
     pub mmh_part: Option<CudaSlice<f32>>,
     pub mmh_done: Option<CudaSlice<i32>>,
     pub sample: Option<CudaSlice<f32>>,
-    /// Set by a decode attention launch (latency-bound: DRAM nearly idle while it runs), taken
-    /// by the next 16-bit GEMV: at one activation row it prefetches its weights into L2 before
-    /// its PDL wait (`gemvaf_*`, `matmul.rs` `gemv_half`; `AFM_GEMV_FETCH_AFTER_ATTN=0` off).
-    pub fetch_next: bool,
 }
 
 /// Device address of a scratch buffer of at least `n` elements, reallocating (contents

@@ -265,16 +265,6 @@ fn gemv_prefetch() -> i32 {
 /// usefully, and its registers (56 instead of 44-48) cost blocks per SM.
 const PRELOAD_MAX_COLS: usize = 3072;
 
-/// Whether a one-row accumulating 16-bit GEMV right after a decode attention launch prefetches
-/// its weights into L2 before its PDL wait (`gemvaf_*`; [`Workspace::fetch_next`]):
-/// `AFM_GEMV_FETCH_AFTER_ATTN=0` turns it off.
-///
-/// [`Workspace::fetch_next`]: super::context::Workspace::fetch_next
-fn fetch_after_attention() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    super::env_switch(&ON, "AFM_GEMV_FETCH_AFTER_ATTN", true)
-}
-
 /// "p" (the preloading kernel) for `n` rows of a `cols`-wide 16-bit matrix with
 /// `AFM_GEMV_PRELOAD=1` (read once).
 fn preload_suffix(n: usize, cols: usize) -> &'static str {
@@ -401,13 +391,9 @@ pub(super) fn kernel_names() -> Vec<String> {
                     }
                 }
                 for r in GEMV_HALF_U2_ROWS {
-                    for k in ["gemv", "gemva", "gemvaf"] {
+                    for k in ["gemv", "gemva"] {
                         v.push(format!("{k}_{t}_{n}_r{r}u2"));
                     }
-                }
-                v.push(format!("gemvaf_{t}_{n}"));
-                for r in GEMV_HALF_ROWS.into_iter().filter(|&r| r != GEMV_ROWS) {
-                    v.push(format!("gemvaf_{t}_{n}_r{r}"));
                 }
             }
         }
@@ -675,7 +661,7 @@ impl CudaContext {
         accumulate: bool,
     ) -> Result<()> {
         let (rows, cols) = (w.rows, w.cols);
-        let fetch = std::mem::take(&mut self.ws.fetch_next) && fetch_after_attention();
+        let name = if accumulate { "gemva" } else { "gemv" };
         let wp = self.weight_ptr(w);
         let (ri, ci) = (rows as i32, cols as i32);
         let sm_count = self.info().sm_count;
@@ -692,12 +678,6 @@ impl CudaContext {
                 !pre.is_empty(),
                 sm_count,
             )?;
-            // The L2-fetching twin exists for the one-row accumulating shapes (O and down).
-            let name = match (accumulate, fetch && nb == 1 && pre.is_empty()) {
-                (true, true) => "gemvaf",
-                (true, false) => "gemva",
-                (false, _) => "gemv",
-            };
             let cfg = LaunchConfig {
                 grid_dim: (rows.div_ceil(s.rows) as u32, 1, 1),
                 block_dim: (GEMV_THREADS as u32, 1, 1),

@@ -206,7 +206,6 @@ impl CudaContext {
             return Ok(false);
         }
         let (ws, done) = self.split_scratch(batch, p, &l)?;
-        self.ws.fetch_next = true; // latency-bound: see Workspace::fetch_next
         let pr = DecPro {
             k: pro.k,
             v: pro.v,

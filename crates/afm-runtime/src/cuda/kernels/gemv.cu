@@ -516,19 +516,6 @@ __device__ __noinline__ void gemv_l2pf_gated(const u16* G, const u16* U, int row
         gemv_half_rows<N, R, UN, BF, false, ACC, PRE>(W, x, nullptr, 0.f, out, rows, cols,     \
                                                       row0, pre);                              \
     }
-// gemvaf_*: gemva_* at one activation row with its weights asked into L2 before the PDL wait
-// whatever AFM_GEMV_L2PF says: cuda/matmul.rs takes it for the GEMV right after a decode
-// attention (O), which runs while DRAM is nearly idle (the attention is latency-bound).
-#define GEMV_HF(NAME, BF, R, UN, SFX)                                                          \
-    extern "C" __global__ void GEMV_BOUNDS_##R##_##UN gemvaf_##NAME##_1##SFX(                  \
-        const u16* W, const float* x, float* out, int rows, int cols) {                        \
-        gemv_l2pf_one<R>(W, rows, cols);                                                       \
-        pdl_begin();                                                                           \
-        const uint4 pre[R] = {};                                                               \
-        gemv_half_rows<1, R, UN, BF, false, true, false>(W, x, nullptr, 0.f, out, rows, cols,  \
-                                                         blockIdx.x * R, pre);                 \
-    }
-#define GEMV_HF_BOTH(R, UN, SFX) GEMV_HF(bf16, true, R, UN, SFX) GEMV_HF(f16, false, R, UN, SFX)
 // gemv3_*: Q/K/V; gemv3n_*: the same of rms_norm(x, nw, eps) (nw and eps unused in gemv3_*).
 #define GEMV_3(NAME, BF, N, R, SFX, KNAME, NORM, PRE)                                          \
     extern "C" __global__ void GEMV_BOUNDS_##R KNAME##_##NAME##_##N##SFX(                       \
@@ -598,12 +585,6 @@ GEMV_R_ALL(8)
     GEMV_H(f16, false, 1, R, 2, _r##R##u2, gemva, true, false)
 GEMV_U2(2)
 GEMV_U2(4)
-GEMV_HF_BOTH(4, 1, )
-GEMV_HF_BOTH(1, 1, _r1)
-GEMV_HF_BOTH(2, 1, _r2)
-GEMV_HF_BOTH(8, 1, _r8)
-GEMV_HF_BOTH(2, 2, _r2u2)
-GEMV_HF_BOTH(4, 2, _r4u2)
 // The same at one row, R = 4, with the first weights loaded before the PDL wait.
 GEMV_H(bf16, true, 1, 4, 1, , gemvp, false, true) GEMV_H(f16, false, 1, 4, 1, , gemvp, false, true)
 GEMV_H(bf16, true, 1, 4, 1, , gemvap, true, true) GEMV_H(f16, false, 1, 4, 1, , gemvap, true, true)
