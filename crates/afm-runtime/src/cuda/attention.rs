@@ -22,7 +22,9 @@
 //! a CUDA graph's split count, baked for its context class, suits shorter contexts too),
 //! one-pass merge.
 //! [`DecodePlan`] says when (GH <= 2 over long contexts at many streams keeps `attn_impl`);
-//! `AFM_ATTN_DECODE_OLD=1` sends every decode step to `attn_impl` (A/B).
+//! `AFM_ATTN_DECODE_OLD=1` sends every decode step to `attn_impl` (A/B). Decode steps whose
+//! sequences × KV heads reach the SM count take the tensor-core decode kernel instead
+//! (`attn_dec_mma_*`, `attention_mma.rs`; `AFM_ATTN_DEC_MMA=0` keeps them here).
 //!
 //! [`CudaContext::attn_prologue`] is the step before attention in one launch: per-head Q/K
 //! RMSNorm, RoPE and the K/V write. [`CudaContext::attend_prologue`] is both in one call, and

@@ -8,6 +8,12 @@
 //! 128 or 256 and the device is sm_80 or later. Shorter chunks and decode rows stay on the
 //! SIMT kernel, in the same step (two launches over disjoint rows). `AFM_ATTN_MMA=0` turns the
 //! mma path off (A/B runs); [`AttnKernel`] picks a path per call (tests and benchmarks).
+//!
+//! The same module also holds the tensor-core decode kernel (`attn_dec_mma_*`, one query row
+//! per sequence): `attention.rs`'s `DecodePlan` sends it decode steps whose sequences × KV
+//! heads reach the SM count (below, the SIMT decode kernel is faster), with the split rule
+//! [`dec_mma_split_count`]; [`CudaContext::launch_dec_mma`] launches it, or its twin with the
+//! attention prologue folded in.
 
 use cudarc::driver::sys::CUfunction_attribute_enum;
 use cudarc::driver::LaunchConfig;

@@ -1,4 +1,5 @@
-// Prefill attention on tensor cores (FlashAttention-2 style) over the paged f16 KV cache.
+// Prefill attention on tensor cores (FlashAttention-2 style) over the paged f16 KV cache, and
+// (at the end, "Decode on tensor cores") decode steps of many sequences on the same pieces.
 //
 // Same cache layout and step metadata as attention.cu:
 //   k, v: [num_blocks][n_kv_heads][block_size][D] f16; position p of a sequence lives in block
