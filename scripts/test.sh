@@ -11,6 +11,11 @@ echo "== cargo test"
 cargo build --release -p afm
 cargo test --workspace --release 2>&1
 
+echo "== tensor-core attention kernels' indexing on the CPU (scripts/attention_mma_emulate.cpp)"
+emu="$(mktemp -d)/mma_emu"
+g++ -std=c++20 -O2 -pthread scripts/attention_mma_emulate.cpp -o "$emu"
+"$emu" quick
+
 echo "== fuzz, time-boxed (6 targets x 15 s; longer runs: bash scripts/fuzz.sh 600)"
 bash scripts/fuzz.sh 15
 
