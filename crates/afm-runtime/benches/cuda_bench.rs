@@ -768,7 +768,9 @@ fn prefill_matmul(c: &mut CudaContext, out: &mut Vec<String>) -> R<()> {
     Ok(())
 }
 
-/// Decode attention, Qwen3-8B heads (32 query, 8 KV, head_dim 128), f16 cache.
+/// Decode attention, Qwen3-8B heads (32 query, 8 KV, head_dim 128), f16 cache; where the step
+/// has enough sequences for the tensor-core decode kernel, it and the SIMT one
+/// (`set_decode_attention_mma`).
 fn decode_attention(c: &mut CudaContext, copy_gbs: f64, out: &mut Vec<String>) -> R<()> {
     let (nh, nkv, d, bs) = (32, 8, 128, 16);
     let shape = LayerKvShape {
@@ -776,7 +778,16 @@ fn decode_attention(c: &mut CudaContext, copy_gbs: f64, out: &mut Vec<String>) -
         head_dim: d,
     };
     let mut rng = Rng(2);
-    for (ctx_len, batch) in [(1024, 1), (1024, 16), (16384, 1), (16384, 8)] {
+    let cases = [
+        (1024, 1),
+        (1024, 16),
+        (16384, 1),
+        (16384, 8),
+        (256, 64),
+        (1024, 64),
+        (4096, 32),
+    ];
+    for (ctx_len, batch) in cases {
         let blocks_per_seq = ctx_len / bs;
         let num_blocks = blocks_per_seq * batch;
         let layer_bytes = batch * ctx_len * nkv * d * 2 * 2;
@@ -818,7 +829,15 @@ fn decode_attention(c: &mut CudaContext, copy_gbs: f64, out: &mut Vec<String>) -
         let qd = c.upload(&q)?;
         let mut o: CudaSlice<f32> = c.alloc(batch * nh * d)?;
         let p = AttnParams::scaled(nh, d);
-        for (name, splits) in [("split-K auto", None), ("split-K off", Some(1))] {
+        // Runs past the SM count: both decode kernels (the tensor-core one is the default).
+        let many = batch * nkv >= c.info().sm_count;
+        let runs: &[(&str, Option<usize>, bool)] = if many {
+            &[("mma, auto", None, true), ("simt, auto", None, false)]
+        } else {
+            &[("split-K auto", None, true), ("split-K off", Some(1), true)]
+        };
+        for &(name, splits, mma) in runs {
+            c.set_decode_attention_mma(mma);
             let ms = time_ms(c, 20, |c, i| {
                 c.paged_attention(
                     &cache,
@@ -841,6 +860,7 @@ fn decode_attention(c: &mut CudaContext, copy_gbs: f64, out: &mut Vec<String>) -
             ));
             println!("{}", out.last().expect("pushed"));
         }
+        c.set_decode_attention_mma(true);
     }
     Ok(())
 }
