@@ -191,8 +191,6 @@ const DECODE_TARGET_BLOCKS_PER_SM_SHORT: usize = 2;
 const DECODE_MAX_KEYS_GH2_WIDE: usize = 1024;
 /// `MAX_SPLITS` in attention.cu.
 const MAX_SPLITS: usize = 128;
-/// `MMA_MAX_SPLITS` in attention_mma.cu (its merge's split weights).
-const DEC_MMA_MAX_SPLITS: usize = 16;
 
 /// One step's sequences, packed for the device (see the module header).
 pub struct AttnBatch {
@@ -364,6 +362,15 @@ impl DecodePlan {
             keys.div_ceil(self.min_keys)
         } else {
             keys / (2 * self.min_keys)
+        }
+    }
+
+    /// The kernel's limit on splits (its merge's arrays).
+    fn most_splits(&self) -> usize {
+        if self.mma {
+            super::attention_mma::MMA_MAX_SPLITS
+        } else {
+            MAX_SPLITS
         }
     }
 
@@ -653,14 +660,7 @@ impl CudaContext {
         let n_splits = splits
             .or(batch.forced_splits)
             .unwrap_or_else(|| plan.splits(&shape, keys, blocks))
-            .clamp(
-                1,
-                if plan.mma {
-                    DEC_MMA_MAX_SPLITS
-                } else {
-                    MAX_SPLITS
-                },
-            );
+            .clamp(1, plan.most_splits());
         let args = AttnArgs {
             n_heads: p.n_heads as i32,
             n_kv_heads: nkv as i32,

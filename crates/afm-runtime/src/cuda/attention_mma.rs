@@ -91,7 +91,7 @@ const MMA_TARGET_CTAS_PER_SM: usize = 2;
 /// Fewest key tiles per split, so the merge stays a small share of the work.
 const MMA_MIN_TILES_PER_SPLIT: usize = 4;
 /// `MMA_MAX_SPLITS` in attention_mma.cu.
-const MMA_MAX_SPLITS: usize = 16;
+pub(super) const MMA_MAX_SPLITS: usize = 16;
 
 /// Key-range splits for `ctas` CTAs over at most `key_tiles` key tiles each: enough CTAs to
 /// fill the device (a short chunk after a long context has few), at least
