@@ -23,7 +23,7 @@ use super::context::{scratch, scratch_zeroed};
 use super::{launch, CudaContext, CudaError, Result};
 use crate::attention::AttnParams;
 use crate::kv_store::KvDtype;
-use crate::switch::Knob;
+use crate::switch::{Knob, Switch};
 
 /// Query rows per mma tile (`MMA_BM` in attention_mma.cu: 4 warps × 16).
 pub(super) const MMA_ROWS: usize = 64;
@@ -81,8 +81,8 @@ pub enum AttnKernel {
 
 /// `AFM_ATTN_MMA=0` turns the automatic choice of the mma kernel off.
 fn mma_enabled() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    super::env_switch(&ON, "AFM_ATTN_MMA", true)
+    static ON: Switch = Switch::new("AFM_ATTN_MMA", true);
+    ON.on()
 }
 
 /// Resident CTAs per multiprocessor the split-K choice aims at (shared memory allows 2 at

@@ -31,6 +31,7 @@ use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
 use cudarc::driver::{CudaSlice, LaunchConfig};
 
 use super::{launch, AttnBatch, CudaContext, CudaError, Result, RopeTable};
+use crate::switch::Switch;
 
 /// `FD_*` in decode_fused.cu.
 const WARPS: usize = 8;
@@ -131,8 +132,8 @@ fn smem_bytes(s: &FusedShape) -> usize {
 }
 
 fn profile_on() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    super::env_switch(&ON, "AFM_FUSED_PROFILE", false)
+    static ON: Switch = Switch::new("AFM_FUSED_PROFILE", false);
+    ON.on()
 }
 
 /// Entry points of decode_fused.cu.

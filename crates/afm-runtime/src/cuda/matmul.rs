@@ -52,6 +52,7 @@ use super::mmh::{mmh_shape, MMH_GATED_MAX_ROWS};
 use super::mmq::mmq_env_on;
 use super::ops::grid_1d;
 use super::{check_len, launch, CudaContext, CudaError, Result};
+use crate::switch::Switch;
 use crate::{DType, WeightMatrix};
 
 /// Most activation rows one GEMV launch handles (each weight block is reused across them).
@@ -142,9 +143,9 @@ impl DeviceWeight {
                 .iter()
                 .all(|w| w.dtype() == first.dtype() && w.cols() == first.cols())
             && (2 * first.cols()).is_multiple_of(16);
-        static JOIN: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        static JOIN: Switch = Switch::new("AFM_JOIN_WEIGHTS", true);
         // `AFM_JOIN_WEIGHTS=0`: one allocation each (A/B of the joined GEMMs).
-        let on = super::env_switch(&JOIN, "AFM_JOIN_WEIGHTS", true);
+        let on = JOIN.on();
         if !joinable || ws.len() < 2 || !on {
             return ws.iter().map(|w| Self::upload(ctx, w)).collect();
         }
@@ -254,8 +255,8 @@ pub enum MatmulPath {
 /// Whether the quantized GEMV prefetches its first weights into L2 before waiting on the
 /// kernel before it (gemv.cu `pf8_*`; `AFM_GEMV_PREFETCH`, see the module header; read once).
 fn gemv_prefetch() -> i32 {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    i32::from(super::env_switch(&ON, "AFM_GEMV_PREFETCH", true))
+    static ON: Switch = Switch::new("AFM_GEMV_PREFETCH", true);
+    i32::from(ON.on())
 }
 
 /// Widest matrix whose one-row 16-bit GEMV loads its first weights before the PDL wait (gemv.cu
@@ -268,8 +269,8 @@ const PRELOAD_MAX_COLS: usize = 3072;
 /// "p" (the preloading kernel) for `n` rows of a `cols`-wide 16-bit matrix with
 /// `AFM_GEMV_PRELOAD=1` (read once).
 fn preload_suffix(n: usize, cols: usize) -> &'static str {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let on = super::env_switch(&ON, "AFM_GEMV_PRELOAD", false);
+    static ON: Switch = Switch::new("AFM_GEMV_PRELOAD", false);
+    let on = ON.on();
     if on && n == 1 && cols <= PRELOAD_MAX_COLS {
         "p"
     } else {
@@ -913,8 +914,8 @@ impl CudaContext {
 
 /// `AFM_MLP_HALF=0` (read once) turns [`CudaContext::matmul_mlp_add`] off, for A/B.
 fn mlp_half_on() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    super::env_switch(&ON, "AFM_MLP_HALF", true)
+    static ON: Switch = Switch::new("AFM_MLP_HALF", true);
+    ON.on()
 }
 
 /// Whether the 16-bit GEMV folds a norm in for `n` rows of `ws` (gate+up when `gated`).

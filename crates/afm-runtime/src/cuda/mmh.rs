@@ -19,6 +19,7 @@ use super::context::{scratch, scratch_zeroed};
 use super::matmul::{DeviceWeight, MatmulPath, GEMV_MAX_BATCH};
 use super::ops::grid_1d;
 use super::{check_len, launch, CudaContext, CudaError, Result};
+use crate::switch::Switch;
 use crate::DType;
 
 /// Activation rows one MMH launch takes (`mmh_*_1` .. `mmh_*_8`: tiles of 8); more go in
@@ -109,8 +110,8 @@ pub(super) fn kernel_names() -> Vec<String> {
 /// cuBLAS's 32.5 (Hopper cuBLAS uses wgmma; `mma.sync` with its shared-memory traffic does not
 /// reach the weights' bandwidth at 64 rows).
 fn mmh_env_on() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    super::env_switch(&ON, "AFM_MMH", false)
+    static ON: Switch = Switch::new("AFM_MMH", false);
+    ON.on()
 }
 
 /// `MmhMats` in mmh.cu: up to three matrices (weights, outputs, rows; rows 0 for absent

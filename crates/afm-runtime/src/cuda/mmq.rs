@@ -12,6 +12,7 @@ use super::context::scratch;
 use super::matmul::DeviceWeight;
 use super::ops::grid_1d;
 use super::{launch, CudaContext, CudaError, Result};
+use crate::switch::Switch;
 use crate::DType;
 
 /// Activation rows one MMQ launch takes (`mmq_w*_1` .. `mmq_w*_8`: tiles of 8); more go in
@@ -44,8 +45,8 @@ pub(super) fn kernel_names() -> Vec<String> {
 /// Whether `AFM_MMQ` allows the tensor-core path in automatic path choice (read once; on
 /// unless `0`). An A/B switch: `AFM_MMQ=0` sends those batches back to dequantize + cuBLAS.
 pub(super) fn mmq_env_on() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    super::env_switch(&ON, "AFM_MMQ", true)
+    static ON: Switch = Switch::new("AFM_MMQ", true);
+    ON.on()
 }
 
 /// The kernels' weight type code (`MMQ_Q4_K`.. in mmq.cu); `None` for unquantized types.

@@ -158,23 +158,13 @@ macro_rules! launch {
     }};
 }
 
-/// An A/B switch read once from the environment into `cell`: a default-on switch is off only
-/// when `var` is `0`, a default-off one on only when it is `1`.
-pub(super) fn env_switch(
-    cell: &'static std::sync::OnceLock<bool>,
-    var: &str,
-    default: bool,
-) -> bool {
-    *cell.get_or_init(|| crate::switch::from_env(var, default))
-}
-
 /// Whether kernels launch with programmatic dependent launch (`AFM_PDL=0` turns it off): a
 /// kernel may then start while the one before it drains, and waits for it (and its memory)
 /// in its first instruction (`pdl_begin` in `common.cuh`) — so launch latency and the
 /// previous kernel's tail overlap, which is most of a small decode step's time.
 fn pdl() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    PDL_DEVICE.load(std::sync::atomic::Ordering::Relaxed) && env_switch(&ON, "AFM_PDL", true)
+    static ON: crate::switch::Switch = crate::switch::Switch::new("AFM_PDL", true);
+    PDL_DEVICE.load(std::sync::atomic::Ordering::Relaxed) && ON.on()
 }
 
 /// Set when a device of compute capability 9.0 or later is opened (PDL needs Hopper).
