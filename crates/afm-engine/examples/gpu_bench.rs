@@ -2,6 +2,7 @@
 //! CUDA graphs, device sampling), for `bench/gpu_bench.sh`:
 //!
 //! `gpu_bench <model> <device> <streams> <prompt len> <gen tokens> <ttft lens> [graphs y|n]`
+//! (`AFM_DECODE_OVERLAP=0`: the engine's decode overlap off)
 //! e.g. `gpu_bench /tmp/qwen3-0.6b cuda 1,8,32,64 128 256 1024,16384`.
 //!
 //! For each stream count N, N greedy requests with distinct pseudo-random prompts are
@@ -111,6 +112,8 @@ fn main() {
     );
     let ttft_lens = list(&a[6]);
     let graphs = a.get(7).is_none_or(|g| g == "y");
+    // AFM_DECODE_OVERLAP=0: each decode step waits for the last one's tokens (for A/B runs).
+    let overlap = std::env::var("AFM_DECODE_OVERLAP").map_or(true, |v| v != "0");
     let loc = resolve_model(&a[1]).expect("model location");
     let choice: DeviceChoice = a[2].parse().expect("device");
     let dev = Device::open(choice).expect("open device");
@@ -141,6 +144,7 @@ fn main() {
         prefill_step_size: 16384,
         prefix_caching: false,
         device_decode: graphs,
+        decode_overlap: overlap,
         prewarm: true,
         kv_budget_fraction: Some(0.5),
         ..EngineConfig::default()
@@ -227,7 +231,7 @@ fn main() {
         p => p.to_string(),
     };
     println!(
-        "RESULT {{\"model\":\"{}\",\"device\":\"{}\",\"graphs\":{graphs},\"load_s\":{load_s:.2},\"engine_start_s\":{spawn_s:.2},\"logits_finite\":{finite},\"logit_abs_max\":{logit_max},\"mem_used_start\":{},\"mem_used_weights\":{},\"mem_used_kv\":{},\"mem_used_peak\":{peak},\"prompt\":{plen},\"gen\":{gen},\"decode\":[{}],\"ttft\":[{}]}}",
+        "RESULT {{\"model\":\"{}\",\"device\":\"{}\",\"graphs\":{graphs},\"decode_overlap\":{overlap},\"load_s\":{load_s:.2},\"engine_start_s\":{spawn_s:.2},\"logits_finite\":{finite},\"logit_abs_max\":{logit_max},\"mem_used_start\":{},\"mem_used_weights\":{},\"mem_used_kv\":{},\"mem_used_peak\":{peak},\"prompt\":{plen},\"gen\":{gen},\"decode\":[{}],\"ttft\":[{}]}}",
         a[1],
         dev.describe(),
         mem(mem0),

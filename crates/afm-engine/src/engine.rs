@@ -47,6 +47,9 @@ pub struct EngineConfig {
     pub debug: bool,
     /// On a GPU: decode steps as CUDA graphs with sampling on the device.
     pub device_decode: bool,
+    /// With `device_decode`: launch the next decode step from the sampled ids still on the
+    /// device, then read them, so the host's work between steps overlaps the device's.
+    pub decode_overlap: bool,
     /// `--prewarm y`: capture the decode graphs at start-up instead of on first use.
     pub prewarm: bool,
     /// `--gpu-profile`: every response carries the device profile (else on request).
@@ -70,6 +73,7 @@ impl Default for EngineConfig {
             kv_bits: None,
             debug: false,
             device_decode: true,
+            decode_overlap: true,
             prewarm: true,
             gpu_profile: false,
             state_snapshots: None,
@@ -218,6 +222,10 @@ pub struct Engine {
     state_slots: Option<StateSlots>,
     /// Decode steps run through `device_step` (a GPU with graphs enabled).
     device_decode: bool,
+    /// `EngineConfig::decode_overlap`, and the device decode step whose sampled ids are still
+    /// on their way to the host.
+    decode_overlap: bool,
+    in_flight: Option<device_step::InFlight>,
 }
 
 impl Engine {
@@ -330,6 +338,8 @@ impl Engine {
             debug: cfg.debug,
             state_slots,
             device_decode,
+            decode_overlap: cfg.decode_overlap,
+            in_flight: None,
         };
         let thread = std::thread::Builder::new()
             .name("afm-engine".into())
@@ -349,7 +359,7 @@ impl Engine {
 
     fn run(mut self) {
         loop {
-            if !self.scheduler.has_work() {
+            if !self.scheduler.has_work() && self.in_flight.is_none() {
                 // Idle: block until a command arrives; exit when every handle is gone.
                 match self.rx.recv() {
                     Ok(Command::Shutdown) | Err(_) => return,
@@ -362,7 +372,7 @@ impl Engine {
                 }
                 self.handle(cmd);
             }
-            if self.scheduler.has_work() {
+            if self.scheduler.has_work() || self.in_flight.is_some() {
                 self.step();
             }
             self.publish_gauges();
@@ -425,6 +435,9 @@ impl Engine {
     }
 
     fn step(&mut self) {
+        if let Some(prev) = self.in_flight.take() {
+            return self.continue_device_decode(prev);
+        }
         let plan = self.scheduler.schedule();
         for id in &plan.preempted {
             // Recomputed from its first token later, into a fresh slot.

@@ -382,6 +382,60 @@ impl Scheduler {
         saves
     }
 
+    /// The decode step after `prev` while `prev`'s sampled tokens are still on the device (the
+    /// engine's decode overlap): every item one position further, its table grown to hold it.
+    /// The caller completes `prev` before this plan; an item whose sequence finished with
+    /// `prev`'s token is then skipped by `complete_step`, its computed position discarded.
+    ///
+    /// `None`, changing nothing, unless: nobody waits for admission (they would wait a step
+    /// longer); every item of `prev` is a one-token decode that samples, of a sequence still
+    /// running and not completed past it; none reaches its token limit with `prev`'s token;
+    /// the new blocks fit without preempting; and no state snapshots are kept (hybrid models).
+    pub fn plan_continuation(&mut self, prev: &StepPlan) -> Option<StepPlan> {
+        if !self.waiting.is_empty()
+            || prev.items.is_empty()
+            || prev.items.len() > self.cfg.token_budget
+            || self.blocks.needs_snapshots()
+        {
+            return None;
+        }
+        let mut needed = 0;
+        for item in &prev.items {
+            let seq = self.seqs.get(&item.seq_id)?;
+            let decodes = item.len == 1 && item.samples && seq.len() == item.start + 1;
+            if seq.state != SeqState::Running
+                || !decodes
+                || seq.num_computed != item.start
+                || seq.num_generated() + 1 >= seq.max_tokens
+            {
+                return None;
+            }
+            needed += self
+                .blocks
+                .blocks_for(item.start + 2)
+                .saturating_sub(seq.block_table.len());
+        }
+        if needed > self.blocks.num_free() {
+            return None;
+        }
+        let mut plan = StepPlan::default();
+        for item in &prev.items {
+            let seq = self.seqs.get_mut(&item.seq_id).expect("checked above");
+            self.blocks
+                .grow(&mut seq.block_table, item.start + 2)
+                .expect("counted above");
+            plan.items.push(StepItem {
+                seq_id: item.seq_id,
+                start: item.start + 1,
+                len: 1,
+                block_table: seq.block_table.clone(),
+                samples: true,
+                restore: None,
+            });
+        }
+        Some(plan)
+    }
+
     /// Frees a snapshot that `complete_step` named but whose state could not be saved.
     pub fn discard_snapshot(&mut self, snapshot: SnapshotId) {
         self.blocks.discard_snapshot(snapshot);

@@ -9,7 +9,8 @@ use std::time::Instant;
 
 use afm_models::{ForwardBatch, LoadedModel, SeqChunk};
 use afm_runtime::attention::AttnSeq;
-use afm_runtime::compute::{ComputeError, DeviceSample, KvPool};
+use afm_runtime::compute::{ComputeError, DeviceLogits, DeviceSample, KvPool};
+use afm_runtime::compute::{SampledIds, StepTokens};
 
 use super::{Engine, EngineConfig};
 use crate::api::{GenerateEvent, TokenLogprob};
@@ -75,8 +76,17 @@ pub(super) fn prepare(
     true
 }
 
+/// A device decode step launched with its sampling, whose ids are still on their way to the
+/// host (the decode overlap): the engine launches the step after it, then reads them.
+pub(super) struct InFlight {
+    plan: StepPlan,
+    ids: SampledIds,
+}
+
 impl Engine {
     /// Runs `plan` as a device decode step if it is one; `false` leaves it to the host path.
+    /// With the decode overlap, a step whose rows all sample on the device without their
+    /// history is left in flight: the next `step` continues from it.
     pub(super) fn step_on_device(&mut self, plan: &StepPlan) -> bool {
         if !self.device_decode
             || plan.items.is_empty()
@@ -92,6 +102,91 @@ impl Engine {
             };
             tokens.push(seq.tokens[item.start]);
         }
+        let logits = match self.graph_step(plan, StepTokens::Host(&tokens)) {
+            Ok(Some(l)) => l,
+            Ok(None) => return false,
+            Err(e) => {
+                self.fail_step(plan, &e);
+                return true;
+            }
+        };
+        if self.overlappable(plan) {
+            match self.start_sampling(plan, &logits) {
+                Ok(ids) => {
+                    self.in_flight = Some(InFlight {
+                        plan: plan.clone(),
+                        ids,
+                    });
+                }
+                Err(e) => self.fail_step(plan, &e),
+            }
+            return true;
+        }
+        match self.sample_on_device(plan, &logits) {
+            Ok(chosen) => self.publish(plan, chosen),
+            Err(e) => self.fail_step(plan, &e),
+        }
+        true
+    }
+
+    /// The step after `prev` from `prev`'s sampled ids, launched before reading them (when the
+    /// scheduler can plan it: see `Scheduler::plan_continuation`), then `prev` completed. So
+    /// while the host publishes `prev`'s tokens the device already computes the next step.
+    /// A row whose request ends with `prev`'s token computes one position for nothing.
+    pub(super) fn continue_device_decode(&mut self, prev: InFlight) {
+        let next = if self.overlappable(&prev.plan) {
+            self.scheduler.plan_continuation(&prev.plan)
+        } else {
+            None
+        };
+        // Launched (Ok(Some)), not served by a graph (Ok(None): the plan's grown tables stay
+        // with their sequences and the next schedule plans the same positions), or failed
+        // (reported after `prev` is complete, which it is not part of).
+        let launched = next.map(|plan| {
+            let ran = self
+                .graph_step(&plan, StepTokens::Sampled(&prev.ids))
+                .and_then(|l| l.map(|l| self.start_sampling(&plan, &l)).transpose());
+            (plan, ran)
+        });
+        match self.model.device.sampled_ids(&prev.ids) {
+            Ok(ids) => {
+                let chosen = ids.into_iter().map(|t| (t, None)).collect::<Vec<_>>();
+                for (item, (tok, _)) in prev.plan.items.iter().zip(&chosen) {
+                    if let Some(a) = self.active.get_mut(&item.seq_id) {
+                        a.sampler.accept(*tok);
+                    }
+                }
+                self.publish(&prev.plan, chosen);
+            }
+            Err(e) => self.fail_step(&prev.plan, &e),
+        }
+        match launched {
+            Some((plan, Ok(Some(ids)))) => self.in_flight = Some(InFlight { plan, ids }),
+            Some((plan, Err(e))) => self.fail_step(&plan, &e),
+            Some((_, Ok(None))) | None => {}
+        }
+    }
+
+    /// Whether the step after `plan` may be launched before `plan`'s tokens are read: the
+    /// overlap is on and every row samples on the device without looking at its history.
+    fn overlappable(&self, plan: &StepPlan) -> bool {
+        self.decode_overlap
+            && plan.items.iter().all(|i| {
+                self.active.get(&i.seq_id).is_some_and(|a| {
+                    a.constraint.is_none()
+                        && a.req.top_logprobs.is_none()
+                        && a.sampler.history_free()
+                })
+            })
+    }
+
+    /// `plan` through its decode graph, the logits left on the device; `None`: no graph
+    /// serves it.
+    fn graph_step(
+        &mut self,
+        plan: &StepPlan,
+        tokens: StepTokens,
+    ) -> Result<Option<DeviceLogits>, ComputeError> {
         let seqs: Vec<AttnSeq> = plan
             .items
             .iter()
@@ -105,21 +200,26 @@ impl Engine {
             .collect();
         let dev = self.model.device.clone();
         let mut forward = forward_fn(&self.model);
-        let ran = dev.graph_decode(&tokens, &seqs, &mut self.kv, &mut forward);
-        drop(forward);
-        let logits = match ran {
-            Ok(Some(l)) => l,
-            Ok(None) => return false,
-            Err(e) => {
-                self.fail_step(plan, &e);
-                return true;
-            }
-        };
-        match self.sample_on_device(plan, &logits) {
-            Ok(chosen) => self.publish(plan, chosen),
-            Err(e) => self.fail_step(plan, &e),
+        dev.graph_decode(tokens, &seqs, &mut self.kv, &mut forward)
+    }
+
+    /// Queues the sampling of every row of an overlappable `plan` on the device.
+    fn start_sampling(
+        &mut self,
+        plan: &StepPlan,
+        logits: &DeviceLogits,
+    ) -> Result<SampledIds, ComputeError> {
+        let mut rows = Vec::with_capacity(plan.items.len());
+        for item in &plan.items {
+            let seq = self.scheduler.get(item.seq_id);
+            let a = self.active.get_mut(&item.seq_id);
+            let row = match (seq, a) {
+                (Some(seq), Some(a)) => a.sampler.device_sample(&seq.tokens, None),
+                _ => None,
+            };
+            rows.push(row.unwrap_or_default());
         }
-        true
+        self.model.device.sample_device_start(logits, &rows)
     }
 
     /// A request whose every token needs the host path (a token constraint masks logits there).
@@ -132,7 +232,7 @@ impl Engine {
     fn sample_on_device(
         &mut self,
         plan: &StepPlan,
-        logits: &afm_runtime::compute::DeviceLogits,
+        logits: &DeviceLogits,
     ) -> Result<Vec<(u32, Option<TokenLogprob>)>, ComputeError> {
         let dev = self.model.device.clone();
         let mut rows = Vec::with_capacity(plan.items.len());

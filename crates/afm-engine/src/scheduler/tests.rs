@@ -366,3 +366,118 @@ fn hybrid_chunks_end_where_snapshots_are_wanted_and_hits_restore_them() {
         (vec![(4, 4, 3)], Some(1))
     );
 }
+
+/// The engine loop with decode overlap (device decode steps): a decode step stays "in flight"
+/// while the next is planned with `plan_continuation`, then completes; `sampled` is what the
+/// model would have produced. Returns each sequence's tokens and how many steps continued.
+fn outputs_overlapped(
+    num_blocks: usize,
+    max_running: usize,
+    prompts: &[Vec<u32>],
+    max_tokens: usize,
+) -> (Vec<Vec<u32>>, usize) {
+    let mut e = Engine::new(num_blocks, 2, cfg(max_running, 16, 16));
+    for (id, p) in prompts.iter().enumerate() {
+        e.add(id as u64, p.clone(), max_tokens);
+    }
+    let complete = |e: &mut Engine, plan: &StepPlan| {
+        let sampled: Vec<(u64, u32)> = plan
+            .items
+            .iter()
+            .filter(|i| i.samples)
+            .filter_map(|i| e.s.get(i.seq_id).map(|q| (i.seq_id, next_token(&q.tokens))))
+            .collect();
+        e.s.complete_step(plan, &sampled);
+        let ended: Vec<u64> =
+            e.s.iter()
+                .filter(|q| q.reached_max_tokens())
+                .map(|q| q.id)
+                .collect();
+        for id in ended {
+            e.done.insert(id, e.s.finish(id).unwrap());
+        }
+    };
+    let mut in_flight: Option<StepPlan> = None;
+    let mut continued = 0;
+    for _ in 0..10_000 {
+        if let Some(prev) = in_flight.take() {
+            let next = e.s.plan_continuation(&prev);
+            if let Some(next) = &next {
+                continued += 1;
+                for (a, b) in prev.items.iter().zip(&next.items) {
+                    assert_eq!((a.seq_id, a.start + 1, b.len), (b.seq_id, b.start, 1));
+                    assert!(
+                        b.block_table.len() * 2 > b.start,
+                        "room for the new position"
+                    );
+                }
+            }
+            complete(&mut e, &prev);
+            in_flight = next;
+            continue;
+        }
+        if !e.s.has_work() {
+            assert_eq!(
+                e.s.blocks().stats().blocks_used,
+                0,
+                "a finished run holds no block"
+            );
+            let out = (0..prompts.len() as u64).map(|id| e.done[&id].tokens.clone());
+            return (out.collect(), continued);
+        }
+        let plan = e.s.schedule();
+        let decode = !plan.items.is_empty() && plan.items.iter().all(|i| i.len == 1 && i.samples);
+        if decode {
+            in_flight = Some(plan);
+        } else {
+            complete(&mut e, &plan);
+        }
+    }
+    panic!("sequences did not finish");
+}
+
+#[test]
+fn continued_decode_steps_give_the_tokens_of_plain_steps() {
+    let prompts = vec![vec![1, 2, 3], vec![4, 5, 6, 7, 8], vec![9]];
+    let (out, continued) = outputs_overlapped(64, 8, &prompts, 9);
+    assert_eq!(out, outputs(64, &prompts, 9));
+    assert!(continued >= 5, "decode steps continued: {continued}");
+    // One running at a time: the others wait, so nothing continues past a waiting request,
+    // and each request is still served to its end.
+    let (one, continued_one) = outputs_overlapped(64, 1, &prompts, 9);
+    assert_eq!(one, out);
+    assert!(
+        continued_one > 0,
+        "the last request runs alone and continues"
+    );
+    // A pool too small for all three: continuation stops where blocks run out, the plain
+    // schedule preempts, the tokens stay the same.
+    let (tight, _) = outputs_overlapped(8, 8, &prompts, 9);
+    assert_eq!(tight, out);
+}
+
+#[test]
+fn no_continuation_at_the_token_limit_or_with_requests_waiting() {
+    let mut e = Engine::new(64, 2, cfg(1, 16, 16));
+    e.add(1, vec![1, 2, 3], 2);
+    e.step(); // prefill, samples the first token
+    let decode = e.s.schedule();
+    assert_eq!(ids(&decode), vec![(1, 3, 1)]);
+    assert!(
+        e.s.plan_continuation(&decode).is_none(),
+        "its token is the last: no step after it"
+    );
+    e.s.complete_step(&decode, &[(1, 5)]);
+    let mut e = Engine::new(64, 2, cfg(1, 16, 16));
+    e.add(1, vec![1, 2, 3], 8);
+    e.step();
+    let decode = e.s.schedule();
+    let used = e.s.blocks().stats().blocks_used;
+    e.add(2, vec![4], 8);
+    assert!(e.s.plan_continuation(&decode).is_none(), "request 2 waits");
+    assert_eq!(
+        e.s.blocks().stats().blocks_used,
+        used,
+        "a refused continuation takes no block"
+    );
+}

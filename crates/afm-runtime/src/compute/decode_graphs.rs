@@ -3,6 +3,7 @@
 //! logits do not exist.
 
 use super::{wrong, DecodeForward, Device, DeviceLogits, DeviceSample, KvPool, Result};
+use super::{SampledIds, StepTokens};
 use crate::attention::AttnSeq;
 
 impl Device {
@@ -47,9 +48,11 @@ impl Device {
     /// Runs a decode step (`seqs`: one new token each, rows in order) through a CUDA graph,
     /// capturing it on first use, and leaves the logits on the device. `None`: no graph
     /// serves this step (CPU, graphs off, too many sequences); run `forward` eagerly instead.
+    /// `tokens` are the rows' inputs: host ids, or the previous step's sampled ids (row i
+    /// from row i) while they are still on the device.
     pub fn graph_decode(
         &self,
-        tokens: &[u32],
+        tokens: StepTokens,
         seqs: &[AttnSeq],
         kv: &mut KvPool,
         forward: &mut DecodeForward,
@@ -64,6 +67,18 @@ impl Device {
 
     /// Samples one token per row of `l` on the device; only the ids cross to the host.
     pub fn sample_device(&self, l: &DeviceLogits, rows: &[DeviceSample]) -> Result<Vec<u32>> {
+        let ids = self.sample_device_start(l, rows)?;
+        self.sampled_ids(&ids)
+    }
+
+    /// Queues the sampling of one token per row of `l` and the copy of the ids to the host,
+    /// and returns without waiting: the ids can feed the next decode step
+    /// ([`StepTokens::Sampled`]) before the host reads them ([`sampled_ids`](Self::sampled_ids)).
+    pub fn sample_device_start(
+        &self,
+        l: &DeviceLogits,
+        rows: &[DeviceSample],
+    ) -> Result<SampledIds> {
         let _ = (l, rows);
         match self {
             Device::Cpu => Err(wrong("sample_device", "cpu", "cuda")),
@@ -96,8 +111,19 @@ impl Device {
                             })
                     })
                     .collect();
-                c.sample(l, &params, &adjust)
+                c.sample_start(l, &params, &adjust)
             }
+        }
+    }
+
+    /// The ids of a [`sample_device_start`](Self::sample_device_start), waiting for them.
+    /// Readable until two later samplings have been started.
+    pub fn sampled_ids(&self, ids: &SampledIds) -> Result<Vec<u32>> {
+        let _ = ids;
+        match self {
+            Device::Cpu => Err(wrong("sampled_ids", "cpu", "cuda")),
+            #[cfg(feature = "cuda")]
+            Device::Cuda(c) => c.sampled(ids),
         }
     }
 

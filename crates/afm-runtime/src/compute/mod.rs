@@ -53,6 +53,7 @@ pub use kv_rows::KvPart;
 pub use state_pool::{LayerStateShape, StatePool, StateSnapshot};
 pub use tensors::{Activation, DecodeForward, DeviceLogits, DeviceSample, KvPool, Rotary};
 pub use tensors::{Qkv, Step, Tensor, Vector, Weight};
+pub use tensors::{SampledIds, StepTokens};
 
 use elementwise::check_norm_width;
 #[cfg(feature = "cuda")]

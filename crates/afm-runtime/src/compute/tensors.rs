@@ -118,6 +118,28 @@ pub struct DeviceLogits {
     pub vocab: usize,
 }
 
+/// A device decode step's sampled ids on their way to the host
+/// ([`Device::sample_device_start`](super::Device::sample_device_start)): read them with
+/// [`Device::sampled_ids`](super::Device::sampled_ids), and before that, feed them to the next
+/// decode step ([`StepTokens::Sampled`]) without waiting for them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SampledIds {
+    pub rows: usize,
+    /// The read-back slot, and which sampling (counted from 1) it belongs to.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) slot: usize,
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) seq: u64,
+}
+
+/// The input tokens of a graph decode step: from the host, or row for row the ids the step
+/// before sampled, still on the device.
+#[derive(Debug, Clone, Copy)]
+pub enum StepTokens<'a> {
+    Host(&'a [u32]),
+    Sampled(&'a SampledIds),
+}
+
 /// How one row of a device decode step is sampled (afm-engine's `Sampler` fills it in).
 /// `temperature <= 0` is greedy; `top_k = 0`, `top_p = 1`, `min_p = 0` switch filters off.
 #[derive(Debug, Clone, Default, PartialEq)]

@@ -15,7 +15,7 @@ use cudarc::cublas::CudaBlas;
 use cudarc::driver::sys::{CUdevice_attribute, CUevent_flags};
 use cudarc::driver::{
     CudaEvent, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr,
-    ValidAsZeroBits,
+    PinnedHostSlice, ValidAsZeroBits,
 };
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions, Ptx};
 
@@ -590,12 +590,66 @@ impl CudaContext {
     }
 
     /// An event pair that times the work queued between `start` and `stop` on the stream.
+    /// `slots` pinned host buffers of `len` values, each with an event: device → host copies
+    /// queued without waiting (a decode step's sampled ids, read while the next step runs).
+    pub fn readback(&self, slots: usize, len: usize) -> Result<Readback> {
+        let mut v = Vec::with_capacity(slots);
+        for _ in 0..slots {
+            // SAFETY: a slot is read only after a copy into it has completed (`Readback::take`).
+            // Flags 0, not the default write-combined memory: the host reads these.
+            let host = unsafe { self.ctx.alloc_pinned_with_flags::<i32>(len, 0) }?;
+            let done = self
+                .ctx
+                .new_event(Some(CUevent_flags::CU_EVENT_DISABLE_TIMING))?;
+            v.push((host, done));
+        }
+        Ok(Readback { slots: v })
+    }
+
+    /// Queues a copy of `src` (at most the slots' length) into slot `slot` of `rb`.
+    pub fn queue_readback(
+        &self,
+        src: &impl DevicePtr<i32>,
+        rb: &mut Readback,
+        slot: usize,
+    ) -> Result<()> {
+        let (host, done) = &mut rb.slots[slot];
+        self.stream.memcpy_dtoh(src, host)?;
+        done.record(&self.stream)?;
+        Ok(())
+    }
+
     pub fn timer(&self) -> Result<GpuTimer> {
         let flags = Some(CUevent_flags::CU_EVENT_DEFAULT);
         Ok(GpuTimer {
             start: self.ctx.new_event(flags)?,
             stop: self.ctx.new_event(flags)?,
         })
+    }
+}
+
+/// Pinned host buffers the device copies small results into, each with the event that marks
+/// its copy done ([`CudaContext::readback`]).
+pub struct Readback {
+    slots: Vec<(PinnedHostSlice<i32>, CudaEvent)>,
+}
+
+impl Readback {
+    pub fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.slots.is_empty()
+    }
+
+    /// The first `n` values of slot `slot`, once the copy queued into it has completed.
+    pub fn take(&self, slot: usize, n: usize) -> Result<Vec<i32>> {
+        let (host, done) = &self.slots[slot];
+        // This event spins or yields as the context does; the slice's own (blocking-sync) event,
+        // recorded at the same point, has completed by then.
+        done.synchronize()?;
+        Ok(host.as_slice()?.iter().take(n).copied().collect())
     }
 }
 

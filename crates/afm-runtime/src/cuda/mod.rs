@@ -44,7 +44,7 @@ pub use attention::{AttnBatch, DeviceKvCache, DeviceLayerKv, KvBuf};
 pub use attention_mma::AttnKernel;
 pub(crate) use context::arch_for;
 pub use context::{
-    compile_kernels, CudaContext, DeviceInfo, GpuTimer, Workspace, KERNEL_MODULES, OPT_IN,
+    compile_kernels, CudaContext, DeviceInfo, GpuTimer, Readback, Workspace, KERNEL_MODULES, OPT_IN,
 };
 pub use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, DevicePtr, DevicePtrMut};
 pub use decode_fused::{FusedShape, FusedState, LAYER_FIELDS};

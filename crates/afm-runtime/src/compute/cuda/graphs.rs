@@ -24,8 +24,10 @@ use cudarc::driver::CudaGraph;
 
 use super::{CudaDevice, Result};
 use crate::attention::AttnSeq;
-use crate::compute::{ComputeError, DecodeForward, DeviceLogits, KvData, KvPool};
-use crate::cuda::{AttnBatch, CudaError, CudaSlice, Workspace};
+use crate::compute::{
+    ComputeError, DecodeForward, DeviceLogits, KvData, KvPool, SampledIds, StepTokens,
+};
+use crate::cuda::{AttnBatch, CudaError, CudaSlice, Readback, Workspace};
 
 /// Batch sizes graphs are captured for; a step runs in the smallest that holds it.
 pub const BUCKETS: [usize; 7] = [1, 2, 4, 8, 16, 32, 64];
@@ -62,6 +64,13 @@ pub(crate) struct Graphs {
     positions: CudaSlice<i32>,
     meta: CudaSlice<i32>,
     logits: CudaSlice<f32>,
+    /// The last step's sampled ids (device sampling's output), and their copies on the host:
+    /// two slots, so one step's ids can be on their way while the step before's are read.
+    ids: CudaSlice<i32>,
+    readback: Readback,
+    /// Samplings issued so far, and which one each read-back slot holds.
+    issued: u64,
+    slot_holds: [u64; 2],
     ws: Workspace,
     fingerprint: Vec<(u64, usize)>,
     table: HashMap<(usize, usize), Graph>,
@@ -76,6 +85,25 @@ pub(crate) struct Graphs {
 type ReplayTimes = HashMap<(usize, usize), (f64, usize)>;
 
 const TIMING_EVERY: usize = 256;
+
+fn graphs_off(device: &str, what: &'static str) -> ComputeError {
+    ComputeError::Unsupported {
+        what,
+        value: "graphs not enabled".into(),
+        device: device.to_string(),
+        supported: "after enable_graphs",
+    }
+}
+
+/// Sampled ids asked for after later samplings replaced them (an engine bug, not bad input).
+fn stale_ids(device: &str) -> ComputeError {
+    ComputeError::Unsupported {
+        what: "sampled ids",
+        value: "a sampling replaced by later ones".into(),
+        device: device.to_string(),
+        supported: "the latest sampling (fed to a step), or one of the last two (read)",
+    }
+}
 
 fn gerr(e: cudarc::driver::DriverError) -> ComputeError {
     ComputeError::Cuda(CudaError::Driver(e))
@@ -152,6 +180,10 @@ impl CudaDevice {
             positions: ctx.zeros(top)?,
             meta: ctx.zeros(meta_len)?,
             logits: ctx.zeros(top * vocab.max(1))?,
+            ids: ctx.zeros(top)?,
+            readback: ctx.readback(2, top)?,
+            issued: 0,
+            slot_holds: [0; 2],
             ws: Workspace::default(),
             fingerprint: Vec::new(),
             table: HashMap::new(),
@@ -184,12 +216,12 @@ impl CudaDevice {
         // Warm every combination first so the scratch buffers reach their final sizes; then
         // no capture moves them.
         for &(b, c) in combos.iter().rev() {
-            self.fill_static(g, &[], &[], b, c, bs, nb)?;
+            self.fill_static(g, StepTokens::Host(&[]), &[], b, c, bs, nb)?;
             self.static_forward(g, b, c, bs, kv, forward, false)?;
         }
         for &(b, c) in combos.iter().rev() {
             if !g.table.contains_key(&(b, c)) {
-                self.fill_static(g, &[], &[], b, c, bs, nb)?;
+                self.fill_static(g, StepTokens::Host(&[]), &[], b, c, bs, nb)?;
                 self.static_forward(g, b, c, bs, kv, forward, true)?;
             }
         }
@@ -199,10 +231,10 @@ impl CudaDevice {
 
     /// Runs a decode step (one new token per sequence) through its graph, capturing the graph
     /// first if needed. `None`: graphs are off, or the step fits no bucket or class; run it
-    /// eagerly.
+    /// eagerly (with [`StepTokens::Sampled`] the caller must then resolve those ids first).
     pub(in crate::compute) fn graph_decode(
         &self,
-        tokens: &[u32],
+        tokens: StepTokens,
         seqs: &[AttnSeq],
         kv: &mut KvPool,
         forward: &mut DecodeForward,
@@ -261,10 +293,12 @@ impl CudaDevice {
 
     /// Copies one step's inputs into the static buffers in the layout of `bucket`/`class`.
     #[allow(clippy::too_many_arguments)]
+    /// With [`StepTokens::Sampled`], row i's token is row i of that sampling, copied on the
+    /// device (padding rows keep whatever ids they held: rows of length 0 read no cache).
     fn fill_static(
         &self,
         g: &mut Graphs,
-        tokens: &[u32],
+        tokens: StepTokens,
         seqs: &[AttnSeq],
         bucket: usize,
         class: usize,
@@ -273,14 +307,26 @@ impl CudaDevice {
     ) -> Result<()> {
         let max_blocks = g.caps[class].div_ceil(bs);
         let meta = AttnBatch::pack_fixed_decode(seqs, bucket, max_blocks, bs, num_blocks)?;
-        let mut tok = vec![0i32; bucket];
         let mut pos = vec![0i32; bucket];
         for (i, s) in seqs.iter().enumerate() {
-            tok[i] = tokens.get(s.row0).copied().unwrap_or(0) as i32;
             pos[i] = s.pos0 as i32;
         }
         let ctx = self.lock();
-        ctx.upload_into(&tok, &mut g.tokens)?;
+        match tokens {
+            StepTokens::Host(tokens) => {
+                let mut tok = vec![0i32; bucket];
+                for (i, s) in seqs.iter().enumerate() {
+                    tok[i] = tokens.get(s.row0).copied().unwrap_or(0) as i32;
+                }
+                ctx.upload_into(&tok, &mut g.tokens)?;
+            }
+            StepTokens::Sampled(ids) => {
+                if ids.seq != g.issued || ids.rows != seqs.len() {
+                    return Err(stale_ids(&self.name));
+                }
+                ctx.copy(&g.ids, &mut g.tokens)?;
+            }
+        }
         ctx.upload_into(&pos, &mut g.positions)?;
         ctx.upload_into(&meta, &mut g.meta)?;
         Ok(())
@@ -355,42 +401,63 @@ impl CudaDevice {
     }
 
     /// Draws one token per row of `l` on the device: bias and penalties, then greedy or
-    /// top-k/top-p/min-p with each row's uniform draw. Only the token ids come back.
-    pub(in crate::compute) fn sample(
+    /// top-k/top-p/min-p with each row's uniform draw. Returns at once: the ids are copied to
+    /// the host behind the step ([`sampled`](Self::sampled) waits for them) and stay on the
+    /// device for the next step ([`StepTokens::Sampled`]) until the next sampling.
+    pub(in crate::compute) fn sample_start(
         &self,
         l: &DeviceLogits,
         params: &[crate::cuda::SampleParams],
         adjust: &[crate::cuda::LogitAdjust],
-    ) -> Result<Vec<u32>> {
-        let guard = self.graphs.lock().unwrap_or_else(|e| e.into_inner());
-        let g = guard.as_ref().ok_or(ComputeError::Unsupported {
-            what: "device sampling",
-            value: "graphs not enabled".into(),
-            device: self.name.clone(),
-            supported: "after enable_graphs",
-        })?;
+    ) -> Result<SampledIds> {
+        let mut guard = self.graphs.lock().unwrap_or_else(|e| e.into_inner());
+        let g = guard
+            .as_mut()
+            .ok_or_else(|| graphs_off(&self.name, "device sampling"))?;
         super::check("sampled rows (the step's)", params.len(), l.rows)?;
+        super::check(
+            "sampled rows (at most the largest bucket)",
+            l.rows.min(g.top),
+            l.rows,
+        )?;
         let n = l.rows * l.vocab;
         let mut ctx = self.lock();
         let base = ptr(&ctx, &g.logits);
         // SAFETY: the static logits buffer lives in `self.graphs`, held locked here.
         let mut logits = unsafe { crate::cuda::Buf::<f32>::borrowed(&ctx, base, n) };
         ctx.adjust_logits(&mut *logits, l.vocab, adjust)?;
-        let mut out = ctx.alloc::<i32>(l.rows.max(1))?;
-        ctx.sample(&*logits, l.vocab, params, &mut out)?;
-        let ids = ctx.download(&out)?;
-        Ok(ids.into_iter().take(l.rows).map(|t| t as u32).collect())
+        ctx.sample(&*logits, l.vocab, params, &mut g.ids.slice_mut(0..l.rows))?;
+        let slot = (g.issued % 2) as usize;
+        ctx.queue_readback(&g.ids, &mut g.readback, slot)?;
+        g.issued += 1;
+        g.slot_holds[slot] = g.issued;
+        Ok(SampledIds {
+            rows: l.rows,
+            slot,
+            seq: g.issued,
+        })
+    }
+
+    /// The ids of a [`sample_start`](Self::sample_start), once they are on the host. Each
+    /// sampling's ids can be read until two later samplings have been issued.
+    pub(in crate::compute) fn sampled(&self, ids: &SampledIds) -> Result<Vec<u32>> {
+        let guard = self.graphs.lock().unwrap_or_else(|e| e.into_inner());
+        let g = guard
+            .as_ref()
+            .ok_or_else(|| graphs_off(&self.name, "device sampling"))?;
+        if g.slot_holds.get(ids.slot) != Some(&ids.seq) {
+            return Err(stale_ids(&self.name));
+        }
+        let v = g.readback.take(ids.slot, ids.rows)?;
+        Ok(v.into_iter().map(|t| t as u32).collect())
     }
 
     /// Row `row` of `l` in host memory (for requests that sample on the host).
     pub(in crate::compute) fn logits_row(&self, l: &DeviceLogits, row: usize) -> Result<Vec<f32>> {
         let guard = self.graphs.lock().unwrap_or_else(|e| e.into_inner());
-        let g = guard.as_ref().ok_or(ComputeError::Unsupported {
-            what: "device logits",
-            value: "graphs not enabled".into(),
-            device: self.name.clone(),
-            supported: "after enable_graphs",
-        })?;
+        let g = guard
+            .as_ref()
+            .ok_or_else(|| graphs_off(&self.name, "device logits"))?;
         if row >= l.rows {
             return Err(ComputeError::Shape {
                 what: "logits row (below the step's rows)",
