@@ -97,6 +97,10 @@ pub struct ServeArgs {
     /// Prepare kernels at start-up.
     #[arg(long, default_value = "y", value_parser = ["y", "n", "yes", "no"])]
     pub prewarm: String,
+    /// On a GPU: launch each decode step from the last one's sampled tokens before the host
+    /// reads them, so the host's work between steps overlaps the device's.
+    #[arg(long, default_value = "y", value_parser = ["y", "n", "yes", "no"])]
+    pub decode_overlap: String,
     #[arg(
         long = "mlx-runtime",
         visible_alias = "runtime",

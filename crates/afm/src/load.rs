@@ -59,6 +59,7 @@ pub fn load(args: &ServeArgs) -> Result<(ServedModel, EngineHandle)> {
         },
         debug: std::env::var("AFM_DEBUG").is_ok_and(|v| v == "1"),
         prewarm: args.prewarm.starts_with('y'),
+        decode_overlap: args.decode_overlap.starts_with('y'),
         gpu_profile: args.gpu_profile,
         ..EngineConfig::default()
     };
