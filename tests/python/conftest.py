@@ -16,7 +16,10 @@ import openai
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SMOLLM2 = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+# $AFM_TEST_MODEL: another model with SmolLM2's tokenizer for the live tests (on a GPU machine,
+# its shape with random weights: scripts/gpu_live_tests.sh).
+SMOLLM2 = Path(os.environ.get("AFM_TEST_MODEL",
+                              ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"))
 
 
 def _binary(env: str, rel: str, build: list[str]) -> Path:
@@ -103,6 +106,8 @@ def real():
     binary = _binary("AFM_BIN", "afm", ["-p", "afm"])
     port = _free_port()
     cmd = [str(binary), "mlx", "-m", str(SMOLLM2), "-p", str(port), "--max-context", "2048"]
+    # $AFM_SERVER_ARGS: more flags for the live server, e.g. "--device cuda" on a GPU machine.
+    cmd += os.environ.get("AFM_SERVER_ARGS", "").split()
     server = _start(cmd, f"http://127.0.0.1:{port}", 300)
     yield server
     server.proc.terminate()

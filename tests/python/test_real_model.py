@@ -3,6 +3,7 @@ what a user notices when real text flows — determinism, stream = non-stream, s
 usage that adds up, seeds, logprobs, limits, cancellation, concurrency, and `-s`."""
 
 import json
+import os
 import subprocess
 import threading
 import time
@@ -118,8 +119,10 @@ def test_concurrent_requests_keep_their_own_answers(real):
 def test_single_prompt_mode_uses_the_same_pipeline(real):
     binary = _binary("AFM_BIN", "afm", ["-p", "afm"])
     served = greedy(real, max_tokens=16).choices[0].message.content
+    # On the server's device ($AFM_SERVER_ARGS, e.g. --device cuda).
+    device = os.environ.get("AFM_SERVER_ARGS", "").split()
     out = subprocess.run([str(binary), "mlx", "-m", str(SMOLLM2), "-s", Q[0]["content"], "-t", "0",
-                          "--max-tokens", "16", "--max-context", "2048"],
+                          "--max-tokens", "16", "--max-context", "2048", *device],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.rstrip("\n") == served
