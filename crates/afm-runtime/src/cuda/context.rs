@@ -589,7 +589,6 @@ impl CudaContext {
         x.device_ptr_mut(&self.stream).0
     }
 
-    /// An event pair that times the work queued between `start` and `stop` on the stream.
     /// `slots` pinned host buffers of `len` values, each with an event: device → host copies
     /// queued without waiting (a decode step's sampled ids, read while the next step runs).
     pub fn readback(&self, slots: usize, len: usize) -> Result<Readback> {
@@ -619,6 +618,7 @@ impl CudaContext {
         Ok(())
     }
 
+    /// An event pair that times the work queued between `start` and `stop` on the stream.
     pub fn timer(&self) -> Result<GpuTimer> {
         let flags = Some(CUevent_flags::CU_EVENT_DEFAULT);
         Ok(GpuTimer {
@@ -635,14 +635,6 @@ pub struct Readback {
 }
 
 impl Readback {
-    pub fn len(&self) -> usize {
-        self.slots.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.slots.is_empty()
-    }
-
     /// The first `n` values of slot `slot`, once the copy queued into it has completed.
     pub fn take(&self, slot: usize, n: usize) -> Result<Vec<i32>> {
         let (host, done) = &self.slots[slot];

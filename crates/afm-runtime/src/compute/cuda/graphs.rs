@@ -292,9 +292,9 @@ impl CudaDevice {
     }
 
     /// Copies one step's inputs into the static buffers in the layout of `bucket`/`class`.
-    #[allow(clippy::too_many_arguments)]
     /// With [`StepTokens::Sampled`], row i's token is row i of that sampling, copied on the
     /// device (padding rows keep whatever ids they held: rows of length 0 read no cache).
+    #[allow(clippy::too_many_arguments)]
     fn fill_static(
         &self,
         g: &mut Graphs,
