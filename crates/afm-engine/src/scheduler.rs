@@ -387,12 +387,14 @@ impl Scheduler {
     /// The caller completes `prev` before this plan; an item whose sequence finished with
     /// `prev`'s token is then skipped by `complete_step`, its computed position discarded.
     ///
-    /// `None`, changing nothing, unless: nobody waits for admission (they would wait a step
-    /// longer); every item of `prev` is a one-token decode that samples, of a sequence still
+    /// `None`, changing nothing, unless: nobody waiting could be admitted now (a slot is free
+    /// and someone waits: they would wait a step longer; with every slot busy they wait
+    /// anyway); every item of `prev` is a one-token decode that samples, of a sequence still
     /// running and not completed past it; none reaches its token limit with `prev`'s token;
     /// the new blocks fit without preempting; and no state snapshots are kept (hybrid models).
     pub fn plan_continuation(&mut self, prev: &StepPlan) -> Option<StepPlan> {
-        if !self.waiting.is_empty()
+        let admissible = !self.waiting.is_empty() && self.running.len() < self.cfg.max_running;
+        if admissible
             || prev.items.is_empty()
             || prev.items.len() > self.cfg.token_budget
             || self.blocks.needs_snapshots()

@@ -442,8 +442,8 @@ fn continued_decode_steps_give_the_tokens_of_plain_steps() {
     let (out, continued) = outputs_overlapped(64, 8, &prompts, 9);
     assert_eq!(out, outputs(64, &prompts, 9));
     assert!(continued >= 5, "decode steps continued: {continued}");
-    // One running at a time: the others wait, so nothing continues past a waiting request,
-    // and each request is still served to its end.
+    // One running at a time: the others wait for the slot while the first continues, and
+    // each request is still served to its end.
     let (one, continued_one) = outputs_overlapped(64, 1, &prompts, 9);
     assert_eq!(one, out);
     assert!(
@@ -457,7 +457,7 @@ fn continued_decode_steps_give_the_tokens_of_plain_steps() {
 }
 
 #[test]
-fn no_continuation_at_the_token_limit_or_with_requests_waiting() {
+fn no_continuation_at_the_token_limit_or_with_a_request_to_admit() {
     let mut e = Engine::new(64, 2, cfg(1, 16, 16));
     e.add(1, vec![1, 2, 3], 2);
     e.step(); // prefill, samples the first token
@@ -472,9 +472,18 @@ fn no_continuation_at_the_token_limit_or_with_requests_waiting() {
     e.add(1, vec![1, 2, 3], 8);
     e.step();
     let decode = e.s.schedule();
+    e.add(2, vec![4], 8);
+    let plan = e.s.plan_continuation(&decode);
+    let plan = plan.expect("the one slot is busy: request 2 waits anyway");
+    assert_eq!(ids(&plan), vec![(1, 4, 1)]);
+    let mut e = Engine::new(64, 2, cfg(2, 16, 16));
+    e.add(1, vec![1, 2, 3], 8);
+    e.step();
+    let decode = e.s.schedule();
     let used = e.s.blocks().stats().blocks_used;
     e.add(2, vec![4], 8);
-    assert!(e.s.plan_continuation(&decode).is_none(), "request 2 waits");
+    let refused = e.s.plan_continuation(&decode).is_none();
+    assert!(refused, "request 2 could be admitted now");
     assert_eq!(
         e.s.blocks().stats().blocks_used,
         used,
