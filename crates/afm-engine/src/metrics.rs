@@ -18,6 +18,10 @@ pub struct EngineMetrics {
     pub kv_blocks_free: AtomicU64,
     /// Running sequences preempted (blocks released, recomputed later) because KV ran out.
     pub preemptions: AtomicU64,
+    /// GPU decode steps (CUDA graphs, device sampling), and of them those launched from the
+    /// previous step's ids before the host read them (the decode overlap).
+    pub device_decode_steps: AtomicU64,
+    pub overlapped_decode_steps: AtomicU64,
     /// Hybrid models: recurrent states restored from a prefix-cache snapshot (admissions with a
     /// hit, including recomputes after preemption).
     pub state_restores: AtomicU64,

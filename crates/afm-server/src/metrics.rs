@@ -85,6 +85,18 @@ pub fn render(m: Option<&EngineMetrics>) -> String {
         "Running sequences preempted because KV blocks ran out (recomputed later).",
         get(&m.preemptions) as f64,
     );
+    counter(
+        &mut out,
+        "afm:device_decode_steps_total",
+        "Decode steps run on a GPU as CUDA graphs with sampling on the device.",
+        get(&m.device_decode_steps) as f64,
+    );
+    counter(
+        &mut out,
+        "afm:overlapped_decode_steps_total",
+        "Of those, steps launched from the previous step's ids before the host read them.",
+        get(&m.overlapped_decode_steps) as f64,
+    );
     let ttft = us(&m.queue_time_us) + us(&m.prompt_time_us);
     summary(
         &mut out,
@@ -177,6 +189,13 @@ mod tests {
         m.preemptions
             .fetch_add(2, std::sync::atomic::Ordering::Relaxed);
         assert!(render(Some(&m)).contains("afm:num_preemptions_total 2\n"));
+        m.device_decode_steps
+            .fetch_add(5, std::sync::atomic::Ordering::Relaxed);
+        m.overlapped_decode_steps
+            .fetch_add(3, std::sync::atomic::Ordering::Relaxed);
+        let with_steps = render(Some(&m));
+        assert!(with_steps.contains("afm:device_decode_steps_total 5\n"));
+        assert!(with_steps.contains("afm:overlapped_decode_steps_total 3\n"));
         assert!(text.contains("afm:time_to_first_token_seconds_sum 0.75\n"));
         assert!(text.contains("afm:time_per_output_token_seconds_count 10\n"));
         // Every sample line belongs to a declared metric.

@@ -5,6 +5,7 @@
 //! a token constraint (grammar). Requests that need host-only processing (log-probabilities)
 //! are sampled on the host from their downloaded row, inside the same step.
 
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
 
 use afm_models::{ForwardBatch, LoadedModel, SeqChunk};
@@ -103,7 +104,10 @@ impl Engine {
             tokens.push(seq.tokens[item.start]);
         }
         let logits = match self.graph_step(plan, StepTokens::Host(&tokens)) {
-            Ok(Some(l)) => l,
+            Ok(Some(l)) => {
+                self.metrics.device_decode_steps.fetch_add(1, Relaxed);
+                l
+            }
             Ok(None) => return false,
             Err(e) => {
                 self.fail_step(plan, &e);
@@ -161,7 +165,11 @@ impl Engine {
             Err(e) => self.fail_step(&prev.plan, &e),
         }
         match launched {
-            Some((plan, Ok(Some(ids)))) => self.in_flight = Some(InFlight { plan, ids }),
+            Some((plan, Ok(Some(ids)))) => {
+                self.metrics.device_decode_steps.fetch_add(1, Relaxed);
+                self.metrics.overlapped_decode_steps.fetch_add(1, Relaxed);
+                self.in_flight = Some(InFlight { plan, ids });
+            }
             Some((plan, Err(e))) => self.fail_step(&plan, &e),
             Some((_, Ok(None))) | None => {}
         }
