@@ -97,14 +97,6 @@ impl Sampler {
         })
     }
 
-    /// Whether the next token's sampling ignores the tokens before it (no repetition,
-    /// presence or frequency penalty), so it can be set up before the last token is known
-    /// (the engine's decode overlap).
-    pub fn history_free(&self) -> bool {
-        let p = &self.params;
-        p.repetition_penalty == 1.0 && p.presence_penalty == 0.0 && p.frequency_penalty == 0.0
-    }
-
     /// Records a token chosen on the device (for the presence and frequency penalties).
     pub fn accept(&mut self, token: u32) {
         *self.generated.entry(token).or_insert(0) += 1;

@@ -86,8 +86,8 @@ pub(super) struct InFlight {
 
 impl Engine {
     /// Runs `plan` as a device decode step if it is one; `false` leaves it to the host path.
-    /// With the decode overlap, a step whose rows all sample on the device without their
-    /// history is left in flight: the next `step` continues from it.
+    /// With the decode overlap, a step whose rows all sample on the device is left in flight:
+    /// the next `step` continues from it.
     pub(super) fn step_on_device(&mut self, plan: &StepPlan) -> bool {
         if !self.device_decode
             || plan.items.is_empty()
@@ -133,10 +133,12 @@ impl Engine {
         true
     }
 
-    /// The step after `prev` from `prev`'s sampled ids, launched before reading them (when the
-    /// scheduler can plan it: see `Scheduler::plan_continuation`), then `prev` completed. So
-    /// while the host publishes `prev`'s tokens the device already computes the next step.
-    /// A row whose request ends with `prev`'s token computes one position for nothing.
+    /// The step after `prev` from `prev`'s sampled ids, its forward launched before reading
+    /// them (when the scheduler can plan it: see `Scheduler::plan_continuation`), then `prev`
+    /// completed, then the step's sampling queued behind its forward. So while the host
+    /// publishes `prev`'s tokens the device already computes the next step, and the sampling
+    /// still sees every token before it (penalties). A row whose request ends with `prev`'s
+    /// token computes one position for nothing.
     pub(super) fn continue_device_decode(&mut self, prev: InFlight) {
         let next = if self.overlappable(&prev.plan) {
             self.scheduler.plan_continuation(&prev.plan)
@@ -147,9 +149,7 @@ impl Engine {
         // with their sequences and the next schedule plans the same positions), or failed
         // (reported after `prev` is complete, which it is not part of).
         let launched = next.map(|plan| {
-            let ran = self
-                .graph_step(&plan, StepTokens::Sampled(&prev.ids))
-                .and_then(|l| l.map(|l| self.start_sampling(&plan, &l)).transpose());
+            let ran = self.graph_step(&plan, StepTokens::Sampled(&prev.ids));
             (plan, ran)
         });
         match self.model.device.sampled_ids(&prev.ids) {
@@ -164,27 +164,29 @@ impl Engine {
             }
             Err(e) => self.fail_step(&prev.plan, &e),
         }
-        match launched {
-            Some((plan, Ok(Some(ids)))) => {
+        let (plan, logits) = match launched {
+            Some((plan, Ok(Some(logits)))) => (plan, logits),
+            Some((plan, Err(e))) => return self.fail_step(&plan, &e),
+            Some((_, Ok(None))) | None => return,
+        };
+        match self.start_sampling(&plan, &logits) {
+            Ok(ids) => {
                 self.metrics.device_decode_steps.fetch_add(1, Relaxed);
                 self.metrics.overlapped_decode_steps.fetch_add(1, Relaxed);
                 self.in_flight = Some(InFlight { plan, ids });
             }
-            Some((plan, Err(e))) => self.fail_step(&plan, &e),
-            Some((_, Ok(None))) | None => {}
+            Err(e) => self.fail_step(&plan, &e),
         }
     }
 
     /// Whether the step after `plan` may be launched before `plan`'s tokens are read: the
-    /// overlap is on and every row samples on the device without looking at its history.
+    /// overlap is on and every row samples on the device (no log-probabilities, no grammar).
     fn overlappable(&self, plan: &StepPlan) -> bool {
         self.decode_overlap
             && plan.items.iter().all(|i| {
-                self.active.get(&i.seq_id).is_some_and(|a| {
-                    a.constraint.is_none()
-                        && a.req.top_logprobs.is_none()
-                        && a.sampler.history_free()
-                })
+                self.active
+                    .get(&i.seq_id)
+                    .is_some_and(|a| a.constraint.is_none() && a.req.top_logprobs.is_none())
             })
     }
 
@@ -211,7 +213,8 @@ impl Engine {
         dev.graph_decode(tokens, &seqs, &mut self.kv, &mut forward)
     }
 
-    /// Queues the sampling of every row of an overlappable `plan` on the device.
+    /// Queues the sampling of every row of an overlappable `plan` on the device, from each
+    /// request's tokens so far.
     fn start_sampling(
         &mut self,
         plan: &StepPlan,
