@@ -4,7 +4,7 @@
 //! Three engines on one model file: decode steps eager with host sampling; as graphs with
 //! device sampling; and the same with the decode overlap (each step launched from the last
 //! one's sampled ids before the host reads them). The same requests go to each, 8 at a time
-//! and ending at different steps: greedy, seeded draws with top-k/top-p/min-p, penalties and
+//! (8k with `AFM_GRAPH_CHECK_COPIES=k`: k copies on other prompts) and ending at different steps: greedy, seeded draws with top-k/top-p/min-p, penalties and
 //! bias, and one asking for log-probabilities (sampled on the host from its downloaded row).
 //! Then, on the two graph engines, requests cut short by a stop token or `max_tokens` 1–3.
 //! Prints, per request, whether the tokens are identical or where they part; exits 1 if a
@@ -145,6 +145,14 @@ fn main() {
     let loc = resolve_model(a.get(1).expect("usage: graph_check <model> [device]")).expect("model");
     let choice: DeviceChoice = a.get(2).map_or("cuda", |s| s).parse().expect("device");
     let dev = Device::open(choice).expect("open device");
+    // AFM_GRAPH_CHECK_COPIES=k: k copies of the requests (other prompts), 8k at a time, so
+    // decode steps also pass the one-row kernels' 8 rows (cuBLAS GEMMs, the tensor-core decode
+    // attention) in graphs of the larger buckets.
+    let copies: usize = std::env::var("AFM_GRAPH_CHECK_COPIES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1)
+        .max(1);
     let mut results = Vec::new();
     let mut short_results = Vec::new();
     let mut reqs = Vec::new();
@@ -152,9 +160,18 @@ fn main() {
     for (graphs, overlap) in [(false, false), (true, false), (true, true)] {
         let model = load_model_on(&loc, &dev).expect("load");
         reqs = requests(model.model.vocab_size());
+        let first = reqs.clone();
+        for c in 1..copies {
+            for (k, (name, r)) in first.iter().enumerate() {
+                let mut r = r.clone();
+                let seed = (100 * c + k) as u64;
+                r.prompt_tokens = prompt(seed, r.prompt_tokens.len(), model.model.vocab_size());
+                reqs.push((format!("{name} #{c}"), r));
+            }
+        }
         let cfg = EngineConfig {
             max_context: 2048,
-            concurrent: 8,
+            concurrent: 8 * copies,
             prefix_caching: false,
             device_decode: graphs,
             decode_overlap: overlap,
