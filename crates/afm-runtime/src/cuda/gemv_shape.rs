@@ -118,13 +118,19 @@ const fn wide(rows: usize, units: usize, min_cols: usize) -> HalfPick {
 /// rule keeps session 8's picks and adds two units in flight (4u2) for one-matrix products of
 /// at least 4,096 columns, where the gain is in the steady state (more bytes in flight per
 /// thread), not the tail. R = 16 won nowhere (session 8), so it has no kernels.
+/// Session 12 (same bench, µs at R = 1 / 2 / 4 / 8 / the old pick): Q/K/V alone 15.0 / 13.6 /
+/// 14.6 / 13.8 / 14.1 on Qwen3-8B and 5.84 / 4.04 / 4.48 / 4.57 / 4.41 on Qwen3-0.6B; with the
+/// norm folded 20.5 / 14.6 / 16.4 / 15.0 / 15.3 (8B) and 7.03 / 4.77 / 4.34 / 4.50 / 4.35 (0.6B).
+/// So Q/K/V take R = 2, with the norm from 4,096 columns (R = 4 below).
 fn half_rows_rule(k: HalfKernel) -> &'static [HalfPick] {
-    const QKV: &[HalfPick] = &[pick(8, 1, 4), pick(4, 1, 0)];
+    const QKV: &[HalfPick] = &[pick(2, 1, 0)];
+    const QKV_NORM: &[HalfPick] = &[wide(2, 1, 4096), pick(4, 1, 0)];
     const GATED_NORM: &[HalfPick] = &[pick(8, 1, 2), pick(4, 1, 0)];
     const PLAIN: &[HalfPick] = &[wide(4, 2, 4096), pick(4, 1, 0)];
     const FOUR: &[HalfPick] = &[pick(4, 1, 0)];
     match k {
-        HalfKernel::Qkv | HalfKernel::QkvNorm => QKV,
+        HalfKernel::Qkv => QKV,
+        HalfKernel::QkvNorm => QKV_NORM,
         HalfKernel::GatedNorm => GATED_NORM,
         HalfKernel::Plain => PLAIN,
         HalfKernel::Gated => FOUR,
@@ -249,8 +255,8 @@ mod tests {
         use HalfKernel::*;
         // Qwen3-8B: Q/K/V 4096+1024+1024, O and down 4096 rows (4,096 and 12,288 columns),
         // gate+up 12288, lm_head: one-matrix products that wide take two units in flight.
-        assert_eq!(pick(QkvNorm, &[4096, 1024, 1024], 4096, 1, false), (8, 1));
-        assert_eq!(pick(Qkv, &[4096, 1024, 1024], 4096, 1, false), (8, 1));
+        assert_eq!(pick(QkvNorm, &[4096, 1024, 1024], 4096, 1, false), (2, 1));
+        assert_eq!(pick(Qkv, &[4096, 1024, 1024], 4096, 1, false), (2, 1));
         assert_eq!(pick(Plain, &[4096], 4096, 1, false), (4, 2));
         assert_eq!(pick(Plain, &[4096], 12288, 1, false), (4, 2));
         assert_eq!(pick(Gated, &[12288], 4096, 1, false), (4, 1));
@@ -258,7 +264,8 @@ mod tests {
         assert_eq!(pick(Plain, &[151_936], 4096, 1, false), (4, 2));
         // Qwen3-0.6B: Q/K/V 2048+1024+1024, gate+up 3072, O and down 1024 rows (2,048 and
         // 3,072 columns), lm_head of 1,024 columns: one unit.
-        assert_eq!(pick(Qkv, &[2048, 1024, 1024], 1024, 1, false), (4, 1));
+        assert_eq!(pick(Qkv, &[2048, 1024, 1024], 1024, 1, false), (2, 1));
+        assert_eq!(pick(QkvNorm, &[2048, 1024, 1024], 1024, 1, false), (4, 1));
         assert_eq!(pick(GatedNorm, &[3072], 1024, 1, false), (8, 1));
         assert_eq!(pick(Plain, &[1024], 2048, 1, false), (4, 1));
         assert_eq!(pick(Plain, &[1024], 3072, 1, false), (4, 1));
