@@ -20,7 +20,9 @@
 # fixtures (relative error <= 1e-3 in f32; DeepSeek V4's own test: prefill, decode, chunks, two
 # sequences, rejected drafts, ratio 128, an f16 pool); CPU vs GPU greedy and logits on the real-GGUF subsets and
 # on real-shape random bf16 models; the engine's GPU decode path (CUDA graphs + device sampling)
-# against its host path on the same requests (graph_check, from `bench/gpu_bench.sh build`); the
+# against its host path on the same requests (graph_check, from `bench/gpu_bench.sh build`; on
+# the random models also at 64 rows, AFM_GRAPH_CHECK_COPIES=8: a full graph bucket, so the
+# eager and graph GEMMs have the same shapes); the
 # fused batch-1 decode step against the layer loop on the random llama/qwen2/qwen3 models
 # (tests/fused_decode.rs).
 # Speed: bench/gpu_bench.sh. GPUCHECK_DIR and CARGO_TARGET_DIR override the folders.
@@ -97,6 +99,8 @@ run)
         check "$B/device_compare" "/tmp/afm-gpucheck/$m" cuda 32 32 16 1
         echo "== $m: GPU decode path (graphs + device sampling) vs host path"
         check "$G/graph_check" "/tmp/afm-gpucheck/$m" cuda
+        echo "== $m: the same at 64 rows (cuBLAS GEMMs, tensor-core decode attention)"
+        AFM_GRAPH_CHECK_COPIES=8 check "$G/graph_check" "/tmp/afm-gpucheck/$m" cuda
     done
     if [ ${#failed[@]} -gt 0 ]; then
         printf 'FAILED: %s\n' "${failed[@]}"
