@@ -4,8 +4,9 @@
 //! Three engines on one model file: decode steps eager with host sampling; as graphs with
 //! device sampling; and the same with the decode overlap (each step launched from the last
 //! one's sampled ids before the host reads them). The same requests go to each, 8 at a time
-//! (8k with `AFM_GRAPH_CHECK_COPIES=k`: k copies on other prompts) and ending at different steps: greedy, seeded draws with top-k/top-p/min-p, penalties and
-//! bias, and one asking for log-probabilities (sampled on the host from its downloaded row).
+//! (8k with `AFM_GRAPH_CHECK_COPIES=k`: k copies on other prompts) and ending at different
+//! steps: greedy, seeded draws with top-k/top-p/min-p, penalties and bias, and one asking for
+//! log-probabilities (sampled on the host from its downloaded row).
 //! Then, on the two graph engines, requests cut short by a stop token or `max_tokens` 1–3.
 //! Prints, per request, whether the tokens are identical or where they part; exits 1 if a
 //! greedy request parts from the host path within 16 tokens, or if the overlap changes any
