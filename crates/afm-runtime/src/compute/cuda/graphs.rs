@@ -68,9 +68,9 @@ pub(crate) struct Graphs {
     /// two slots, so one step's ids can be on their way while the step before's are read.
     ids: CudaSlice<i32>,
     readback: Readback,
-    /// Samplings issued so far, and which one each read-back slot holds.
+    /// Samplings issued so far; sampling k (from 1) is read back into slot (k - 1) % 2, so
+    /// the slots hold the last two.
     issued: u64,
-    slot_holds: [u64; 2],
     ws: Workspace,
     fingerprint: Vec<(u64, usize)>,
     table: HashMap<(usize, usize), Graph>,
@@ -183,7 +183,6 @@ impl CudaDevice {
             ids: ctx.zeros(top)?,
             readback: ctx.readback(2, top)?,
             issued: 0,
-            slot_holds: [0; 2],
             ws: Workspace::default(),
             fingerprint: Vec::new(),
             table: HashMap::new(),
@@ -430,7 +429,6 @@ impl CudaDevice {
         let slot = (g.issued % 2) as usize;
         ctx.queue_readback(&g.ids, &mut g.readback, slot)?;
         g.issued += 1;
-        g.slot_holds[slot] = g.issued;
         Ok(SampledIds {
             rows: l.rows,
             slot,
@@ -445,7 +443,8 @@ impl CudaDevice {
         let g = guard
             .as_ref()
             .ok_or_else(|| graphs_off(&self.name, "device sampling"))?;
-        if g.slot_holds.get(ids.slot) != Some(&ids.seq) {
+        // One of the last two samplings: a later one of the same parity took its slot.
+        if ids.seq > g.issued || g.issued - ids.seq >= 2 {
             return Err(stale_ids(&self.name));
         }
         let v = g.readback.take(ids.slot, ids.rows)?;
