@@ -410,6 +410,64 @@ fn decode_attention_batch1_stage_and_split_edges() {
     }
 }
 
+/// Decode splits merged in a thread block cluster (through distributed shared memory, compute
+/// capability 9.0 on) give the bits of the merge through global memory: batch 1 and 3, the
+/// 0.6B/8B head shapes and head size 64, 2 to 16 splits and the automatic count (to 1,024 keys
+/// the cluster's cap of 16 splits cuts the keys as the automatic count does), and a CUDA
+/// graph's fixed batch. Elsewhere both runs take the global merge.
+#[test]
+fn decode_attention_cluster_merge_same_bits() {
+    let mut c = ctx();
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    for (n_heads, n_kv, d) in [(16, 8, 128), (32, 8, 128), (8, 2, 64)] {
+        for seqs in [
+            vec![(139, 1)],
+            vec![(383, 1)],
+            vec![(999, 1)],
+            vec![(16, 1), (299, 1), (140, 1)],
+        ] {
+            for splits in [None, Some(2), Some(5), Some(16)] {
+                let case = AttnCase {
+                    n_heads,
+                    n_kv,
+                    d,
+                    dtype: KvDtype::F16,
+                    window: None,
+                    softcap: None,
+                    seqs: seqs.clone(),
+                    splits,
+                };
+                let what = format!("heads {n_heads}/{n_kv} d {d} seqs {seqs:?} splits {splits:?}");
+                let mut runs = Vec::new();
+                for on in [true, false] {
+                    c.set_decode_attention_clusters(on);
+                    let (want, got) =
+                        run_attention(&mut c, &mut Rng(9), &case, &[AttnKernel::Auto]);
+                    let got = got
+                        .into_iter()
+                        .next()
+                        .unwrap()
+                        .unwrap_or_else(|e| panic!("{e}"));
+                    assert!(rel_err(&got, &want) <= 2e-3, "{what}: against the CPU");
+                    let (_, fixed) = run_attention_fixed(&mut c, &mut Rng(9), &case, 8, 64);
+                    runs.push((got, fixed.unwrap_or_else(|e| panic!("{e}"))));
+                }
+                c.set_decode_attention_clusters(true);
+                assert_eq!(
+                    bits(&runs[0].0),
+                    bits(&runs[1].0),
+                    "{what}: cluster against global merge"
+                );
+                assert_eq!(
+                    bits(&runs[0].1),
+                    bits(&runs[1].1),
+                    "{what}: fixed batch, cluster against global merge"
+                );
+            }
+        }
+    }
+}
+
 /// Batch 64 at a short context and the 0.6B/8B head shapes, a 16k batch-1 context split many
 /// ways and a window that starts inside a cache block.
 #[test]

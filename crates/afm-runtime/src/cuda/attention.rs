@@ -20,7 +20,10 @@
 //! read before the PDL wait (no kernel of a step writes the cache rows before the new key), K/V
 //! through a cp.async ring, splits of at least [`DECODE_MIN_KEYS`] applied to each context (so
 //! a CUDA graph's split count, baked for its context class, suits shorter contexts too),
-//! one-pass merge.
+//! one-pass merge; on compute capability 9.0 and later a tile's splits (at most
+//! [`DEC_CLUSTER_MAX`]) run as one thread block cluster and merge through distributed shared
+//! memory instead of global memory and a counter, with the same bits (`AFM_ATTN_CLUSTER=0`
+//! keeps the global merge).
 //! [`DecodePlan`] says when (GH <= 2 over long contexts at many streams keeps `attn_impl`);
 //! `AFM_ATTN_DECODE_OLD=1` sends every decode step to `attn_impl` (A/B). Decode steps whose
 //! sequences × KV heads reach the SM count take the tensor-core decode kernel instead
@@ -35,7 +38,7 @@
 
 use crate::switch::{Knob, Switch};
 
-use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig};
+use cudarc::driver::{CudaFunction, CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig};
 use half::f16;
 
 use super::attention_mma::{step_tiles, AttnKernel};
@@ -191,6 +194,10 @@ const DECODE_TARGET_BLOCKS_PER_SM_SHORT: usize = 2;
 const DECODE_MAX_KEYS_GH2_WIDE: usize = 1024;
 /// `MAX_SPLITS` in attention.cu.
 const MAX_SPLITS: usize = 128;
+/// `DEC_CLUSTER_MAX` in attention.cu: most splits of a decode tile merged in one cluster (16
+/// blocks, a non-portable cluster size that Hopper allows). A graph's 1k context class has
+/// up to 32 splits of 32 keys; capped at 16 they split contexts up to 512 keys the same way.
+const DEC_CLUSTER_MAX: usize = 16;
 
 /// One step's sequences, packed for the device (see the module header).
 pub struct AttnBatch {
@@ -244,6 +251,11 @@ fn split_count(sm_count: usize, blocks: usize, max_splits: usize, per_sm: usize)
         .clamp(1, max_splits.max(1))
         .min(MAX_SPLITS)
 }
+
+/// Decode attention's splits merged in a thread block cluster ([`CudaContext::dec_clusters`]),
+/// process-wide: off with `AFM_ATTN_CLUSTER=0`, or
+/// [`CudaContext::set_decode_attention_clusters`].
+static DEC_CLUSTER: Switch = Switch::new("AFM_ATTN_CLUSTER", true);
 
 /// Decode steps on the kernel before `attn_decode_impl` (`attn_impl`), process-wide: the A/B
 /// switch `AFM_ATTN_DECODE_OLD=1`, or [`CudaContext::set_decode_attention_old`].
@@ -441,6 +453,9 @@ pub(super) struct AttnArgs {
     min_keys: i32,
     scale: f32,
     softcap: f32,
+    /// 1: the decode kernel's splits run as one cluster and merge through distributed
+    /// shared memory ([`SimtLaunch::cluster`]).
+    cluster: i32,
 }
 
 // SAFETY: plain #[repr(C)] data, laid out as the CUDA struct.
@@ -626,8 +641,8 @@ impl CudaContext {
             format!("attn_{t}_{d}_{gh}")
         };
         let f = self.kernel(&name)?;
-        let (cfg, args) = (l.config(), l.args);
-        launch!(self, f, cfg; qp, kc, vc, tab, seqs, tiles, op, ws, done, args)
+        let ((args, z), cfg) = (self.dec_cluster_launch(f, &l), l.config());
+        launch!(self, f, cfg, cluster = z; qp, kc, vc, tab, seqs, tiles, op, ws, done, args)
     }
 
     /// The kernel, grid and arguments of the SIMT attention over the first `simt_tiles` tiles
@@ -657,10 +672,14 @@ impl CudaContext {
         };
         let shape = self.step_shape(gh, group, d, elem);
         let plan = DecodePlan::new(&shape, keys, blocks, batch.qb == 1);
-        let n_splits = splits
+        let mut n_splits = splits
             .or(batch.forced_splits)
             .unwrap_or_else(|| plan.splits(&shape, keys, blocks))
             .clamp(1, plan.most_splits());
+        let cluster = plan.decode && !plan.mma && n_splits > 1 && self.dec_clusters();
+        if cluster {
+            n_splits = n_splits.min(DEC_CLUSTER_MAX);
+        }
         let args = AttnArgs {
             n_heads: p.n_heads as i32,
             n_kv_heads: nkv as i32,
@@ -676,6 +695,7 @@ impl CudaContext {
             min_keys: plan.min_keys as i32,
             scale: p.scale,
             softcap: p.softcap.unwrap_or(0.0),
+            cluster: i32::from(cluster),
         };
         // The tensor-core decode kernel serves a KV head's whole group in one CTA.
         let gx = if plan.mma { nkv } else { nkv * hchunks };
@@ -685,6 +705,36 @@ impl CudaContext {
             elem_name,
             grid: (gx as u32, simt_tiles as u32, n_splits as u32),
             args,
+        }
+    }
+
+    /// Whether decode attention merges its splits in a thread block cluster: compute
+    /// capability 9.0 on (distributed shared memory), unless `AFM_ATTN_CLUSTER=0`.
+    fn dec_clusters(&self) -> bool {
+        self.info().compute_capability.0 >= 9 && DEC_CLUSTER.on()
+    }
+
+    /// Merges decode attention's splits in thread block clusters (`on`, the default on
+    /// compute capability 9.0 and later) or through global memory, for every context of the
+    /// process, as `AFM_ATTN_CLUSTER=0` does (A/B benchmarks, tests).
+    pub fn set_decode_attention_clusters(&self, on: bool) {
+        DEC_CLUSTER.set(on);
+    }
+
+    /// The arguments and cluster size `f` (a decode kernel) launches `l` with: its splits as
+    /// one cluster where `l` asks for it and the device can hold such a cluster, else none
+    /// (the kernel then merges through `ws` and `done`).
+    pub(super) fn dec_cluster_launch(&self, f: &CudaFunction, l: &SimtLaunch) -> (AttnArgs, u32) {
+        let mut args = l.args;
+        if args.cluster == 0 {
+            return (args, 0);
+        }
+        let z = l.grid.2;
+        if super::cluster_fits(self.stream(), f, l.config(), z) {
+            (args, z)
+        } else {
+            args.cluster = 0;
+            (args, 0)
         }
     }
 

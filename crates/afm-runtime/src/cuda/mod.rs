@@ -148,13 +148,18 @@ fn check_len(what: &'static str, got: usize, want: usize) -> Result<()> {
 /// Launches `$f` on the context's stream with the listed locals as arguments (each a
 /// device pointer `u64`, an `i32`/`i64`/`f32` or a `#[repr(C)]` argument struct), through
 /// [`launch_raw`].
+/// `launch!(ctx, f, cfg, cluster = z; ...)` launches thread block clusters of z blocks along
+/// the grid's z axis (0: none; see [`launch_raw`]).
 macro_rules! launch {
-    ($ctx:expr, $f:expr, $cfg:expr; $($arg:ident),* $(,)?) => {{
+    ($ctx:expr, $f:expr, $cfg:expr; $($arg:ident),* $(,)?) => {
+        launch!($ctx, $f, $cfg, cluster = 0; $($arg),*)
+    };
+    ($ctx:expr, $f:expr, $cfg:expr, cluster = $z:expr; $($arg:ident),* $(,)?) => {{
         let mut params = [$( &$arg as *const _ as *mut ::core::ffi::c_void ),*];
         // SAFETY: every kernel's argument list is written next to its CUDA signature in the
         // wrappers, buffer sizes are checked before the launch, and `params` points at locals
         // that outlive the call (the driver copies the values at launch).
-        unsafe { $crate::cuda::launch_raw($ctx.stream(), $f, $cfg, &mut params) }
+        unsafe { $crate::cuda::launch_raw($ctx.stream(), $f, $cfg, &mut params, $z) }
     }};
 }
 
@@ -174,7 +179,9 @@ pub(crate) static PDL_DEVICE: std::sync::atomic::AtomicBool =
 /// Launches `f` with `params` (one pointer to each argument's value) on `stream`, with the
 /// programmatic-stream-serialization attribute when [`pdl`] is on. Every afm kernel begins by
 /// waiting on the grids before it (`griddepcontrol.wait`), so none reads or overwrites a
-/// buffer early; kernels launched by cuBLAS keep the ordinary full dependency.
+/// buffer early; kernels launched by cuBLAS keep the ordinary full dependency. With
+/// `cluster_z` > 0 the blocks run in thread block clusters of `cluster_z` along the grid's z
+/// axis (it must divide the grid's z, and [`cluster_fits`] must have said yes).
 ///
 /// # Safety
 /// `params` must match `f`'s parameter list in number, order and types.
@@ -183,26 +190,14 @@ pub(crate) unsafe fn launch_raw(
     f: &cudarc::driver::CudaFunction,
     cfg: cudarc::driver::LaunchConfig,
     params: &mut [*mut core::ffi::c_void],
+    cluster_z: u32,
 ) -> Result<()> {
     use cudarc::driver::sys;
     stream.context().bind_to_thread()?;
-    // SAFETY: plain C structs; zero is a valid value of each field.
-    let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-    attr.value.programmaticStreamSerializationAllowed = 1;
-    let config = sys::CUlaunchConfig {
-        gridDimX: cfg.grid_dim.0,
-        gridDimY: cfg.grid_dim.1,
-        gridDimZ: cfg.grid_dim.2,
-        blockDimX: cfg.block_dim.0,
-        blockDimY: cfg.block_dim.1,
-        blockDimZ: cfg.block_dim.2,
-        sharedMemBytes: cfg.shared_mem_bytes,
-        hStream: stream.cu_stream(),
-        attrs: &mut attr,
-        numAttrs: u32::from(pdl()),
-    };
-    // SAFETY: the caller's contract; `config` and `attr` live through the call.
+    let mut attrs = launch_attrs(cluster_z);
+    let n = attrs.len() as u32;
+    let config = launch_config(stream, cfg, &mut attrs.0, n);
+    // SAFETY: the caller's contract; `config` and `attrs` live through the call.
     unsafe {
         sys::cuLaunchKernelEx(
             &config,
@@ -213,5 +208,97 @@ pub(crate) unsafe fn launch_raw(
     }
     .result()?;
     Ok(())
+}
+
+/// A launch's attributes: programmatic stream serialization when [`pdl`] is on, a cluster
+/// shape when `cluster_z` > 0.
+struct LaunchAttrs([cudarc::driver::sys::CUlaunchAttribute; 2], usize);
+
+impl LaunchAttrs {
+    fn len(&self) -> usize {
+        self.1
+    }
+}
+
+fn launch_attrs(cluster_z: u32) -> LaunchAttrs {
+    use cudarc::driver::sys;
+    // SAFETY: plain C structs; zero is a valid value of each field.
+    let mut a: [sys::CUlaunchAttribute; 2] = unsafe { std::mem::zeroed() };
+    let mut n = 0;
+    if pdl() {
+        a[n].id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        a[n].value.programmaticStreamSerializationAllowed = 1;
+        n += 1;
+    }
+    if cluster_z > 0 {
+        a[n].id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+        a[n].value.clusterDim.x = 1;
+        a[n].value.clusterDim.y = 1;
+        a[n].value.clusterDim.z = cluster_z;
+        n += 1;
+    }
+    LaunchAttrs(a, n)
+}
+
+fn launch_config(
+    stream: &cudarc::driver::CudaStream,
+    cfg: cudarc::driver::LaunchConfig,
+    attrs: &mut [cudarc::driver::sys::CUlaunchAttribute; 2],
+    n: u32,
+) -> cudarc::driver::sys::CUlaunchConfig {
+    cudarc::driver::sys::CUlaunchConfig {
+        gridDimX: cfg.grid_dim.0,
+        gridDimY: cfg.grid_dim.1,
+        gridDimZ: cfg.grid_dim.2,
+        blockDimX: cfg.block_dim.0,
+        blockDimY: cfg.block_dim.1,
+        blockDimZ: cfg.block_dim.2,
+        sharedMemBytes: cfg.shared_mem_bytes,
+        hStream: stream.cu_stream(),
+        attrs: attrs.as_mut_ptr(),
+        numAttrs: n,
+    }
+}
+
+/// Whether `f` can run in clusters of `cluster_z` blocks with `cfg`'s block shape and shared
+/// memory (at least one such cluster resident on the device), asked of the driver once per
+/// (function, cluster size); clusters past 8 blocks (non-portable) are allowed for `f` first.
+pub(crate) fn cluster_fits(
+    stream: &cudarc::driver::CudaStream,
+    f: &cudarc::driver::CudaFunction,
+    cfg: cudarc::driver::LaunchConfig,
+    cluster_z: u32,
+) -> bool {
+    use cudarc::driver::sys;
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+    /// (function, cluster size, dynamic shared memory) -> whether it fits.
+    type Fits = HashMap<(usize, u32, u32), bool>;
+    static FITS: Mutex<Option<Fits>> = Mutex::new(None);
+    let key = (f.cu_function() as usize, cluster_z, cfg.shared_mem_bytes);
+    let mut fits = FITS.lock().unwrap_or_else(|e| e.into_inner());
+    let fits = fits.get_or_insert_with(HashMap::new);
+    if let Some(&ok) = fits.get(&key) {
+        return ok;
+    }
+    let ok = stream.context().bind_to_thread().is_ok() && {
+        if cluster_z > 8 {
+            let attr =
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED;
+            // SAFETY: a loaded function and a valid attribute; failure only means no.
+            let _ = unsafe { sys::cuFuncSetAttribute(f.cu_function(), attr, 1) };
+        }
+        let mut attrs = launch_attrs(cluster_z);
+        let n = attrs.len() as u32;
+        let mut grid = cfg;
+        grid.grid_dim = (1, 1, cluster_z);
+        let config = launch_config(stream, grid, &mut attrs.0, n);
+        let mut count = 0;
+        // SAFETY: `config` and `attrs` live through the call; `count` is written.
+        let r = unsafe { sys::cuOccupancyMaxActiveClusters(&mut count, f.cu_function(), &config) };
+        r == sys::CUresult::CUDA_SUCCESS && count > 0
+    };
+    fits.insert(key, ok);
+    ok
 }
 pub(crate) use launch;

@@ -231,8 +231,8 @@ impl CudaContext {
         let (tab, seqs, _, tiles) = batch.ptrs(self);
         let (d, gh) = (p.head_dim, batch.gh);
         let f = self.kernel(&format!("attn_dec_pro_f16_{d}_{gh}"))?;
-        let (cfg, args) = (l.config(), l.args);
-        launch!(self, f, cfg; qp, kc, vc, tab, seqs, tiles, op, ws, done, args, pr)?;
+        let ((args, z), cfg) = (self.dec_cluster_launch(f, &l), l.config());
+        launch!(self, f, cfg, cluster = z; qp, kc, vc, tab, seqs, tiles, op, ws, done, args, pr)?;
         Ok(true)
     }
 

@@ -22,6 +22,10 @@ struct AttnArgs {
     int window, n_splits, qb, q_stride;
     int out_stride, group, hchunks, min_keys;
     float scale, softcap;
+    // attn_decode_impl only: 1 when the launch made each (head chunk, tile)'s splits one thread
+    // block cluster (grid z = cluster z = n_splits), so they merge through distributed shared
+    // memory instead of `ws` and `done`.
+    int cluster;
 };
 
 // W consecutive 32-bit words from 4*W-byte aligned memory, in the widest loads that fit.
@@ -347,8 +351,12 @@ ATTN_PROLOGUE(attn_prologue_f16, true)
 //    issue), so the old keys load while the kernel before finishes;
 //  - a split takes at least `min_keys` keys (twice that past 16 · min_keys), in whole stages:
 //    a short context uses only the splits it needs (`used`); the others exit at once. A tile with one split used writes its
-//    output directly; otherwise the last split to finish merges the `used` partials in one
-//    pass, each thread over its own output elements (no barriers).
+//    output directly; otherwise, where the host launched each tile's splits as one thread
+//    block cluster (a.cluster, sm_90 on, at most DEC_CLUSTER_MAX splits), every split leaves
+//    its partial in its own shared memory and the cluster merges them through distributed
+//    shared memory (dec_cluster_merge: two cluster barriers, no global round trip); else the
+//    last split to finish merges the `used` partials from `ws` in one pass, each thread over
+//    its own output elements (no barriers). Both merges give the same bits.
 // A lane holds units (16 bytes, less for short rows) li, li + 8, ... of a row, so the 8 lanes
 // of a group read 8 consecutive units of shared memory.
 //
@@ -391,6 +399,32 @@ __device__ __forceinline__ void dec_wait() {
 #endif
 }
 
+// ---- Thread block clusters (sm_90 on; the host launches clusters only there) ----
+// Every thread of every running block of the cluster arrives, then waits for the rest: the
+// shared-memory stores before it are visible to the cluster's loads after it. A block that
+// has exited counts as arrived (PTX `exit`).
+__device__ __forceinline__ void dec_cluster_sync() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;"
+                 ::: "memory");
+#endif
+}
+// The shared-memory address `a` (of this block) in the block of cluster rank `rank`.
+__device__ __forceinline__ u32 dec_cluster_map(u32 a, u32 rank) {
+    u32 r = a;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
+#endif
+    return r;
+}
+__device__ __forceinline__ float dec_cluster_ld(u32 a) {
+    float v = 0.f;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(a) : "memory");
+#endif
+    return v;
+}
+
 // A lane's W words of one row in shared memory: units li + 8k of U bytes each.
 template <int U, int W>
 __device__ __forceinline__ void dec_row(const u8* row, int li, u32 (&w)[W]) {
@@ -408,6 +442,44 @@ __device__ __forceinline__ void dec_row(const u8* row, int li, u32 (&w)[W]) {
             w[k] = *(const u32*)p;
         }
     }
+}
+
+// The cluster's merge of a decode tile's `used` split partials (each in its block's `part`:
+// O of [GH][D], then M and L of [GH]; the split is the block's cluster rank) into out[GH * D]:
+// the output elements are dealt over the used blocks, 128 to a block in turn, and each is the
+// same online softmax over the splits in split order as the last-block merge of
+// attn_decode_impl, so the same bits. The second barrier keeps every block's shared memory
+// alive until the others have read it.
+#define DEC_CLUSTER_MAX 16
+template <int D, int GH>
+__device__ __forceinline__ void dec_cluster_merge(const float* part, float* out, int used) {
+    dec_cluster_sync();  // every used split's partial is in its block's shared memory
+    const u32 base = dec_smem_addr(part);
+    u32 at[DEC_CLUSTER_MAX];
+#pragma unroll
+    for (int k = 0; k < DEC_CLUSTER_MAX; k++) at[k] = dec_cluster_map(base, min(k, used - 1));
+    for (int e = blockIdx.z * 128 + threadIdx.x; e < GH * D; e += used * 128) {
+        const int ph = e / D;
+        float os[DEC_CLUSTER_MAX], ms[DEC_CLUSTER_MAX], ls[DEC_CLUSTER_MAX];
+#pragma unroll
+        for (int k = 0; k < DEC_CLUSTER_MAX; k++) {
+            os[k] = dec_cluster_ld(at[k] + 4 * e);
+            ms[k] = dec_cluster_ld(at[k] + 4 * (GH * D + ph));
+            ls[k] = dec_cluster_ld(at[k] + 4 * (GH * D + GH + ph));
+        }
+        float M = NEG_INF, L = 0.f, O = 0.f;
+#pragma unroll
+        for (int k = 0; k < DEC_CLUSTER_MAX; k++) {
+            if (k >= used) break;
+            const float mn = fmaxf(M, ms[k]);
+            const float x = __expf(M - mn), y = __expf(ms[k] - mn);
+            L = __fmaf_rn(L, x, __fmul_rn(ls[k], y));
+            O = __fmaf_rn(O, x, __fmul_rn(os[k], y));
+            M = mn;
+        }
+        out[e] = O / L;
+    }
+    dec_cluster_sync();  // no block leaves while another still reads its partial
 }
 
 // DecPro (the fused kernels' prologue inputs): common.cuh.
@@ -682,6 +754,11 @@ __device__ void attn_decode_impl(const float* __restrict__ q, const u32* __restr
     __syncthreads();  // every group is done with the stages: their memory takes the partials
 
     float* sm_acc = (float*)smem;  // [NG][D]
+    // With clusters, this split's partial for the other blocks to read: O of [GH][D], then M
+    // and L of [GH].
+    float* sm_part = sm_acc + NG * D;
+    static_assert((NG * D + GH * D + 2 * GH) * 4 <= STAGES * 2 * SBYTES, "partial in stages");
+    const bool cl = a.cluster && used > 1;
     if (li == 0) { sm_m[g] = m; sm_l[g] = l; }
 #pragma unroll
     for (int i = 0; i < DL; i++) sm_acc[g * D + (li + 8 * (i / EPU)) * EPU + i % EPU] = acc[i];
@@ -703,6 +780,9 @@ __device__ void attn_decode_impl(const float* __restrict__ q, const u32* __restr
         }
         if (used == 1) {
             out[(i64)row0 * a.out_stride + (h0 + ph) * D + dd] = O / L;
+        } else if (cl) {
+            sm_part[e] = O;
+            if (dd == 0) { sm_part[GH * D + ph] = M; sm_part[GH * D + GH + ph] = L; }
         } else {
             float* wp = ws + (((i64)row0 * a.n_heads + h0 + ph) * a.n_splits + blockIdx.z) * (D + 2);
             wp[dd] = O;
@@ -710,6 +790,10 @@ __device__ void attn_decode_impl(const float* __restrict__ q, const u32* __restr
         }
     }
     if (used == 1) return;
+    if (cl) {
+        dec_cluster_merge<D, GH>(sm_part, out + (i64)row0 * a.out_stride + h0 * D, used);
+        return;
+    }
 
     // The last of the `used` splits to finish merges them (threadFenceReduction's pattern);
     // it sets the counter back to 0 for the next launch.
