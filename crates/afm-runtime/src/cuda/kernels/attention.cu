@@ -399,32 +399,6 @@ __device__ __forceinline__ void dec_wait() {
 #endif
 }
 
-// ---- Thread block clusters (sm_90 on; the host launches clusters only there) ----
-// Every thread of every running block of the cluster arrives, then waits for the rest: the
-// shared-memory stores before it are visible to the cluster's loads after it. A block that
-// has exited counts as arrived (PTX `exit`).
-__device__ __forceinline__ void dec_cluster_sync() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;"
-                 ::: "memory");
-#endif
-}
-// The shared-memory address `a` (of this block) in the block of cluster rank `rank`.
-__device__ __forceinline__ u32 dec_cluster_map(u32 a, u32 rank) {
-    u32 r = a;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
-#endif
-    return r;
-}
-__device__ __forceinline__ float dec_cluster_ld(u32 a) {
-    float v = 0.f;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(a) : "memory");
-#endif
-    return v;
-}
-
 // A lane's W words of one row in shared memory: units li + 8k of U bytes each.
 template <int U, int W>
 __device__ __forceinline__ void dec_row(const u8* row, int li, u32 (&w)[W]) {
@@ -453,19 +427,19 @@ __device__ __forceinline__ void dec_row(const u8* row, int li, u32 (&w)[W]) {
 #define DEC_CLUSTER_MAX 16
 template <int D, int GH>
 __device__ __forceinline__ void dec_cluster_merge(const float* part, float* out, int used) {
-    dec_cluster_sync();  // every used split's partial is in its block's shared memory
+    cluster_sync();  // every used split's partial is in its block's shared memory
     const u32 base = dec_smem_addr(part);
     u32 at[DEC_CLUSTER_MAX];
 #pragma unroll
-    for (int k = 0; k < DEC_CLUSTER_MAX; k++) at[k] = dec_cluster_map(base, min(k, used - 1));
+    for (int k = 0; k < DEC_CLUSTER_MAX; k++) at[k] = cluster_map(base, min(k, used - 1));
     for (int e = blockIdx.z * 128 + threadIdx.x; e < GH * D; e += used * 128) {
         const int ph = e / D;
         float os[DEC_CLUSTER_MAX], ms[DEC_CLUSTER_MAX], ls[DEC_CLUSTER_MAX];
 #pragma unroll
         for (int k = 0; k < DEC_CLUSTER_MAX; k++) {
-            os[k] = dec_cluster_ld(at[k] + 4 * e);
-            ms[k] = dec_cluster_ld(at[k] + 4 * (GH * D + ph));
-            ls[k] = dec_cluster_ld(at[k] + 4 * (GH * D + GH + ph));
+            os[k] = cluster_ld_f32(at[k] + 4 * e);
+            ms[k] = cluster_ld_f32(at[k] + 4 * (GH * D + ph));
+            ls[k] = cluster_ld_f32(at[k] + 4 * (GH * D + GH + ph));
         }
         float M = NEG_INF, L = 0.f, O = 0.f;
 #pragma unroll
@@ -479,7 +453,7 @@ __device__ __forceinline__ void dec_cluster_merge(const float* part, float* out,
         }
         out[e] = O / L;
     }
-    dec_cluster_sync();  // no block leaves while another still reads its partial
+    cluster_sync();  // no block leaves while another still reads its partial
 }
 
 // DecPro (the fused kernels' prologue inputs): common.cuh.

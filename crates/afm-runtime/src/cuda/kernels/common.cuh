@@ -133,6 +133,31 @@ __device__ __forceinline__ void prefetch_l2(const void* p) {
     asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 }
 
+// ---- Thread block clusters (sm_90 on; the host launches clusters only there) ----
+// Every thread of every running block of the cluster arrives, then waits for the rest: the
+// shared-memory stores before it are visible to the cluster's loads after it. A block that
+// has exited counts as arrived (PTX `exit`).
+__device__ __forceinline__ void cluster_sync() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;"
+                 ::: "memory");
+#endif
+}
+// The shared-memory address `a` (of this block) in the block of cluster rank `rank`.
+__device__ __forceinline__ u32 cluster_map(u32 a, u32 rank) {
+    u32 r = a;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
+#endif
+    return r;
+}
+__device__ __forceinline__ float cluster_ld_f32(u32 a) {
+    float v = 0.f;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(a) : "memory");
+#endif
+    return v;
+}
 // Programmatic dependent launch (cuda/mod.rs `launch_raw`): every kernel first waits for the
 // grids before it and their memory (so it never reads a buffer they write, nor overwrites one
 // they read, early), then lets the next kernel begin launching while this one runs.
