@@ -412,9 +412,9 @@ fn decode_attention_batch1_stage_and_split_edges() {
 
 /// Decode splits merged in a thread block cluster (through distributed shared memory, compute
 /// capability 9.0 on) give the bits of the merge through global memory: batch 1 and 3, the
-/// 0.6B/8B head shapes and head size 64, 2 to 16 splits and the automatic count (to 1,024 keys
-/// the cluster's cap of 16 splits cuts the keys as the automatic count does), and a CUDA
-/// graph's fixed batch. Elsewhere both runs take the global merge.
+/// 0.6B/8B head shapes and head size 64, 2 to 16 splits and the automatic count, and a CUDA
+/// graph's fixed batch (a 1k context class). Elsewhere, and past 16 splits, both runs take the
+/// global merge.
 #[test]
 fn decode_attention_cluster_merge_same_bits() {
     let mut c = ctx();

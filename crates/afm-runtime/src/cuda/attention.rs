@@ -20,8 +20,8 @@
 //! read before the PDL wait (no kernel of a step writes the cache rows before the new key), K/V
 //! through a cp.async ring, splits of at least [`DECODE_MIN_KEYS`] applied to each context (so
 //! a CUDA graph's split count, baked for its context class, suits shorter contexts too),
-//! one-pass merge; on compute capability 9.0 and later a tile's splits (at most
-//! [`DEC_CLUSTER_MAX`]) run as one thread block cluster and merge through distributed shared
+//! one-pass merge; on compute capability 9.0 and later a tile of at most [`DEC_CLUSTER_MAX`]
+//! splits runs them as one thread block cluster and merge through distributed shared
 //! memory instead of global memory and a counter, with the same bits (`AFM_ATTN_CLUSTER=0`
 //! keeps the global merge).
 //! [`DecodePlan`] says when (GH <= 2 over long contexts at many streams keeps `attn_impl`);
@@ -195,8 +195,9 @@ const DECODE_MAX_KEYS_GH2_WIDE: usize = 1024;
 /// `MAX_SPLITS` in attention.cu.
 const MAX_SPLITS: usize = 128;
 /// `DEC_CLUSTER_MAX` in attention.cu: most splits of a decode tile merged in one cluster (16
-/// blocks, a non-portable cluster size that Hopper allows). A graph's 1k context class has
-/// up to 32 splits of 32 keys; capped at 16 they split contexts up to 512 keys the same way.
+/// blocks, a non-portable cluster size that Hopper allows): every split count of a graph's 1k
+/// context class ([`DecodePlan::max_splits`]); longer contexts with more splits keep the
+/// global merge.
 const DEC_CLUSTER_MAX: usize = 16;
 
 /// One step's sequences, packed for the device (see the module header).
@@ -672,14 +673,14 @@ impl CudaContext {
         };
         let shape = self.step_shape(gh, group, d, elem);
         let plan = DecodePlan::new(&shape, keys, blocks, batch.qb == 1);
-        let mut n_splits = splits
+        let n_splits = splits
             .or(batch.forced_splits)
             .unwrap_or_else(|| plan.splits(&shape, keys, blocks))
             .clamp(1, plan.most_splits());
-        let cluster = plan.decode && !plan.mma && n_splits > 1 && self.dec_clusters();
-        if cluster {
-            n_splits = n_splits.min(DEC_CLUSTER_MAX);
-        }
+        let cluster = plan.decode
+            && !plan.mma
+            && (2..=DEC_CLUSTER_MAX).contains(&n_splits)
+            && self.dec_clusters();
         let args = AttnArgs {
             n_heads: p.n_heads as i32,
             n_kv_heads: nkv as i32,
