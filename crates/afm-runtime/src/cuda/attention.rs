@@ -21,7 +21,7 @@
 //! through a cp.async ring, splits of at least [`DECODE_MIN_KEYS`] applied to each context (so
 //! a CUDA graph's split count, baked for its context class, suits shorter contexts too),
 //! one-pass merge; on compute capability 9.0 and later a tile of at most [`DEC_CLUSTER_MAX`]
-//! splits runs them as one thread block cluster and merge through distributed shared
+//! splits runs them as one thread block cluster, merged through distributed shared
 //! memory instead of global memory and a counter, with the same bits (`AFM_ATTN_CLUSTER=0`
 //! keeps the global merge).
 //! [`DecodePlan`] says when (GH <= 2 over long contexts at many streams keeps `attn_impl`);
@@ -455,7 +455,7 @@ pub(super) struct AttnArgs {
     scale: f32,
     softcap: f32,
     /// 1: the decode kernel's splits run as one cluster and merge through distributed
-    /// shared memory ([`SimtLaunch::cluster`]).
+    /// shared memory ([`CudaContext::dec_cluster_launch`]).
     cluster: i32,
 }
 

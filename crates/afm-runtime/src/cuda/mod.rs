@@ -147,9 +147,8 @@ fn check_len(what: &'static str, got: usize, want: usize) -> Result<()> {
 
 /// Launches `$f` on the context's stream with the listed locals as arguments (each a
 /// device pointer `u64`, an `i32`/`i64`/`f32` or a `#[repr(C)]` argument struct), through
-/// [`launch_raw`].
-/// `launch!(ctx, f, cfg, cluster = z; ...)` launches thread block clusters of z blocks along
-/// the grid's z axis (0: none; see [`launch_raw`]).
+/// [`launch_raw`]. `launch!(ctx, f, cfg, cluster = z; ...)` launches thread block clusters of
+/// z blocks along the grid's z axis (0: none).
 macro_rules! launch {
     ($ctx:expr, $f:expr, $cfg:expr; $($arg:ident),* $(,)?) => {
         launch!($ctx, $f, $cfg, cluster = 0; $($arg),*)
@@ -194,9 +193,8 @@ pub(crate) unsafe fn launch_raw(
 ) -> Result<()> {
     use cudarc::driver::sys;
     stream.context().bind_to_thread()?;
-    let mut attrs = launch_attrs(cluster_z);
-    let n = attrs.len() as u32;
-    let config = launch_config(stream, cfg, &mut attrs.0, n);
+    let mut attrs = LaunchAttrs::new(cluster_z);
+    let config = attrs.config(stream, cfg);
     // SAFETY: the caller's contract; `config` and `attrs` live through the call.
     unsafe {
         sys::cuLaunchKernelEx(
@@ -212,57 +210,61 @@ pub(crate) unsafe fn launch_raw(
 
 /// A launch's attributes: programmatic stream serialization when [`pdl`] is on, a cluster
 /// shape when `cluster_z` > 0.
-struct LaunchAttrs([cudarc::driver::sys::CUlaunchAttribute; 2], usize);
+struct LaunchAttrs {
+    attrs: [cudarc::driver::sys::CUlaunchAttribute; 2],
+    n: u32,
+}
 
 impl LaunchAttrs {
-    fn len(&self) -> usize {
-        self.1
+    fn new(cluster_z: u32) -> Self {
+        use cudarc::driver::sys;
+        // SAFETY: plain C structs; zero is a valid value of each field.
+        let mut attrs: [sys::CUlaunchAttribute; 2] = unsafe { std::mem::zeroed() };
+        let mut n = 0;
+        if pdl() {
+            let a = &mut attrs[n];
+            a.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+            a.value.programmaticStreamSerializationAllowed = 1;
+            n += 1;
+        }
+        if cluster_z > 0 {
+            let a = &mut attrs[n];
+            a.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+            a.value.clusterDim.x = 1;
+            a.value.clusterDim.y = 1;
+            a.value.clusterDim.z = cluster_z;
+            n += 1;
+        }
+        Self { attrs, n: n as u32 }
     }
-}
 
-fn launch_attrs(cluster_z: u32) -> LaunchAttrs {
-    use cudarc::driver::sys;
-    // SAFETY: plain C structs; zero is a valid value of each field.
-    let mut a: [sys::CUlaunchAttribute; 2] = unsafe { std::mem::zeroed() };
-    let mut n = 0;
-    if pdl() {
-        a[n].id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-        a[n].value.programmaticStreamSerializationAllowed = 1;
-        n += 1;
-    }
-    if cluster_z > 0 {
-        a[n].id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-        a[n].value.clusterDim.x = 1;
-        a[n].value.clusterDim.y = 1;
-        a[n].value.clusterDim.z = cluster_z;
-        n += 1;
-    }
-    LaunchAttrs(a, n)
-}
-
-fn launch_config(
-    stream: &cudarc::driver::CudaStream,
-    cfg: cudarc::driver::LaunchConfig,
-    attrs: &mut [cudarc::driver::sys::CUlaunchAttribute; 2],
-    n: u32,
-) -> cudarc::driver::sys::CUlaunchConfig {
-    cudarc::driver::sys::CUlaunchConfig {
-        gridDimX: cfg.grid_dim.0,
-        gridDimY: cfg.grid_dim.1,
-        gridDimZ: cfg.grid_dim.2,
-        blockDimX: cfg.block_dim.0,
-        blockDimY: cfg.block_dim.1,
-        blockDimZ: cfg.block_dim.2,
-        sharedMemBytes: cfg.shared_mem_bytes,
-        hStream: stream.cu_stream(),
-        attrs: attrs.as_mut_ptr(),
-        numAttrs: n,
+    /// The driver's configuration for launching `cfg` on `stream` with these attributes; it
+    /// points at them, so they must outlive its use.
+    fn config(
+        &mut self,
+        stream: &cudarc::driver::CudaStream,
+        cfg: cudarc::driver::LaunchConfig,
+    ) -> cudarc::driver::sys::CUlaunchConfig {
+        cudarc::driver::sys::CUlaunchConfig {
+            gridDimX: cfg.grid_dim.0,
+            gridDimY: cfg.grid_dim.1,
+            gridDimZ: cfg.grid_dim.2,
+            blockDimX: cfg.block_dim.0,
+            blockDimY: cfg.block_dim.1,
+            blockDimZ: cfg.block_dim.2,
+            sharedMemBytes: cfg.shared_mem_bytes,
+            hStream: stream.cu_stream(),
+            attrs: self.attrs.as_mut_ptr(),
+            numAttrs: self.n,
+        }
     }
 }
 
 /// Whether `f` can run in clusters of `cluster_z` blocks with `cfg`'s block shape and shared
 /// memory (at least one such cluster resident on the device), asked of the driver once per
-/// (function, cluster size); clusters past 8 blocks (non-portable) are allowed for `f` first.
+/// (function, cluster size, shared memory). Clusters past 8 blocks (non-portable) are allowed
+/// for `f` on every call: the permission belongs to the loaded function, and a function
+/// loaded later (another context) may reuse a cached one's address.
 pub(crate) fn cluster_fits(
     stream: &cudarc::driver::CudaStream,
     f: &cudarc::driver::CudaFunction,
@@ -275,30 +277,31 @@ pub(crate) fn cluster_fits(
     /// (function, cluster size, dynamic shared memory) -> whether it fits.
     type Fits = HashMap<(usize, u32, u32), bool>;
     static FITS: Mutex<Option<Fits>> = Mutex::new(None);
+    if stream.context().bind_to_thread().is_err() {
+        return false;
+    }
+    if cluster_z > 8 {
+        let attr = sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED;
+        // SAFETY: a loaded function and a valid attribute.
+        let set = unsafe { sys::cuFuncSetAttribute(f.cu_function(), attr, 1) };
+        if set != sys::CUresult::CUDA_SUCCESS {
+            return false;
+        }
+    }
     let key = (f.cu_function() as usize, cluster_z, cfg.shared_mem_bytes);
     let mut fits = FITS.lock().unwrap_or_else(|e| e.into_inner());
     let fits = fits.get_or_insert_with(HashMap::new);
-    if let Some(&ok) = fits.get(&key) {
-        return ok;
-    }
-    let ok = stream.context().bind_to_thread().is_ok() && {
-        if cluster_z > 8 {
-            let attr =
-                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED;
-            // SAFETY: a loaded function and a valid attribute; failure only means no.
-            let _ = unsafe { sys::cuFuncSetAttribute(f.cu_function(), attr, 1) };
-        }
-        let mut attrs = launch_attrs(cluster_z);
-        let n = attrs.len() as u32;
-        let mut grid = cfg;
-        grid.grid_dim = (1, 1, cluster_z);
-        let config = launch_config(stream, grid, &mut attrs.0, n);
+    *fits.entry(key).or_insert_with(|| {
+        let mut attrs = LaunchAttrs::new(cluster_z);
+        let one = cudarc::driver::LaunchConfig {
+            grid_dim: (1, 1, cluster_z),
+            ..cfg
+        };
+        let config = attrs.config(stream, one);
         let mut count = 0;
         // SAFETY: `config` and `attrs` live through the call; `count` is written.
         let r = unsafe { sys::cuOccupancyMaxActiveClusters(&mut count, f.cu_function(), &config) };
         r == sys::CUresult::CUDA_SUCCESS && count > 0
-    };
-    fits.insert(key, ok);
-    ok
+    })
 }
 pub(crate) use launch;
