@@ -18,7 +18,7 @@ use afm_runtime::cuda::{AttnBatch, CudaContext, DeviceKvCache, RopeTable};
 use afm_runtime::kv_store::{KvDtype, LayerKvShape};
 use afm_runtime::ops::{Rope, RopeStyle};
 use common::attention::{prologue_inputs, scattered_tables};
-use common::{ctx, poisoned, Rng};
+use common::{bits, ctx, poisoned, Rng};
 
 const BS: usize = 16;
 
@@ -226,7 +226,6 @@ fn check(case: Case) {
         b[..real].iter().all(|x| x.is_finite()),
         "{what}: non-finite output"
     );
-    let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
     let moved = a.iter().zip(&b).filter(|(x, y)| x.to_bits() != y.to_bits());
     assert_eq!(
         moved.count(),

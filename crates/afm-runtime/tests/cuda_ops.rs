@@ -22,7 +22,7 @@ use common::attention::{
     prologue_inputs, run_attention, run_attention_fixed, scattered_tables, AttnCase,
 };
 use common::weights::random_weight;
-use common::{assert_close, ctx, poisoned, rel_err, Rng};
+use common::{assert_close, bits, ctx, poisoned, rel_err, Rng};
 
 #[test]
 fn kernels_compile_with_nvrtc() {
@@ -418,7 +418,6 @@ fn decode_attention_batch1_stage_and_split_edges() {
 #[test]
 fn decode_attention_cluster_merge_same_bits() {
     let mut c = ctx();
-    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
     for (n_heads, n_kv, d) in [(16, 8, 128), (32, 8, 128), (8, 2, 64)] {
         for seqs in [
             vec![(139, 1)],

@@ -65,6 +65,11 @@ impl Rng {
     }
 }
 
+/// The bit patterns of `v`, for tests that two paths give exactly the same floats.
+pub fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
 /// ‖got − want‖ / ‖want‖ in f64; fails on a non-finite output (unwritten or overflow).
 pub fn rel_err(got: &[f32], want: &[f32]) -> f64 {
     assert_eq!(got.len(), want.len(), "length");
