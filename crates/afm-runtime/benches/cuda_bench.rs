@@ -1267,6 +1267,64 @@ fn small_decode_attention(c: &mut CudaContext, out: &mut Vec<String>) -> R<()> {
     Ok(())
 }
 
+/// The skinny GEMM (cuda/skinny.rs) against cuBLAS at the 0.6B's and 8B's decode shapes:
+/// µs per product (x → bf16 conversion included in both), the automatic plan, and every
+/// (warps, splits) plan.
+fn skinny(c: &mut CudaContext, copy_gbs: f64, out: &mut Vec<String>) -> R<()> {
+    let mut rng = Rng(9);
+    let shapes = [
+        (6144, 4096),
+        (4096, 4096),
+        (24576, 4096),
+        (4096, 12288),
+        (4096, 1024),
+        (1024, 2048),
+        (6144, 1024),
+        (1024, 3072),
+    ];
+    for (rows, cols) in shapes {
+        let w = random_weight(&mut rng, DType::BF16, rows, cols)?;
+        let (bytes, ws) = rotated_sets(c, &[&w])?;
+        for n in [16, 64] {
+            let x: Vec<f32> = (0..n * cols).map(|_| rng.sym()).collect();
+            let xd = c.upload(&x)?;
+            let mut y: CudaSlice<f32> = c.alloc(n * rows)?;
+            let mut time = |c: &mut CudaContext, path| {
+                time_ms(c, 20, |c, i| {
+                    c.matmul_with(path, &ws[i % ws.len()][0], &xd, n, &mut y)
+                        .expect("matmul")
+                })
+            };
+            let blas = time(c, MatmulPath::Gemm)?;
+            let auto = time(c, MatmulPath::Auto)?;
+            let plan = afm_runtime::cuda::skinny_plan(rows, cols, c.info().sm_count);
+            let mut sweep = Vec::new();
+            for warps in [2, 4, 6, 8] {
+                for splits in [1, 2, 4, 8, 16] {
+                    let per = cols / splits;
+                    if per % 64 != 0 || (splits > 1 && per < 128) {
+                        continue;
+                    }
+                    let path = MatmulPath::Skinny(afm_runtime::cuda::SkinnyPlan { warps, splits });
+                    sweep.push(format!("w{warps}s{splits} {:.1}", time(c, path)? * 1e3));
+                }
+            }
+            let gbs = |ms: f64| bytes as f64 / ms / 1e6;
+            out.push(format!(
+                "| skinny {rows:5}x{cols:<5} | {n:2} | auto {plan:?} {:6.2} us {:5.0} GB/s ({:4.1}%) | cuBLAS {:6.2} us {:5.0} GB/s | {} |",
+                auto * 1e3,
+                gbs(auto),
+                100.0 * gbs(auto) / copy_gbs,
+                blas * 1e3,
+                gbs(blas),
+                sweep.join(", ")
+            ));
+            println!("{}", out.last().expect("pushed"));
+        }
+    }
+    Ok(())
+}
+
 fn main() -> R<()> {
     let ordinal = std::env::var("AFM_CUDA_DEVICE")
         .ok()
@@ -1296,6 +1354,9 @@ fn main() -> R<()> {
     }
     if run("mmh") {
         mmh(&mut c, copy_gbs, &mut table)?;
+    }
+    if run("skinny") {
+        skinny(&mut c, copy_gbs, &mut table)?;
     }
     if run("fused_projections") {
         fused_projections(&mut c, &mut table)?;

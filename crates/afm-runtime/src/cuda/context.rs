@@ -25,7 +25,7 @@ use crate::switch::Switch;
 const COMMON: &str = include_str!("kernels/common.cuh");
 
 /// The kernel modules: name and CUDA C source (each compiled with `common.cuh` in front).
-pub const KERNEL_MODULES: [(&str, &str); 8] = [
+pub const KERNEL_MODULES: [(&str, &str); 9] = [
     ("elementwise", include_str!("kernels/elementwise.cu")),
     ("gemv", include_str!("kernels/gemv.cu")),
     ("mmq", include_str!("kernels/mmq.cu")),
@@ -34,6 +34,7 @@ pub const KERNEL_MODULES: [(&str, &str); 8] = [
     ("attention_mma", include_str!("kernels/attention_mma.cu")),
     ("sampling", include_str!("kernels/sampling.cu")),
     ("decode_fused", include_str!("kernels/decode_fused.cu")),
+    ("skinny", include_str!("kernels/skinny.cu")),
 ];
 
 /// Modules that only opt-in paths launch, with the environment switch (`=1`) that puts them in
@@ -113,6 +114,7 @@ fn kernel_names(module: &str) -> Vec<String> {
         ]),
         "sampling" => fixed(&["argmax_rows", "sample_rows", "adjust_logits"]),
         "decode_fused" => super::decode_fused::kernel_names(),
+        "skinny" => super::skinny::kernel_names(),
         _ => Vec::new(),
     }
 }
@@ -355,6 +357,9 @@ pub struct CudaContext {
     pub(super) ws: Workspace,
     /// cuBLAS's workspace, set explicitly so that calls under graph capture allocate nothing.
     _blas_ws: CudaSlice<u8>,
+    /// Who runs the 16-bit GEMMs of the call in progress (a forced `MatmulPath` sets it for
+    /// that call only).
+    pub(super) gemm_choice: super::skinny::GemmChoice,
 }
 
 /// cuBLAS workspace: what cuBLAS recommends for Hopper.
@@ -431,6 +436,7 @@ impl CudaContext {
             info,
             ws: Workspace::default(),
             _blas_ws: blas_ws,
+            gemm_choice: super::skinny::GemmChoice::Auto,
         };
         let loaded = ctx.loaded_modules();
         let later: Vec<&str> = KERNEL_MODULES

@@ -51,6 +51,7 @@ use super::gemv_shape::{self, half_rows, HalfKernel, GEMV_HALF_ROWS, GEMV_HALF_U
 use super::mmh::{mmh_shape, MMH_GATED_MAX_ROWS};
 use super::mmq::mmq_env_on;
 use super::ops::grid_1d;
+use super::skinny::{GemmChoice, SkinnyArgs, SkinnyPlan};
 use super::{check_len, launch, CudaContext, CudaError, Result};
 use crate::switch::Switch;
 use crate::{DType, WeightMatrix};
@@ -250,6 +251,10 @@ pub enum MatmulPath {
         fixup: bool,
         prefetch: usize,
     },
+    /// The skinny GEMM (`skinny.rs`) with its shape forced: BF16/F16 weights whose width is a
+    /// multiple of 64 (and of 64 × splits), 9..64 activation rows, sm_90 (an error elsewhere).
+    /// Tests and benchmarks; `Gemm` is then cuBLAS alone.
+    Skinny(SkinnyPlan),
 }
 
 /// Whether the quantized GEMV prefetches its first weights into L2 before waiting on the
@@ -517,10 +522,18 @@ impl CudaContext {
             | MatmulPath::Mmq
             | MatmulPath::MmqWarps(_)
             | MatmulPath::Mmh
-            | MatmulPath::MmhWith { .. } => false,
+            | MatmulPath::MmhWith { .. }
+            | MatmulPath::Skinny(_) => false,
         };
         if !use_gemv {
-            self.gemm(w, xp, n, op, accumulate)
+            self.gemm_choice = match path {
+                MatmulPath::Gemm => GemmChoice::Cublas,
+                MatmulPath::Skinny(plan) => GemmChoice::Skinny(plan),
+                _ => GemmChoice::Auto,
+            };
+            let r = self.gemm(w, xp, n, op, accumulate);
+            self.gemm_choice = GemmChoice::Auto;
+            r
         } else if quant {
             let forced = match path {
                 MatmulPath::GemvRows(r) if r == 1 || r == GEMV_ROWS => Some(r),
@@ -836,6 +849,21 @@ impl CudaContext {
     /// `C (m×n, ldc) = Aᵀ (A: k×m, lda = k) · B (k×n, ldb = k)` (`+ C` with `accumulate`), f32
     /// output and accumulation.
     fn blas_gemm(&self, ty: cudaDataType_t, a: u64, b: u64, c: u64, d: GemmDims) -> Result<()> {
+        let half = matches!(ty, cudaDataType_t::CUDA_R_16BF | cudaDataType_t::CUDA_R_16F);
+        let skinny = SkinnyArgs {
+            w: a,
+            x: b,
+            out: c,
+            rows: d.m,
+            cols: d.k,
+            n: d.n,
+            ldc: d.ldc,
+            accumulate: d.accumulate,
+            bf16: ty == cudaDataType_t::CUDA_R_16BF,
+        };
+        if half && self.skinny_gemm(skinny)? {
+            return Ok(());
+        }
         let (alpha, beta) = (1.0f32, if d.accumulate { 1.0f32 } else { 0.0 });
         let (mi, ni, ki, ldci) = (d.m as i32, d.n as i32, d.k as i32, d.ldc as i32);
         // SAFETY: a, b and c are device buffers of at least m·k, k·n and (n−1)·ldc + m

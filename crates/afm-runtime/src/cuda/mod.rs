@@ -39,6 +39,7 @@ mod mmh;
 mod mmq;
 mod ops;
 mod sampling;
+mod skinny;
 
 pub use attention::{AttnBatch, DeviceKvCache, DeviceLayerKv, KvBuf};
 pub use attention_mma::AttnKernel;
@@ -53,6 +54,7 @@ pub use mmh::{MMH_GATED_MAX_ROWS, MMH_LAUNCH_ROWS, MMH_MAX_ROWS};
 pub use mmq::MMQ_LAUNCH_ROWS;
 pub use ops::{Activation, RopeTable};
 pub use sampling::{LogitAdjust, SampleParams};
+pub use skinny::{skinny_plan, SkinnyPlan, SKINNY_ROWS};
 
 /// A device buffer that is either owned or borrowed from a longer-lived owner (the static
 /// input buffers of CUDA graphs): borrowed ones are never freed when dropped.

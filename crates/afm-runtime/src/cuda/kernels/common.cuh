@@ -158,6 +158,47 @@ __device__ __forceinline__ float cluster_ld_f32(u32 a) {
 #endif
     return v;
 }
+__device__ __forceinline__ float4 cluster_ld_f32x4(u32 a) {
+    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(a) : "memory");
+#endif
+    return v;
+}
+// ---- Shared-memory staging and tensor-core fragments (sm_80 on: attention_mma.cu,
+// skinny.cu). scripts/attention_mma_emulate.cpp brings its own (AFM_HOST_EMULATION). ----
+#if !defined(AFM_HOST_EMULATION) && (!defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800)
+__device__ __forceinline__ u32 smem_addr(const void* p) {
+    u32 a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+
+// 16 bytes global -> shared, or 16 zero bytes when !ok (nothing is read then).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool ok) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
+                 :: "r"(smem_addr(dst)), "l"(src), "r"(ok ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory");
+}
+
+// `at`: a shared-memory address (smem_addr), 16-byte aligned.
+__device__ __forceinline__ void ldsm_x4(u32 (&r)[4], u32 at) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(at));
+}
+__device__ __forceinline__ void ldsm_x4_t(u32 (&r)[4], u32 at) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(at));
+}
+#endif
+
 // Programmatic dependent launch (cuda/mod.rs `launch_raw`): every kernel first waits for the
 // grids before it and their memory (so it never reads a buffer they write, nor overwrites one
 // they read, early), then lets the next kernel begin launching while this one runs.

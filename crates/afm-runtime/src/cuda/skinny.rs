@@ -1,0 +1,274 @@
+//! The skinny GEMM (`kernels/skinny.cu`): 16-bit weights times 9 to 64 rows of 16-bit
+//! activations, in place of cuBLAS for the decode steps of 9..64 streams. [`skinny_plan`]
+//! picks each matrix's tile height and column split from its shape and the SM count alone
+//! (integers, unit-tested here), so a row's result never depends on how many rows run beside
+//! it.
+//!
+//! Opt-in (`AFM_SKINNY=1`): on the H200 it is slower than cuBLAS where it matters
+//! (`cuda_bench skinny`, session 14: Qwen3-8B's O, Q/K/V, gate+up and down at 64 rows
+//! 1.5–2.1× cuBLAS's time; at 16 rows about even on the big matrices, faster only on the
+//! 0.6B's small ones). Each SM streams only ~21–27 GB/s of weights through this cp.async
+//! pipeline with `mma.sync`, where cuBLAS's Hopper kernels (TMA, wgmma) reach 2.5–3.9 TB/s in
+//! all. It stays for what it shows — the plan, the cluster merge and batch invariance, tested
+//! — as the base for a TMA/wgmma version.
+
+use cudarc::driver::sys::CUfunction_attribute_enum;
+use cudarc::driver::LaunchConfig;
+
+use super::context::CudaContext;
+use super::{cluster_fits, launch, CudaError, Result};
+use crate::switch::Switch;
+
+/// Activation rows the skinny GEMM serves (below: the GEMV kernels; above: cuBLAS).
+pub const SKINNY_ROWS: std::ops::RangeInclusive<usize> = 9..=64;
+
+/// Columns per pipeline stage and stages (`SK_BK`, `SK_STAGES` in skinny.cu).
+const BK: usize = 64;
+const STAGES: usize = 4;
+
+/// Warps per block the kernels come in (32 weight rows each).
+const WARPS: [usize; 4] = [8, 6, 4, 2];
+/// Column splits tried (cluster sizes; past 8 needs the non-portable cluster attribute).
+const SPLITS: [usize; 5] = [1, 2, 4, 8, 16];
+/// Fewest columns per split: two stages, so the pipeline has something to overlap.
+const MIN_SPLIT_COLS: usize = 2 * BK;
+/// Matrices taller than this stay with cuBLAS (lm_head: 151,936 rows, read at 3.9 TB/s there).
+const MAX_ROWS: usize = 65_536;
+
+/// Whether the skinny GEMM replaces cuBLAS where it applies (`AFM_SKINNY=1`; off by default,
+/// see the module header).
+pub(crate) fn skinny_on() -> bool {
+    static ON: Switch = Switch::new("AFM_SKINNY", false);
+    ON.on()
+}
+
+/// A matrix's launch shape: weight rows per block (32 per warp) and column splits per tile.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SkinnyPlan {
+    pub warps: usize,
+    pub splits: usize,
+}
+
+impl SkinnyPlan {
+    fn rows_per_block(self) -> usize {
+        32 * self.warps
+    }
+}
+
+/// The shape for `rows` × `cols` weights on `sms` SMs, or `None` (cuBLAS): columns a multiple
+/// of 64 and at most [`MAX_ROWS`] rows. Picks the fullest waves — blocks ÷ (waves × SMs),
+/// less 5% per wave past the fewest possible — preferring taller blocks (less x re-read per
+/// weight byte) and then fewer splits (a shorter merge) among shapes within 2% of the best.
+pub fn skinny_plan(rows: usize, cols: usize, sms: usize) -> Option<SkinnyPlan> {
+    if rows == 0 || rows > MAX_ROWS || cols == 0 || !cols.is_multiple_of(BK) || sms == 0 {
+        return None;
+    }
+    // (fill in thousandths, plan), in preference order.
+    let mut shapes = Vec::new();
+    for warps in WARPS {
+        for splits in SPLITS {
+            let per = cols / splits;
+            if !cols.is_multiple_of(splits) || !per.is_multiple_of(BK) {
+                continue;
+            }
+            if splits > 1 && per < MIN_SPLIT_COLS {
+                continue;
+            }
+            let blocks = rows.div_ceil(32 * warps) * splits;
+            let waves = blocks.div_ceil(sms);
+            let fill = blocks * 1000 / (waves * sms);
+            shapes.push((fill, waves, SkinnyPlan { warps, splits }));
+        }
+    }
+    // Each wave past the fewest possible costs a ramp-up: 5% of fill.
+    let fewest = shapes.iter().map(|s| s.1).min()?;
+    let score = |s: &(usize, usize, SkinnyPlan)| (s.0 + 1000).saturating_sub(50 * (s.1 - fewest));
+    let best = shapes.iter().map(score).max()?;
+    shapes.iter().find(|s| score(s) + 20 >= best).map(|s| s.2)
+}
+
+/// The entry points of `kernels/skinny.cu`.
+pub(super) fn kernel_names() -> Vec<String> {
+    let mut v = Vec::new();
+    for t in ["bf16", "f16"] {
+        for w in [2, 4, 6, 8] {
+            for n in [16, 32, 64] {
+                v.push(format!("skinny_{t}_w{w}_n{n}"));
+            }
+        }
+    }
+    v
+}
+
+/// Dynamic shared memory of a block: the stages' weight and activation tiles (the split
+/// merge reuses them for `n_tile` × rows f32, always smaller).
+fn shared_bytes(plan: SkinnyPlan, n_tile: usize) -> usize {
+    STAGES * (plan.rows_per_block() + n_tile) * BK * 2
+}
+
+/// Who runs a 16-bit GEMM: the skinny kernel where it applies, else cuBLAS (`Auto`); cuBLAS
+/// only (`MatmulPath::Gemm`); the skinny kernel with a forced shape (`MatmulPath::Skinny`,
+/// an error where it cannot run).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GemmChoice {
+    Auto,
+    Cublas,
+    Skinny(SkinnyPlan),
+}
+
+/// One skinny product's operands: device addresses of W (`rows` × `cols`), x (`n` × `cols`)
+/// and out (`n` rows, `ldc` apart, f32; added to when `accumulate`).
+#[derive(Clone, Copy)]
+pub(crate) struct SkinnyArgs {
+    pub w: u64,
+    pub x: u64,
+    pub out: u64,
+    pub rows: usize,
+    pub cols: usize,
+    pub n: usize,
+    pub ldc: usize,
+    pub accumulate: bool,
+    pub bf16: bool,
+}
+
+impl CudaContext {
+    /// Runs the skinny GEMM if it applies (rows in [`SKINNY_ROWS`], a plan, the cluster fits);
+    /// `Ok(false)`: the caller uses cuBLAS.
+    pub(crate) fn skinny_gemm(&self, a: SkinnyArgs) -> Result<bool> {
+        match self.gemm_choice {
+            GemmChoice::Cublas => return Ok(false),
+            GemmChoice::Skinny(plan) => {
+                return match self.skinny_with(a, plan)? {
+                    true => Ok(true),
+                    false => Err(CudaError::Unsupported {
+                        what: "skinny GEMM shape",
+                        value: format!("{plan:?} for {}x{}", a.rows, a.cols),
+                        supported: "a shape whose cluster fits the device (sm_90)",
+                    }),
+                };
+            }
+            GemmChoice::Auto => {}
+        }
+        if !skinny_on() || !SKINNY_ROWS.contains(&a.n) || self.info().compute_capability.0 < 9 {
+            return Ok(false);
+        }
+        let Some(plan) = skinny_plan(a.rows, a.cols, self.info().sm_count) else {
+            return Ok(false);
+        };
+        self.skinny_with(a, plan)
+    }
+
+    /// [`skinny_gemm`](Self::skinny_gemm) with a forced plan (tests, benchmarks): `Ok(false)`
+    /// if the device cannot run it.
+    pub(crate) fn skinny_with(&self, a: SkinnyArgs, plan: SkinnyPlan) -> Result<bool> {
+        let whole_stages = plan.splits > 0 && a.cols.is_multiple_of(plan.splits * BK);
+        if !WARPS.contains(&plan.warps) || !whole_stages || a.n == 0 || a.n > 64 {
+            return Ok(false);
+        }
+        // The kernels come in 16-, 32- and 64-row activation tiles.
+        let n_tile = if a.n <= 16 {
+            16
+        } else if a.n <= 32 {
+            32
+        } else {
+            64
+        };
+        let bytes = shared_bytes(plan, n_tile);
+        let cfg = LaunchConfig {
+            grid_dim: (
+                a.rows.div_ceil(plan.rows_per_block()) as u32,
+                1,
+                plan.splits as u32,
+            ),
+            block_dim: (32 * plan.warps as u32, 1, 1),
+            shared_mem_bytes: bytes as u32,
+        };
+        let ty = if a.bf16 { "bf16" } else { "f16" };
+        let f = self.kernel(&format!("skinny_{ty}_w{}_n{n_tile}", plan.warps))?;
+        self.stream().context().bind_to_thread()?;
+        if f.set_attribute(
+            CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            bytes as i32,
+        )
+        .is_err()
+        {
+            return Ok(false);
+        }
+        let cluster = if plan.splits > 1 {
+            plan.splits as u32
+        } else {
+            0
+        };
+        if cluster > 0 && !cluster_fits(self.stream(), f, cfg, cluster) {
+            return Ok(false);
+        }
+        let (w, x, out) = (a.w, a.x, a.out);
+        let (m, k, n, ldc) = (a.rows as i32, a.cols as i32, a.n as i32, a.ldc as i32);
+        let ks = (a.cols / plan.splits) as i32;
+        let acc = i32::from(a.accumulate);
+        launch!(self, f, cfg, cluster = cluster; w, x, out, m, k, n, ldc, ks, acc)?;
+        Ok(true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn qwen3_8b_shapes_fill_one_wave_of_132_sms() {
+        let p = |r, c| skinny_plan(r, c, 132).unwrap();
+        // Q/K/V joined, O, gate+up joined, down.
+        assert_eq!(
+            p(6144, 4096),
+            SkinnyPlan {
+                warps: 6,
+                splits: 4
+            }
+        );
+        assert_eq!(
+            p(4096, 4096),
+            SkinnyPlan {
+                warps: 8,
+                splits: 8
+            }
+        );
+        assert_eq!(
+            p(24576, 4096),
+            SkinnyPlan {
+                warps: 6,
+                splits: 1
+            }
+        );
+        assert_eq!(
+            p(4096, 12288),
+            SkinnyPlan {
+                warps: 8,
+                splits: 8
+            }
+        );
+    }
+
+    #[test]
+    fn plans_keep_split_columns_whole_stages() {
+        for rows in [16, 1000, 1024, 2048, 3072, 4096, 6144, 11008, 24576, 65536] {
+            for cols in [64, 128, 896, 1024, 2048, 3072, 4096, 12288, 14336] {
+                for sms in [1, 16, 78, 108, 132] {
+                    let plan = skinny_plan(rows, cols, sms).unwrap();
+                    let per = cols / plan.splits;
+                    assert_eq!(per * plan.splits, cols);
+                    assert_eq!(per % BK, 0, "{rows}x{cols} on {sms}: {plan:?}");
+                    assert!(plan.splits == 1 || per >= MIN_SPLIT_COLS);
+                    assert!(WARPS.contains(&plan.warps));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn unsupported_shapes_go_to_cublas() {
+        assert_eq!(skinny_plan(151_936, 4096, 132), None);
+        assert_eq!(skinny_plan(4096, 1000, 132), None);
+        assert_eq!(skinny_plan(0, 4096, 132), None);
+    }
+}

@@ -1,0 +1,179 @@
+#![cfg(feature = "cuda")]
+//! The skinny GEMM (16-bit weights × 9..64 activation rows, cuda/skinny.rs) against the CPU
+//! and cuBLAS:
+//! - exactly the weights times the activations rounded to bf16/f16 (relative error 5e-5:
+//!   summation order only) for every block height (2, 4, 6, 8 warps) and column split (1, 2,
+//!   4, 8, 16: clusters merged through distributed shared memory), row counts that are not
+//!   multiples of the blocks, widths of Qwen3-0.6B and -8B, and 9..64 rows;
+//! - a row's result is the same bits whatever rows run beside it (n = 9, 16, 33, 64: the
+//!   n-tile kernels of 16, 32 and 64), and the split merge gives the same bits run twice;
+//! - the accumulating product is the output before plus the product, bit for bit;
+//! - no less accurate than cuBLAS against the CPU's f32 matmul;
+//! - the automatic path takes it from 9 to 64 rows where `skinny_plan` has a shape, and a
+//!   forced shape it cannot run (columns not a multiple of 64 × splits) is an error.
+//!
+//! Outputs are poisoned with NaN first. Needs an sm_90 device (`AFM_CUDA_DEVICE`, default 0);
+//! run with `--test-threads=1` (one shared context).
+
+mod common;
+
+use afm_runtime::cuda::{skinny_plan, DeviceWeight, MatmulPath, SkinnyPlan};
+use afm_runtime::DType;
+use common::int8::{activations, gpu_matmul};
+use common::matmul::exact_cases;
+use common::weights::random_weight;
+use common::{assert_close, bits, ctx, poisoned, rel_err, Rng};
+use half::{bf16, f16};
+
+const HALF: [DType; 2] = [DType::BF16, DType::F16];
+
+fn rounded(dtype: DType, x: &[f32]) -> Vec<f32> {
+    x.iter()
+        .map(|&v| match dtype {
+            DType::BF16 => bf16::from_f32(v).to_f32(),
+            _ => f16::from_f32(v).to_f32(),
+        })
+        .collect()
+}
+
+fn plan(warps: usize, splits: usize) -> MatmulPath {
+    MatmulPath::Skinny(SkinnyPlan { warps, splits })
+}
+
+#[test]
+fn skinny_equals_weights_times_rounded_activations() {
+    // 517 rows: two 256-row blocks and 5; 300 × 4096 and 70 × 3072: the 8B's and the 0.6B's
+    // down widths; 1024: every split down to 64 columns... (16 splits: 64 columns each).
+    let shapes = [(517, 1024), (300, 4096), (70, 3072)];
+    exact_cases(
+        &mut Rng(71),
+        &HALF,
+        &shapes,
+        |_| vec![9, 16, 33, 64],
+        rounded,
+        |case| {
+            for warps in [2, 4, 6, 8] {
+                for splits in [1, 2, 4, 8, 16] {
+                    let per = case.cols / splits;
+                    if per % 64 != 0 || (splits > 1 && per < 128) {
+                        continue;
+                    }
+                    let got = case.run(plan(warps, splits));
+                    let what = format!("{} {warps} warps {splits} splits", case.what());
+                    assert_close(&what, &got, case.want, 5e-5);
+                    if splits > 1 {
+                        assert_eq!(
+                            bits(&got),
+                            bits(&case.run(plan(warps, splits))),
+                            "{what}: rerun"
+                        );
+                    }
+                }
+            }
+        },
+    );
+}
+
+/// Row i of the output depends on row i of x alone: the same bits at 9, 16, 33 and 64 rows.
+#[test]
+fn skinny_rows_do_not_depend_on_the_batch() {
+    let mut rng = Rng(72);
+    for dtype in HALF {
+        for (rows, cols) in [(4096, 1024), (1024, 3072), (6144, 4096)] {
+            let w = random_weight(&mut rng, dtype, rows, cols);
+            let dw = DeviceWeight::upload(&ctx(), &w).expect("upload");
+            let x = activations(&mut rng, 64, cols);
+            let sms = ctx().info().sm_count;
+            let path = MatmulPath::Skinny(skinny_plan(rows, cols, sms).expect("a plan"));
+            let full = gpu_matmul(path, &dw, &x, 64);
+            for n in [9, 16, 33] {
+                let part = gpu_matmul(path, &dw, &x[..n * cols], n);
+                assert_eq!(
+                    bits(&part),
+                    bits(&full[..n * rows]),
+                    "{dtype:?} {rows}x{cols}: rows of n={n} differ from the same rows at n=64"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn skinny_accumulates_bit_for_bit() {
+    let mut rng = Rng(73);
+    let (rows, cols, n) = (1024, 4096, 24);
+    let w = random_weight(&mut rng, DType::BF16, rows, cols);
+    let mut c = ctx();
+    let dw = DeviceWeight::upload(&c, &w).expect("upload");
+    let x = activations(&mut rng, n, cols);
+    let before = rng.vec(n * rows, 4.0);
+    let xd = c.upload(&x).expect("upload");
+    for splits in [1, 8] {
+        let path = plan(8, splits);
+        let mut plain = poisoned(&c, n * rows);
+        c.matmul_with(path, &dw, &xd, n, &mut plain)
+            .expect("matmul");
+        let plain = c.download(&plain).expect("download");
+        let mut out = c.upload(&before).expect("upload");
+        c.matmul_into(path, &dw, &xd, n, &mut out, true)
+            .expect("matmul_add");
+        let got = c.download(&out).expect("download");
+        let want: Vec<f32> = before.iter().zip(&plain).map(|(b, p)| b + p).collect();
+        assert_eq!(bits(&got), bits(&want), "{splits} splits: out + x·wᵀ");
+    }
+}
+
+#[test]
+fn skinny_is_as_accurate_as_cublas() {
+    let mut rng = Rng(74);
+    for dtype in HALF {
+        for (rows, cols) in [(4096, 4096), (1024, 3072)] {
+            let w = random_weight(&mut rng, dtype, rows, cols);
+            let dw = DeviceWeight::upload(&ctx(), &w).expect("upload");
+            for n in [9, 40, 64] {
+                let x = activations(&mut rng, n, cols);
+                let mut cpu = vec![0f32; n * rows];
+                w.matmul_reference(&x, n, &mut cpu);
+                let sms = ctx().info().sm_count;
+                let plan = skinny_plan(rows, cols, sms).expect("a plan");
+                let auto = gpu_matmul(MatmulPath::Skinny(plan), &dw, &x, n);
+                let blas = gpu_matmul(MatmulPath::Gemm, &dw, &x, n);
+                let what = format!("{dtype:?} {rows}x{cols} n={n} skinny vs cuBLAS");
+                assert_close(&what, &auto, &blas, 5e-5);
+                let (e_s, e_b) = (rel_err(&auto, &cpu), rel_err(&blas, &cpu));
+                eprintln!("{what}: vs CPU {e_s:.2e} / {e_b:.2e}");
+                assert!(e_s <= 1.05 * e_b + 1e-6, "{what}: {e_s:.3e} vs {e_b:.3e}");
+            }
+        }
+    }
+}
+
+/// `Auto` takes the skinny kernel from 9 to 64 rows where a plan exists (bit-equal to the
+/// forced plan) when `AFM_SKINNY=1`, cuBLAS otherwise and at 65; a forced plan it cannot run
+/// is refused.
+#[test]
+fn auto_path_takes_skinny_from_9_to_64_rows() {
+    let mut rng = Rng(75);
+    let sms = ctx().info().sm_count;
+    let on = std::env::var("AFM_SKINNY").is_ok_and(|v| v == "1");
+    let (rows, cols) = (2048, 4096);
+    let p = skinny_plan(rows, cols, sms).expect("a plan");
+    let w = random_weight(&mut rng, DType::BF16, rows, cols);
+    let dw = DeviceWeight::upload(&ctx(), &w).expect("upload");
+    for n in [9, 64, 65] {
+        let x = activations(&mut rng, n, cols);
+        let auto = gpu_matmul(MatmulPath::Auto, &dw, &x, n);
+        let want = if on && n <= 64 {
+            gpu_matmul(MatmulPath::Skinny(p), &dw, &x, n)
+        } else {
+            gpu_matmul(MatmulPath::Gemm, &dw, &x, n)
+        };
+        assert_eq!(bits(&auto), bits(&want), "n={n}");
+    }
+    let x = activations(&mut rng, 16, cols);
+    let xd = ctx().upload(&x).expect("upload");
+    let mut out = poisoned(&ctx(), 16 * rows);
+    let bad = plan(8, 16 * 3); // 4096 / 48 columns: not whole stages
+    let r = ctx().matmul_with(bad, &dw, &xd, 16, &mut out);
+    assert!(r.is_err(), "a plan that cannot run is refused");
+}
