@@ -1296,8 +1296,9 @@ fn skinny(c: &mut CudaContext, copy_gbs: f64, out: &mut Vec<String>) -> R<()> {
                 })
             };
             let blas = time(c, MatmulPath::Gemm)?;
-            let auto = time(c, MatmulPath::Auto)?;
-            let plan = afm_runtime::cuda::skinny_plan(rows, cols, c.info().sm_count);
+            let plan = afm_runtime::cuda::skinny_plan(rows, cols, c.info().sm_count)
+                .ok_or("no skinny plan")?;
+            let auto = time(c, MatmulPath::Skinny(plan))?;
             let mut sweep = Vec::new();
             for warps in [2, 4, 6, 8] {
                 for splits in [1, 2, 4, 8, 16] {
@@ -1311,7 +1312,9 @@ fn skinny(c: &mut CudaContext, copy_gbs: f64, out: &mut Vec<String>) -> R<()> {
             }
             let gbs = |ms: f64| bytes as f64 / ms / 1e6;
             out.push(format!(
-                "| skinny {rows:5}x{cols:<5} | {n:2} | auto {plan:?} {:6.2} us {:5.0} GB/s ({:4.1}%) | cuBLAS {:6.2} us {:5.0} GB/s | {} |",
+                "| skinny {rows:5}x{cols:<5} | {n:2} | w{}s{} {:6.2} us {:5.0} GB/s ({:4.1}%) | cuBLAS {:6.2} us {:5.0} GB/s | {} |",
+                plan.warps,
+                plan.splits,
                 auto * 1e3,
                 gbs(auto),
                 100.0 * gbs(auto) / copy_gbs,

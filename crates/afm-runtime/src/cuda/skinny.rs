@@ -4,13 +4,16 @@
 //! (integers, unit-tested here), so a row's result never depends on how many rows run beside
 //! it.
 //!
-//! Opt-in (`AFM_SKINNY=1`): on the H200 it is slower than cuBLAS where it matters
-//! (`cuda_bench skinny`, session 14: Qwen3-8B's O, Q/K/V, gate+up and down at 64 rows
-//! 1.5–2.1× cuBLAS's time; at 16 rows about even on the big matrices, faster only on the
-//! 0.6B's small ones). Each SM streams only ~21–27 GB/s of weights through this cp.async
-//! pipeline with `mma.sync`, where cuBLAS's Hopper kernels (TMA, wgmma) reach 2.5–3.9 TB/s in
-//! all. It stays for what it shows — the plan, the cluster merge and batch invariance, tested
-//! — as the base for a TMA/wgmma version.
+//! Opt-in (`AFM_SKINNY=1`): on the H200 it does not beat cuBLAS where issue #9 needs it
+//! (`cuda_bench skinny`, session 14, µs per product with the x conversion, eager): at 64 rows
+//! the best plan per Qwen3-8B matrix is 3–32% slower than cuBLAS (Q/K/V 22.9 vs 19.9, O 19.2 vs
+//! 14.5, gate+up 58.4 vs 56.6, down 39.4 vs 37.7) — `mma.sync` and ldmatrix at 64 rows are not
+//! hidden behind the weight stream, where cuBLAS's kernels use wgmma; at 16 rows it is 3–11%
+//! faster (gate+up at 3.9 TB/s, 91% of the copy rate). End to end its plans lost at every
+//! width. A first mainloop with cp.async and a block barrier per stage streamed only
+//! ~21–27 GB/s per SM; 128-byte `cp.async.bulk` copies per row were slower still (TMA issue
+//! cost); one tensor-map copy per tile is what reached the copy rate. The plan rule below is
+//! not tuned to those measurements (at 64 rows fewer, taller blocks beat a fuller wave).
 
 use cudarc::driver::sys::CUfunction_attribute_enum;
 use cudarc::driver::LaunchConfig;
@@ -22,9 +25,8 @@ use crate::switch::Switch;
 /// Activation rows the skinny GEMM serves (below: the GEMV kernels; above: cuBLAS).
 pub const SKINNY_ROWS: std::ops::RangeInclusive<usize> = 9..=64;
 
-/// Columns per pipeline stage and stages (`SK_BK`, `SK_STAGES` in skinny.cu).
+/// Columns per pipeline stage (`SK_BK` in skinny.cu).
 const BK: usize = 64;
-const STAGES: usize = 4;
 
 /// Warps per block the kernels come in (32 weight rows each).
 const WARPS: [usize; 4] = [8, 6, 4, 2];
@@ -100,11 +102,71 @@ pub(super) fn kernel_names() -> Vec<String> {
     v
 }
 
-/// Dynamic shared memory of a block: the stages' weight and activation tiles (the split
-/// merge reuses them for `n_tile` × rows f32, always smaller).
-fn shared_bytes(plan: SkinnyPlan, n_tile: usize) -> usize {
-    STAGES * (plan.rows_per_block() + n_tile) * BK * 2
+/// The kernels' shared memory budget (`SKW_SMEM_MAX`) and its part kept for the 1 KB ring
+/// alignment and the barriers (`SKW_RESERVED`), whence their stages (`skw_stages`, at most 8).
+const WS_SMEM_MAX: usize = 227 * 1024;
+const WS_RESERVED: usize = 2048;
+
+fn ws_stages(rows: usize, n_tile: usize) -> usize {
+    ((WS_SMEM_MAX - WS_RESERVED) / ((rows + n_tile) * BK * 2)).min(8)
 }
+
+/// Dynamic shared memory of a block: the stages' weight and activation tiles (the split
+/// merge reuses them for `n_tile` × rows f32, always smaller) and [`WS_RESERVED`].
+fn shared_bytes(plan: SkinnyPlan, n_tile: usize) -> usize {
+    let rows = plan.rows_per_block();
+    ws_stages(rows, n_tile) * (rows + n_tile) * BK * 2 + WS_RESERVED
+}
+
+/// A TMA descriptor of the 16-bit row-major matrix at `ptr` (`rows` × `cols`), read in boxes of
+/// 64 columns × `box_rows` rows with the 128-byte swizzle (`sk_at`'s layout); rows past
+/// `rows` read as zeros.
+fn tensor_map(
+    ptr: u64,
+    rows: usize,
+    cols: usize,
+    box_rows: usize,
+    bf16: bool,
+) -> Result<TensorMap> {
+    use cudarc::driver::sys::{
+        self, CUtensorMapDataType, CUtensorMapFloatOOBfill, CUtensorMapInterleave,
+        CUtensorMapL2promotion, CUtensorMapSwizzle,
+    };
+    let ty = if bf16 {
+        CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+    } else {
+        CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+    };
+    let dims = [cols as u64, rows as u64];
+    let strides = [(cols * 2) as u64];
+    let boxes = [BK as u32, box_rows as u32];
+    let steps = [1u32, 1];
+    let mut map = TensorMap(sys::CUtensorMap { opaque: [0; 16] });
+    // SAFETY: every array has the rank's length (strides one less), and `map` is written.
+    let r = unsafe {
+        sys::cuTensorMapEncodeTiled(
+            &mut map.0,
+            ty,
+            2,
+            ptr as *mut core::ffi::c_void,
+            dims.as_ptr(),
+            strides.as_ptr(),
+            boxes.as_ptr(),
+            steps.as_ptr(),
+            CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+            CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+            CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        )
+    };
+    r.result()?;
+    Ok(map)
+}
+
+/// A kernel argument of 128 bytes (`TmaDesc` in skinny.cu).
+#[derive(Clone, Copy)]
+#[repr(C)]
+struct TensorMap(cudarc::driver::sys::CUtensorMap);
 
 /// Who runs a 16-bit GEMM: the skinny kernel where it applies, else cuBLAS (`Auto`); cuBLAS
 /// only (`MatmulPath::Gemm`); the skinny kernel with a forced shape (`MatmulPath::Skinny`,
@@ -180,7 +242,8 @@ impl CudaContext {
                 1,
                 plan.splits as u32,
             ),
-            block_dim: (32 * plan.warps as u32, 1, 1),
+            // The consumer warps and one producer warp.
+            block_dim: (32 * (plan.warps + 1) as u32, 1, 1),
             shared_mem_bytes: bytes as u32,
         };
         let ty = if a.bf16 { "bf16" } else { "f16" };
@@ -202,11 +265,12 @@ impl CudaContext {
         if cluster > 0 && !cluster_fits(self.stream(), f, cfg, cluster) {
             return Ok(false);
         }
-        let (w, x, out) = (a.w, a.x, a.out);
-        let (m, k, n, ldc) = (a.rows as i32, a.cols as i32, a.n as i32, a.ldc as i32);
+        let wmap = tensor_map(a.w, a.rows, a.cols, plan.rows_per_block(), a.bf16)?;
+        let xmap = tensor_map(a.x, a.n, a.cols, n_tile, a.bf16)?;
+        let (out, m, n, ldc) = (a.out, a.rows as i32, a.n as i32, a.ldc as i32);
         let ks = (a.cols / plan.splits) as i32;
         let acc = i32::from(a.accumulate);
-        launch!(self, f, cfg, cluster = cluster; w, x, out, m, k, n, ldc, ks, acc)?;
+        launch!(self, f, cfg, cluster = cluster; wmap, xmap, out, m, n, ldc, ks, acc)?;
         Ok(true)
     }
 }
