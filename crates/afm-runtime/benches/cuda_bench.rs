@@ -486,6 +486,21 @@ fn mmq(c: &mut CudaContext, copy_gbs: f64, out: &mut Vec<String>) -> R<()> {
 /// folded in (`matmul_add`) against matmul + add. Weights rotate over ≥ 512 MB. The Q/K/V
 /// and gate+up lines go through automatic path choice: run with `AFM_MMH=1` while MMH is off
 /// by default.
+/// Median ms of `path` over the rotated weight copies `ws` (each set's first matrix) and x.
+fn time_path(
+    c: &mut CudaContext,
+    path: MatmulPath,
+    ws: &[Vec<DeviceWeight>],
+    x: &CudaSlice<f32>,
+    n: usize,
+    y: &mut CudaSlice<f32>,
+) -> R<f64> {
+    time_ms(c, 20, |c, i| {
+        c.matmul_with(path, &ws[i % ws.len()][0], x, n, y)
+            .expect("matmul")
+    })
+}
+
 fn mmh(c: &mut CudaContext, copy_gbs: f64, out: &mut Vec<String>) -> R<()> {
     let mut rng = Rng(8);
     let shapes = QWEN3_8B[..3]
@@ -500,12 +515,7 @@ fn mmh(c: &mut CudaContext, copy_gbs: f64, out: &mut Vec<String>) -> R<()> {
             let x: Vec<f32> = (0..n * cols).map(|_| rng.sym()).collect();
             let xd = c.upload(&x)?;
             let mut y: CudaSlice<f32> = c.alloc(n * rows)?;
-            let mut time = |c: &mut CudaContext, path| {
-                time_ms(c, 20, |c, i| {
-                    c.matmul_with(path, &ws[i % ws.len()][0], &xd, n, &mut y)
-                        .expect("matmul")
-                })
-            };
+            let mut time = |c: &mut CudaContext, path| time_path(c, path, &ws, &xd, n, &mut y);
             let auto = time(c, MatmulPath::Mmh)?;
             let blas = time(c, MatmulPath::Gemm)?;
             let MatmulPath::MmhWith {
@@ -1289,12 +1299,7 @@ fn skinny(c: &mut CudaContext, copy_gbs: f64, out: &mut Vec<String>) -> R<()> {
             let x: Vec<f32> = (0..n * cols).map(|_| rng.sym()).collect();
             let xd = c.upload(&x)?;
             let mut y: CudaSlice<f32> = c.alloc(n * rows)?;
-            let mut time = |c: &mut CudaContext, path| {
-                time_ms(c, 20, |c, i| {
-                    c.matmul_with(path, &ws[i % ws.len()][0], &xd, n, &mut y)
-                        .expect("matmul")
-                })
-            };
+            let mut time = |c: &mut CudaContext, path| time_path(c, path, &ws, &xd, n, &mut y);
             let blas = time(c, MatmulPath::Gemm)?;
             let plan = afm_runtime::cuda::skinny_plan(rows, cols, c.info().sm_count)
                 .ok_or("no skinny plan")?;

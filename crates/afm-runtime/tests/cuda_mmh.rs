@@ -26,13 +26,13 @@ mod common;
 
 use afm_runtime::cuda::{DeviceWeight, MatmulPath, MMH_GATED_MAX_ROWS};
 use afm_runtime::DType;
-use common::int8::{activations, gpu_matmul};
+use common::int8::activations;
 use common::matmul::{
-    assert_auto_is, exact_cases, gated_cases, refusal, shared_launch_cases, with_forced_small,
+    assert_as_accurate_as_cublas, assert_auto_is, exact_cases, gated_cases, refusal, rounded16,
+    shared_launch_cases, with_forced_small,
 };
 use common::weights::random_weight;
-use common::{assert_close, ctx, poisoned, rel_err, Rng};
-use half::{bf16, f16};
+use common::{assert_close, ctx, poisoned, Rng};
 
 const HALF: [DType; 2] = [DType::BF16, DType::F16];
 /// (rows, cols): rows not multiples of 16; 517 = two 256-row blocks and 5 rows; widths of
@@ -66,20 +66,10 @@ fn mmh_env_off() -> bool {
     !std::env::var("AFM_MMH").is_ok_and(|v| v == "1")
 }
 
-/// `x` as the kernels see it: each value rounded to the weights' 16-bit type.
-fn rounded(dtype: DType, x: &[f32]) -> Vec<f32> {
-    x.iter()
-        .map(|&v| match dtype {
-            DType::BF16 => bf16::from_f32(v).to_f32(),
-            _ => f16::from_f32(v).to_f32(),
-        })
-        .collect()
-}
-
 #[test]
 fn mmh_equals_weights_times_rounded_activations() {
     let batches = |rows| with_forced_small(&BATCHES, rows);
-    exact_cases(&mut Rng(41), &HALF, &SHAPES, batches, rounded, |case| {
+    exact_cases(&mut Rng(41), &HALF, &SHAPES, batches, rounded16, |case| {
         for (warps, splits, fixup, prefetch) in FORCED {
             let path = forced(warps, splits, fixup, prefetch);
             let got = case.run(path);
@@ -100,40 +90,13 @@ fn mmh_equals_weights_times_rounded_activations() {
     });
 }
 
-/// MMH gives the cuBLAS path's result to summation order (both round x with common.cuh's
-/// f2bf / f2h); against the CPU's f32 matmul (activations not rounded) it errs no more than
-/// that path, and stays within tests/cuda_ops.rs's bounds for it.
+/// MMH gives the cuBLAS path's result to summation order and is no less accurate.
 #[test]
 fn mmh_is_as_accurate_as_the_cublas_path() {
-    let mut rng = Rng(42);
-    for dtype in HALF {
-        for (rows, cols) in [(70, 3072), (300, 4096)] {
-            let w = random_weight(&mut rng, dtype, rows, cols);
-            let dw = DeviceWeight::upload(&ctx(), &w).expect("upload");
-            for n in [9, 32, 64] {
-                let x = activations(&mut rng, n, cols);
-                let mut cpu = vec![0f32; n * rows];
-                w.matmul_reference(&x, n, &mut cpu);
-                let (mmh, blas) = (
-                    gpu_matmul(MatmulPath::Mmh, &dw, &x, n),
-                    gpu_matmul(MatmulPath::Gemm, &dw, &x, n),
-                );
-                // The same rounding of x (common.cuh's f2bf / f2h in both): the same products
-                // but for the order of summation.
-                let what = format!("{dtype:?} {rows}x{cols} n={n} MMH vs cuBLAS");
-                assert_close(&what, &mmh, &blas, 5e-5);
-                let (e_mmh, e_blas) = (rel_err(&mmh, &cpu), rel_err(&blas, &cpu));
-                let bound = if dtype == DType::BF16 { 2e-2 } else { 1e-3 };
-                eprintln!(
-                    "{dtype:?} {rows}x{cols} n={n}: vs CPU MMH {e_mmh:.2e} cuBLAS {e_blas:.2e}"
-                );
-                assert!(
-                    e_mmh <= 1.05 * e_blas + 1e-6 && e_mmh <= bound,
-                    "{dtype:?} {rows}x{cols} n={n}: MMH error {e_mmh:.3e} (cuBLAS {e_blas:.3e}, bound {bound:.0e})"
-                );
-            }
-        }
-    }
+    let shapes = [(70, 3072), (300, 4096)];
+    assert_as_accurate_as_cublas(&mut Rng(42), "MMH", &shapes, &[9, 32, 64], |_, _| {
+        MatmulPath::Mmh
+    });
 }
 
 /// `Auto` runs the GEMV up to 8 rows, MMH from 9 to 64 and cuBLAS above (each compared bit for

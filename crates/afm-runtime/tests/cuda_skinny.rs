@@ -20,21 +20,11 @@ mod common;
 use afm_runtime::cuda::{skinny_plan, DeviceWeight, MatmulPath, SkinnyPlan};
 use afm_runtime::DType;
 use common::int8::{activations, gpu_matmul};
-use common::matmul::exact_cases;
+use common::matmul::{assert_as_accurate_as_cublas, exact_cases, rounded16};
 use common::weights::random_weight;
-use common::{assert_close, bits, ctx, poisoned, rel_err, Rng};
-use half::{bf16, f16};
+use common::{assert_close, bits, ctx, poisoned, Rng};
 
 const HALF: [DType; 2] = [DType::BF16, DType::F16];
-
-fn rounded(dtype: DType, x: &[f32]) -> Vec<f32> {
-    x.iter()
-        .map(|&v| match dtype {
-            DType::BF16 => bf16::from_f32(v).to_f32(),
-            _ => f16::from_f32(v).to_f32(),
-        })
-        .collect()
-}
 
 fn plan(warps: usize, splits: usize) -> MatmulPath {
     MatmulPath::Skinny(SkinnyPlan { warps, splits })
@@ -50,7 +40,7 @@ fn skinny_equals_weights_times_rounded_activations() {
         &HALF,
         &shapes,
         |_| vec![9, 16, 33, 64],
-        rounded,
+        rounded16,
         |case| {
             for warps in [2, 4, 6, 8] {
                 for splits in [1, 2, 4, 8, 16] {
@@ -125,27 +115,11 @@ fn skinny_accumulates_bit_for_bit() {
 
 #[test]
 fn skinny_is_as_accurate_as_cublas() {
-    let mut rng = Rng(74);
-    for dtype in HALF {
-        for (rows, cols) in [(4096, 4096), (1024, 3072)] {
-            let w = random_weight(&mut rng, dtype, rows, cols);
-            let dw = DeviceWeight::upload(&ctx(), &w).expect("upload");
-            for n in [9, 40, 64] {
-                let x = activations(&mut rng, n, cols);
-                let mut cpu = vec![0f32; n * rows];
-                w.matmul_reference(&x, n, &mut cpu);
-                let sms = ctx().info().sm_count;
-                let plan = skinny_plan(rows, cols, sms).expect("a plan");
-                let auto = gpu_matmul(MatmulPath::Skinny(plan), &dw, &x, n);
-                let blas = gpu_matmul(MatmulPath::Gemm, &dw, &x, n);
-                let what = format!("{dtype:?} {rows}x{cols} n={n} skinny vs cuBLAS");
-                assert_close(&what, &auto, &blas, 5e-5);
-                let (e_s, e_b) = (rel_err(&auto, &cpu), rel_err(&blas, &cpu));
-                eprintln!("{what}: vs CPU {e_s:.2e} / {e_b:.2e}");
-                assert!(e_s <= 1.05 * e_b + 1e-6, "{what}: {e_s:.3e} vs {e_b:.3e}");
-            }
-        }
-    }
+    let sms = ctx().info().sm_count;
+    let shapes = [(4096, 4096), (1024, 3072)];
+    assert_as_accurate_as_cublas(&mut Rng(74), "skinny", &shapes, &[9, 40, 64], |r, c| {
+        MatmulPath::Skinny(skinny_plan(r, c, sms).expect("a plan"))
+    });
 }
 
 /// `Auto` takes the skinny kernel from 9 to 64 rows where a plan exists (bit-equal to the

@@ -2,15 +2,16 @@
 //! random weights on the device against the exact product of their CPU dequantization
 //! ([`exact_cases`]), gate and up run separately as the reference for the gated launches
 //! ([`gated_cases`]), shared launches against single ones ([`shared_launch_cases`]), the
-//! automatic path against a forced one ([`assert_auto_is`]) and the error a path gives for what
-//! it cannot serve ([`refusal`]). What each test asserts, and its bounds, stay in the test.
+//! automatic path against a forced one ([`assert_auto_is`]), the error a path gives for what
+//! it cannot serve ([`refusal`]) and a 16-bit tensor-core path against cuBLAS
+//! ([`assert_as_accurate_as_cublas`]). What each test asserts, and its bounds, stay in the test.
 
 use afm_runtime::cuda::{Activation, CudaContext, CudaSlice, DeviceWeight, MatmulPath};
 use afm_runtime::{DType, WeightMatrix};
 
 use super::int8::{activations, gelu_tanh, gpu_matmul, silu};
 use super::weights::{dequantized, dot_rows, random_weight};
-use super::{ctx, poisoned, shared_launch_vs_single, Rng};
+use super::{assert_close, ctx, poisoned, rel_err, shared_launch_vs_single, Rng};
 
 /// One random matrix (on the host and on the device) and one batch of activations, with the
 /// exact product (f64 sums) of the CPU-dequantized weights and the activations as the kernels
@@ -225,4 +226,51 @@ pub fn refusal(
         Err(e) => e.to_string(),
         Ok(()) => panic!("{path:?} ran {dtype:?} weights of {cols} columns"),
     }
+}
+
+/// `path(rows, cols)` (`name` in messages) gives the cuBLAS path's result to summation order on
+/// BF16 and F16 weights of `shapes` at `batches` rows (relative 5e-5: both round x with
+/// common.cuh's f2bf / f2h, so the products are the same), and against the CPU's f32 matmul
+/// (activations not rounded) it errs no more than cuBLAS, within tests/cuda_ops.rs's bounds for
+/// that path (2e-2 bf16, 1e-3 f16).
+pub fn assert_as_accurate_as_cublas(
+    rng: &mut Rng,
+    name: &str,
+    shapes: &[(usize, usize)],
+    batches: &[usize],
+    path: impl Fn(usize, usize) -> MatmulPath,
+) {
+    for dtype in [DType::BF16, DType::F16] {
+        for &(rows, cols) in shapes {
+            let w = random_weight(rng, dtype, rows, cols);
+            let dw = DeviceWeight::upload(&ctx(), &w).expect("upload");
+            for &n in batches {
+                let x = activations(rng, n, cols);
+                let mut cpu = vec![0f32; n * rows];
+                w.matmul_reference(&x, n, &mut cpu);
+                let got = gpu_matmul(path(rows, cols), &dw, &x, n);
+                let blas = gpu_matmul(MatmulPath::Gemm, &dw, &x, n);
+                let what = format!("{dtype:?} {rows}x{cols} n={n} {name}");
+                assert_close(&format!("{what} vs cuBLAS"), &got, &blas, 5e-5);
+                let (e_got, e_blas) = (rel_err(&got, &cpu), rel_err(&blas, &cpu));
+                let bound = if dtype == DType::BF16 { 2e-2 } else { 1e-3 };
+                eprintln!("{what}: vs CPU {e_got:.2e}, cuBLAS {e_blas:.2e}");
+                assert!(
+                    e_got <= 1.05 * e_blas + 1e-6 && e_got <= bound,
+                    "{what}: error {e_got:.3e} (cuBLAS {e_blas:.3e}, bound {bound:.0e})"
+                );
+            }
+        }
+    }
+}
+
+/// `x` as the 16-bit kernels see it: each value rounded to the weights' type (half's round to
+/// nearest even, as common.cuh's f2bf / f2h).
+pub fn rounded16(dtype: DType, x: &[f32]) -> Vec<f32> {
+    x.iter()
+        .map(|&v| match dtype {
+            DType::BF16 => half::bf16::from_f32(v).to_f32(),
+            _ => half::f16::from_f32(v).to_f32(),
+        })
+        .collect()
 }

@@ -57,41 +57,38 @@ __device__ __forceinline__ int sk_at(int r, int c) { return r * SK_BK + ((c ^ (r
 // WARPS (a producer) hold nothing. With split columns (gridDim.z > 1, a cluster along z) the
 // partials go to this block's stage memory as [N][BM] f32 (every warp must be done with it),
 // and rank r of the cluster sums elements [r·E/S, (r+1)·E/S) over ranks 0..S-1 in order.
+// Calls f(weight row, activation row, value) for each of this warp's accumulators.
+template <int N, class F>
+__device__ __forceinline__ void sk_each(const float (&acc)[2][N / 8][4], const F& f) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int nt = 0; nt < N / 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                f(warp * 32 + mt * 16 + g + (e >> 1) * 8, nt * 8 + 2 * t + (e & 1), acc[mt][nt][e]);
+}
+
 template <int WARPS, int N>
 __device__ __forceinline__ void sk_epilogue(const float (&acc)[2][N / 8][4], float* out, int m0,
                                             int wrows, int n, int ldc, int accumulate) {
-    constexpr int BM = WARPS * 32, NT = N / 8;
+    constexpr int BM = WARPS * 32;
     extern __shared__ __align__(128) u16 sk_sm[];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const bool holds = (threadIdx.x >> 5) < WARPS;
     if (gridDim.z == 1) {
-        if (warp >= WARPS) return;
-#pragma unroll
-        for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int r = warp * 32 + mt * 16 + g + (e >> 1) * 8, c = nt * 8 + 2 * t + (e & 1);
-                    if (r < wrows && c < n) {
-                        float* o = out + (i64)c * ldc + m0 + r;
-                        *o = accumulate ? *o + acc[mt][nt][e] : acc[mt][nt][e];
-                    }
-                }
+        if (!holds) return;
+        sk_each<N>(acc, [&](int r, int c, float v) {
+            if (r < wrows && c < n) {
+                float* o = out + (i64)c * ldc + m0 + r;
+                *o = accumulate ? *o + v : v;
+            }
+        });
         return;
     }
     __syncthreads();
     float* red = (float*)sk_sm;
-    if (warp < WARPS) {
-#pragma unroll
-        for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int r = warp * 32 + mt * 16 + g + (e >> 1) * 8, c = nt * 8 + 2 * t + (e & 1);
-                    red[c * BM + r] = acc[mt][nt][e];
-                }
-    }
+    if (holds) sk_each<N>(acc, [&](int r, int c, float v) { red[c * BM + r] = v; });
     cluster_sync();
     const int S = gridDim.z, rank = blockIdx.z;
     const int per = N * BM / S;  // a multiple of 4: BM is of 64 and S at most 16
