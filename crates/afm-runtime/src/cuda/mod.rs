@@ -12,6 +12,8 @@
 //! - `mmq`: Q8_0/Q4_K/Q6_K times 17..64 activation rows on int8 tensor cores (`mma.sync`).
 //! - `mmh`: BF16/F16 times 9..64 activation rows on 16-bit tensor cores (`mma.sync`), with
 //!   Q/K/V, gate+up and `out +=` in one launch each.
+//! - `skinny`: BF16/F16 times 9..64 activation rows, TMA-fed, column splits merged in a thread
+//!   block cluster (batch-invariant; opt-in, slower than cuBLAS at 64 rows so far).
 //! - `attention`: the paged KV cache on the device, the KV write, the attention prologue (head
 //!   norms, RoPE and the KV write in one launch) and paged attention (decode with a split over
 //!   the key range for long contexts, merged in the same launch, and prefill).
@@ -23,9 +25,9 @@
 //!
 //! Activations are f32 row-major `[rows][features]` buffers ([`CudaSlice<f32>`]), as on the CPU.
 //! Kernels are CUDA C (`kernels/*.cu`) compiled by NVRTC when the context is created, except
-//! the opt-in paths' modules ([`OPT_IN`]: MMH, the fused decode step), compiled on first use
-//! unless their switch is on; cudarc loads libcuda, libnvrtc and libcublas at run time, so
-//! building needs no CUDA toolkit.
+//! the opt-in paths' modules ([`OPT_IN`]: MMH, the fused decode step, the skinny GEMM),
+//! compiled on first use unless their switch is on; cudarc loads libcuda, libnvrtc and libcublas
+//! at run time, so building needs no CUDA toolkit.
 //! Nothing here knows about models, requests or the scheduler.
 
 mod attention;
