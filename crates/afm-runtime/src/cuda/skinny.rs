@@ -65,7 +65,7 @@ pub fn skinny_plan(rows: usize, cols: usize, sms: usize) -> Option<SkinnyPlan> {
     if rows == 0 || rows > MAX_ROWS || cols == 0 || !cols.is_multiple_of(BK) || sms == 0 {
         return None;
     }
-    // (fill in thousandths, plan), in preference order.
+    // (fill in thousandths, waves, plan), in preference order.
     let mut shapes = Vec::new();
     for warps in WARPS {
         for splits in SPLITS {
@@ -104,18 +104,18 @@ pub(super) fn kernel_names() -> Vec<String> {
 
 /// The kernels' shared memory budget (`SKW_SMEM_MAX`) and its part kept for the 1 KB ring
 /// alignment and the barriers (`SKW_RESERVED`), whence their stages (`skw_stages`, at most 8).
-const WS_SMEM_MAX: usize = 227 * 1024;
-const WS_RESERVED: usize = 2048;
+const SMEM_MAX: usize = 227 * 1024;
+const SMEM_RESERVED: usize = 2048;
 
-fn ws_stages(rows: usize, n_tile: usize) -> usize {
-    ((WS_SMEM_MAX - WS_RESERVED) / ((rows + n_tile) * BK * 2)).min(8)
+fn stages(rows: usize, n_tile: usize) -> usize {
+    ((SMEM_MAX - SMEM_RESERVED) / ((rows + n_tile) * BK * 2)).min(8)
 }
 
 /// Dynamic shared memory of a block: the stages' weight and activation tiles (the split
-/// merge reuses them for `n_tile` × rows f32, always smaller) and [`WS_RESERVED`].
+/// merge reuses them for `n_tile` × rows f32, always smaller) and [`SMEM_RESERVED`].
 fn shared_bytes(plan: SkinnyPlan, n_tile: usize) -> usize {
     let rows = plan.rows_per_block();
-    ws_stages(rows, n_tile) * (rows + n_tile) * BK * 2 + WS_RESERVED
+    stages(rows, n_tile) * (rows + n_tile) * BK * 2 + SMEM_RESERVED
 }
 
 /// A TMA descriptor of the 16-bit row-major matrix at `ptr` (`rows` × `cols`), read in boxes of
@@ -211,7 +211,7 @@ impl CudaContext {
             }
             GemmChoice::Auto => {}
         }
-        if !skinny_on() || !SKINNY_ROWS.contains(&a.n) || self.info().compute_capability.0 < 9 {
+        if !skinny_on() || !SKINNY_ROWS.contains(&a.n) {
             return Ok(false);
         }
         let Some(plan) = skinny_plan(a.rows, a.cols, self.info().sm_count) else {
@@ -221,10 +221,11 @@ impl CudaContext {
     }
 
     /// [`skinny_gemm`](Self::skinny_gemm) with a forced plan (tests, benchmarks): `Ok(false)`
-    /// if the device cannot run it.
+    /// if the device cannot run it (below sm_90 the kernels are empty: TMA and clusters).
     pub(crate) fn skinny_with(&self, a: SkinnyArgs, plan: SkinnyPlan) -> Result<bool> {
         let whole_stages = plan.splits > 0 && a.cols.is_multiple_of(plan.splits * BK);
-        if !WARPS.contains(&plan.warps) || !whole_stages || a.n == 0 || a.n > 64 {
+        let hopper = self.info().compute_capability.0 >= 9;
+        if !hopper || !WARPS.contains(&plan.warps) || !whole_stages || a.n == 0 || a.n > 64 {
             return Ok(false);
         }
         // The kernels come in 16-, 32- and 64-row activation tiles.

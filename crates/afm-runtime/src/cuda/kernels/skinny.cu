@@ -146,7 +146,7 @@ __device__ __forceinline__ void tma_tile(u32 dst, const TmaDesc* map, int c, int
 
 template <int WARPS, int N, bool BF16>
 __device__ void skinny_impl(const TmaDesc* wmap, const TmaDesc* xmap, float* __restrict__ out,
-                               int m, int n, int ldc, int ks, int accumulate) {
+                            int m, int n, int ldc, int ks, int accumulate) {
     constexpr int BM = WARPS * 32, NT = N / 8;
     constexpr int STAGES = skw_stages(BM, N);
     constexpr int WST = BM * SK_BK, XST = N * SK_BK, ST = WST + XST;  // elements
@@ -169,28 +169,24 @@ __device__ void skinny_impl(const TmaDesc* wmap, const TmaDesc* xmap, float* __r
     }
     __syncthreads();
 
-    if (warp == WARPS) {  // the producer: one lane issues everything
-        if (lane == 0) {
-            const int first = min(STAGES, steps);
-            // Weights never change: the first stages' weight tiles go out before the PDL wait.
-            for (int s = 0; s < first; s++) {
-                const u32 full = bars + 8 * s;
-                mbar_expect_tx(full, STAGE_BYTES);
-                tma_tile(ring + s * STAGE_BYTES, wmap, k0 + s * SK_BK, m0, full);
-            }
-            pdl_begin();  // x is the previous kernel's output
-            for (int s = 0; s < first; s++)
-                tma_tile(ring + s * STAGE_BYTES + WST * 2, xmap, k0 + s * SK_BK, 0, bars + 8 * s);
-            for (int s = first; s < steps; s++) {
-                const int slot = s % STAGES;
-                const u32 full = bars + 8 * slot, dst = ring + slot * STAGE_BYTES;
-                mbar_wait(bars + 8 * (STAGES + slot), ((s / STAGES) & 1) ^ 1);
-                mbar_expect_tx(full, STAGE_BYTES);
-                tma_tile(dst, wmap, k0 + s * SK_BK, m0, full);
-                tma_tile(dst + WST * 2, xmap, k0 + s * SK_BK, 0, full);
-            }
-        } else {
-            pdl_begin();
+    if (warp == WARPS && lane == 0) {  // the producer: one lane issues every copy
+        const int first = min(STAGES, steps);
+        // Weights never change: the first stages' weight tiles go out before the PDL wait.
+        for (int s = 0; s < first; s++) {
+            const u32 full = bars + 8 * s;
+            mbar_expect_tx(full, STAGE_BYTES);
+            tma_tile(ring + s * STAGE_BYTES, wmap, k0 + s * SK_BK, m0, full);
+        }
+        pdl_begin();  // x is the previous kernel's output
+        for (int s = 0; s < first; s++)
+            tma_tile(ring + s * STAGE_BYTES + WST * 2, xmap, k0 + s * SK_BK, 0, bars + 8 * s);
+        for (int s = first; s < steps; s++) {
+            const int slot = s % STAGES;
+            const u32 full = bars + 8 * slot, dst = ring + slot * STAGE_BYTES;
+            mbar_wait(bars + 8 * (STAGES + slot), ((s / STAGES) & 1) ^ 1);
+            mbar_expect_tx(full, STAGE_BYTES);
+            tma_tile(dst, wmap, k0 + s * SK_BK, m0, full);
+            tma_tile(dst + WST * 2, xmap, k0 + s * SK_BK, 0, full);
         }
     } else {
         pdl_begin();
