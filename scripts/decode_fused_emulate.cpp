@@ -3,20 +3,23 @@
 // on the other CTAs), and checks it against a plain double-precision llama layer stack: the
 // residual stream after every layer, the new token's K/V rows in the paged f16 cache, the
 // split counters back at zero and the barrier counter at CTAs x barriers, over two steps.
-// For machines without a GPU: it exercises the kernel's indexing (row assignment over warps,
-// Q/K/V row mapping, head chunks, key splits and their merge, paged cache addresses, RoPE,
-// head norms, biases) and its barriers; it says nothing about speed or the memory model of a
-// real GPU (std::barrier and seq_cst atomics order everything here).
+// For machines without a GPU: it exercises the kernel's indexing (row ranges per CTA and warp,
+// Q/K/V row mapping, the weight ring's stage sequence on both sides, head chunks, key splits
+// and their merge, paged cache addresses, RoPE, head norms, biases) and its barriers; it says
+// nothing about speed or the memory model of a real GPU (std::barrier, mutexes and seq_cst
+// atomics order everything here). The ring's mbarriers are modelled below (arrival counts,
+// transaction bytes, phase parity); a bulk copy is a memcpy that completes at once.
 //
 //   g++ -std=c++20 -O2 -ffp-contract=off -pthread scripts/decode_fused_emulate.cpp \
 //       -o /tmp/fd_emu && /tmp/fd_emu
 //
-// 9 cases. Prints each case's relative error (max |kernel - reference| / max |reference| over x) and
+// 10 cases. Prints each case's relative error (max |kernel - reference| / max |reference| over x) and
 // fails above 2e-3 (f16 rounding of q, K and V can land on either side in the two).
 
 #include <barrier>
 #include <chrono>
 #include <memory>
+#include <mutex>
 #include <random>
 #include <thread>
 #include <vector>
@@ -34,15 +37,25 @@ struct Dim3 {
 static thread_local Dim3 threadIdx, blockIdx;
 static Dim3 gridDim;
 
-// ---- One CTA: its barrier, shared memory and warps' exchange areas ----
+// ---- One CTA: its barriers, shared memory and warps' exchange areas ----
 struct Warp {
     std::barrier<> bar{32};
     float f[32];
 };
+// An mbarrier: arrivals still expected in this phase, transaction bytes outstanding, and the
+// number of completed phases (whose parity the waits test).
+struct Mbar {
+    std::mutex m;
+    int count = 0, pending = 0;
+    long long tx = 0;
+    std::atomic<u32> phase{0};
+};
 struct Cta {
-    std::unique_ptr<std::barrier<>> bar;
+    std::unique_ptr<std::barrier<>> bar;       // __syncthreads: consumers and the producer
+    std::unique_ptr<std::barrier<>> consumer;  // fd_sync: the consumer warps (named barrier 1)
     std::vector<float> smem;
     std::unique_ptr<Warp[]> warps;
+    std::unique_ptr<Mbar[]> mbars;  // the ring's full then empty barriers
 };
 static thread_local Cta* cta;
 
@@ -82,6 +95,58 @@ static inline void fd_red_release(u64* p, u64 v) {
 }
 static inline float* fd_smem() { return cta->smem.data(); }
 static inline void fd_pdl_wait() {}
+static inline void fd_sync() { cta->consumer->arrive_and_wait(); }
+
+// Shared addresses are byte offsets from the CTA's shared memory.
+static inline u32 __cvta_generic_to_shared(const void* p) {
+    return (u32)((const u8*)p - (const u8*)cta->smem.data());
+}
+static Mbar& mbar_at(u32 bar);  // after decode_fused.cu (FD_MBAR_AT)
+static void mbar_settle(Mbar& b) {  // b.m held
+    if (b.pending == 0 && b.tx == 0) {
+        b.pending = b.count;
+        b.phase.fetch_add(1);
+    }
+}
+static inline void mbar_init(u32 bar, u32 count) {
+    Mbar& b = mbar_at(bar);
+    b.count = b.pending = (int)count;
+    b.tx = 0;
+    b.phase = 0;
+}
+static inline void mbar_expect_tx(u32 bar, u32 bytes) {
+    Mbar& b = mbar_at(bar);
+    std::lock_guard<std::mutex> g(b.m);
+    b.tx += bytes;
+    b.pending--;
+    mbar_settle(b);
+}
+static inline void mbar_arrive(u32 bar) {
+    Mbar& b = mbar_at(bar);
+    std::lock_guard<std::mutex> g(b.m);
+    b.pending--;
+    mbar_settle(b);
+}
+// The phase of `parity` has completed once the completed-phase count's parity differs from it
+// (the barrier can be at most one phase ahead of any waiter: the ring's protocol).
+static inline u32 mbar_test(u32 bar, u32 parity) {
+    return (mbar_at(bar).phase.load() & 1) != parity;
+}
+static inline void mbar_wait(u32 bar, u32 parity) {
+    while (!mbar_test(bar, parity)) std::this_thread::yield();
+}
+static inline u64 fd_evict_first() { return 0; }
+static inline void fd_bulk(u32 dst, const void* src, u32 bytes, u32 bar, u64) {
+    if (dst % 16 || bytes % 16 || (uintptr_t)src % 16) {
+        fprintf(stderr, "bulk copy not 16-byte aligned\n");
+        abort();
+    }
+    memcpy((u8*)cta->smem.data() + dst, src, bytes);
+    Mbar& b = mbar_at(bar);
+    std::lock_guard<std::mutex> g(b.m);
+    b.tx -= bytes;
+    mbar_settle(b);
+}
 
 // common.cuh's reductions, over the emulated shuffles and barriers.
 static inline float warp_sum(float v) {
@@ -100,6 +165,8 @@ static float block_sum(float v, float* sh) {
 
 #include "../crates/afm-runtime/src/cuda/kernels/decode_fused.cu"
 
+static Mbar& mbar_at(u32 bar) { return cta->mbars[(bar - FD_MBAR_AT) / 8]; }
+
 typedef void (*Kernel)(const u64*, float*, float*, float*, float*, float*, float*, float*, int*,
                        u64*, const int*, const int*, const float*, u64*, const FusedArgs);
 
@@ -112,6 +179,7 @@ struct Case {
     bool qk_norm, bias, neox;
     int pos;    // the first step's position (the second step is pos + 1)
     int grid;   // CTAs
+    int stages; // the weight ring's slots
     bool active = true;
     bool profile = false;
 };
@@ -182,12 +250,15 @@ static bool run(const Case& c, std::mt19937& rng) {
     std::vector<int> done(c.nkv * nch, 0);
     std::vector<u64> bar(1, 0);
     const float scale = 1.0f / sqrtf((float)d);
-    FusedArgs a{c.layers, h, f, c.nh, c.nkv, bs, max_blocks, rope_dims, c.neox ? 1 : 0, max_pos,
-                0, max_splits, 1e-6f, 1e-6f, scale, 0.f};
     Kernel kernel = d == 64 ? decode_fused_bf16_64 : decode_fused_bf16_128;
-    const int head_floats = 64;
-    const int attn_floats = FdAttnSmem<128>::TOTAL;
-    const size_t smem = head_floats + max({h, f, nq, attn_floats});
+    // cuda/decode_fused.rs's layout: FD_HEAD floats, the phases' buffers (the widest of the
+    // GEMV inputs, x beside the CTA's gate sums, attention's), then the ring.
+    const int attn_floats = d == 64 ? FdAttnSmem<64>::TOTAL : FdAttnSmem<128>::TOTAL;
+    const int gate_floats = h + (f + c.grid - 1) / c.grid;
+    const int ring_at = (4 * (FD_HEAD + max({f, nq, gate_floats, attn_floats})) + 127) / 128 * 128;
+    const size_t smem = (ring_at + (size_t)c.stages * FD_STAGE_BYTES) / 4;
+    FusedArgs a{c.layers, h, f, c.nh, c.nkv, bs, max_blocks, rope_dims, c.neox ? 1 : 0, max_pos,
+                0, max_splits, 1e-6f, 1e-6f, scale, c.stages, ring_at};
 
     // Every other case with the phase profile on (AFM_FUSED_PROFILE=1): its timestamps and report
     // must leave the results alone.
@@ -202,14 +273,16 @@ static bool run(const Case& c, std::mt19937& rng) {
         // The kernel, every CTA at once.
         std::vector<Cta> ctas(c.grid);
         for (auto& ct : ctas) {
-            ct.bar = std::make_unique<std::barrier<>>(256);
+            ct.bar = std::make_unique<std::barrier<>>(FD_BLOCK);
+            ct.consumer = std::make_unique<std::barrier<>>(FD_THREADS);
             ct.smem.assign(smem, NAN);
-            ct.warps = std::make_unique<Warp[]>(8);
+            ct.warps = std::make_unique<Warp[]>(FD_BLOCK / 32);
+            ct.mbars = std::make_unique<Mbar[]>(2 * FD_MAX_STAGES);
         }
         gridDim = {c.grid, 1, 1};
         std::vector<std::thread> th;
         for (int b = 0; b < c.grid; b++)
-            for (int t = 0; t < 256; t++)
+            for (int t = 0; t < FD_BLOCK; t++)
                 th.emplace_back([&, b, t] {
                     threadIdx = {t, 0, 0};
                     blockIdx = {b, 0, 0};
@@ -344,19 +417,21 @@ static bool run(const Case& c, std::mt19937& rng) {
 int main() {
     std::mt19937 rng(11);
     std::vector<Case> cases = {
-        // name, layers, hidden, ff, heads, kv heads, d, qk_norm, bias, neox, pos, grid
-        {"qwen3-like, first token", 2, 256, 512, 4, 2, 128, true, false, true, 0, 3},
-        {"qwen3-like, 3 blocks, 1 split", 2, 256, 512, 4, 2, 128, true, false, true, 40, 3},
-        {"qwen3-like, splits over 300 keys", 2, 256, 512, 4, 2, 128, true, false, true, 300, 8},
-        {"qwen2-like, 7 heads per kv (chunks)", 2, 192, 384, 14, 2, 64, false, true, true, 150, 6},
-        {"qwen2-like, chunks and splits", 1, 192, 384, 14, 2, 64, false, true, true, 400, 12},
-        {"llama-like, interleaved rope, G 3", 3, 192, 320, 9, 3, 64, false, false, false, 70, 4,
+        // name, layers, hidden, ff, heads, kv heads, d, qk_norm, bias, neox, pos, grid, ring slots
+        {"qwen3-like, first token", 2, 256, 512, 4, 2, 128, true, false, true, 0, 3, 2},
+        {"qwen3-like, 3 blocks, 1 split", 2, 256, 512, 4, 2, 128, true, false, true, 40, 3, 5},
+        {"qwen3-like, splits over 300 keys", 2, 256, 512, 4, 2, 128, true, false, true, 300, 8, 16},
+        {"qwen2-like, 7 heads per kv (chunks)", 2, 192, 384, 14, 2, 64, false, true, true, 150, 6, 3},
+        {"qwen2-like, chunks and splits", 1, 192, 384, 14, 2, 64, false, true, true, 400, 12, 7},
+        {"llama-like, interleaved rope, G 3", 3, 192, 320, 9, 3, 64, false, false, false, 70, 4, 4,
          true, true},
-        // Rows longer than one stream step (hidden 896: 3.5 units per lane, inter 1600), profiled.
-        {"long ragged rows, 2 steps per task", 2, 896, 1600, 4, 2, 64, true, false, true, 50, 2,
+        // Rows of 896 and 1600 values: stages that end inside a row, profiled.
+        {"rows ending inside ring stages", 2, 896, 1600, 4, 2, 64, true, false, true, 50, 2, 2,
          true, true},
-        {"many splits (grid 16), 1100 keys", 1, 128, 256, 2, 1, 64, true, false, true, 1100, 16},
-        {"padding row (len 0)", 2, 256, 512, 4, 2, 128, true, false, true, 20, 3, false},
+        {"many splits (grid 16), 1100 keys", 1, 128, 256, 2, 1, 64, true, false, true, 1100, 16, 6},
+        // Down rows of 8,448 values (16,896 bytes), longer than a ring stage.
+        {"rows longer than a stage", 1, 128, 8448, 2, 1, 64, true, false, true, 30, 3, 2},
+        {"padding row (len 0)", 2, 256, 512, 4, 2, 128, true, false, true, 20, 3, 3, false},
     };
     int fails = 0;
     for (auto& c : cases) fails += !run(c, rng);

@@ -25,7 +25,13 @@
 //! small device buffer, and a one-thread kernel after each step (captured into CUDA graphs like
 //! the step) sums them and prints per-phase means every [`PROFILE_EVERY`] steps (device printf,
 //! so on stdout, flushed at the next synchronisation): each phase's work, the skew to the last
-//! CTA's arrival, and the barrier's own latency. Off, the kernel only tests a null pointer.
+//! CTA's arrival, and the barrier's own latency; then CTA 0's inner view of each GEMV phase
+//! (input load, wait for its first ring stage, the rest, how many stages the producer had
+//! issued ahead, whether the first was already full). Off, the kernel only tests a null pointer.
+//!
+//! Weights reach the consumer warps through a ring of shared-memory stages that a producer
+//! warp fills with bulk copies (sm_90), so rows must be 16-byte aligned and the widths
+//! multiples of 8; the ring takes whatever shared memory the phases' buffers leave.
 
 use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
 use cudarc::driver::{CudaSlice, LaunchConfig};
@@ -35,11 +41,17 @@ use crate::switch::Switch;
 
 /// `FD_*` in decode_fused.cu.
 const WARPS: usize = 8;
-const THREADS: u32 = 32 * WARPS as u32;
+/// The consumer warps and the weight ring's producer warp.
+const THREADS: u32 = 32 * (WARPS as u32 + 1);
 const GH: usize = 4;
-const HEAD: usize = 64;
+const HEAD: usize = 128;
+/// `FD_STAGE_BYTES`, `FD_MAX_STAGES`: the weight ring's slots.
+const STAGE_BYTES: usize = 16384;
+const MAX_STAGES: usize = 16;
+/// Fewest ring slots worth running: one in use while the next one fills.
+const MIN_STAGES: usize = 2;
 /// `FD_PROF_SLOTS`: the profile buffer's header (u64s) before 3 per barrier.
-const PROF_SLOTS: usize = 32;
+const PROF_SLOTS: usize = 44;
 /// Steps per printed profile.
 const PROFILE_EVERY: i32 = 64;
 /// Fields per layer in the pointer table (`L_FIELDS`).
@@ -82,7 +94,8 @@ struct FusedArgs {
     eps: f32,
     qk_eps: f32,
     scale: f32,
-    pad: f32,
+    stages: i32,
+    ring_at: i32,
 }
 
 // SAFETY: plain #[repr(C)] data, laid out as the CUDA struct.
@@ -106,6 +119,8 @@ pub struct FusedState {
     prof: Option<CudaSlice<u64>>,
     grid: u32,
     smem: u32,
+    ring_at: u32,
+    stages: u32,
     max_splits: usize,
 }
 
@@ -121,14 +136,24 @@ fn kernel_name(shape: &FusedShape) -> String {
     format!("decode_fused_{t}_{}", shape.head_dim)
 }
 
-/// Dynamic shared memory: `FD_HEAD` floats of block scratch, then the widest input vector or
-/// an attention item's buffers (`FdAttnSmem`: 4 q heads, a k head, (m, l) and D outputs per
-/// warp and head).
-fn smem_bytes(s: &FusedShape) -> usize {
+/// Where the weight ring starts in dynamic shared memory (bytes, 128-aligned): after
+/// `FD_HEAD` floats of block scratch (with the ring's mbarriers) and the phases' buffers, the
+/// widest of: an input vector; the normed x with the gate sums of the CTA's `inter / grid`
+/// rows after it; an attention item's buffers (`FdAttnSmem`: 4 q heads, a k head, (m, l) and
+/// D outputs per warp and head).
+fn ring_at(s: &FusedShape, grid: usize) -> usize {
     let d = s.head_dim;
-    let vec = s.hidden.max(s.inter).max(s.n_heads * d);
+    let vec = s.inter.max(s.n_heads * d);
+    let gate = s.hidden + s.inter.div_ceil(grid.max(1));
     let attn = GH * d + d + 2 * WARPS * GH + WARPS * GH * d;
-    4 * (HEAD + vec.max(attn))
+    (4 * (HEAD + vec.max(gate).max(attn))).next_multiple_of(128)
+}
+
+/// Ring slots that fit beside the buffers in `optin` bytes of shared memory (at most
+/// `FD_MAX_STAGES`); `None` below two.
+fn ring_stages(ring_at: usize, optin: usize) -> Option<usize> {
+    let n = (optin.saturating_sub(ring_at) / STAGE_BYTES).min(MAX_STAGES);
+    (n >= MIN_STAGES).then_some(n)
 }
 
 fn profile_on() -> bool {
@@ -164,15 +189,26 @@ impl CudaContext {
         if self.info().compute_capability.0 < 9 || !matches!(shape.head_dim, 64 | 128) {
             return Ok(None);
         }
+        // The ring's bulk copies need 16-byte aligned rows.
+        let weights = |l: &[u64]| l[..7].iter().all(|&p| p != 0 && p.is_multiple_of(16));
+        if !shape.hidden.is_multiple_of(8)
+            || !shape.inter.is_multiple_of(8)
+            || !table.chunks(LAYER_FIELDS).all(weights)
+        {
+            return Ok(None);
+        }
         let f = self.kernel(&kernel_name(&shape))?;
-        let smem = smem_bytes(&shape);
+        // One CTA per SM: the fewest CTAs at each barrier, and all resident (module header).
+        let grid = self.info().sm_count;
+        let at = ring_at(&shape, grid);
         let optin =
             self.stream().context().attribute(
                 CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
             )? as usize;
-        if smem > optin {
+        let Some(stages) = ring_stages(at, optin) else {
             return Ok(None);
-        }
+        };
+        let smem = at + stages * STAGE_BYTES;
         f.set_attribute(
             CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
             smem as i32,
@@ -181,8 +217,6 @@ impl CudaContext {
         if per_sm == 0 {
             return Ok(None);
         }
-        // One CTA per SM: the fewest CTAs at each barrier, and all resident (module header).
-        let grid = self.info().sm_count;
         let d = shape.head_dim;
         let chunks = (shape.n_heads / shape.n_kv_heads.max(1)).div_ceil(GH);
         let max_splits = (grid / (shape.n_kv_heads * chunks).max(1)).max(1);
@@ -206,6 +240,8 @@ impl CudaContext {
             },
             grid: grid as u32,
             smem: smem as u32,
+            ring_at: at as u32,
+            stages: stages as u32,
             max_splits,
         }))
     }
@@ -246,7 +282,8 @@ impl CudaContext {
             eps: s.eps,
             qk_eps: s.qk_eps,
             scale: s.scale,
-            pad: 0.0,
+            stages: st.stages as i32,
+            ring_at: st.ring_at as i32,
         };
         let (tab, seqs, _, _) = batch.ptrs(self);
         let layers = self.ptr(&st.layers);
@@ -279,10 +316,10 @@ impl CudaContext {
 mod tests {
     use super::*;
 
-    /// Qwen3-8B needs more than the 48 KB default (its 12288-wide MLP input); the attention
-    /// buffers bound the small models.
+    /// Qwen3-8B's ring starts after its 12288-wide MLP input; the small models' after the
+    /// attention buffers; an H200's 227 KB then hold 11 and 12 slots.
     #[test]
-    fn shared_memory_covers_the_widest_phase() {
+    fn the_ring_fits_beside_the_widest_phase() {
         let s = |hidden, inter, n_heads, head_dim| FusedShape {
             n_layers: 1,
             hidden,
@@ -296,9 +333,19 @@ mod tests {
             qk_eps: 1e-6,
             scale: 1.0,
         };
-        assert_eq!(smem_bytes(&s(4096, 12288, 32, 128)), 4 * (64 + 12288));
-        let attn = 4 * (64 + 4 * 128 + 128 + 64 + 8 * 4 * 128);
-        assert_eq!(smem_bytes(&s(1024, 3072, 16, 128)), attn);
+        let h200 = 232_448;
+        let big = ring_at(&s(4096, 12288, 32, 128), 132);
+        assert_eq!(big, (4 * (128 + 12288) as usize).next_multiple_of(128));
+        assert_eq!(ring_stages(big, h200), Some(11));
+        let attn = 4 * (128 + 4 * 128 + 128 + 64 + 8 * 4 * 128);
+        let small = ring_at(&s(1024, 3072, 16, 128), 132);
+        assert_eq!(small, attn);
+        assert_eq!(ring_stages(small, h200), Some(12));
+        // The gate sums need room past the normed x when the MLP is barely wider than hidden.
+        assert_eq!(ring_at(&s(4096, 4104, 8, 64), 1), 33_408); // 4 × (128 + 4096 + 4104), 128-aligned
+                                                               // A device of 48 KB holds no ring beside an 8B's buffers.
+        assert_eq!(ring_stages(big, 48 * 1024), None);
+        assert_eq!(ring_stages(0, 1 << 30), Some(16));
         assert_eq!(kernel_names().len(), 5);
     }
 }

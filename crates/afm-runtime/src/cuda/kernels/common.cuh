@@ -312,3 +312,44 @@ __device__ __forceinline__ void pro_head(const float* x, float* sb, const float*
     __syncwarp();
 }
 
+// mbarriers (sm_90: the parity wait and transaction counts); `bar` is a shared address. Below
+// sm_90 they trap: only Hopper kernels (skinny.cu, decode_fused.cu) call them.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+__device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(u32 bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
+    asm volatile(
+        "{\n\t.reg .pred p;\n"
+        "WAIT_%=:\n\t"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n\t"
+        "@!p bra WAIT_%=;\n}" ::"r"(bar),
+        "r"(parity)
+        : "memory");
+}
+// Whether the phase of `parity` has completed, without waiting.
+__device__ __forceinline__ u32 mbar_test(u32 bar, u32 parity) {
+    u32 ok;
+    asm volatile(
+        "{\n\t.reg .pred p;\n\t"
+        "mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
+        "selp.u32 %0, 1, 0, p;\n}"
+        : "=r"(ok)
+        : "r"(bar), "r"(parity)
+        : "memory");
+    return ok;
+}
+#else
+__device__ __forceinline__ u32 mbar_test(u32, u32) { __trap(); return 0; }
+__device__ __forceinline__ void mbar_init(u32, u32) { __trap(); }
+__device__ __forceinline__ void mbar_expect_tx(u32, u32) { __trap(); }
+__device__ __forceinline__ void mbar_arrive(u32) { __trap(); }
+__device__ __forceinline__ void mbar_wait(u32, u32) { __trap(); }
+#endif

@@ -3,21 +3,21 @@
 // barrier instead of a kernel boundary, so the ~8 launch floors per layer are gone.
 //
 //   per layer (5 barriers):
-//     QKV   every CTA: rstd(x) and h = x * rstd * input_norm in shared memory; rows of Wq|Wk|Wv
-//           (+ bias) over all warps of the grid                     -> q, k, v (f32 scratch)
+//     QKV   every CTA: rstd(x) and h = x * rstd * input_norm in shared memory; its rows of
+//           Wq|Wk|Wv (+ bias)                                        -> q, k, v (f32 scratch)
 //     ATTN  items (kv head, chunk of <= 4 query heads, key split): the item's q heads normed
 //           (q_norm) + rotated + rounded to f16 as attn_prologue and attention do; the split
 //           holding the new token also norms/rotates k and stores k and v into the paged f16
 //           cache (attn_prologue's slots); online softmax over the split's keys; splits merged
 //           by the last one to finish (a counter per item group)     -> att
-//     O     rows of Wo over warps: x[r] += Wo[r] . att
+//     O     its rows of Wo: x[r] += Wo[r] . att
 //     GU    rstd(x), h = x * rstd * post_norm; act[i] = silu(Wg[i] . h) * (Wu[i] . h)
 //     DOWN  x[r] += Wd[r] . act
 //
-// Each GEMV phase streams its weights per warp with two steps of 16-byte loads in registers and
-// the lines FD_AHEAD steps ahead prefetched into L2 (fd_stream_run); its first step is loaded
-// (and the next ones prefetched) while the barrier ahead of it waits (fd_stream_prime: weights
-// never change), so DRAM latency overlaps the barrier.
+// sm_90: a CTA is FD_WARPS consumer warps, which run the phases above, and one producer warp,
+// which copies the step's weights into a ring in shared memory with bulk copies (see "The
+// weight ring"), ahead of the consumers across barriers and attention. The consumers' block
+// barriers are named barrier 1 (fd_sync), which the producer never joins.
 //
 // x stays the residual stream (f32 [hidden]); the final norm and lm_head run after this kernel.
 // Arithmetic follows the unfused kernels (gemv_half: bf16/f16 weights times f32 activations,
@@ -37,22 +37,21 @@
 // no one writes during the launch, through the read-only path.
 
 #define FD_WARPS 8
-#define FD_THREADS (FD_WARPS * 32)
+#define FD_THREADS (FD_WARPS * 32)  // the consumer warps; the producer warp comes after them
+#define FD_BLOCK (FD_THREADS + 32)
 #define FD_GH 4           // query heads per attention item
 #define FD_KPG 4          // keys per lane group in flight in attention
 // Fewest keys per attention split: one round of the key loop (every group's FD_KPG keys), so
 // a split costs one trip to memory, and short contexts skip the merge (one split up to 128).
 #define FD_MIN_KEYS (FD_WARPS * 4 * FD_KPG)
-#define FD_UNITS 6        // 16-byte weight loads per lane per stream step (two steps in flight; 8 spills at D 128)
-#define FD_AHEAD 4        // stream steps ahead of the one loaded whose lines are prefetched into L2
 #ifndef FD_SPIN_NS
 #define FD_SPIN_NS 2000000000ull  // a barrier waiting longer traps
 #endif
 // The profile buffer (u64): [0] CTA 0's start, [1] the last CTA's end, [2..FD_PROF_SLOTS) the
 // report's running sums, then 3 per barrier (layer * 5 + phase): CTA 0 arrives, CTA 0 leaves,
 // the last CTA arrives.
-#define FD_PROF_SLOTS 32
-#define FD_HEAD 64        // floats of block scratch before the phases' shared buffers
+#define FD_PROF_SLOTS 44
+#define FD_HEAD 128       // floats of block scratch (reduction, merge flag, ring mbarriers) before the phases' buffers
 
 // Per-layer device addresses (0 = absent), as cuda/decode_fused.rs packs them.
 enum {
@@ -65,7 +64,8 @@ struct FusedArgs {
     int n_layers, hidden, inter, n_heads;
     int n_kv_heads, block_size, max_blocks, rope_dims;
     int neox, max_pos, act, max_splits;
-    float eps, qk_eps, scale, pad;
+    float eps, qk_eps, scale;
+    int stages, ring_at;  // the weight ring's slots and its byte offset in shared memory
 };
 
 // Device primitives; scripts/decode_fused_emulate.cpp supplies them (AFM_HOST_EMULATION) to
@@ -94,6 +94,11 @@ __device__ __forceinline__ float* fd_smem() {
     return fd_sm;
 }
 
+// The consumer warps' block barrier (named barrier 1): the producer warp never joins one.
+__device__ __forceinline__ void fd_sync() {
+    asm volatile("bar.sync 1, %0;" ::"n"(FD_THREADS) : "memory");
+}
+
 __device__ __forceinline__ void fd_pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");  // the embedding (PDL launch)
@@ -111,8 +116,18 @@ __device__ __forceinline__ void fd_red_release(u64* p, u64 v) {
 }
 #endif
 
+// Sum over the consumer warps; every consumer thread gets it. `sh` holds FD_WARPS.
+__device__ __forceinline__ float fd_block_sum(float v, float* sh) {
+    v = warp_sum(v);
+    const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+    fd_sync();
+    if (l == 0) sh[w] = v;
+    fd_sync();
+    return warp_sum(l < FD_WARPS ? sh[l] : 0.f);
+}
+
 // The grid barrier (CUTLASS's generic barrier pattern): the block's writes are ordered before
-// thread 0's release add by __syncthreads; thread 0 polls with acquire loads until all CTAs
+// thread 0's release add by fd_sync; thread 0 polls with acquire loads until all CTAs
 // have added, then releases the block. `target` is this barrier's count: the counter's value
 // at the launch's start (a multiple of gridDim.x, see fd_bar_base) plus gridDim.x per barrier.
 // With a profile buffer (AFM_FUSED_PROFILE=1), barrier `slot` records CTA 0's arrival and exit
@@ -125,7 +140,7 @@ __device__ __forceinline__ void fd_red_release(u64* p, u64 v) {
 template <class F>
 __device__ __forceinline__ void fd_grid_sync(u64* bar, u64& target, u64* prof, int slot,
                                              const F& pre) {
-    __syncthreads();
+    fd_sync();
     u64* ps = prof ? prof + FD_PROF_SLOTS + 3 * slot : nullptr;
     if (threadIdx.x == 0) {
         target += gridDim.x;
@@ -145,7 +160,7 @@ __device__ __forceinline__ void fd_grid_sync(u64* bar, u64& target, u64* prof, i
         }
         if (ps && blockIdx.x == 0) ps[1] = fd_now();
     }
-    __syncthreads();
+    fd_sync();
 }
 
 // The counter's value when this launch began. Every earlier launch has finished (stream order,
@@ -171,132 +186,237 @@ __device__ __forceinline__ void fd_unpack(const uint4 q, float (&w)[8]) {
     }
 }
 
-// ---- Weight streaming ----
-// A GEMV phase is one stream of 16-byte weight loads per warp: its tasks t = gw, gw + nw, ..
-// (R rows each, `cols` wide), each cut into steps of FD_UNITS / R units per lane per row (lane l
-// reads units l, l + 32, ..). Two steps are in flight while one is used (double buffering over
-// the task boundaries too), and a phase's first step is issued before the barrier that precedes
-// it (fd_stream_prime), so its DRAM latency overlaps the barrier and the input's reload.
-struct FdStream {
-    int cols, gw, nw, spt, total;  // steps per task, steps of this warp
+__device__ __forceinline__ const u16* fd_w(const u64* L, int f) { return (const u16*)L[f]; }
+__device__ __forceinline__ const float* fd_v(const u64* L, int f) { return (const float*)L[f]; }
+
+__device__ __forceinline__ float fd_act(float g, int act) {
+    if (act == 0) return g / (1.0f + expf(-g));
+    const float C = 0.7978846f;  // sqrt(2/pi), as elementwise.cu's gated_act
+    return 0.5f * g * (1.0f + tanhf(C * (g + 0.044715f * g * g * g)));
+}
+
+// ---- The weight ring ----
+// Weights are no phase's output, so the whole step's weight bytes are one fixed sequence per
+// CTA, known before the step starts: the producer warp copies it, stage by stage
+// (FD_STAGE_BYTES of contiguous rows, one cp.async.bulk each), into a ring of `a.stages` slots
+// in shared memory, and runs ahead across the grid barriers and the attention phase as far as
+// the ring allows (~200 KB, most of a small model's layer), so the barriers' latency and the
+// attention overlap the DRAM reads of the next phases. The consumer warps wait on a slot's
+// "full" mbarrier, use it and arrive on its "empty" one (one arrival per warp), which frees it.
+//
+// A GEMV phase gives each CTA a contiguous range of rows (an even split of the phase's rows
+// over the grid) of up to three matrices (Wq|Wk|Wv; Wg then Wu over the same rows; Wo; Wd).
+// Within a piece, warp w takes the rows w, w + FD_WARPS, ..: each lane sums its 8-value units
+// of the row in order, over as many stages as the row spans, then the warp reduces in a fixed
+// tree, so every output's summation order depends on the shape alone (never on timing).
+#define FD_STAGE_BYTES 16384
+#define FD_MAX_STAGES 16
+
+struct FdPiece {
+    const u8* w;  // the CTA's first row
+    int first, rows, cols, kind;
 };
 
-template <int R>
-__device__ __forceinline__ FdStream fd_stream(int tasks, int cols, int gw, int nw) {
-    constexpr int CH = FD_UNITS / R;
-    FdStream s;
-    s.cols = cols;
-    s.gw = gw;
-    s.nw = nw;
-    s.spt = ((cols / 8 + 31) / 32 + CH - 1) / CH;
-    s.total = gw < tasks ? (tasks - gw + nw - 1) / nw * s.spt : 0;
-    return s;
+// kind: 0..2 q, k, v; 3 gate; 4 up; 5 residual (O, down)
+struct FdPhase {
+    FdPiece p[3];
+    int n;
+};
+
+__device__ __forceinline__ void fd_split(int total, int& r0, int& r1) {
+    r0 = (int)((i64)total * blockIdx.x / gridDim.x);
+    r1 = (int)((i64)total * (blockIdx.x + 1) / gridDim.x);
 }
 
-// Step `step`'s lines into L2 (no registers held: deeper than the two steps in registers).
-template <int R, class P>
-__device__ __forceinline__ void fd_prefetch_step(const P& p, const FdStream& s, int step) {
-    constexpr int CH = FD_UNITS / R;
-    const int i = step / s.spt, b = step - i * s.spt, units = s.cols / 8, lane = threadIdx.x & 31;
-    const u16* rows[R];
-    p.rows(s.gw + i * s.nw, rows);
+__device__ __forceinline__ void fd_piece(FdPhase& P, const u16* w, int first, int rows, int cols,
+                                         int kind) {
+    if (rows <= 0) return;
+    FdPiece& pc = P.p[P.n++];
+    pc.w = (const u8*)(w + (i64)first * cols);
+    pc.first = first;
+    pc.rows = rows;
+    pc.cols = cols;
+    pc.kind = kind;
+}
+
+// Phase ph (0 Q/K/V, 1 O, 2 gate+up, 3 down) of layer L: this CTA's pieces.
+__device__ __forceinline__ FdPhase fd_phase(const u64* L, const FusedArgs& a, int nq, int nk,
+                                            int ph) {
+    FdPhase P;
+    P.n = 0;
+    int r0, r1;
+    if (ph == 0) {  // rows of the stacked Wq | Wk | Wv
+        fd_split(nq + 2 * nk, r0, r1);
+        const int bounds[4] = {0, nq, nq + nk, nq + 2 * nk};
+        const int fields[3] = {L_WQ, L_WK, L_WV};
 #pragma unroll
-    for (int c = 0; c < CH; c++) {
-        const int u = (b * CH + c) * 32 + lane;
-        if (u < units && (lane & 7) == 0) {  // one lane per 128-byte line
-#pragma unroll
-            for (int r = 0; r < R; r++) prefetch_l2((const uint4*)rows[r] + u);
+        for (int m = 0; m < 3; m++) {
+            const int lo = max(r0, bounds[m]), hi = min(r1, bounds[m + 1]);
+            fd_piece(P, fd_w(L, fields[m]), lo - bounds[m], hi - lo, a.hidden, m);
         }
+    } else if (ph == 1) {
+        fd_split(a.hidden, r0, r1);
+        fd_piece(P, fd_w(L, L_WO), r0, r1 - r0, nq, 5);
+    } else if (ph == 2) {
+        fd_split(a.inter, r0, r1);
+        fd_piece(P, fd_w(L, L_WG), r0, r1 - r0, a.hidden, 3);
+        fd_piece(P, fd_w(L, L_WU), r0, r1 - r0, a.hidden, 4);
+    } else {
+        fd_split(a.hidden, r0, r1);
+        fd_piece(P, fd_w(L, L_WD), r0, r1 - r0, a.inter, 5);
     }
+    return P;
 }
 
-// Step `step` into buf, and step + FD_AHEAD into L2.
-template <int R, class P>
-__device__ __forceinline__ void fd_load_step(const P& p, const FdStream& s, int step,
-                                             uint4 (&buf)[FD_UNITS]) {
-    constexpr int CH = FD_UNITS / R;
-    const int i = step / s.spt, b = step - i * s.spt, units = s.cols / 8, lane = threadIdx.x & 31;
-    const u16* rows[R];
-    p.rows(s.gw + i * s.nw, rows);
-#pragma unroll
-    for (int c = 0; c < CH; c++) {
-        const int u = (b * CH + c) * 32 + lane;
-#pragma unroll
-        for (int r = 0; r < R; r++)
-            buf[r * CH + c] = u < units ? __ldg((const uint4*)rows[r] + u) : make_uint4(0, 0, 0, 0);
-    }
-    if (step + FD_AHEAD < s.total) fd_prefetch_step<R>(p, s, step + FD_AHEAD);
+__device__ __forceinline__ int fd_piece_stages(const FdPiece& pc) {
+    return (pc.rows * pc.cols * 2 + FD_STAGE_BYTES - 1) / FD_STAGE_BYTES;
 }
 
-// Adds step `step`'s dots to acc; after a task's last step, the warp's sums go to p.emit.
-template <int R, bool BF16, class P>
-__device__ __forceinline__ void fd_use_step(const P& p, const FdStream& s, int step,
-                                            const uint4 (&buf)[FD_UNITS], const float* xs,
-                                            float (&acc)[R]) {
-    constexpr int CH = FD_UNITS / R;
-    const int i = step / s.spt, b = step - i * s.spt, units = s.cols / 8, lane = threadIdx.x & 31;
-#pragma unroll
-    for (int c = 0; c < CH; c++) {
-        const int u = (b * CH + c) * 32 + lane;
-        if (u < units) {
-            const float4 xa = ((const float4*)xs)[2 * u], xb = ((const float4*)xs)[2 * u + 1];
-#pragma unroll
-            for (int r = 0; r < R; r++) {
-                float w[8];
-                fd_unpack<BF16>(buf[r * CH + c], w);
-                acc[r] += w[0] * xa.x + w[1] * xa.y + w[2] * xa.z + w[3] * xa.w + w[4] * xb.x +
-                          w[5] * xb.y + w[6] * xb.z + w[7] * xb.w;
+// Shared addresses of the ring: `full` and `empty` mbarriers (8 bytes each, FD_MAX_STAGES of
+// each from byte FD_MBAR_AT), slot 0 at byte a.ring_at.
+#define FD_MBAR_AT 256
+// Byte of the producer's issued-stage count (the profile's view of how far ahead it runs).
+#define FD_ISSUED_AT 160
+struct FdRing {
+    u32 full, empty, data;
+    int stages;
+};
+
+__device__ __forceinline__ FdRing fd_ring(const FusedArgs& a) {
+    const u32 base = (u32)__cvta_generic_to_shared(fd_smem());
+    FdRing r;
+    r.full = base + FD_MBAR_AT;
+    r.empty = r.full + 8 * FD_MAX_STAGES;
+    r.data = base + a.ring_at;
+    r.stages = a.stages;
+    return r;
+}
+
+#if defined(AFM_HOST_EMULATION)
+// scripts/decode_fused_emulate.cpp supplies fd_bulk and fd_evict_first.
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// `bytes` (a multiple of 16) at global src into shared dst, completing on mbarrier bar; L2
+// keeps the lines as first to evict (each weight is read once per step).
+__device__ __forceinline__ void fd_bulk(u32 dst, const void* src, u32 bytes, u32 bar, u64 pol) {
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+        " [%0], [%1], %2, [%3], %4;" ::"r"(dst),
+        "l"(src), "r"(bytes), "r"(bar), "l"(pol)
+        : "memory");
+}
+__device__ __forceinline__ u64 fd_evict_first() {
+    u64 pol;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+    return pol;
+}
+#else
+__device__ __forceinline__ void fd_bulk(u32, const void*, u32, u32, u64) { __trap(); }
+__device__ __forceinline__ u64 fd_evict_first() { return 0; }
+#endif
+
+// The producer (one thread): every stage of the step, in the consumers' order.
+__device__ void fd_produce(const u64* layers, const FusedArgs& a, int nq, int nk,
+                           const FdRing& r) {
+    const u64 pol = fd_evict_first();
+    u32 t = 0;
+    for (int li = 0; li < a.n_layers; li++) {
+        const u64* L = layers + (i64)li * L_FIELDS;
+        for (int ph = 0; ph < 4; ph++) {
+            const FdPhase P = fd_phase(L, a, nq, nk, ph);
+            for (int pi = 0; pi < P.n; pi++) {
+                const FdPiece& pc = P.p[pi];
+                const int bytes = pc.rows * pc.cols * 2;
+                for (int off = 0; off < bytes; off += FD_STAGE_BYTES, t++) {
+                    const u32 slot = t % r.stages, use = t / r.stages;
+                    if (use > 0) mbar_wait(r.empty + 8 * slot, (use - 1) & 1);
+                    const u32 n = min(FD_STAGE_BYTES, bytes - off);
+                    mbar_expect_tx(r.full + 8 * slot, n);
+                    fd_bulk(r.data + slot * FD_STAGE_BYTES, pc.w + off, n, r.full + 8 * slot, pol);
+                    *(volatile u32*)((u8*)fd_smem() + FD_ISSUED_AT) = t + 1;
+                }
             }
         }
     }
-    if (b == s.spt - 1) {
-        float sums[R];
-#pragma unroll
-        for (int r = 0; r < R; r++) {
-            sums[r] = warp_sum(acc[r]);
-            acc[r] = 0.f;
+}
+
+// Where a finished row's sum goes. `g` (shared, one float per gate row of the CTA) holds the
+// gate's sums until the same warp's lane 0 finishes the up row.
+__device__ __forceinline__ void fd_emit(const u64* L, const FdPiece& pc, int row, float s,
+                                        float* q, float* k, float* v, float* x, float* act,
+                                        float* g, int act_kind) {
+    const int r = pc.first + row;
+    switch (pc.kind) {
+        case 0: q[r] = L[L_BQ] ? s + __ldg(fd_v(L, L_BQ) + r) : s; break;
+        case 1: k[r] = L[L_BK] ? s + __ldg(fd_v(L, L_BK) + r) : s; break;
+        case 2: v[r] = L[L_BV] ? s + __ldg(fd_v(L, L_BV) + r) : s; break;
+        case 3: g[row] = s; break;
+        case 4: act[r] = fd_act(g[row], act_kind) * s; break;
+        default: x[r] = __ldcg(x + r) + s; break;
+    }
+}
+
+// One GEMV phase on the consumer side: its pieces' stages in order (t counts the step's
+// stages, as the producer does); xs: the input vector (shared). With `ready` (the profile:
+// CTA 0's thread 0), the time its warp's first stage was there.
+template <bool BF16>
+__device__ void fd_gemv(const u64* L, const FusedArgs& a, const FdPhase& P, const FdRing& r,
+                        u32& t, const float* xs, float* q, float* k, float* v, float* x,
+                        float* act, float* g, u64* ready_at) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const float4* x4 = (const float4*)xs;
+    for (int pi = 0; pi < P.n; pi++) {
+        const FdPiece& pc = P.p[pi];
+        const int K = pc.cols, total = pc.rows * K;  // values
+        const int nst = fd_piece_stages(pc);
+        int row = warp;  // this warp's next row (piece-local)
+        float acc = 0.f;
+        for (int st = 0; st < nst; st++, t++) {
+            const u32 slot = t % r.stages, parity = (t / r.stages) & 1;
+            const int s_lo = st * (FD_STAGE_BYTES / 2), s_hi = min(s_lo + FD_STAGE_BYTES / 2, total);
+            const uint4* data =
+                (const uint4*)((const u8*)fd_smem() + a.ring_at + slot * FD_STAGE_BYTES);
+            // Every warp waits for every stage, rows of its own in it or not: an arrival on
+            // "empty" before the slot's fill would count toward its previous use (a warp with
+            // no row for more than `stages` stages would free slots still being read).
+            if (ready_at && ready_at[0] == 0) {
+                ready_at[1] = fd_now();
+                ready_at[2] = mbar_test(r.full + 8 * slot, parity);
+            }
+            mbar_wait(r.full + 8 * slot, parity);
+            if (ready_at && ready_at[0] == 0) ready_at[0] = fd_now();
+            while (row < pc.rows && row * K < s_hi) {  // warp-uniform
+                // Column units [c_lo, c_hi) of the row are in this stage, unit c at data[c + c0].
+                const int e_lo = max(row * K, s_lo), e_hi = min((row + 1) * K, s_hi);
+                const int c_lo = (e_lo - row * K) >> 3, c_hi = (e_hi - row * K) >> 3;
+                const int c0 = (row * K - s_lo) >> 3;
+#pragma unroll 4
+                for (int cu = c_lo + lane; cu < c_hi; cu += 32) {
+                    float w[8];
+                    fd_unpack<BF16>(data[cu + c0], w);
+                    const float4 xa = x4[2 * cu], xb = x4[2 * cu + 1];
+                    acc += w[0] * xa.x + w[1] * xa.y + w[2] * xa.z + w[3] * xa.w + w[4] * xb.x +
+                           w[5] * xb.y + w[6] * xb.z + w[7] * xb.w;
+                }
+                if (e_hi < (row + 1) * K) break;  // the row goes on in the next stage
+                const float sum = warp_sum(acc);
+                acc = 0.f;
+                if (lane == 0) fd_emit(L, pc, row, sum, q, k, v, x, act, g, a.act);
+                row += FD_WARPS;
+            }
+            __syncwarp();
+            if (lane == 0) mbar_arrive(r.empty + 8 * slot);
         }
-        if (lane == 0) p.emit(s.gw + i * s.nw, sums);
     }
 }
 
-// The stream's first step into buf (before the phase's barrier: weights never change).
-template <int R, class P>
-__device__ __forceinline__ void fd_stream_prime(const P& p, const FdStream& s,
-                                                uint4 (&buf)[FD_UNITS]) {
-    if (s.total > 0) {
-        for (int st = 1; st < FD_AHEAD && st < s.total; st++) fd_prefetch_step<R>(p, s, st);
-        fd_load_step<R>(p, s, 0, buf);
-    } else {  // written on every path, so buf's old value is dead (not kept across attention)
-#pragma unroll
-        for (int i = 0; i < FD_UNITS; i++) buf[i] = make_uint4(0, 0, 0, 0);
-    }
-}
-
-// The whole stream, its first step already in a (fd_stream_prime); xs: the input, shared.
-template <int R, bool BF16, class P>
-__device__ __forceinline__ void fd_stream_run(const P& p, const FdStream& s, const float* xs,
-                                              uint4 (&a)[FD_UNITS]) {
-    uint4 b[FD_UNITS];
-    float acc[R];
-#pragma unroll
-    for (int r = 0; r < R; r++) acc[r] = 0.f;
-    for (int st = 0; st < s.total; st += 2) {  // warp-uniform
-        if (st + 1 < s.total) fd_load_step<R>(p, s, st + 1, b);
-        fd_use_step<R, BF16>(p, s, st, a, xs, acc);
-        if (st + 2 < s.total) fd_load_step<R>(p, s, st + 2, a);
-        if (st + 1 < s.total) fd_use_step<R, BF16>(p, s, st + 1, b, xs, acc);
-    }
-}
-
-// xs = x (n floats, written by other CTAs), then __syncthreads.
+// xs = x (n floats, written by other CTAs), then fd_sync.
 __device__ __forceinline__ void fd_load_vec(const float* x, int n, float* xs) {
     for (int i = threadIdx.x; i < n / 4; i += FD_THREADS)
         ((float4*)xs)[i] = __ldcg((const float4*)x + i);
-    __syncthreads();
+    fd_sync();
 }
 
-// xs = x / rms(x) * w (RMSNorm of the residual, elementwise.cu's formula), then __syncthreads.
+// xs = x / rms(x) * w (RMSNorm of the residual, elementwise.cu's formula), then fd_sync.
 __device__ __forceinline__ void fd_load_normed(const float* x, const float* w, int d, float eps,
                                                float* xs, float* red) {
     constexpr int NV = 4;  // float4s per thread held in registers: rows up to 4096 in one pass
@@ -321,7 +441,7 @@ __device__ __forceinline__ void fd_load_normed(const float* x, const float* w, i
                 ss = fmaf(xv[k].w, xv[k].w, ss);
             }
         }
-        ss = block_sum(ss, red);
+        ss = fd_block_sum(ss, red);
         const float inv = 1.0f / sqrtf(ss / (float)d + eps);
 #pragma unroll
         for (int k = 0; k < NV; k++) {
@@ -335,7 +455,7 @@ __device__ __forceinline__ void fd_load_normed(const float* x, const float* w, i
                 ((float4*)xs)[i] = v;
             }
         }
-        __syncthreads();
+        fd_sync();
         return;
     }
     float ss = 0.f;
@@ -347,7 +467,7 @@ __device__ __forceinline__ void fd_load_normed(const float* x, const float* w, i
         ss = fmaf(v.z, v.z, ss);
         ss = fmaf(v.w, v.w, ss);
     }
-    ss = block_sum(ss, red);
+    ss = fd_block_sum(ss, red);
     const float inv = 1.0f / sqrtf(ss / (float)d + eps);
     for (int i = threadIdx.x; i < n4; i += FD_THREADS) {
         float4 v = ((float4*)xs)[i];
@@ -358,7 +478,7 @@ __device__ __forceinline__ void fd_load_normed(const float* x, const float* w, i
         v.w = v.w * (inv * ww.w);
         ((float4*)xs)[i] = v;
     }
-    __syncthreads();
+    fd_sync();
 }
 
 // `bytes` at v into L2, 128-byte lines spread over every thread of the grid (all CTAs call it).
@@ -368,79 +488,6 @@ __device__ __forceinline__ void fd_prefetch_vec(const void* v, int bytes) {
     for (int i = threadIdx.x * gridDim.x + blockIdx.x; i < lines; i += FD_THREADS * gridDim.x)
         prefetch_l2((const u8*)v + i * 128);
 }
-
-__device__ __forceinline__ const u16* fd_w(const u64* L, int f) { return (const u16*)L[f]; }
-__device__ __forceinline__ const float* fd_v(const u64* L, int f) { return (const float*)L[f]; }
-
-// Row r of Wq|Wk|Wv (nq, nkv rows), its output slot and bias.
-__device__ __forceinline__ const u16* fd_qkv_row(const u64* L, int r, int nq, int nk, int hidden,
-                                                 float*& out, const float*& bias, float* q,
-                                                 float* k, float* v) {
-    int f = L_WQ, fb = L_BQ;
-    float* o = q;
-    if (r >= nq + nk) { r -= nq + nk; f = L_WV; fb = L_BV; o = v; }
-    else if (r >= nq) { r -= nq; f = L_WK; fb = L_BK; o = k; }
-    out = o + r;
-    bias = L[fb] ? fd_v(L, fb) + r : nullptr;
-    return fd_w(L, f) + (i64)r * hidden;
-}
-
-__device__ __forceinline__ float fd_act(float g, int act) {
-    if (act == 0) return g / (1.0f + expf(-g));
-    const float C = 0.7978846f;  // sqrt(2/pi), as elementwise.cu's gated_act
-    return 0.5f * g * (1.0f + tanhf(C * (g + 0.044715f * g * g * g)));
-}
-
-// ---- The GEMV phases' streams: each task's rows and where its sums go ----
-
-// Rows 2t, 2t + 1 of Wq|Wk|Wv (+ bias) -> q, k, v.
-struct FdQkv {
-    const u64* L;
-    int nq, nk, hidden;
-    float *q, *k, *v;
-    __device__ __forceinline__ void rows(int t, const u16* (&r)[2]) const {
-        float* o;
-        const float* b;
-        r[0] = fd_qkv_row(L, 2 * t, nq, nk, hidden, o, b, q, k, v);
-        r[1] = fd_qkv_row(L, 2 * t + 1, nq, nk, hidden, o, b, q, k, v);
-    }
-    __device__ __forceinline__ void emit(int t, const float (&s)[2]) const {
-#pragma unroll
-        for (int i = 0; i < 2; i++) {
-            float* o;
-            const float* b;
-            fd_qkv_row(L, 2 * t + i, nq, nk, hidden, o, b, q, k, v);
-            *o = b ? s[i] + __ldg(b) : s[i];
-        }
-    }
-};
-
-// x[t] += W[t] . xs: the O and down projections.
-struct FdResidual {
-    const u16* W;
-    int cols;
-    float* x;
-    __device__ __forceinline__ void rows(int t, const u16* (&r)[1]) const {
-        r[0] = W + (i64)t * cols;
-    }
-    __device__ __forceinline__ void emit(int t, const float (&s)[1]) const {
-        x[t] = __ldcg(x + t) + s[0];
-    }
-};
-
-// act[t] = act(Wg[t] . xs) * (Wu[t] . xs).
-struct FdGateUp {
-    const u16 *g, *u;
-    int cols, act;
-    float* out;
-    __device__ __forceinline__ void rows(int t, const u16* (&r)[2]) const {
-        r[0] = g + (i64)t * cols;
-        r[1] = u + (i64)t * cols;
-    }
-    __device__ __forceinline__ void emit(int t, const float (&s)[2]) const {
-        out[t] = fd_act(s[0], act) * s[1];
-    }
-};
 
 // ---- Attention ----
 
@@ -548,7 +595,7 @@ __device__ void fd_attn_item(const u64* L, const FusedArgs& a, const float* q, c
             __threadfence();
         }
     }
-    __syncthreads();  // q heads in shared memory; the new k/v rows visible to the block
+    fd_sync();  // q heads in shared memory; the new k/v rows visible to the block
 
     // The queries stay in shared memory (registers go to the keys in flight and the outputs):
     // lane li's dimensions of head h are float4s 2 (li + 8u) and 2 (li + 8u) + 1 of qs[h].
@@ -648,7 +695,7 @@ __device__ void fd_attn_item(const u64* L, const FusedArgs& a, const float* q, c
                     sm[S::ACC + (warp * FD_GH + h) * D + (li + 8 * u) * 8 + e] = acc[h][u * 8 + e];
         }
     }
-    __syncthreads();
+    fd_sync();
 
     // The warps merged: the output, or this split's partial (acc | m | l).
     for (int e = tid; e < nh * D; e += FD_THREADS) {
@@ -674,13 +721,13 @@ __device__ void fd_attn_item(const u64* L, const FusedArgs& a, const float* q, c
         // The last split of this (kv head, chunk) to finish merges them all; it sets the
         // counter back to 0 for the next layer and launch.
         __threadfence();
-        __syncthreads();
+        fd_sync();
         if (tid == 0) {
             int* c = done + kvh * ((G + FD_GH - 1) / FD_GH) + chunk_i;
             *last_flag = atomicAdd(c, 1) == used - 1;
             if (*last_flag) *c = 0;
         }
-        __syncthreads();
+        fd_sync();
         if (*last_flag) {
             __threadfence();
             for (int e = tid; e < nh * D; e += FD_THREADS) {
@@ -701,7 +748,7 @@ __device__ void fd_attn_item(const u64* L, const FusedArgs& a, const float* q, c
             }
         }
     }
-    __syncthreads();  // shared memory is free for the next item
+    fd_sync();  // shared memory is free for the next item
 }
 
 // How the keys of position `pos` split into items: `chunk` keys per split, `used` splits per
@@ -769,30 +816,69 @@ template <int D, bool BF16>
 __device__ void fd_step(const u64* layers, float* x, float* q, float* k, float* v, float* att,
                         float* act, float* ws, int* done, u64* bar, const int* tables,
                         const int* seqs, const float* cs, u64* prof, const FusedArgs a) {
-    float* red = fd_smem();                  // 32 floats for block_sum
+    float* red = fd_smem();                  // FD_WARPS floats for fd_block_sum
     int* last_flag = (int*)(fd_smem() + 32);  // the attention merge's flag
     float* fd_sm = fd_smem() + FD_HEAD;
-    const int warp = threadIdx.x >> 5;
-    const int gw = warp * gridDim.x + blockIdx.x, nw = FD_WARPS * gridDim.x;
+    float* gate = fd_sm + a.hidden;  // gate sums while xs holds the normed x (smem_bytes)
     const int nq = a.n_heads * D, nk = a.n_kv_heads * D;
-    // Recomputed where used, not held: registers live across attention are scarce.
-#define s_qkv fd_stream<2>((nq + 2 * nk) / 2, a.hidden, gw, nw)
-#define s_o fd_stream<1>(a.hidden, nq, gw, nw)
-#define s_gu fd_stream<2>(a.inter, a.hidden, gw, nw)
-#define s_down fd_stream<1>(a.hidden, a.inter, gw, nw)
-    uint4 wb[FD_UNITS];  // the next phase's first weight step, loaded before its barrier
-    // Weights are no kernel's output: the first layer's loads start before the PDL wait.
-    fd_stream_prime<2>(FdQkv{layers, nq, nk, a.hidden, q, k, v}, s_qkv, wb);
+    const FdRing ring = fd_ring(a);
+    if (threadIdx.x == 0) {
+        *(volatile u32*)((u8*)fd_smem() + FD_ISSUED_AT) = 0;
+        for (int i = 0; i < ring.stages; i++) {
+            mbar_init(ring.full + 8 * i, 1);
+            mbar_init(ring.empty + 8 * i, FD_WARPS);
+        }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+    }
+    __syncthreads();  // the only barrier of all FD_BLOCK threads
+    if (threadIdx.x >= FD_THREADS) {
+        // Weights are no kernel's output: the producer starts before the PDL wait.
+        if (threadIdx.x == FD_THREADS) fd_produce(layers, a, nq, nk, ring);
+        return;
+    }
+    u32 t = 0;  // stages consumed, as the producer counts them
     fd_pdl_wait();
     if (prof && threadIdx.x == 0 && blockIdx.x == 0) prof[0] = fd_now();
     u64 target = threadIdx.x == 0 ? fd_bar_base(bar) : 0;  // thread 0 runs the barriers
     const bool active = seqs[1] > 0;  // sequence 0: [row0, len, pos0, 0]
     const int pos = seqs[2];
+    const auto none = [] {};
+    // The profile's inner view (CTA 0's thread 0): per GEMV phase, its input load, the wait
+    // for its first stage and the rest (FdProf slots 20..31), and the stages the producer had
+    // issued beyond the phase's first (slots 32..35).
+    // Summed over the step in registers and added to the buffer once at its end: a global
+    // read-modify-write per phase would put an L2 round trip into what it measures.
+    const bool inner = prof && threadIdx.x == 0 && blockIdx.x == 0;
+    u64 in_acc[24] = {};
+    u64 t0 = 0, t1 = 0, ready[3] = {0, 0, 0};
+#define FD_LOADED(ph)                                                                \
+    if (inner) {                                                                     \
+        t1 = fd_now();                                                               \
+        in_acc[3 * (ph)] += t1 - t0;                                                 \
+        in_acc[12 + (ph)] += *(volatile u32*)((u8*)fd_smem() + FD_ISSUED_AT) - t;    \
+        ready[0] = 0;                                                                \
+    }
+#define FD_DONE(ph)                                        \
+    if (inner) {                                           \
+        const u64 t2 = fd_now();                           \
+        if (ready[0] == 0) ready[0] = ready[1] = t1;       \
+        in_acc[3 * (ph) + 1] += ready[0] - t1;             \
+        in_acc[3 * (ph) + 2] += t2 - ready[0];             \
+        in_acc[16 + (ph)] += ready[1] - t1;                \
+        in_acc[20 + (ph)] += ready[2];                     \
+    }
+#define FD_START if (inner) t0 = fd_now();
+    u64* rp = inner ? ready : nullptr;
     for (int li = 0; li < a.n_layers; li++) {
         const u64* L = layers + (i64)li * L_FIELDS;
         const int slot = li * 5;
+        FD_START
         fd_load_normed(x, fd_v(L, L_IN_NORM), a.hidden, a.eps, fd_sm, red);
-        fd_stream_run<2, BF16>(FdQkv{L, nq, nk, a.hidden, q, k, v}, s_qkv, fd_sm, wb);
+        FD_LOADED(0)
+        fd_gemv<BF16>(L, a, fd_phase(L, a, nq, nk, 0), ring, t, fd_sm, q, k, v, x, act, gate, rp);
+        FD_DONE(0)
         fd_grid_sync(bar, target, prof, slot, [&] {
             if (!active) return;
             if (li == 0) fd_attn_prefetch<D>(L, a, tables, pos);  // later layers: see below
@@ -802,24 +888,28 @@ __device__ void fd_step(const u64* layers, float* x, float* q, float* k, float* 
         });
 
         fd_attention<D>(L, a, q, k, v, att, ws, done, tables, pos, active, cs, fd_sm, last_flag);
-        const FdResidual o{fd_w(L, L_WO), nq, x};
-        fd_grid_sync(bar, target, prof, slot + 1, [&] { fd_stream_prime<1>(o, s_o, wb); });
+        fd_grid_sync(bar, target, prof, slot + 1, none);
 
+        FD_START
         fd_load_vec(att, nq, fd_sm);
-        fd_stream_run<1, BF16>(o, s_o, fd_sm, wb);
-        const FdGateUp gu{fd_w(L, L_WG), fd_w(L, L_WU), a.hidden, a.act, act};
-        fd_grid_sync(bar, target, prof, slot + 2, [&] {
-            fd_prefetch_vec(fd_v(L, L_POST_NORM), a.hidden * 4);
-            fd_stream_prime<2>(gu, s_gu, wb);
-        });
+        FD_LOADED(1)
+        fd_gemv<BF16>(L, a, fd_phase(L, a, nq, nk, 1), ring, t, fd_sm, q, k, v, x, act, gate, rp);
+        FD_DONE(1)
+        fd_grid_sync(bar, target, prof, slot + 2,
+                     [&] { fd_prefetch_vec(fd_v(L, L_POST_NORM), a.hidden * 4); });
 
+        FD_START
         fd_load_normed(x, fd_v(L, L_POST_NORM), a.hidden, a.eps, fd_sm, red);
-        fd_stream_run<2, BF16>(gu, s_gu, fd_sm, wb);
-        const FdResidual down{fd_w(L, L_WD), a.inter, x};
-        fd_grid_sync(bar, target, prof, slot + 3, [&] { fd_stream_prime<1>(down, s_down, wb); });
+        FD_LOADED(2)
+        fd_gemv<BF16>(L, a, fd_phase(L, a, nq, nk, 2), ring, t, fd_sm, q, k, v, x, act, gate, rp);
+        FD_DONE(2)
+        fd_grid_sync(bar, target, prof, slot + 3, none);
 
+        FD_START
         fd_load_vec(act, a.inter, fd_sm);
-        fd_stream_run<1, BF16>(down, s_down, fd_sm, wb);
+        FD_LOADED(3)
+        fd_gemv<BF16>(L, a, fd_phase(L, a, nq, nk, 3), ring, t, fd_sm, q, k, v, x, act, gate, rp);
+        FD_DONE(3)
         if (li + 1 < a.n_layers) {
             const u64* N = L + L_FIELDS;
             fd_grid_sync(bar, target, prof, slot + 4, [&] {
@@ -829,15 +919,17 @@ __device__ void fd_step(const u64* layers, float* x, float* q, float* k, float* 
                 fd_prefetch_vec(fd_v(N, L_BQ), nq * 4);
                 fd_prefetch_vec(fd_v(N, L_BK), nk * 4);
                 fd_prefetch_vec(fd_v(N, L_BV), nk * 4);
-                fd_stream_prime<2>(FdQkv{N, nq, nk, a.hidden, q, k, v}, s_qkv, wb);
             });
         }
     }
+#undef FD_LOADED
+#undef FD_DONE
+#undef FD_START
     if (prof && threadIdx.x == 0) atomicMax((unsigned long long*)prof + 1, (unsigned long long)fd_now());
-#undef s_qkv
-#undef s_o
-#undef s_gu
-#undef s_down
+    if (inner) {
+#pragma unroll
+        for (int i = 0; i < 24; i++) prof[20 + i] += in_acc[i];
+    }
 }
 
 // AFM_FUSED_PROFILE=1: one thread after each fused step. It adds the step's per-phase times
@@ -876,11 +968,27 @@ extern "C" __global__ void decode_fused_profile(u64* prof, int n_layers, int eve
             printf(" %s work %.2f skew %.2f sync %.2f%s", names[ph], sum[3 * ph] * us / per,
                    sum[3 * ph + 1] * us / per, sum[3 * ph + 2] * us / per, ph == 4 ? "\n" : " |");
     }
+    const char* gemvs[4] = {"qkv", "o", "gate_up", "down"};
+    printf("[fused profile] inner, CTA 0 thread 0, per layer (us):");
+    for (int ph = 0; ph < 4; ph++) {
+        const u64* in = prof + 20 + 3 * ph;
+        const double per = n * n_layers;
+        printf(" %s load %.2f first stage %.2f rest %.2f ahead %.1f%s", gemvs[ph],
+               in[0] * us / per, in[1] * us / per, in[2] * us / per, prof[32 + ph] / per,
+               ph == 3 ? "\n" : " |");
+    }
+    printf("[fused profile] first stage: entry (us) / already full at entry (fraction):");
+    for (int ph = 0; ph < 4; ph++) {
+        const double per = n * n_layers;
+        printf(" %s %.2f / %.2f%s", gemvs[ph], prof[36 + ph] * us / per, prof[40 + ph] / per,
+               ph == 3 ? "\n" : " |");
+    }
     for (int i = 0; i < 18; i++) sum[i] = 0;
+    for (int i = 20; i < FD_PROF_SLOTS; i++) prof[i] = 0;
 }
 
 #define FD_KERNEL(D, NAME, BF16)                                                               \
-    extern "C" __global__ void __launch_bounds__(FD_THREADS, 1) decode_fused_##NAME##_##D(     \
+    extern "C" __global__ void __launch_bounds__(FD_BLOCK, 1) decode_fused_##NAME##_##D(     \
         const u64* layers, float* x, float* q, float* k, float* v, float* att, float* act,     \
         float* ws, int* done, u64* bar, const int* tables, const int* seqs, const float* cs,   \
         u64* prof, const FusedArgs a) {                                                        \

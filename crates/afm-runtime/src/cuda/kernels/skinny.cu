@@ -116,25 +116,6 @@ __device__ __forceinline__ void sk_epilogue(const float (&acc)[2][N / 8][4], flo
     cluster_sync();  // every block's partials stay until the others have read them
 }
 
-__device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
-                 : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(u32 bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
-    asm volatile(
-        "{\n\t.reg .pred p;\n"
-        "WAIT_%=:\n\t"
-        "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n\t"
-        "@!p bra WAIT_%=;\n}" ::"r"(bar),
-        "r"(parity)
-        : "memory");
-}
 // The box of tensor map `map` at (column c, row r) into shared dst, counted on barrier bar.
 __device__ __forceinline__ void tma_tile(u32 dst, const TmaDesc* map, int c, int r, u32 bar) {
     asm volatile(
