@@ -13,6 +13,9 @@
 //   g++ -std=c++20 -O2 -ffp-contract=off -pthread scripts/decode_fused_emulate.cpp \
 //       -o /tmp/fd_emu && /tmp/fd_emu
 //
+// Add -DFD_PROFILE to build the kernel with its phase profile (AFM_FUSED_PROFILE=1's module):
+// the profiled cases then print the report too.
+//
 // 10 cases. Prints each case's relative error (max |kernel - reference| / max |reference| over x) and
 // fails above 2e-3 (f16 rounding of q, K and V can land on either side in the two).
 

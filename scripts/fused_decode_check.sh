@@ -85,7 +85,7 @@ test | bench)
                 AFM_FUSED_DECODE=$fused AFM_FUSED_PROFILE=$prof timeout 240 "$B/gpu_bench" "$R/$m" cuda 1 128 256 "" y >"$log" 2>&1 ||
                     failed+=("gpu_bench $m AFM_FUSED_DECODE=$fused AFM_FUSED_PROFILE=$prof")
                 grep -E 'tok/s|RESULT|rror|panic|FAIL|trap' "$log" | cut -c1-600
-                grep -F '[fused profile]' "$log" | tail -n 2
+                grep -F '[fused profile]' "$log" | tail -n 3
             done
         done
     fi

@@ -167,9 +167,12 @@ fn compile_source(name: &'static str, src: String, arch: Option<&'static str>) -
 ///   L2 before their PDL wait (gemv.cu "Weights into L2"; off, they are the kernels they were).
 ///   Off by default: slower on the H200 (docs/DECISIONS.md).
 /// - `AFM_GEMV_L2PF_LINES` (off; `=1` on): that prefetch line by line rather than in bulk.
-static MODULE_DEFINES: [(&str, &str, &Switch); 2] = [
+/// - `AFM_FUSED_PROFILE` (off; `=1` on): the fused decode step with its phase profile
+///   (decode_fused.cu `FD_PROFILE`); off, the kernel has none of the profile's code.
+static MODULE_DEFINES: [(&str, &str, &Switch); 3] = [
     ("gemv", "AFM_GEMV_L2PF", &GEMV_L2PF),
     ("gemv", "AFM_GEMV_L2PF_LINES", &GEMV_L2PF_LINES),
+    ("decode_fused", "FD_PROFILE", &super::decode_fused::PROFILE),
 ];
 static GEMV_L2PF: Switch = Switch::new("AFM_GEMV_L2PF", false);
 static GEMV_L2PF_LINES: Switch = Switch::new("AFM_GEMV_L2PF_LINES", false);

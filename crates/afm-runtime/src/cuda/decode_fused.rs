@@ -40,7 +40,7 @@ use super::{launch, AttnBatch, CudaContext, CudaError, Result, RopeTable};
 use crate::switch::Switch;
 
 /// `FD_*` in decode_fused.cu.
-const WARPS: usize = 8;
+const WARPS: usize = 7;
 /// The consumer warps and the weight ring's producer warp.
 const THREADS: u32 = 32 * (WARPS as u32 + 1);
 const GH: usize = 4;
@@ -156,9 +156,12 @@ fn ring_stages(ring_at: usize, optin: usize) -> Option<usize> {
     (n >= MIN_STAGES).then_some(n)
 }
 
+/// `AFM_FUSED_PROFILE`: also a compile-time switch of the module (`FD_PROFILE`, in
+/// cuda/context.rs's `MODULE_DEFINES`), so the kernel carries the profile's code only when on.
+pub(super) static PROFILE: Switch = Switch::new("AFM_FUSED_PROFILE", false);
+
 fn profile_on() -> bool {
-    static ON: Switch = Switch::new("AFM_FUSED_PROFILE", false);
-    ON.on()
+    PROFILE.on()
 }
 
 /// Entry points of decode_fused.cu.
@@ -317,7 +320,7 @@ mod tests {
     use super::*;
 
     /// Qwen3-8B's ring starts after its 12288-wide MLP input; the small models' after the
-    /// attention buffers; an H200's 227 KB then hold 11 and 12 slots.
+    /// attention buffers; an H200's 227 KB then hold 11 and 13 slots.
     #[test]
     fn the_ring_fits_beside_the_widest_phase() {
         let s = |hidden, inter, n_heads, head_dim| FusedShape {
@@ -337,13 +340,15 @@ mod tests {
         let big = ring_at(&s(4096, 12288, 32, 128), 132);
         assert_eq!(big, (4 * (128 + 12288) as usize).next_multiple_of(128));
         assert_eq!(ring_stages(big, h200), Some(11));
-        let attn = 4 * (128 + 4 * 128 + 128 + 64 + 8 * 4 * 128);
+        // 4 q heads, a k head, (m, l) and 4 heads' outputs for each of 7 warps, 128-aligned.
+        let attn = (4 * (128usize + 4 * 128 + 128 + 2 * 7 * 4 + 7 * 4 * 128)).next_multiple_of(128);
         let small = ring_at(&s(1024, 3072, 16, 128), 132);
         assert_eq!(small, attn);
-        assert_eq!(ring_stages(small, h200), Some(12));
-        // The gate sums need room past the normed x when the MLP is barely wider than hidden.
-        assert_eq!(ring_at(&s(4096, 4104, 8, 64), 1), 33_408); // 4 × (128 + 4096 + 4104), 128-aligned
-                                                               // A device of 48 KB holds no ring beside an 8B's buffers.
+        assert_eq!(ring_stages(small, h200), Some(13));
+        // The gate sums need room past the normed x when the MLP is barely wider than hidden:
+        // 4 × (128 + 4096 + 4104), 128-aligned.
+        assert_eq!(ring_at(&s(4096, 4104, 8, 64), 1), 33_408);
+        // A device of 48 KB holds no ring beside an 8B's buffers.
         assert_eq!(ring_stages(big, 48 * 1024), None);
         assert_eq!(ring_stages(0, 1 << 30), Some(16));
         assert_eq!(kernel_names().len(), 5);

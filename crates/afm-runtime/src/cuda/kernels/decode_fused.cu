@@ -24,7 +24,9 @@
 // f32 sums; elementwise.cu's RMSNorm formula; attn_prologue's head norm and RoPE; f16 K/V and
 // f16-rounded q as attention.cu), in a different summation order (~1e-6 relative).
 //
-// AFM_FUSED_PROFILE=1 passes `prof` (else null): barrier timestamps, decode_fused_profile below.
+// AFM_FUSED_PROFILE=1 compiles the module with FD_PROFILE (cuda/context.rs MODULE_DEFINES) and
+// passes `prof` (else null): barrier timestamps, decode_fused_profile below. Without FD_PROFILE
+// the profile's code is not in the kernel at all (its registers and branches cost the step).
 //
 // Grid barrier: a u64 counter that only grows (reset-free across launches and graph replays):
 // each CTA adds 1 and waits until the counter reaches the next multiple of gridDim.x. It traps
@@ -36,7 +38,11 @@
 // rows) is read with ld.global.cg (L2, never a stale L1 line); weights, norms and tables, which
 // no one writes during the launch, through the read-only path.
 
-#define FD_WARPS 8
+// Seven consumer warps and the producer make 8 warps, 2 per SM sub-partition, so a thread may
+// hold 255 registers; a ninth warp puts 3 on one sub-partition and caps every thread at 168,
+// and the kernel then keeps ~400 bytes a thread in local memory (stack), whose loads sat on
+// each phase's critical path.
+#define FD_WARPS 7
 #define FD_THREADS (FD_WARPS * 32)  // the consumer warps; the producer warp comes after them
 #define FD_BLOCK (FD_THREADS + 32)
 #define FD_GH 4           // query heads per attention item
@@ -51,6 +57,11 @@
 // report's running sums, then 3 per barrier (layer * 5 + phase): CTA 0 arrives, CTA 0 leaves,
 // the last CTA arrives.
 #define FD_PROF_SLOTS 44
+#ifdef FD_PROFILE
+#define FD_PROF_ON true
+#else
+#define FD_PROF_ON false
+#endif
 #define FD_HEAD 128       // floats of block scratch (reduction, merge flag, ring mbarriers) before the phases' buffers
 
 // Per-layer device addresses (0 = absent), as cuda/decode_fused.rs packs them.
@@ -141,7 +152,7 @@ template <class F>
 __device__ __forceinline__ void fd_grid_sync(u64* bar, u64& target, u64* prof, int slot,
                                              const F& pre) {
     fd_sync();
-    u64* ps = prof ? prof + FD_PROF_SLOTS + 3 * slot : nullptr;
+    u64* ps = FD_PROF_ON && prof ? prof + FD_PROF_SLOTS + 3 * slot : nullptr;
     if (threadIdx.x == 0) {
         target += gridDim.x;
         if (ps) {
@@ -332,7 +343,7 @@ __device__ void fd_produce(const u64* layers, const FusedArgs& a, int nq, int nk
                     const u32 n = min(FD_STAGE_BYTES, bytes - off);
                     mbar_expect_tx(r.full + 8 * slot, n);
                     fd_bulk(r.data + slot * FD_STAGE_BYTES, pc.w + off, n, r.full + 8 * slot, pol);
-                    *(volatile u32*)((u8*)fd_smem() + FD_ISSUED_AT) = t + 1;
+                    if (FD_PROF_ON) *(volatile u32*)((u8*)fd_smem() + FD_ISSUED_AT) = t + 1;
                 }
             }
         }
@@ -364,7 +375,10 @@ __device__ void fd_gemv(const u64* L, const FusedArgs& a, const FdPhase& P, cons
                         float* act, float* g, u64* ready_at) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const float4* x4 = (const float4*)xs;
-    for (int pi = 0; pi < P.n; pi++) {
+    // Unrolled: a piece indexed by a loop variable would live in local memory.
+#pragma unroll
+    for (int pi = 0; pi < 3; pi++) {
+        if (pi >= P.n) break;
         const FdPiece& pc = P.p[pi];
         const int K = pc.cols, total = pc.rows * K;  // values
         const int nst = fd_piece_stages(pc);
@@ -840,7 +854,7 @@ __device__ void fd_step(const u64* layers, float* x, float* q, float* k, float* 
     }
     u32 t = 0;  // stages consumed, as the producer counts them
     fd_pdl_wait();
-    if (prof && threadIdx.x == 0 && blockIdx.x == 0) prof[0] = fd_now();
+    if (FD_PROF_ON && prof && threadIdx.x == 0 && blockIdx.x == 0) prof[0] = fd_now();
     u64 target = threadIdx.x == 0 ? fd_bar_base(bar) : 0;  // thread 0 runs the barriers
     const bool active = seqs[1] > 0;  // sequence 0: [row0, len, pos0, 0]
     const int pos = seqs[2];
@@ -850,7 +864,7 @@ __device__ void fd_step(const u64* layers, float* x, float* q, float* k, float* 
     // issued beyond the phase's first (slots 32..35).
     // Summed over the step in registers and added to the buffer once at its end: a global
     // read-modify-write per phase would put an L2 round trip into what it measures.
-    const bool inner = prof && threadIdx.x == 0 && blockIdx.x == 0;
+    const bool inner = FD_PROF_ON && prof && threadIdx.x == 0 && blockIdx.x == 0;
     u64 in_acc[24] = {};
     u64 t0 = 0, t1 = 0, ready[3] = {0, 0, 0};
 #define FD_LOADED(ph)                                                                \
@@ -925,7 +939,8 @@ __device__ void fd_step(const u64* layers, float* x, float* q, float* k, float* 
 #undef FD_LOADED
 #undef FD_DONE
 #undef FD_START
-    if (prof && threadIdx.x == 0) atomicMax((unsigned long long*)prof + 1, (unsigned long long)fd_now());
+    if (FD_PROF_ON && prof && threadIdx.x == 0)
+        atomicMax((unsigned long long*)prof + 1, (unsigned long long)fd_now());
     if (inner) {
 #pragma unroll
         for (int i = 0; i < 24; i++) prof[20 + i] += in_acc[i];
