@@ -48,7 +48,7 @@
 #define FD_GH 4           // query heads per attention item
 #define FD_KPG 4          // keys per lane group in flight in attention
 // Fewest keys per attention split: one round of the key loop (every group's FD_KPG keys), so
-// a split costs one trip to memory, and short contexts skip the merge (one split up to 128).
+// a split costs one trip to memory, and short contexts skip the merge (one split up to 112).
 #define FD_MIN_KEYS (FD_WARPS * 4 * FD_KPG)
 #ifndef FD_SPIN_NS
 #define FD_SPIN_NS 2000000000ull  // a barrier waiting longer traps
@@ -144,10 +144,9 @@ __device__ __forceinline__ float fd_block_sum(float v, float* sh) {
 // With a profile buffer (AFM_FUSED_PROFILE=1), barrier `slot` records CTA 0's arrival and exit
 // and the grid's last arrival (FdProf).
 //
-// `pre` (the next phase's weight loads and prefetches: no block barrier inside) runs after
-// thread 0's arrival, so its release fence does not wait for the warp's own outstanding loads,
-// and before the wait. (One unconditional call: a conditional one keeps the weight buffer's old
-// value live across attention.)
+// `pre` (L2 prefetches of what the next phase reads besides weights, which the ring brings: no
+// block barrier inside) runs after thread 0's arrival, so its release fence does not wait for
+// the warp's own outstanding loads, and before the wait.
 template <class F>
 __device__ __forceinline__ void fd_grid_sync(u64* bar, u64& target, u64* prof, int slot,
                                              const F& pre) {
