@@ -19,6 +19,14 @@ Without -D the modules compile with every such switch off.
 Prints each module's result and NVRTC's log; exits 1 if any module fails (warnings alone pass,
 but are printed). Needs only libnvrtc (found by --lib, $AFM_NVRTC_LIB, or the pip wheel
 nvidia-cuda-nvrtc under this Python's site-packages).
+
+--resources also compiles each module to a CUBIN of the architecture's real GPU (compute_90 ->
+sm_90) and prints, per kernel, what cuobjdump reads from it: registers per thread, stack bytes
+per thread, and the local-memory loads and stores in its SASS. A kernel with a stack keeps
+arrays or spilled values in local memory, which goes through L1 to L2 (the fused decode step's
+phases waited on it: bench/RESULTS.md, session 15). Needs cuobjdump (--cuobjdump,
+$AFM_CUOBJDUMP, PATH, or the pip wheel nvidia-cuda-cuobjdump). --module NAME (repeatable)
+limits the run to those modules.
 """
 
 import argparse
@@ -26,8 +34,11 @@ import ctypes
 import glob
 import os
 import re
+import shutil
+import subprocess
 import sys
 import sysconfig
+import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KERNELS = os.path.join(ROOT, "crates/afm-runtime/src/cuda/kernels")
@@ -77,8 +88,8 @@ class Nvrtc:
             msg = self.lib.nvrtcGetErrorString(rc).decode()
             raise RuntimeError(f"{what}: {msg}")
 
-    def compile(self, source, name, options):
-        """Returns (ok, log, ptx_bytes)."""
+    def compile(self, source, name, options, cubin=False):
+        """Returns (ok, log, code): PTX, or with `cubin` the CUBIN (options name a real GPU)."""
         prog = ctypes.c_void_p()
         self.check(
             self.lib.nvrtcCreateProgram(
@@ -93,15 +104,48 @@ class Nvrtc:
             self.check(self.lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size)), "log size")
             log = ctypes.create_string_buffer(size.value)
             self.check(self.lib.nvrtcGetProgramLog(prog, log), "log")
-            ptx = b""
-            if rc == 0:
+            code = b""
+            if rc == 0 and cubin:
+                self.check(self.lib.nvrtcGetCUBINSize(prog, ctypes.byref(size)), "cubin size")
+                buf = ctypes.create_string_buffer(size.value)
+                self.check(self.lib.nvrtcGetCUBIN(prog, buf), "cubin")
+                code = buf.raw
+            elif rc == 0:
                 self.check(self.lib.nvrtcGetPTXSize(prog, ctypes.byref(size)), "ptx size")
                 buf = ctypes.create_string_buffer(size.value)
                 self.check(self.lib.nvrtcGetPTX(prog, buf), "ptx")
-                ptx = buf.value
-            return rc == 0, log.value.decode(errors="replace").strip(), ptx
+                code = buf.value
+            return rc == 0, log.value.decode(errors="replace").strip(), code
         finally:
             self.lib.nvrtcDestroyProgram(ctypes.byref(prog))
+
+
+def find_cuobjdump(given):
+    site = sysconfig.get_paths()["purelib"]
+    cands = [given, os.environ.get("AFM_CUOBJDUMP"), shutil.which("cuobjdump")]
+    cands += sorted(glob.glob(os.path.join(site, "nvidia/cu*/bin/cuobjdump")), reverse=True)
+    cands += sorted(glob.glob(os.path.join(site, "nvidia/cuda_cuobjdump/bin/cuobjdump")))
+    for c in cands:
+        if c and os.path.isfile(c):
+            return c
+    sys.exit("nvrtc_check: cuobjdump not found (pass --cuobjdump or set AFM_CUOBJDUMP)")
+
+
+def resources(cuobjdump, cubin):
+    """[(kernel, registers, stack bytes, local loads, local stores)] of a CUBIN."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        run = lambda flag: subprocess.run(
+            [cuobjdump, flag, f.name], capture_output=True, text=True, check=True).stdout
+        usage, sass = run("-res-usage"), run("-sass")
+    pattern = r"Function (\w+):\s*REG:(\d+) STACK:(\d+)"
+    regs = {n: (int(r), int(st)) for n, r, st in re.findall(pattern, usage)}
+    local = {}
+    for part in re.split(r"\n\s*Function : ", sass)[1:]:
+        name = part.split(None, 1)[0]
+        local[name] = (len(re.findall(r"\bLDL\b", part)), len(re.findall(r"\bSTL\b", part)))
+    return [(n, r, st) + local.get(n, (0, 0)) for n, (r, st) in sorted(regs.items())]
 
 
 def main():
@@ -112,7 +156,13 @@ def main():
     ap.add_argument("--save-ptx", metavar="DIR", help="also write each module's PTX there")
     ap.add_argument("-D", "--define", action="append", default=[], metavar="MACRO",
                     help="#define MACRO 1 in front of every kernel module (repeatable)")
+    ap.add_argument("--resources", action="store_true",
+                    help="registers, stack and local memory per kernel (needs cuobjdump)")
+    ap.add_argument("--cuobjdump")
+    ap.add_argument("--module", action="append", default=[], metavar="NAME",
+                    help="only this module (e.g. decode_fused; repeatable)")
     args = ap.parse_args()
+    cuobjdump = find_cuobjdump(args.cuobjdump) if args.resources else None
     nv = Nvrtc(find_lib(args.lib))
     with open(os.path.join(args.dir, COMMON)) as f:
         common = f.read()
@@ -130,6 +180,8 @@ def main():
     if args.dir == KERNELS:
         extra = "".join(rust_raw_string(os.path.join(COMPUTE, f), c) for f, c in EXTRA)
         jobs.append(("compute_extra.cu", extra, options))
+    if args.module:
+        jobs = [j for j in jobs if j[0][:-3] in args.module]
     failed = []
     for name, src, opts in jobs:
         ok, log, ptx = nv.compile(src, name, opts)
@@ -143,6 +195,16 @@ def main():
             os.makedirs(args.save_ptx, exist_ok=True)
             with open(os.path.join(args.save_ptx, name[:-3] + ".ptx"), "wb") as f:
                 f.write(ptx)
+        if ok and cuobjdump:
+            real = ["--std=c++17", "--gpu-architecture=" + args.arch.replace("compute_", "sm_")]
+            ok2, log2, cubin = nv.compile(src, name, real, cubin=True)
+            if not ok2:
+                print("    no CUBIN: " + log2)
+                failed.append(name)
+                continue
+            for kernel, r, st, ldl, stl in resources(cuobjdump, cubin):
+                print(f"    {kernel}: {r} registers, {st} bytes of stack, "
+                      f"{ldl} local loads, {stl} local stores")
     if failed:
         print(f"nvrtc_check: {len(failed)} module(s) failed: {', '.join(failed)}")
         return 1
