@@ -16,6 +16,11 @@ emu="$(mktemp -d)/mma_emu"
 g++ -std=c++20 -O2 -pthread scripts/attention_mma_emulate.cpp -o "$emu"
 "$emu" quick
 
+echo "== fused decode step's indexing, weight ring and barriers on the CPU (scripts/decode_fused_emulate.cpp)"
+fd_emu="$(mktemp -d)/fd_emu"
+g++ -std=c++20 -O2 -ffp-contract=off -pthread scripts/decode_fused_emulate.cpp -o "$fd_emu"
+"$fd_emu"
+
 echo "== fuzz, time-boxed (6 targets x 15 s; longer runs: bash scripts/fuzz.sh 600)"
 bash scripts/fuzz.sh 15
 
