@@ -27,7 +27,8 @@
 //! so on stdout, flushed at the next synchronisation): each phase's work, the skew to the last
 //! CTA's arrival, and the barrier's own latency; then CTA 0's inner view of each GEMV phase
 //! (input load, wait for its first ring stage, the rest, how many stages the producer had
-//! issued ahead, whether the first was already full). Off, the kernel only tests a null pointer.
+//! issued ahead, whether the first was already full). Off, the module is compiled without the
+//! profile's code (`FD_PROFILE`, cuda/context.rs's `MODULE_DEFINES`).
 //!
 //! Weights reach the consumer warps through a ring of shared-memory stages that a producer
 //! warp fills with bulk copies (sm_90), so rows must be 16-byte aligned and the widths

@@ -278,8 +278,10 @@ __device__ __forceinline__ FdPhase fd_phase(const u64* L, const FusedArgs& a, in
     return P;
 }
 
+__device__ __forceinline__ int fd_piece_bytes(const FdPiece& pc) { return pc.rows * pc.cols * 2; }
+
 __device__ __forceinline__ int fd_piece_stages(const FdPiece& pc) {
-    return (pc.rows * pc.cols * 2 + FD_STAGE_BYTES - 1) / FD_STAGE_BYTES;
+    return (fd_piece_bytes(pc) + FD_STAGE_BYTES - 1) / FD_STAGE_BYTES;
 }
 
 // Shared addresses of the ring: `full` and `empty` mbarriers (8 bytes each, FD_MAX_STAGES of
@@ -335,7 +337,7 @@ __device__ void fd_produce(const u64* layers, const FusedArgs& a, int nq, int nk
             const FdPhase P = fd_phase(L, a, nq, nk, ph);
             for (int pi = 0; pi < P.n; pi++) {
                 const FdPiece& pc = P.p[pi];
-                const int bytes = pc.rows * pc.cols * 2;
+                const int bytes = fd_piece_bytes(pc);
                 for (int off = 0; off < bytes; off += FD_STAGE_BYTES, t++) {
                     const u32 slot = t % r.stages, use = t / r.stages;
                     if (use > 0) mbar_wait(r.empty + 8 * slot, (use - 1) & 1);
@@ -366,8 +368,9 @@ __device__ __forceinline__ void fd_emit(const u64* L, const FdPiece& pc, int row
 }
 
 // One GEMV phase on the consumer side: its pieces' stages in order (t counts the step's
-// stages, as the producer does); xs: the input vector (shared). With `ready` (the profile:
-// CTA 0's thread 0), the time its warp's first stage was there.
+// stages, as the producer does); xs: the input vector (shared). With `ready_at` (the profile,
+// CTA 0's thread 0): [0] when its first stage was there, [1] when it began to wait for it,
+// [2] whether the stage was already full then.
 template <bool BF16>
 __device__ void fd_gemv(const u64* L, const FusedArgs& a, const FdPhase& P, const FdRing& r,
                         u32& t, const float* xs, float* q, float* k, float* v, float* x,
@@ -832,11 +835,11 @@ __device__ void fd_step(const u64* layers, float* x, float* q, float* k, float* 
     float* red = fd_smem();                  // FD_WARPS floats for fd_block_sum
     int* last_flag = (int*)(fd_smem() + 32);  // the attention merge's flag
     float* fd_sm = fd_smem() + FD_HEAD;
-    float* gate = fd_sm + a.hidden;  // gate sums while xs holds the normed x (smem_bytes)
+    float* gate = fd_sm + a.hidden;  // gate sums while xs holds the normed x (ring_at in .rs)
     const int nq = a.n_heads * D, nk = a.n_kv_heads * D;
     const FdRing ring = fd_ring(a);
     if (threadIdx.x == 0) {
-        *(volatile u32*)((u8*)fd_smem() + FD_ISSUED_AT) = 0;
+        if (FD_PROF_ON) *(volatile u32*)((u8*)fd_smem() + FD_ISSUED_AT) = 0;
         for (int i = 0; i < ring.stages; i++) {
             mbar_init(ring.full + 8 * i, 1);
             mbar_init(ring.empty + 8 * i, FD_WARPS);
@@ -858,11 +861,12 @@ __device__ void fd_step(const u64* layers, float* x, float* q, float* k, float* 
     const bool active = seqs[1] > 0;  // sequence 0: [row0, len, pos0, 0]
     const int pos = seqs[2];
     const auto none = [] {};
-    // The profile's inner view (CTA 0's thread 0): per GEMV phase, its input load, the wait
-    // for its first stage and the rest (FdProf slots 20..31), and the stages the producer had
-    // issued beyond the phase's first (slots 32..35).
-    // Summed over the step in registers and added to the buffer once at its end: a global
-    // read-modify-write per phase would put an L2 round trip into what it measures.
+    // The profile's inner view (CTA 0's thread 0), per GEMV phase (buffer slots): its input
+    // load, the wait for its first stage and the rest (20..31), the stages the producer had
+    // issued beyond the phase's first (32..35), the time to reach the first stage's wait
+    // (36..39) and whether that stage was already full (40..43). Summed over the step in
+    // registers and added to the buffer once at its end: a global read-modify-write per phase
+    // would put an L2 round trip into what it measures.
     const bool inner = FD_PROF_ON && prof && threadIdx.x == 0 && blockIdx.x == 0;
     u64 in_acc[24] = {};
     u64 t0 = 0, t1 = 0, ready[3] = {0, 0, 0};
