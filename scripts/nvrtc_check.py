@@ -20,8 +20,8 @@ Prints each module's result and NVRTC's log; exits 1 if any module fails (warnin
 but are printed). Needs only libnvrtc (found by --lib, $AFM_NVRTC_LIB, or the pip wheel
 nvidia-cuda-nvrtc under this Python's site-packages).
 
---resources also compiles each module to a CUBIN of the architecture's real GPU (compute_90 ->
-sm_90) and prints, per kernel, what cuobjdump reads from it: registers per thread, stack bytes
+--resources compiles each module for the architecture's real GPU instead (compute_90 -> sm_90,
+a CUBIN as the runtime's kernel cache holds) and also prints, per kernel, what cuobjdump reads from it: registers per thread, stack bytes
 per thread, and the local-memory loads and stores in its SASS. A kernel with a stack keeps
 arrays or spilled values in local memory, which goes through L1 to L2 (the fused decode step's
 phases waited on it: bench/RESULTS.md, session 15). Needs cuobjdump (--cuobjdump,
@@ -89,7 +89,8 @@ class Nvrtc:
             raise RuntimeError(f"{what}: {msg}")
 
     def compile(self, source, name, options, cubin=False):
-        """Returns (ok, log, code): PTX, or with `cubin` the CUBIN (options name a real GPU)."""
+        """Returns (ok, log, ptx, cubin); the CUBIN (with `cubin`: options name a real GPU)
+        comes from the same program as the PTX, else it is None."""
         prog = ctypes.c_void_p()
         self.check(
             self.lib.nvrtcCreateProgram(
@@ -104,18 +105,18 @@ class Nvrtc:
             self.check(self.lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size)), "log size")
             log = ctypes.create_string_buffer(size.value)
             self.check(self.lib.nvrtcGetProgramLog(prog, log), "log")
-            code = b""
+            ptx, bin_ = b"", None
+            if rc == 0:
+                self.check(self.lib.nvrtcGetPTXSize(prog, ctypes.byref(size)), "ptx size")
+                buf = ctypes.create_string_buffer(size.value)
+                self.check(self.lib.nvrtcGetPTX(prog, buf), "ptx")
+                ptx = buf.value
             if rc == 0 and cubin:
                 self.check(self.lib.nvrtcGetCUBINSize(prog, ctypes.byref(size)), "cubin size")
                 buf = ctypes.create_string_buffer(size.value)
                 self.check(self.lib.nvrtcGetCUBIN(prog, buf), "cubin")
-                code = buf.raw
-            elif rc == 0:
-                self.check(self.lib.nvrtcGetPTXSize(prog, ctypes.byref(size)), "ptx size")
-                buf = ctypes.create_string_buffer(size.value)
-                self.check(self.lib.nvrtcGetPTX(prog, buf), "ptx")
-                code = buf.value
-            return rc == 0, log.value.decode(errors="replace").strip(), code
+                bin_ = buf.raw
+            return rc == 0, log.value.decode(errors="replace").strip(), ptx, bin_
         finally:
             self.lib.nvrtcDestroyProgram(ctypes.byref(prog))
 
@@ -169,7 +170,10 @@ def main():
     modules = sorted(glob.glob(os.path.join(args.dir, "*.cu")))
     if not modules:
         sys.exit(f"nvrtc_check: no .cu files in {args.dir}")
-    options = ["--std=c++17", f"--gpu-architecture={args.arch}"]
+    # --resources: the real GPU of the architecture (compute_90 -> sm_90), whose program gives
+    # the PTX checked below and the CUBIN read for resources, as the runtime's kernel cache does.
+    arch = args.arch.replace("compute_", "sm_") if args.resources else args.arch
+    options = ["--std=c++17", f"--gpu-architecture={arch}"]
     print(f"NVRTC {nv.version}, options {' '.join(options)}"
           + "".join(f", #define {d} 1" for d in args.define))
     jobs = []
@@ -184,7 +188,7 @@ def main():
         jobs = [j for j in jobs if j[0][:-3] in args.module]
     failed = []
     for name, src, opts in jobs:
-        ok, log, ptx = nv.compile(src, name, opts)
+        ok, log, ptx, cubin = nv.compile(src, name, opts, cubin=args.resources)
         entries = ptx.count(b".entry ")
         print(f"{'ok  ' if ok else 'FAIL'} {name}" + (f" ({entries} entry points)" if ok else ""))
         if log:
@@ -195,13 +199,7 @@ def main():
             os.makedirs(args.save_ptx, exist_ok=True)
             with open(os.path.join(args.save_ptx, name[:-3] + ".ptx"), "wb") as f:
                 f.write(ptx)
-        if ok and cuobjdump:
-            real = ["--std=c++17", "--gpu-architecture=" + args.arch.replace("compute_", "sm_")]
-            ok2, log2, cubin = nv.compile(src, name, real, cubin=True)
-            if not ok2:
-                print("    no CUBIN: " + log2)
-                failed.append(name)
-                continue
+        if ok and cubin:
             for kernel, r, st, ldl, stl in resources(cuobjdump, cubin):
                 print(f"    {kernel}: {r} registers, {st} bytes of stack, "
                       f"{ldl} local loads, {stl} local stores")
