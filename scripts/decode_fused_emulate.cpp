@@ -44,6 +44,7 @@ static Dim3 gridDim;
 struct Warp {
     std::barrier<> bar{32};
     float f[32];
+    u32 w[32][6];  // ldmatrix addresses, mma fragments
 };
 // An mbarrier: arrivals still expected in this phase, transaction bytes outstanding, and the
 // number of completed phases (whose parity the waits test).
@@ -89,6 +90,7 @@ static inline u64 fd_now() {
                std::chrono::steady_clock::now().time_since_epoch())
         .count();
 }
+static inline u64 fd_cycles() { return fd_now(); }
 static inline u64 fd_load_acquire(const u64* p) {
     std::this_thread::yield();  // 768 threads on a few cores: let the others run
     return std::atomic_ref<u64>(*const_cast<u64*>(p)).load(std::memory_order_acquire);
@@ -149,6 +151,54 @@ static inline void fd_bulk(u32 dst, const void* src, u32 bytes, u32 bar, u64) {
     std::lock_guard<std::mutex> g(b.m);
     b.tx -= bytes;
     mbar_settle(b);
+}
+
+// ldmatrix (x4, not transposed) and mma m16n8k16 (f32 accumulate), one lane per thread: the
+// warp's lanes post their addresses or fragments, then each reads what its own lane gets.
+static inline u16 sm16(u32 byte_addr, int col) {
+    return ((const u16*)((const u8*)cta->smem.data() + byte_addr))[col];
+}
+static inline void ldsm_x4(u32 (&r)[4], u32 at) {
+    Warp& w = cta->warps[threadIdx.x >> 5];
+    const int l = threadIdx.x & 31;
+    w.w[l][0] = at;
+    w.bar.arrive_and_wait();
+    for (int i = 0; i < 4; i++) {  // row l / 4 of matrix i, columns 2 (l % 4), +1
+        const u32 row = w.w[8 * i + l / 4][0];
+        r[i] = (u32)sm16(row, 2 * (l % 4)) | ((u32)sm16(row, 2 * (l % 4) + 1) << 16);
+    }
+    w.bar.arrive_and_wait();
+}
+template <bool BF16>
+static inline float half16(u32 reg, int hi) {
+    const u16 v = (u16)(hi ? reg >> 16 : reg & 0xffff);
+    return BF16 ? __uint_as_float((u32)v << 16) : h2f(v);
+}
+template <bool BF16>
+static inline void fd_mma(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+    Warp& w = cta->warps[threadIdx.x >> 5];
+    const int l = threadIdx.x & 31;
+    for (int i = 0; i < 4; i++) w.w[l][i] = a[i];
+    w.w[l][4] = b0;
+    w.w[l][5] = b1;
+    w.bar.arrive_and_wait();
+    float A[16][16], B[16][8];
+    for (int ln = 0; ln < 32; ln++) {
+        const int g = ln / 4, t = ln % 4;
+        for (int r = 0; r < 4; r++)
+            for (int e = 0; e < 2; e++)
+                A[g + 8 * (r % 2)][2 * t + 8 * (r / 2) + e] = half16<BF16>(w.w[ln][r], e);
+        for (int r = 0; r < 2; r++)
+            for (int e = 0; e < 2; e++) B[2 * t + 8 * r + e][g] = half16<BF16>(w.w[ln][4 + r], e);
+    }
+    w.bar.arrive_and_wait();
+    const int g = l / 4, t = l % 4;
+    for (int e = 0; e < 4; e++) {
+        const int row = g + 8 * (e / 2), col = 2 * t + e % 2;
+        float s = 0.f;
+        for (int k = 0; k < 16; k++) s += A[row][k] * B[k][col];
+        c[e] += s;
+    }
 }
 
 // common.cuh's reductions, over the emulated shuffles and barriers.
@@ -255,10 +305,12 @@ static bool run(const Case& c, std::mt19937& rng) {
     const float scale = 1.0f / sqrtf((float)d);
     Kernel kernel = d == 64 ? decode_fused_bf16_64 : decode_fused_bf16_128;
     // cuda/decode_fused.rs's layout: FD_HEAD floats, the phases' buffers (the widest of the
-    // GEMV inputs, x beside the CTA's gate sums, attention's), then the ring.
+    // GEMV inputs or x beside the CTA's gate sums, then the GEMV partials; attention's), then
+    // the ring.
     const int attn_floats = d == 64 ? FdAttnSmem<64>::TOTAL : FdAttnSmem<128>::TOTAL;
     const int gate_floats = h + (f + c.grid - 1) / c.grid;
-    const int ring_at = (4 * (FD_HEAD + max({f, nq, gate_floats, attn_floats})) + 127) / 128 * 128;
+    const int gemv_floats = max({f, nq, gate_floats}) + 2 * FD_WARPS * 16;  // + partials
+    const int ring_at = (4 * (FD_HEAD + max(gemv_floats, attn_floats)) + 127) / 128 * 128;
     const size_t smem = (ring_at + (size_t)c.stages * FD_STAGE_BYTES) / 4;
     FusedArgs a{c.layers, h, f, c.nh, c.nkv, bs, max_blocks, rope_dims, c.neox ? 1 : 0, max_pos,
                 0, max_splits, 1e-6f, 1e-6f, scale, c.stages, ring_at};

@@ -18,6 +18,7 @@
 #                                         (AFM_FUSED_DECODE=0), fused (=1), then fused with
 #                                         AFM_FUSED_PROFILE=1 (per-phase µs per layer, printed by
 #                                         the GPU every 64 steps: "[fused profile]" lines).
+#                                         BENCH_MODES picks among 0 1 profile.
 #   TEST_MODELS / BENCH_MODELS            override the model lists (names of
 #                                         scripts/gpu_random_models.py).
 # Every command has a timeout; a hung grid barrier traps after 2 s by itself.
@@ -76,16 +77,18 @@ test | bench)
         models=${BENCH_MODELS:-qwen3-0.6b qwen3-8b}
         gen $models
         for m in $models; do
-            for mode in 0 1 profile; do
-                fused=${mode/profile/1}
-                prof=0
+            for mode in ${BENCH_MODES:-0 1 profile}; do
+                # 0: the layer loop; 1: fused; profile: fused with its profile.
+                fused=1 prof=0
+                [ "$mode" = 0 ] && fused=0
                 [ "$mode" = profile ] && prof=1
-                echo "== $m batch 1, AFM_FUSED_DECODE=$fused AFM_FUSED_PROFILE=$prof"
+                envs="AFM_FUSED_DECODE=$fused AFM_FUSED_PROFILE=$prof"
+                echo "== $m batch 1, $envs"
                 log="$B/$m-$mode.log"
-                AFM_FUSED_DECODE=$fused AFM_FUSED_PROFILE=$prof timeout 240 "$B/gpu_bench" "$R/$m" cuda 1 128 256 "" y >"$log" 2>&1 ||
-                    failed+=("gpu_bench $m AFM_FUSED_DECODE=$fused AFM_FUSED_PROFILE=$prof")
+                env $envs timeout 240 "$B/gpu_bench" "$R/$m" cuda 1 128 256 "" y >"$log" 2>&1 ||
+                    failed+=("gpu_bench $m $envs")
                 grep -E 'tok/s|RESULT|rror|panic|FAIL|trap' "$log" | cut -c1-600
-                grep -F '[fused profile]' "$log" | tail -n 3
+                grep -F '[fused profile]' "$log" | tail -n 5
             done
         done
     fi

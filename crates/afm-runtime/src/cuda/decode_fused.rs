@@ -31,8 +31,9 @@
 //! profile's code (`FD_PROFILE`, cuda/context.rs's `MODULE_DEFINES`).
 //!
 //! Weights reach the consumer warps through a ring of shared-memory stages that a producer
-//! warp fills with bulk copies (sm_90), so rows must be 16-byte aligned and the widths
-//! multiples of 8; the ring takes whatever shared memory the phases' buffers leave.
+//! warp fills with bulk copies (sm_90), tiles of 8 rows by up to 1,024 columns, which the
+//! tensor cores multiply; so rows must be 16-byte aligned and the widths multiples of 32 (a
+//! pair of k16 tiles); the ring takes whatever shared memory the phases' buffers leave.
 
 use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
 use cudarc::driver::{CudaSlice, LaunchConfig};
@@ -46,13 +47,14 @@ const WARPS: usize = 7;
 const THREADS: u32 = 32 * (WARPS as u32 + 1);
 const GH: usize = 4;
 const HEAD: usize = 128;
-/// `FD_STAGE_BYTES`, `FD_MAX_STAGES`: the weight ring's slots.
-const STAGE_BYTES: usize = 16384;
+/// `FD_STAGE_BYTES`, `FD_MAX_STAGES`: the weight ring's slots (8 rows of 1,024 16-bit
+/// values, each padded by 16 bytes).
+const STAGE_BYTES: usize = 8 * (2 * 1024 + 16);
 const MAX_STAGES: usize = 16;
 /// Fewest ring slots worth running: one in use while the next one fills.
 const MIN_STAGES: usize = 2;
 /// `FD_PROF_SLOTS`: the profile buffer's header (u64s) before 3 per barrier.
-const PROF_SLOTS: usize = 44;
+const PROF_SLOTS: usize = 60;
 /// Steps per printed profile.
 const PROFILE_EVERY: i32 = 64;
 /// Fields per layer in the pointer table (`L_FIELDS`).
@@ -139,15 +141,17 @@ fn kernel_name(shape: &FusedShape) -> String {
 
 /// Where the weight ring starts in dynamic shared memory (bytes, 128-aligned): after
 /// `FD_HEAD` floats of block scratch (with the ring's mbarriers) and the phases' buffers, the
-/// widest of: an input vector; the normed x with the gate sums of the CTA's `inter / grid`
-/// rows after it; an attention item's buffers (`FdAttnSmem`: 4 q heads, a k head, (m, l) and
-/// D outputs per warp and head).
+/// widest of: the GEMVs' buffers (the widest input vector, or the normed x with the gate sums
+/// of the CTA's `inter / grid` rows after it; then the warps' partial sums, two buffers of 16
+/// per warp); an attention item's buffers (`FdAttnSmem`: 4 q heads, a k head, (m, l) and D
+/// outputs per warp and head).
 fn ring_at(s: &FusedShape, grid: usize) -> usize {
     let d = s.head_dim;
     let vec = s.inter.max(s.n_heads * d);
     let gate = s.hidden + s.inter.div_ceil(grid.max(1));
+    let gemv = vec.max(gate) + 2 * WARPS * 16;
     let attn = GH * d + d + 2 * WARPS * GH + WARPS * GH * d;
-    (4 * (HEAD + vec.max(gate).max(attn))).next_multiple_of(128)
+    (4 * (HEAD + gemv.max(attn))).next_multiple_of(128)
 }
 
 /// Ring slots that fit beside the buffers in `optin` bytes of shared memory (at most
@@ -193,10 +197,11 @@ impl CudaContext {
         if self.info().compute_capability.0 < 9 || !matches!(shape.head_dim, 64 | 128) {
             return Ok(None);
         }
-        // The ring's bulk copies need 16-byte aligned rows.
+        // The ring's bulk copies need 16-byte aligned rows; the tensor-core tiles, widths in
+        // pairs of 16 columns (the heads' width, 64 or 128 per head, always is).
         let weights = |l: &[u64]| l[..7].iter().all(|&p| p != 0 && p.is_multiple_of(16));
-        if !shape.hidden.is_multiple_of(8)
-            || !shape.inter.is_multiple_of(8)
+        if !shape.hidden.is_multiple_of(32)
+            || !shape.inter.is_multiple_of(32)
             || !table.chunks(LAYER_FIELDS).all(weights)
         {
             return Ok(None);
@@ -339,7 +344,10 @@ mod tests {
         };
         let h200 = 232_448;
         let big = ring_at(&s(4096, 12288, 32, 128), 132);
-        assert_eq!(big, (4 * (128 + 12288) as usize).next_multiple_of(128));
+        assert_eq!(
+            big,
+            (4 * (128 + 12288 + 2 * 7 * 16) as usize).next_multiple_of(128)
+        );
         assert_eq!(ring_stages(big, h200), Some(11));
         // 4 q heads, a k head, (m, l) and 4 heads' outputs for each of 7 warps, 128-aligned.
         let attn = (4 * (128usize + 4 * 128 + 128 + 2 * 7 * 4 + 7 * 4 * 128)).next_multiple_of(128);
@@ -347,8 +355,8 @@ mod tests {
         assert_eq!(small, attn);
         assert_eq!(ring_stages(small, h200), Some(13));
         // The gate sums need room past the normed x when the MLP is barely wider than hidden:
-        // 4 × (128 + 4096 + 4104), 128-aligned.
-        assert_eq!(ring_at(&s(4096, 4104, 8, 64), 1), 33_408);
+        // 4 × (128 + 4096 + 4104 + 224), 128-aligned.
+        assert_eq!(ring_at(&s(4096, 4104, 8, 64), 1), 34_304);
         // A device of 48 KB holds no ring beside an 8B's buffers.
         assert_eq!(ring_stages(big, 48 * 1024), None);
         assert_eq!(ring_stages(0, 1 << 30), Some(16));

@@ -20,9 +20,11 @@
 // barriers are named barrier 1 (fd_sync), which the producer never joins.
 //
 // x stays the residual stream (f32 [hidden]); the final norm and lm_head run after this kernel.
-// Arithmetic follows the unfused kernels (gemv_half: bf16/f16 weights times f32 activations,
-// f32 sums; elementwise.cu's RMSNorm formula; attn_prologue's head norm and RoPE; f16 K/V and
-// f16-rounded q as attention.cu), in a different summation order (~1e-6 relative).
+// Arithmetic follows the unfused kernels (elementwise.cu's RMSNorm formula; attn_prologue's
+// head norm and RoPE; f16 K/V and f16-rounded q as attention.cu) except in the GEMVs: the
+// tensor cores multiply the 16-bit weights by the input as two 16-bit parts (hi + lo, see "The
+// weight ring"), with f32 sums in another order than gemv_half's f32 activations (~1e-5
+// relative).
 //
 // AFM_FUSED_PROFILE=1 compiles the module with FD_PROFILE (cuda/context.rs MODULE_DEFINES) and
 // passes `prof` (else null): barrier timestamps, decode_fused_profile below. Without FD_PROFILE
@@ -56,7 +58,7 @@
 // The profile buffer (u64): [0] CTA 0's start, [1] the last CTA's end, [2..FD_PROF_SLOTS) the
 // report's running sums, then 3 per barrier (layer * 5 + phase): CTA 0 arrives, CTA 0 leaves,
 // the last CTA arrives.
-#define FD_PROF_SLOTS 44
+#define FD_PROF_SLOTS 60
 #ifdef FD_PROFILE
 #define FD_PROF_ON true
 #else
@@ -87,6 +89,9 @@ __device__ __forceinline__ u64 fd_now() {
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     return t;
 }
+
+// SM clock cycles (the profile's fine-grained counts: %globaltimer ticks are coarse).
+__device__ __forceinline__ u64 fd_cycles() { return clock64(); }
 
 __device__ __forceinline__ u64 fd_load_acquire(const u64* p) {
     u64 v;
@@ -138,8 +143,10 @@ __device__ __forceinline__ float fd_block_sum(float v, float* sh) {
 }
 
 // The grid barrier (CUTLASS's generic barrier pattern): the block's writes are ordered before
-// thread 0's release add by fd_sync; thread 0 polls with acquire loads until all CTAs
-// have added, then releases the block. `target` is this barrier's count: the counter's value
+// thread 0's release add by fd_sync; thread 0 polls with acquire loads until all CTAs have
+// added, then releases the block. (Relaxed polls and one acquire fence after them, which
+// spare the L1 invalidation of each acquire load, were slower: 922 against 960 tok/s on
+// Qwen3-0.6B, bench/RESULTS.md session 16.) `target` is this barrier's count: the counter's value
 // at the launch's start (a multiple of gridDim.x, see fd_bar_base) plus gridDim.x per barrier.
 // With a profile buffer (AFM_FUSED_PROFILE=1), barrier `slot` records CTA 0's arrival and exit
 // and the grid's last arrival (FdProf).
@@ -207,30 +214,34 @@ __device__ __forceinline__ float fd_act(float g, int act) {
 
 // ---- The weight ring ----
 // Weights are no phase's output, so the whole step's weight bytes are one fixed sequence per
-// CTA, known before the step starts: the producer warp copies it, stage by stage
-// (FD_STAGE_BYTES of contiguous rows, one cp.async.bulk each), into a ring of `a.stages` slots
-// in shared memory, and runs ahead across the grid barriers and the attention phase as far as
-// the ring allows (~200 KB, most of a small model's layer), so the barriers' latency and the
-// attention overlap the DRAM reads of the next phases. The consumer warps wait on a slot's
-// "full" mbarrier, use it and arrive on its "empty" one (one arrival per warp), which frees it.
+// CTA, known before the step starts: the producer warp copies it, tile by tile, into a ring of
+// `a.stages` slots in shared memory, and runs ahead across the grid barriers and the attention
+// phase as far as the ring allows (~200 KB, most of a small model's layer), so the barriers'
+// latency and the attention overlap the DRAM reads of the next phases. The owner of a slot's
+// tile waits on its "full" mbarrier, uses it and arrives on its "empty" one, which frees it.
 //
 // A GEMV phase gives each CTA a contiguous range of rows (an even split of the phase's rows
-// over the grid) of up to three matrices (Wq|Wk|Wv; Wg then Wu over the same rows; Wo; Wd).
-// Within a piece, warp w takes the rows w, w + FD_WARPS, ..: each lane sums its 8-value units
-// of the row in order, over as many stages as the row spans, then the warp reduces in a fixed
-// tree, so every output's summation order depends on the shape alone (never on timing).
-#define FD_STAGE_BYTES 16384
+// over the grid) of up to three matrices (Wq|Wk|Wv; Wg then Wu over the same rows; Wo; Wd),
+// its pieces. A piece is cut into row groups of 8 rows, and a group into tiles of up to
+// FD_TILE_COLS columns: a tile is one ring slot, its rows copied by one cp.async.bulk each to
+// a row stride of 16 bytes more than the row (so ldmatrix's 8 row addresses fall in 8
+// different bank quads). Every consumer warp takes a share of every tile (fd_gemv), so every
+// warp waits for every tile's "full" and arrives on its "empty" (FD_WARPS arrivals free a
+// slot); the sums' order depends on the shape alone (never on timing).
+//
+// The products run on the tensor cores (mma m16n8k16, f32 accumulate): a tile's 8 rows are
+// the 8 columns of B, and the input vector is A's first two rows, as its 16-bit rounding (hi)
+// and the rounding of what that left (lo), so hi + lo carries x to ~2^-16 of itself, about
+// what the f32 x times 16-bit weights of the unfused GEMVs keep (rows 2..15 of A hold copies
+// and are ignored: a row of C depends on that row of A alone).
+#define FD_TILE_COLS 1024
+#define FD_TILE_ROWS 8
+#define FD_STAGE_BYTES (FD_TILE_ROWS * (2 * FD_TILE_COLS + 16))
 #define FD_MAX_STAGES 16
 
 struct FdPiece {
     const u8* w;  // the CTA's first row
-    int first, rows, cols, kind;
-};
-
-// kind: 0..2 q, k, v; 3 gate; 4 up; 5 residual (O, down)
-struct FdPhase {
-    FdPiece p[3];
-    int n;
+    int first, rows, cols;
 };
 
 __device__ __forceinline__ void fd_split(int total, int& r0, int& r1) {
@@ -238,50 +249,44 @@ __device__ __forceinline__ void fd_split(int total, int& r0, int& r1) {
     r1 = (int)((i64)total * (blockIdx.x + 1) / gridDim.x);
 }
 
-__device__ __forceinline__ void fd_piece(FdPhase& P, const u16* w, int first, int rows, int cols,
-                                         int kind) {
-    if (rows <= 0) return;
-    FdPiece& pc = P.p[P.n++];
+__device__ __forceinline__ FdPiece fd_make_piece(const u16* w, int first, int rows, int cols) {
+    FdPiece pc;
     pc.w = (const u8*)(w + (i64)first * cols);
     pc.first = first;
-    pc.rows = rows;
+    pc.rows = max(rows, 0);
     pc.cols = cols;
-    pc.kind = kind;
+    return pc;
 }
 
-// Phase ph (0 Q/K/V, 1 O, 2 gate+up, 3 down) of layer L: this CTA's pieces.
-__device__ __forceinline__ FdPhase fd_phase(const u64* L, const FusedArgs& a, int nq, int nk,
-                                            int ph) {
-    FdPhase P;
-    P.n = 0;
+// Piece m of phase ph (0 Q/K/V: m = 0..2 for q, k, v; 1 O; 2 gate+up: m = 0 gate, 1 up;
+// 3 down) of layer L for this CTA; rows 0 when the CTA has none of it.
+__device__ __forceinline__ FdPiece fd_piece(const u64* L, const FusedArgs& a, int nq, int nk,
+                                            int ph, int m) {
     int r0, r1;
     if (ph == 0) {  // rows of the stacked Wq | Wk | Wv
         fd_split(nq + 2 * nk, r0, r1);
-        const int bounds[4] = {0, nq, nq + nk, nq + 2 * nk};
-        const int fields[3] = {L_WQ, L_WK, L_WV};
-#pragma unroll
-        for (int m = 0; m < 3; m++) {
-            const int lo = max(r0, bounds[m]), hi = min(r1, bounds[m + 1]);
-            fd_piece(P, fd_w(L, fields[m]), lo - bounds[m], hi - lo, a.hidden, m);
-        }
-    } else if (ph == 1) {
-        fd_split(a.hidden, r0, r1);
-        fd_piece(P, fd_w(L, L_WO), r0, r1 - r0, nq, 5);
-    } else if (ph == 2) {
-        fd_split(a.inter, r0, r1);
-        fd_piece(P, fd_w(L, L_WG), r0, r1 - r0, a.hidden, 3);
-        fd_piece(P, fd_w(L, L_WU), r0, r1 - r0, a.hidden, 4);
-    } else {
-        fd_split(a.hidden, r0, r1);
-        fd_piece(P, fd_w(L, L_WD), r0, r1 - r0, a.inter, 5);
+        const int b0 = m == 0 ? 0 : m == 1 ? nq : nq + nk, b1 = m == 0 ? nq : m == 1 ? nq + nk : nq + 2 * nk;
+        const int lo = max(r0, b0), hi = min(r1, b1);
+        return fd_make_piece(fd_w(L, L_WQ + m), lo - b0, hi - lo, a.hidden);
     }
-    return P;
+    if (ph == 1) {
+        fd_split(a.hidden, r0, r1);
+        return fd_make_piece(fd_w(L, L_WO), r0, r1 - r0, nq);
+    }
+    if (ph == 2) {
+        fd_split(a.inter, r0, r1);
+        return fd_make_piece(fd_w(L, m == 0 ? L_WG : L_WU), r0, r1 - r0, a.hidden);
+    }
+    fd_split(a.hidden, r0, r1);
+    return fd_make_piece(fd_w(L, L_WD), r0, r1 - r0, a.inter);
 }
 
-__device__ __forceinline__ int fd_piece_bytes(const FdPiece& pc) { return pc.rows * pc.cols * 2; }
-
-__device__ __forceinline__ int fd_piece_stages(const FdPiece& pc) {
-    return (fd_piece_bytes(pc) + FD_STAGE_BYTES - 1) / FD_STAGE_BYTES;
+__device__ __forceinline__ int fd_pieces(int ph) { return ph == 0 ? 3 : ph == 2 ? 2 : 1; }
+__device__ __forceinline__ int fd_groups(const FdPiece& pc) {
+    return (pc.rows + FD_TILE_ROWS - 1) / FD_TILE_ROWS;
+}
+__device__ __forceinline__ int fd_chunks(const FdPiece& pc) {
+    return (pc.cols + FD_TILE_COLS - 1) / FD_TILE_COLS;
 }
 
 // Shared addresses of the ring: `full` and `empty` mbarriers (8 bytes each, FD_MAX_STAGES of
@@ -305,7 +310,7 @@ __device__ __forceinline__ FdRing fd_ring(const FusedArgs& a) {
 }
 
 #if defined(AFM_HOST_EMULATION)
-// scripts/decode_fused_emulate.cpp supplies fd_bulk and fd_evict_first.
+// scripts/decode_fused_emulate.cpp supplies fd_bulk, fd_evict_first, ldsm_x4 and fd_mma.
 #elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 // `bytes` (a multiple of 16) at global src into shared dst, completing on mbarrier bar; L2
 // keeps the lines as first to evict (each weight is read once per step).
@@ -321,121 +326,239 @@ __device__ __forceinline__ u64 fd_evict_first() {
     asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
     return pol;
 }
+// c += A (16x16) B (16x8): bf16 (BF16) or f16 inputs, f32 accumulate.
+template <bool BF16>
+__device__ __forceinline__ void fd_mma(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+    if (BF16)
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                     "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    else
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                     "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
 #else
 __device__ __forceinline__ void fd_bulk(u32, const void*, u32, u32, u64) { __trap(); }
 __device__ __forceinline__ u64 fd_evict_first() { return 0; }
+template <bool BF16>
+__device__ __forceinline__ void fd_mma(float (&)[4], const u32 (&)[4], u32, u32) { __trap(); }
 #endif
 
-// The producer (one thread): every stage of the step, in the consumers' order.
+// The producer (one thread): every tile of the step, in the consumers' order.
 __device__ void fd_produce(const u64* layers, const FusedArgs& a, int nq, int nk,
-                           const FdRing& r) {
+                           const FdRing& r, u64* prof) {
     const u64 pol = fd_evict_first();
     u32 t = 0;
+    u64 blocked = 0, c_start = FD_PROF_ON ? fd_cycles() : 0;  // the profile: CTA 0's producer
     for (int li = 0; li < a.n_layers; li++) {
         const u64* L = layers + (i64)li * L_FIELDS;
         for (int ph = 0; ph < 4; ph++) {
-            const FdPhase P = fd_phase(L, a, nq, nk, ph);
-            for (int pi = 0; pi < P.n; pi++) {
-                const FdPiece& pc = P.p[pi];
-                const int bytes = fd_piece_bytes(pc);
-                for (int off = 0; off < bytes; off += FD_STAGE_BYTES, t++) {
-                    const u32 slot = t % r.stages, use = t / r.stages;
-                    if (use > 0) mbar_wait(r.empty + 8 * slot, (use - 1) & 1);
-                    const u32 n = min(FD_STAGE_BYTES, bytes - off);
-                    mbar_expect_tx(r.full + 8 * slot, n);
-                    fd_bulk(r.data + slot * FD_STAGE_BYTES, pc.w + off, n, r.full + 8 * slot, pol);
-                    if (FD_PROF_ON) *(volatile u32*)((u8*)fd_smem() + FD_ISSUED_AT) = t + 1;
+            for (int m = 0; m < fd_pieces(ph); m++) {
+                const FdPiece pc = fd_piece(L, a, nq, nk, ph, m);
+                const int ng = fd_groups(pc), nc = fd_chunks(pc);
+                for (int grp = 0; grp < ng; grp++) {
+                    const int rows = min(FD_TILE_ROWS, pc.rows - grp * FD_TILE_ROWS);
+                    for (int ch = 0; ch < nc; ch++, t++) {
+                        const int c0 = ch * FD_TILE_COLS, cols = min(FD_TILE_COLS, pc.cols - c0);
+                        const u32 slot = t % r.stages, use = t / r.stages;
+                        if (use > 0) {
+                            const u64 cw = FD_PROF_ON ? fd_cycles() : 0;
+                            mbar_wait(r.empty + 8 * slot, (use - 1) & 1);
+                            if (FD_PROF_ON) blocked += fd_cycles() - cw;
+                        }
+                        const u32 full = r.full + 8 * slot, dst = r.data + slot * FD_STAGE_BYTES;
+                        mbar_expect_tx(full, rows * cols * 2);
+                        const u8* src = pc.w + ((i64)grp * FD_TILE_ROWS * pc.cols + c0) * 2;
+                        for (int i = 0; i < rows; i++)
+                            fd_bulk(dst + i * (2 * cols + 16), src + (i64)i * pc.cols * 2,
+                                    cols * 2, full, pol);
+                        if (FD_PROF_ON) *(volatile u32*)((u8*)fd_smem() + FD_ISSUED_AT) = t + 1;
+                    }
                 }
             }
         }
     }
-}
-
-// Where a finished row's sum goes. `g` (shared, one float per gate row of the CTA) holds the
-// gate's sums until the same warp's lane 0 finishes the up row.
-__device__ __forceinline__ void fd_emit(const u64* L, const FdPiece& pc, int row, float s,
-                                        float* q, float* k, float* v, float* x, float* act,
-                                        float* g, int act_kind) {
-    const int r = pc.first + row;
-    switch (pc.kind) {
-        case 0: q[r] = L[L_BQ] ? s + __ldg(fd_v(L, L_BQ) + r) : s; break;
-        case 1: k[r] = L[L_BK] ? s + __ldg(fd_v(L, L_BK) + r) : s; break;
-        case 2: v[r] = L[L_BV] ? s + __ldg(fd_v(L, L_BV) + r) : s; break;
-        case 3: g[row] = s; break;
-        case 4: act[r] = fd_act(g[row], act_kind) * s; break;
-        default: x[r] = __ldcg(x + r) + s; break;
+    if (FD_PROF_ON && prof && blockIdx.x == 0) {
+        prof[56] += blocked;
+        prof[57] += fd_cycles() - c_start;
     }
 }
 
-// One GEMV phase on the consumer side: its pieces' stages in order (t counts the step's
-// stages, as the producer does); xs: the input vector (shared). With `ready_at` (the profile,
-// CTA 0's thread 0): [0] when its first stage was there, [1] when it began to wait for it,
-// [2] whether the stage was already full then.
+// The GEMV input in shared memory, as A's fragments want it: the hi values (16-bit, as the
+// weights), then the lo values, each [pair of k16 tiles][tig 0..3][4 words], words {tile 2p:
+// k 2tig, 2tig + 8; tile 2p + 1: the same}, two values per word (lower k in the low half). A
+// vector of n values (a multiple of 32) takes 4n bytes, as its f32 values would.
+__device__ __forceinline__ int fd_xs_word(int k) {
+    const int j = k & 15;
+    return ((k >> 5) * 4 + ((j & 7) >> 1)) * 4 + ((k >> 4) & 1) * 2 + (j >> 3);
+}
+
 template <bool BF16>
-__device__ void fd_gemv(const u64* L, const FusedArgs& a, const FdPhase& P, const FdRing& r,
-                        u32& t, const float* xs, float* q, float* k, float* v, float* x,
-                        float* act, float* g, u64* ready_at) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const float4* x4 = (const float4*)xs;
-    // Unrolled: a piece indexed by a loop variable would live in local memory.
+__device__ __forceinline__ u16 fd_round16(float v) {
+    return BF16 ? f2bf(v) : f2h(v);
+}
+template <bool BF16>
+__device__ __forceinline__ float fd_widen16(u16 v) {
+    return BF16 ? __uint_as_float((u32)v << 16) : h2f(v);
+}
+
+// Two values rounded to 16 bits (nearest even) and packed, `a` in the low half: one cvt.
+template <bool BF16>
+__device__ __forceinline__ u32 fd_pack16(float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800 && !defined(AFM_HOST_EMULATION)
+    u32 r;
+    if (BF16)
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(b), "f"(a));
+    else
+        asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(b), "f"(a));
+    return r;
+#else
+    return (u32)fd_round16<BF16>(a) | ((u32)fd_round16<BF16>(b) << 16);
+#endif
+}
+
+// Values k .. k + 3 of the vector (n values) into xs's hi/lo layout.
+template <bool BF16>
+__device__ __forceinline__ void fd_xs_put4(u32* xs, int n, int k, float4 v) {
+    const u32 h0 = fd_pack16<BF16>(v.x, v.y), h1 = fd_pack16<BF16>(v.z, v.w);
+    const u32 l0 = fd_pack16<BF16>(v.x - fd_widen16<BF16>((u16)h0), v.y - fd_widen16<BF16>((u16)(h0 >> 16)));
+    const u32 l1 = fd_pack16<BF16>(v.z - fd_widen16<BF16>((u16)h1), v.w - fd_widen16<BF16>((u16)(h1 >> 16)));
+    const int w0 = fd_xs_word(k), w1 = fd_xs_word(k + 2), half = n / 2;
+    xs[w0] = h0;
+    xs[w1] = h1;
+    xs[half + w0] = l0;
+    xs[half + w1] = l1;
+}
+
+// Where a finished row's sum goes. `g` (shared, one float per gate row of the CTA) holds the
+// gate's sums until the same lane finishes the up row. KIND: 0 q/k/v (+ bias), 3 gate, 4 up,
+// 5 residual (O, down; `res` is x[r] as the row group began).
+template <int KIND>
+__device__ __forceinline__ void fd_emit(const FdPiece& pc, int row, float s, const float* bias,
+                                        float res, float* out, float* g, int act_kind) {
+    const int r = pc.first + row;
+    if (KIND == 0) out[r] = bias ? s + __ldg(bias + r) : s;
+    if (KIND == 3) g[row] = s;
+    if (KIND == 4) out[r] = fd_act(g[row], act_kind) * s;
+    if (KIND == 5) out[r] = res + s;
+}
+
+// One piece of a GEMV phase on the consumer side: its tiles in order (t counts the step's
+// stages, as the producer does); `gi` counts the step's row groups (the partials' buffer
+// parity); xs: the input vector (shared, fd_xs_word's layout); part: the warps' partial sums
+// (shared, [2][FD_WARPS][8 lanes][2] floats, see fd_part). Every warp takes every tile,
+// its share of the tile's k16-tile pairs (pair p goes to warp p % FD_WARPS), into its own
+// sums, over all the group's tiles; then the warps' sums meet in shared memory and warp
+// grp % FD_WARPS adds them in warp order and writes the group's rows. With `ready_at` (the
+// profile, CTA 0's thread 0): [0] when its first stage was there, [1] when it began to wait for
+// it, [2] whether the stage was already full then, [3] cycles spent waiting for stages, [4]
+// stages not yet full when it came to them.
+template <bool BF16, int KIND>
+__device__ void fd_gemv(const FdPiece& pc, const FusedArgs& a, const FdRing& r, u32& t, u32& gi,
+                        const u32* xs, float* part, const float* bias, float* out, float* g,
+                        u64* ready_at) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, tig = lane & 3;
+    const int K = pc.cols, ng = fd_groups(pc), nc = fd_chunks(pc);
+    // This lane's A fragments: hi (lanes g = 0 mod 2) or lo, words of tig; copies elsewhere.
+    const uint4* xq = (const uint4*)(xs + ((lane >> 2) & 1) * (K / 2)) + tig;
+    for (int grp = 0; grp < ng; grp++, gi++) {
+        const bool fin = grp % FD_WARPS == warp;  // this warp writes the group's rows
+        // Lanes 0..3 finish rows 2 tig and 2 tig + 1 of the group.
+        const int row0 = grp * FD_TILE_ROWS + 2 * tig;
+        float res[2] = {0.f, 0.f};
+        if (KIND == 5 && fin && lane < 4) {
 #pragma unroll
-    for (int pi = 0; pi < 3; pi++) {
-        if (pi >= P.n) break;
-        const FdPiece& pc = P.p[pi];
-        const int K = pc.cols, total = pc.rows * K;  // values
-        const int nst = fd_piece_stages(pc);
-        int row = warp;  // this warp's next row (piece-local)
-        float acc = 0.f;
-        for (int st = 0; st < nst; st++, t++) {
+            for (int e = 0; e < 2; e++)
+                if (row0 + e < pc.rows) res[e] = __ldcg(out + pc.first + row0 + e);
+        }
+        float c[4][4] = {};
+        for (int ch = 0; ch < nc; ch++, t++) {
+            const int c0 = ch * FD_TILE_COLS, cols = min(FD_TILE_COLS, K - c0);
             const u32 slot = t % r.stages, parity = (t / r.stages) & 1;
-            const int s_lo = st * (FD_STAGE_BYTES / 2), s_hi = min(s_lo + FD_STAGE_BYTES / 2, total);
-            const uint4* data =
-                (const uint4*)((const u8*)fd_smem() + a.ring_at + slot * FD_STAGE_BYTES);
-            // Every warp waits for every stage, rows of its own in it or not: an arrival on
-            // "empty" before the slot's fill would count toward its previous use (a warp with
-            // no row for more than `stages` stages would free slots still being read).
-            if (ready_at && ready_at[0] == 0) {
-                ready_at[1] = fd_now();
-                ready_at[2] = mbar_test(r.full + 8 * slot, parity);
+            u64 cw = 0;
+            if (ready_at) {
+                const u32 full = mbar_test(r.full + 8 * slot, parity);
+                if (ready_at[0] == 0) {
+                    ready_at[1] = fd_now();
+                    ready_at[2] = full;
+                }
+                ready_at[4] += !full;
+                cw = fd_cycles();
             }
             mbar_wait(r.full + 8 * slot, parity);
-            if (ready_at && ready_at[0] == 0) ready_at[0] = fd_now();
-            while (row < pc.rows && row * K < s_hi) {  // warp-uniform
-                // Column units [c_lo, c_hi) of the row are in this stage, unit c at data[c + c0].
-                const int e_lo = max(row * K, s_lo), e_hi = min((row + 1) * K, s_hi);
-                const int c_lo = (e_lo - row * K) >> 3, c_hi = (e_hi - row * K) >> 3;
-                const int c0 = (row * K - s_lo) >> 3;
-#pragma unroll 4
-                for (int cu = c_lo + lane; cu < c_hi; cu += 32) {
-                    float w[8];
-                    fd_unpack<BF16>(data[cu + c0], w);
-                    const float4 xa = x4[2 * cu], xb = x4[2 * cu + 1];
-                    acc += w[0] * xa.x + w[1] * xa.y + w[2] * xa.z + w[3] * xa.w + w[4] * xb.x +
-                           w[5] * xb.y + w[6] * xb.z + w[7] * xb.w;
-                }
-                if (e_hi < (row + 1) * K) break;  // the row goes on in the next stage
-                const float sum = warp_sum(acc);
-                acc = 0.f;
-                if (lane == 0) fd_emit(L, pc, row, sum, q, k, v, x, act, g, a.act);
-                row += FD_WARPS;
+            if (ready_at) {
+                ready_at[3] += fd_cycles() - cw;
+                if (ready_at[0] == 0) ready_at[0] = fd_now();
+            }
+            // ldmatrix: lane l gives row l % 8 of matrix l / 8 (columns 8 (l / 8) on).
+            const u32 lm = r.data + slot * FD_STAGE_BYTES + (lane & 7) * (2 * cols + 16) +
+                           (lane >> 3) * 16;
+            const uint4* xc = xq + (c0 >> 5) * 4;
+            const int np = cols >> 5;  // pairs of k16 tiles
+            int p = warp;
+            for (; p + FD_WARPS < np; p += 2 * FD_WARPS) {
+                u32 b0[4], b1[4];
+                ldsm_x4(b0, lm + p * 64);
+                ldsm_x4(b1, lm + (p + FD_WARPS) * 64);
+                const uint4 x0 = xc[p * 4], x1 = xc[(p + FD_WARPS) * 4];
+                const u32 a00[4] = {x0.x, x0.x, x0.y, x0.y}, a01[4] = {x0.z, x0.z, x0.w, x0.w};
+                const u32 a10[4] = {x1.x, x1.x, x1.y, x1.y}, a11[4] = {x1.z, x1.z, x1.w, x1.w};
+                fd_mma<BF16>(c[0], a00, b0[0], b0[1]);
+                fd_mma<BF16>(c[1], a01, b0[2], b0[3]);
+                fd_mma<BF16>(c[2], a10, b1[0], b1[1]);
+                fd_mma<BF16>(c[3], a11, b1[2], b1[3]);
+            }
+            if (p < np) {
+                u32 b0[4];
+                ldsm_x4(b0, lm + p * 64);
+                const uint4 x0 = xc[p * 4];
+                const u32 a00[4] = {x0.x, x0.x, x0.y, x0.y}, a01[4] = {x0.z, x0.z, x0.w, x0.w};
+                fd_mma<BF16>(c[0], a00, b0[0], b0[1]);
+                fd_mma<BF16>(c[1], a01, b0[2], b0[3]);
             }
             __syncwarp();
             if (lane == 0) mbar_arrive(r.empty + 8 * slot);
         }
+        // Row 0 of C (lanes 0..3) is W . hi, row 1 (lanes 4..7) W . lo, columns 2 tig, 2 tig + 1:
+        // this warp's part, into the partials (double-buffered by group parity, so the next
+        // group's writes never meet this group's reads: a block barrier lies between).
+        float* pb = part + (gi & 1) * (FD_WARPS * 16);
+        if (lane < 8) {
+#pragma unroll
+            for (int e = 0; e < 2; e++)
+                pb[(warp * 8 + lane) * 2 + e] = (c[0][e] + c[1][e]) + (c[2][e] + c[3][e]);
+        }
+        fd_sync();
+        if (fin && lane < 4) {
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                float s = 0.f;
+#pragma unroll
+                for (int w = 0; w < FD_WARPS; w++)
+                    s += pb[(w * 8 + lane) * 2 + e] + pb[(w * 8 + lane + 4) * 2 + e];
+                if (row0 + e < pc.rows) fd_emit<KIND>(pc, row0 + e, s, bias, res[e], out, g, a.act);
+            }
+        }
     }
 }
 
-// xs = x (n floats, written by other CTAs), then fd_sync.
-__device__ __forceinline__ void fd_load_vec(const float* x, int n, float* xs) {
+// xs = x (n floats, written by other CTAs) in fd_xs_word's layout, then fd_sync.
+template <bool BF16>
+__device__ __forceinline__ void fd_load_vec(const float* x, int n, u32* xs) {
     for (int i = threadIdx.x; i < n / 4; i += FD_THREADS)
-        ((float4*)xs)[i] = __ldcg((const float4*)x + i);
+        fd_xs_put4<BF16>(xs, n, 4 * i, __ldcg((const float4*)x + i));
     fd_sync();
 }
 
-// xs = x / rms(x) * w (RMSNorm of the residual, elementwise.cu's formula), then fd_sync.
+// xs = x / rms(x) * w (RMSNorm of the residual, elementwise.cu's formula) in fd_xs_word's
+// layout, then fd_sync.
+template <bool BF16>
 __device__ __forceinline__ void fd_load_normed(const float* x, const float* w, int d, float eps,
-                                               float* xs, float* red) {
-    constexpr int NV = 4;  // float4s per thread held in registers: rows up to 4096 in one pass
+                                               u32* xs, float* red) {
+    constexpr int NV = 5;  // float4s per thread held in registers: rows up to 4,480 in one pass
     const int n4 = d / 4;
     if (n4 <= NV * FD_THREADS) {  // x and w loaded together, before the reduction
         float4 xv[NV], wv[NV];
@@ -468,16 +591,16 @@ __device__ __forceinline__ void fd_load_normed(const float* x, const float* w, i
                 v.y = v.y * (inv * wv[k].y);
                 v.z = v.z * (inv * wv[k].z);
                 v.w = v.w * (inv * wv[k].w);
-                ((float4*)xs)[i] = v;
+                fd_xs_put4<BF16>(xs, d, 4 * i, v);
             }
         }
         fd_sync();
         return;
     }
+    // Wider rows: x read twice (the second time from L2), as xs cannot hold x as it is.
     float ss = 0.f;
     for (int i = threadIdx.x; i < n4; i += FD_THREADS) {
         const float4 v = __ldcg((const float4*)x + i);
-        ((float4*)xs)[i] = v;
         ss = fmaf(v.x, v.x, ss);
         ss = fmaf(v.y, v.y, ss);
         ss = fmaf(v.z, v.z, ss);
@@ -486,13 +609,13 @@ __device__ __forceinline__ void fd_load_normed(const float* x, const float* w, i
     ss = fd_block_sum(ss, red);
     const float inv = 1.0f / sqrtf(ss / (float)d + eps);
     for (int i = threadIdx.x; i < n4; i += FD_THREADS) {
-        float4 v = ((float4*)xs)[i];
+        float4 v = __ldcg((const float4*)x + i);
         const float4 ww = __ldg((const float4*)w + i);
         v.x = v.x * (inv * ww.x);
         v.y = v.y * (inv * ww.y);
         v.z = v.z * (inv * ww.z);
         v.w = v.w * (inv * ww.w);
-        ((float4*)xs)[i] = v;
+        fd_xs_put4<BF16>(xs, d, 4 * i, v);
     }
     fd_sync();
 }
@@ -835,8 +958,12 @@ __device__ void fd_step(const u64* layers, float* x, float* q, float* k, float* 
     float* red = fd_smem();                  // FD_WARPS floats for fd_block_sum
     int* last_flag = (int*)(fd_smem() + 32);  // the attention merge's flag
     float* fd_sm = fd_smem() + FD_HEAD;
+    u32* xs = (u32*)fd_sm;           // a GEMV's input vector (fd_xs_word's layout)
     float* gate = fd_sm + a.hidden;  // gate sums while xs holds the normed x (ring_at in .rs)
     const int nq = a.n_heads * D, nk = a.n_kv_heads * D;
+    // The GEMV partials, past every GEMV input and the gate sums (cuda/decode_fused.rs ring_at).
+    const int gate_end = a.hidden + (a.inter + (int)gridDim.x - 1) / (int)gridDim.x;
+    float* part = fd_sm + max(max(a.inter, nq), gate_end);
     const FdRing ring = fd_ring(a);
     if (threadIdx.x == 0) {
         if (FD_PROF_ON) *(volatile u32*)((u8*)fd_smem() + FD_ISSUED_AT) = 0;
@@ -851,10 +978,11 @@ __device__ void fd_step(const u64* layers, float* x, float* q, float* k, float* 
     __syncthreads();  // the only barrier of all FD_BLOCK threads
     if (threadIdx.x >= FD_THREADS) {
         // Weights are no kernel's output: the producer starts before the PDL wait.
-        if (threadIdx.x == FD_THREADS) fd_produce(layers, a, nq, nk, ring);
+        if (threadIdx.x == FD_THREADS) fd_produce(layers, a, nq, nk, ring, prof);
         return;
     }
-    u32 t = 0;  // stages consumed, as the producer counts them
+    u32 t = 0;   // stages consumed, as the producer counts them
+    u32 gi = 0;  // GEMV row groups finished (the partials' buffer parity)
     fd_pdl_wait();
     if (FD_PROF_ON && prof && threadIdx.x == 0 && blockIdx.x == 0) prof[0] = fd_now();
     u64 target = threadIdx.x == 0 ? fd_bar_base(bar) : 0;  // thread 0 runs the barriers
@@ -868,14 +996,15 @@ __device__ void fd_step(const u64* layers, float* x, float* q, float* k, float* 
     // registers and added to the buffer once at its end: a global read-modify-write per phase
     // would put an L2 round trip into what it measures.
     const bool inner = FD_PROF_ON && prof && threadIdx.x == 0 && blockIdx.x == 0;
-    u64 in_acc[24] = {};
-    u64 t0 = 0, t1 = 0, ready[3] = {0, 0, 0};
+    u64 in_acc[36] = {};
+    u64 t0 = 0, t1 = 0, c1 = 0, ready[5] = {0, 0, 0, 0, 0};
 #define FD_LOADED(ph)                                                                \
     if (inner) {                                                                     \
         t1 = fd_now();                                                               \
         in_acc[3 * (ph)] += t1 - t0;                                                 \
         in_acc[12 + (ph)] += *(volatile u32*)((u8*)fd_smem() + FD_ISSUED_AT) - t;    \
-        ready[0] = 0;                                                                \
+        ready[0] = ready[3] = ready[4] = 0;                                          \
+        c1 = fd_cycles();                                                            \
     }
 #define FD_DONE(ph)                                        \
     if (inner) {                                           \
@@ -885,6 +1014,9 @@ __device__ void fd_step(const u64* layers, float* x, float* q, float* k, float* 
         in_acc[3 * (ph) + 2] += t2 - ready[0];             \
         in_acc[16 + (ph)] += ready[1] - t1;                \
         in_acc[20 + (ph)] += ready[2];                     \
+        in_acc[24 + (ph)] += ready[3];                     \
+        in_acc[28 + (ph)] += ready[4];                     \
+        in_acc[32 + (ph)] += fd_cycles() - c1;             \
     }
 #define FD_START if (inner) t0 = fd_now();
     u64* rp = inner ? ready : nullptr;
@@ -892,9 +1024,12 @@ __device__ void fd_step(const u64* layers, float* x, float* q, float* k, float* 
         const u64* L = layers + (i64)li * L_FIELDS;
         const int slot = li * 5;
         FD_START
-        fd_load_normed(x, fd_v(L, L_IN_NORM), a.hidden, a.eps, fd_sm, red);
+        fd_load_normed<BF16>(x, fd_v(L, L_IN_NORM), a.hidden, a.eps, xs, red);
         FD_LOADED(0)
-        fd_gemv<BF16>(L, a, fd_phase(L, a, nq, nk, 0), ring, t, fd_sm, q, k, v, x, act, gate, rp);
+#pragma unroll
+        for (int m = 0; m < 3; m++)
+            fd_gemv<BF16, 0>(fd_piece(L, a, nq, nk, 0, m), a, ring, t, gi, xs, part, fd_v(L, L_BQ + m),
+                             m == 0 ? q : m == 1 ? k : v, gate, rp);
         FD_DONE(0)
         fd_grid_sync(bar, target, prof, slot, [&] {
             if (!active) return;
@@ -908,24 +1043,26 @@ __device__ void fd_step(const u64* layers, float* x, float* q, float* k, float* 
         fd_grid_sync(bar, target, prof, slot + 1, none);
 
         FD_START
-        fd_load_vec(att, nq, fd_sm);
+        fd_load_vec<BF16>(att, nq, xs);
         FD_LOADED(1)
-        fd_gemv<BF16>(L, a, fd_phase(L, a, nq, nk, 1), ring, t, fd_sm, q, k, v, x, act, gate, rp);
+        fd_gemv<BF16, 5>(fd_piece(L, a, nq, nk, 1, 0), a, ring, t, gi, xs, part, nullptr, x, gate, rp);
         FD_DONE(1)
         fd_grid_sync(bar, target, prof, slot + 2,
                      [&] { fd_prefetch_vec(fd_v(L, L_POST_NORM), a.hidden * 4); });
 
         FD_START
-        fd_load_normed(x, fd_v(L, L_POST_NORM), a.hidden, a.eps, fd_sm, red);
+        fd_load_normed<BF16>(x, fd_v(L, L_POST_NORM), a.hidden, a.eps, xs, red);
         FD_LOADED(2)
-        fd_gemv<BF16>(L, a, fd_phase(L, a, nq, nk, 2), ring, t, fd_sm, q, k, v, x, act, gate, rp);
+        // The same lanes finish gate group j and up group j: the up row finds its gate sum.
+        fd_gemv<BF16, 3>(fd_piece(L, a, nq, nk, 2, 0), a, ring, t, gi, xs, part, nullptr, act, gate, rp);
+        fd_gemv<BF16, 4>(fd_piece(L, a, nq, nk, 2, 1), a, ring, t, gi, xs, part, nullptr, act, gate, rp);
         FD_DONE(2)
         fd_grid_sync(bar, target, prof, slot + 3, none);
 
         FD_START
-        fd_load_vec(act, a.inter, fd_sm);
+        fd_load_vec<BF16>(act, a.inter, xs);
         FD_LOADED(3)
-        fd_gemv<BF16>(L, a, fd_phase(L, a, nq, nk, 3), ring, t, fd_sm, q, k, v, x, act, gate, rp);
+        fd_gemv<BF16, 5>(fd_piece(L, a, nq, nk, 3, 0), a, ring, t, gi, xs, part, nullptr, x, gate, rp);
         FD_DONE(3)
         if (li + 1 < a.n_layers) {
             const u64* N = L + L_FIELDS;
@@ -946,7 +1083,7 @@ __device__ void fd_step(const u64* layers, float* x, float* q, float* k, float* 
         atomicMax((unsigned long long*)prof + 1, (unsigned long long)fd_now());
     if (inner) {
 #pragma unroll
-        for (int i = 0; i < 24; i++) prof[20 + i] += in_acc[i];
+        for (int i = 0; i < 36; i++) prof[20 + i] += in_acc[i];
     }
 }
 
@@ -1001,6 +1138,15 @@ extern "C" __global__ void decode_fused_profile(u64* prof, int n_layers, int eve
         printf(" %s %.2f / %.2f%s", gemvs[ph], prof[36 + ph] * us / per, prof[40 + ph] / per,
                ph == 3 ? "\n" : " |");
     }
+    printf("[fused profile] cycles per layer (CTA 0 thread 0): GEMV phase / waiting for stages /"
+           " stages not full at arrival:");
+    for (int ph = 0; ph < 4; ph++) {
+        const double per = n * n_layers;
+        printf(" %s %.0f / %.0f / %.2f%s", gemvs[ph], prof[52 + ph] / per, prof[44 + ph] / per,
+               prof[48 + ph] / per, ph == 3 ? "\n" : " |");
+    }
+    printf("[fused profile] CTA 0's producer: blocked on a free slot %.1f%% of its %.0f cycles a step\n",
+           100.0 * prof[56] / (double)(prof[57] ? prof[57] : 1), prof[57] / n);
     for (int i = 0; i < 18; i++) sum[i] = 0;
     for (int i = 20; i < FD_PROF_SLOTS; i++) prof[i] = 0;
 }
