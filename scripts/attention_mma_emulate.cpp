@@ -115,23 +115,8 @@ static inline void mma16816(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
     w.w[l][4] = b0;
     w.w[l][5] = b1;
     w.bar.arrive_and_wait();
-    float A[16][16], B[16][8];
-    for (int ln = 0; ln < 32; ln++) {
-        const int g = ln / 4, t = ln % 4;
-        for (int r = 0; r < 4; r++)
-            for (int e = 0; e < 2; e++)
-                A[g + 8 * (r % 2)][2 * t + 8 * (r / 2) + e] = half_of(w.w[ln][r], e);
-        for (int r = 0; r < 2; r++)
-            for (int e = 0; e < 2; e++) B[2 * t + 8 * r + e][g] = half_of(w.w[ln][4 + r], e);
-    }
+    mma16816_lane(l, c, [&](int ln, int i) { return w.w[ln][i]; }, half_of);
     w.bar.arrive_and_wait();
-    const int g = l / 4, t = l % 4;
-    for (int e = 0; e < 4; e++) {
-        const int row = g + 8 * (e / 2), col = 2 * t + e % 2;
-        float s = c[e];
-        for (int k = 0; k < 16; k++) s += A[row][k] * B[k][col];
-        c[e] = s;
-    }
 }
 
 // The decode kernel's folded prologue (attn_dec_mma_pro_*) is not emulated: its per-head

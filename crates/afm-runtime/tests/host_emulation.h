@@ -106,6 +106,38 @@ static inline u16 f2bf(float f) {
     return (u16)(u >> 16);
 }
 
+// cvt.rn.{bf16,f16}x2.f32 as documented (common.cuh pack16x2): each value rounded to nearest
+// even, a in the low half.
+template <bool BF>
+static inline u32 pack16x2(float a, float b) {
+    const u16 lo = BF ? f2bf(a) : f2h(a), hi = BF ? f2bf(b) : f2h(b);
+    return (u32)lo | ((u32)hi << 16);
+}
+
+// mma m16n8k16 (f32 accumulate) for lane l, from the fragments every lane of its warp posted:
+// frag(ln, i) is lane ln's register i (a[0..3], then b0, b1); half(reg, hi) one 16-bit value
+// of a register as f32 (hi: the upper half). The emulators post and synchronise; this is the
+// layout (PTX ISA, "Matrix Fragments for mma.m16n8k16 with floating point type").
+template <class Frag, class Half>
+static inline void mma16816_lane(int l, float (&c)[4], Frag frag, Half half) {
+    float A[16][16], B[16][8];
+    for (int ln = 0; ln < 32; ln++) {
+        const int g = ln / 4, t = ln % 4;
+        for (int r = 0; r < 4; r++)
+            for (int e = 0; e < 2; e++)
+                A[g + 8 * (r % 2)][2 * t + 8 * (r / 2) + e] = half(frag(ln, r), e);
+        for (int r = 0; r < 2; r++)
+            for (int e = 0; e < 2; e++) B[2 * t + 8 * r + e][g] = half(frag(ln, 4 + r), e);
+    }
+    const int g = l / 4, t = l % 4;
+    for (int e = 0; e < 4; e++) {
+        const int row = g + 8 * (e / 2), col = 2 * t + e % 2;
+        float s = c[e];
+        for (int k = 0; k < 16; k++) s += A[row][k] * B[k][col];
+        c[e] = s;
+    }
+}
+
 // common.cuh's little-endian loads from 2-byte-aligned GGML blocks.
 static inline u16 ld16(const u8* p) {
     u16 v;

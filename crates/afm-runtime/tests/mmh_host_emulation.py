@@ -35,8 +35,9 @@ import numpy as np
 
 from host_emulation import ACTS, GRID, build, cut, rel, source
 
-# The kernel's own code but the mma, the 16-bit packing and cp.async (emulated below).
-body = cut(source("mmh.cu"), "void mmh_mma(", "u32 mmh_pack(", "void mmh_cp16(", "void mmh_cp_commit(",
+# The kernel's own code but the mma and cp.async (emulated below; the 16-bit packing is
+# host_emulation.h's pack16x2).
+body = cut(source("mmh.cu"), "void mmh_mma(", "void mmh_cp16(", "void mmh_cp_commit(",
            "void mmh_cp_wait(")
 SMEM_DECL = "extern __shared__ __align__(16) unsigned char mmh_smem[];"
 assert SMEM_DECL in body
@@ -50,12 +51,6 @@ static void prefetch_in_weights(const void* at) {
     for (int i = 0; i < 3; i++) if (w_lo[i] && p >= w_lo[i] && p + 64 <= w_hi[i]) return;
     fprintf(stderr, "prefetch outside the weights\n");
     abort();
-}
-// cvt.rn.{bf16,f16}x2.f32 as documented: each value rounded to nearest even, a in the low half.
-template <bool BF>
-static inline u32 mmh_pack(float a, float b) {
-    const u16 lo = BF ? f2bf(a) : f2h(a), hi = BF ? f2bf(b) : f2h(b);
-    return (u32)lo | ((u32)hi << 16);
 }
 
 // cp.async: each 16-byte copy is queued in the thread's open group (commit closes it) and lands

@@ -32,6 +32,24 @@ __device__ __forceinline__ u16 f2bf(float f) {
     return (u16)(u >> 16);
 }
 
+// Two values as one register of 16-bit values (a in the low half), each rounded to nearest
+// even as f2bf / f2h round every finite value: one cvt (its first source goes to the upper
+// half). tests/host_emulation.h has the host's.
+template <bool BF>
+__device__ __forceinline__ u32 pack16x2(float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    u32 r;
+    if (BF)
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(b), "f"(a));
+    else
+        asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(b), "f"(a));
+    return r;
+#else
+    const u16 lo = BF ? f2bf(a) : f2h(a), hi = BF ? f2bf(b) : f2h(b);
+    return (u32)lo | ((u32)hi << 16);
+#endif
+}
+
 // Little-endian loads from GGML blocks, which are only 2-byte aligned (Q8_0, Q6_K).
 __device__ __forceinline__ u16 ld16(const u8* p) { return *(const u16*)p; }
 __device__ __forceinline__ u32 ld32_a2(const u8* p) {

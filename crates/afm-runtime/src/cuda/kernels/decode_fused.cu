@@ -397,35 +397,16 @@ __device__ __forceinline__ int fd_xs_word(int k) {
 }
 
 template <bool BF16>
-__device__ __forceinline__ u16 fd_round16(float v) {
-    return BF16 ? f2bf(v) : f2h(v);
-}
-template <bool BF16>
 __device__ __forceinline__ float fd_widen16(u16 v) {
     return BF16 ? __uint_as_float((u32)v << 16) : h2f(v);
-}
-
-// Two values rounded to 16 bits (nearest even) and packed, `a` in the low half: one cvt.
-template <bool BF16>
-__device__ __forceinline__ u32 fd_pack16(float a, float b) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800 && !defined(AFM_HOST_EMULATION)
-    u32 r;
-    if (BF16)
-        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(b), "f"(a));
-    else
-        asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(b), "f"(a));
-    return r;
-#else
-    return (u32)fd_round16<BF16>(a) | ((u32)fd_round16<BF16>(b) << 16);
-#endif
 }
 
 // Values k .. k + 3 of the vector (n values) into xs's hi/lo layout.
 template <bool BF16>
 __device__ __forceinline__ void fd_xs_put4(u32* xs, int n, int k, float4 v) {
-    const u32 h0 = fd_pack16<BF16>(v.x, v.y), h1 = fd_pack16<BF16>(v.z, v.w);
-    const u32 l0 = fd_pack16<BF16>(v.x - fd_widen16<BF16>((u16)h0), v.y - fd_widen16<BF16>((u16)(h0 >> 16)));
-    const u32 l1 = fd_pack16<BF16>(v.z - fd_widen16<BF16>((u16)h1), v.w - fd_widen16<BF16>((u16)(h1 >> 16)));
+    const u32 h0 = pack16x2<BF16>(v.x, v.y), h1 = pack16x2<BF16>(v.z, v.w);
+    const u32 l0 = pack16x2<BF16>(v.x - fd_widen16<BF16>((u16)h0), v.y - fd_widen16<BF16>((u16)(h0 >> 16)));
+    const u32 l1 = pack16x2<BF16>(v.z - fd_widen16<BF16>((u16)h1), v.w - fd_widen16<BF16>((u16)(h1 >> 16)));
     const int w0 = fd_xs_word(k), w1 = fd_xs_word(k + 2), half = n / 2;
     xs[w0] = h0;
     xs[w1] = h1;

@@ -94,24 +94,6 @@ __device__ __forceinline__ void mmh_mma(float (&c)[4], u32 a0, u32 a1, u32 a2, u
 #endif
 }
 
-// Two activations as one register of 16-bit values (a in the low half), rounded to nearest
-// even as the cuBLAS path's conversion kernels (f2bf / f2h) for every finite value. cvt's
-// first source goes to the upper half.
-template <bool BF>
-__device__ __forceinline__ u32 mmh_pack(float a, float b) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    u32 r;
-    if (BF)
-        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(b), "f"(a));
-    else
-        asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(b), "f"(a));
-    return r;
-#else
-    const u16 lo = BF ? f2bf(a) : f2h(a), hi = BF ? f2bf(b) : f2h(b);
-    return (u32)lo | ((u32)hi << 16);
-#endif
-}
-
 // 16 bytes global -> shared without registers (cp.async, sm_80+), or 16 zero bytes when !ok
 // (nothing read then). Before sm_80 a plain copy (these kernels are not launched there).
 __device__ __forceinline__ void mmh_cp16(void* dst, const void* src, bool ok) {
@@ -260,7 +242,7 @@ __device__ __forceinline__ void mmh_round_x(const unsigned char* st, u32* xb) {
         if (idx < NT * 128) {
             const float4 v = *(const float4*)(xs + row * MMH_CHUNK + 4 * c4);
             *(uint2*)(xb + row * MMH_XB_STRIDE + 2 * c4) =
-                make_uint2(mmh_pack<BF>(v.x, v.y), mmh_pack<BF>(v.z, v.w));
+                make_uint2(pack16x2<BF>(v.x, v.y), pack16x2<BF>(v.z, v.w));
         }
     }
 }
