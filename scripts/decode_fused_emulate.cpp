@@ -8,7 +8,9 @@
 // and their merge, paged cache addresses, RoPE, head norms, biases) and its barriers; it says
 // nothing about speed or the memory model of a real GPU (std::barrier, mutexes and seq_cst
 // atomics order everything here). The ring's mbarriers are modelled below (arrival counts,
-// transaction bytes, phase parity); a bulk copy is a memcpy that completes at once.
+// transaction bytes, phase parity); a bulk copy is a memcpy that completes at once; ldmatrix
+// and mma m16n8k16 exchange the lanes' fragments through the warp (host_emulation.h's
+// mma16816_lane), summing in k order, not as the tensor cores round.
 //
 //   g++ -std=c++20 -O2 -ffp-contract=off -pthread scripts/decode_fused_emulate.cpp \
 //       -o /tmp/fd_emu && /tmp/fd_emu
