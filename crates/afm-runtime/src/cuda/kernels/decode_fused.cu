@@ -56,8 +56,9 @@
 #define FD_SPIN_NS 2000000000ull  // a barrier waiting longer traps
 #endif
 // The profile buffer (u64): [0] CTA 0's start, [1] the last CTA's end, [2..FD_PROF_SLOTS) the
-// report's running sums, then 3 per barrier (layer * 5 + phase): CTA 0 arrives, CTA 0 leaves,
-// the last CTA arrives.
+// report's running sums (2..19 the barriers' view; 20..55 CTA 0 thread 0's view of each GEMV
+// phase, fd_step; 56, 57 CTA 0's producer: cycles blocked on a free slot, cycles in all), then
+// 3 per barrier (layer * 5 + phase): CTA 0 arrives, CTA 0 leaves, the last CTA arrives.
 #define FD_PROF_SLOTS 60
 #ifdef FD_PROFILE
 #define FD_PROF_ON true
