@@ -467,12 +467,13 @@ int main() {
         {"qwen2-like, chunks and splits", 1, 192, 384, 14, 2, 64, false, true, true, 400, 12, 7},
         {"llama-like, interleaved rope, G 3", 3, 192, 320, 9, 3, 64, false, false, false, 70, 4, 4,
          true, true},
-        // Rows of 896 and 1600 values: stages that end inside a row, profiled.
-        {"rows ending inside ring stages", 2, 896, 1600, 4, 2, 64, true, false, true, 50, 2, 2,
+        // Rows of 896 and 1,600 values: tiles narrower than 1,024 columns, and rows in two
+        // column chunks (1,024 + 576); profiled.
+        {"rows of 896 and 1600 (2 chunks)", 2, 896, 1600, 4, 2, 64, true, false, true, 50, 2, 2,
          true, true},
         {"many splits (grid 16), 1100 keys", 1, 128, 256, 2, 1, 64, true, false, true, 1100, 16, 6},
-        // Down rows of 8,448 values (16,896 bytes), longer than a ring stage.
-        {"rows longer than a stage", 1, 128, 8448, 2, 1, 64, true, false, true, 30, 3, 2},
+        // Down rows of 8,448 values: nine column chunks (the last one 256 wide).
+        {"rows of 8448 (9 column chunks)", 1, 128, 8448, 2, 1, 64, true, false, true, 30, 3, 2},
         {"padding row (len 0)", 2, 256, 512, 4, 2, 128, true, false, true, 20, 3, 3, false},
     };
     int fails = 0;
