@@ -177,10 +177,13 @@ static inline float half16(u32 reg, int hi) {
     return BF16 ? __uint_as_float((u32)v << 16) : h2f(v);
 }
 template <bool BF16>
-static inline void fd_mma(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+static inline void mma_m16n8k16(float (&c)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
     Warp& w = cta->warps[threadIdx.x >> 5];
     const int l = threadIdx.x & 31;
-    for (int i = 0; i < 4; i++) w.w[l][i] = a[i];
+    w.w[l][0] = a0;
+    w.w[l][1] = a1;
+    w.w[l][2] = a2;
+    w.w[l][3] = a3;
     w.w[l][4] = b0;
     w.w[l][5] = b1;
     w.bar.arrive_and_wait();

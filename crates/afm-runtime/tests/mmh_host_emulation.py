@@ -35,10 +35,9 @@ import numpy as np
 
 from host_emulation import ACTS, GRID, build, cut, rel, source
 
-# The kernel's own code but the mma and cp.async (emulated below; the 16-bit packing is
-# host_emulation.h's pack16x2).
-body = cut(source("mmh.cu"), "void mmh_mma(", "void mmh_cp16(", "void mmh_cp_commit(",
-           "void mmh_cp_wait(")
+# The kernel's own code but cp.async (emulated below; the mma, common.cuh's mma_m16n8k16, too;
+# the 16-bit packing is host_emulation.h's pack16x2).
+body = cut(source("mmh.cu"), "void mmh_cp16(", "void mmh_cp_commit(", "void mmh_cp_wait(")
 SMEM_DECL = "extern __shared__ __align__(16) unsigned char mmh_smem[];"
 assert SMEM_DECL in body
 body = body.replace(SMEM_DECL, "unsigned char* const mmh_smem = emu_smem;")
@@ -100,7 +99,7 @@ static u32 lane_a[8][32][4], lane_b[8][32][2];
 
 // mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}, from the PTX ISA's fragment tables.
 template <bool BF>
-static void mmh_mma(float (&c)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+static void mma_m16n8k16(float (&c)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
     const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
     lane_a[w][l][0] = a0; lane_a[w][l][1] = a1; lane_a[w][l][2] = a2; lane_a[w][l][3] = a3;
     lane_b[w][l][0] = b0; lane_b[w][l][1] = b1;

@@ -32,6 +32,30 @@ __device__ __forceinline__ u16 f2bf(float f) {
     return (u16)(u >> 16);
 }
 
+// c += A . B, one mma.m16n8k16 (f32 accumulate): A's registers a0..a3 and B's b0, b1 in the PTX
+// ISA's fragment layout. BF: bf16 inputs, else f16. Before sm_80 there is no bf16 mma (its
+// callers, mmh.cu and decode_fused.cu, are never launched there). tests/mmh_host_emulation.py
+// and scripts/decode_fused_emulate.cpp emulate it.
+template <bool BF>
+__device__ __forceinline__ void mma_m16n8k16(float (&c)[4], u32 a0, u32 a1, u32 a2, u32 a3,
+                                             u32 b0, u32 b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    if (BF) {
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+            "{%8,%9}, {%0,%1,%2,%3};"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    } else {
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+            "{%8,%9}, {%0,%1,%2,%3};"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    }
+#else
+    __trap();
+#endif
+}
+
 // Two values as one register of 16-bit values (a in the low half), each rounded to nearest
 // even as f2bf / f2h round every finite value: one cvt (its first source goes to the upper
 // half). tests/host_emulation.h has the host's.

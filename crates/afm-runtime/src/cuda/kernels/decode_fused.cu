@@ -311,7 +311,7 @@ __device__ __forceinline__ FdRing fd_ring(const FusedArgs& a) {
 }
 
 #if defined(AFM_HOST_EMULATION)
-// scripts/decode_fused_emulate.cpp supplies fd_bulk, fd_evict_first, ldsm_x4 and fd_mma.
+// scripts/decode_fused_emulate.cpp supplies fd_bulk, fd_evict_first, ldsm_x4 and mma_m16n8k16.
 #elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 // `bytes` (a multiple of 16) at global src into shared dst, completing on mbarrier bar; L2
 // keeps the lines as first to evict (each weight is read once per step).
@@ -327,25 +327,9 @@ __device__ __forceinline__ u64 fd_evict_first() {
     asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
     return pol;
 }
-// c += A (16x16) B (16x8): bf16 (BF16) or f16 inputs, f32 accumulate.
-template <bool BF16>
-__device__ __forceinline__ void fd_mma(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
-    if (BF16)
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-                     "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    else
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-                     "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 #else
 __device__ __forceinline__ void fd_bulk(u32, const void*, u32, u32, u64) { __trap(); }
 __device__ __forceinline__ u64 fd_evict_first() { return 0; }
-template <bool BF16>
-__device__ __forceinline__ void fd_mma(float (&)[4], const u32 (&)[4], u32, u32) { __trap(); }
 #endif
 
 // The producer (one thread): every tile of the step, in the consumers' order.
@@ -399,7 +383,7 @@ __device__ __forceinline__ int fd_xs_word(int k) {
 
 template <bool BF16>
 __device__ __forceinline__ float fd_widen16(u16 v) {
-    return BF16 ? __uint_as_float((u32)v << 16) : h2f(v);
+    return BF16 ? bf2f(v) : h2f(v);
 }
 
 // Values k .. k + 3 of the vector (n values) into xs's hi/lo layout.
@@ -486,20 +470,18 @@ __device__ void fd_gemv(const FdPiece& pc, const FusedArgs& a, const FdRing& r, 
                 ldsm_x4(b0, lm + p * 64);
                 ldsm_x4(b1, lm + (p + FD_WARPS) * 64);
                 const uint4 x0 = xc[p * 4], x1 = xc[(p + FD_WARPS) * 4];
-                const u32 a00[4] = {x0.x, x0.x, x0.y, x0.y}, a01[4] = {x0.z, x0.z, x0.w, x0.w};
-                const u32 a10[4] = {x1.x, x1.x, x1.y, x1.y}, a11[4] = {x1.z, x1.z, x1.w, x1.w};
-                fd_mma<BF16>(c[0], a00, b0[0], b0[1]);
-                fd_mma<BF16>(c[1], a01, b0[2], b0[3]);
-                fd_mma<BF16>(c[2], a10, b1[0], b1[1]);
-                fd_mma<BF16>(c[3], a11, b1[2], b1[3]);
+                // A's rows g + 8 (registers 1 and 3) repeat rows g: ignored, as rows 2..15.
+                mma_m16n8k16<BF16>(c[0], x0.x, x0.x, x0.y, x0.y, b0[0], b0[1]);
+                mma_m16n8k16<BF16>(c[1], x0.z, x0.z, x0.w, x0.w, b0[2], b0[3]);
+                mma_m16n8k16<BF16>(c[2], x1.x, x1.x, x1.y, x1.y, b1[0], b1[1]);
+                mma_m16n8k16<BF16>(c[3], x1.z, x1.z, x1.w, x1.w, b1[2], b1[3]);
             }
             if (p < np) {
                 u32 b0[4];
                 ldsm_x4(b0, lm + p * 64);
                 const uint4 x0 = xc[p * 4];
-                const u32 a00[4] = {x0.x, x0.x, x0.y, x0.y}, a01[4] = {x0.z, x0.z, x0.w, x0.w};
-                fd_mma<BF16>(c[0], a00, b0[0], b0[1]);
-                fd_mma<BF16>(c[1], a01, b0[2], b0[3]);
+                mma_m16n8k16<BF16>(c[0], x0.x, x0.x, x0.y, x0.y, b0[0], b0[1]);
+                mma_m16n8k16<BF16>(c[1], x0.z, x0.z, x0.w, x0.w, b0[2], b0[3]);
             }
             __syncwarp();
             if (lane == 0) mbar_arrive(r.empty + 8 * slot);

@@ -72,28 +72,6 @@ struct MmhMats {
     int r0, r1, r2;
 };
 
-// c += A . B on the tensor cores (registers as in the layout above). BF: bf16, else f16. Before
-// sm_80 there is no bf16 mma: cuda/mmh.rs never launches these kernels there.
-template <bool BF>
-__device__ __forceinline__ void mmh_mma(float (&c)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0,
-                                        u32 b1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    if (BF) {
-        asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-            "{%8,%9}, {%0,%1,%2,%3};"
-            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-    } else {
-        asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-            "{%8,%9}, {%0,%1,%2,%3};"
-            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-    }
-#else
-    __trap();
-#endif
-}
-
 // 16 bytes global -> shared without registers (cp.async, sm_80+), or 16 zero bytes when !ok
 // (nothing read then). Before sm_80 a plain copy (these kernels are not launched there).
 __device__ __forceinline__ void mmh_cp16(void* dst, const void* src, bool ok) {
@@ -271,8 +249,8 @@ __device__ __forceinline__ void mmh_chunk(const unsigned char* st, const u32* xb
 #pragma unroll
             for (int mt = 0; mt < 2; mt++) {
                 const uint4 &r = a[mt][0], &s = a[mt][1];  // rows g and g + 8
-                mmh_mma<BF>(acc[mt][nt], r.x, s.x, r.y, s.y, b.x, b.y);
-                mmh_mma<BF>(acc[mt][nt], r.z, s.z, r.w, s.w, b.z, b.w);
+                mma_m16n8k16<BF>(acc[mt][nt], r.x, s.x, r.y, s.y, b.x, b.y);
+                mma_m16n8k16<BF>(acc[mt][nt], r.z, s.z, r.w, s.w, b.z, b.w);
             }
         }
     }
