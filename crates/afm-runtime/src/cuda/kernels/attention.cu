@@ -420,34 +420,41 @@ __device__ __forceinline__ void dec_row(const u8* row, int li, u32 (&w)[W]) {
 
 // The cluster's merge of a decode tile's `used` split partials (each in its block's `part`:
 // O of [GH][D], then M and L of [GH]; the split is the block's cluster rank) into out[GH * D]:
-// the output elements are dealt over the used blocks, 128 to a block in turn, and each is the
-// same online softmax over the splits in split order as the last-block merge of
-// attn_decode_impl, so the same bits. The second barrier keeps every block's shared memory
-// alive until the others have read it.
+// each used block takes an even, contiguous share of the output elements, and each element is
+// the same online softmax over the splits in split order as the last-block merge of
+// attn_decode_impl, so the same bits. The splits' (M, L) are read from the other blocks once
+// per block, and of the partial outputs only the `used` splits' (16 reads of each of O, M and
+// L per element before: the merge took 4,350 SM cycles of block 0 at batch 1 on Qwen3-0.6B,
+// now 4,070; the two cluster barriers and the wait for the last split are the rest,
+// bench/RESULTS.md session 17). The second barrier keeps every block's shared memory alive
+// until the others have read it.
 #define DEC_CLUSTER_MAX 16
 template <int D, int GH>
 __device__ __forceinline__ void dec_cluster_merge(const float* part, float* out, int used) {
+    __shared__ float ml[2][DEC_CLUSTER_MAX][GH];  // the splits' M, then L, of each head
     cluster_sync();  // every used split's partial is in its block's shared memory
     const u32 base = dec_smem_addr(part);
-    u32 at[DEC_CLUSTER_MAX];
-#pragma unroll
-    for (int k = 0; k < DEC_CLUSTER_MAX; k++) at[k] = cluster_map(base, min(k, used - 1));
-    for (int e = blockIdx.z * 128 + threadIdx.x; e < GH * D; e += used * 128) {
+    if ((int)threadIdx.x < 2 * used * GH) {
+        const int which = threadIdx.x / (used * GH), r = threadIdx.x % (used * GH);
+        const int k = r / GH, ph = r % GH;
+        ml[which][k][ph] = cluster_ld_f32(cluster_map(base, k) + 4 * (GH * D + which * GH + ph));
+    }
+    __syncthreads();
+    const int per = (GH * D + used - 1) / used, e1 = min((int)(blockIdx.z + 1) * per, GH * D);
+    for (int e = blockIdx.z * per + threadIdx.x; e < e1; e += blockDim.x) {
         const int ph = e / D;
-        float os[DEC_CLUSTER_MAX], ms[DEC_CLUSTER_MAX], ls[DEC_CLUSTER_MAX];
+        float os[DEC_CLUSTER_MAX];
 #pragma unroll
-        for (int k = 0; k < DEC_CLUSTER_MAX; k++) {
-            os[k] = cluster_ld_f32(at[k] + 4 * e);
-            ms[k] = cluster_ld_f32(at[k] + 4 * (GH * D + ph));
-            ls[k] = cluster_ld_f32(at[k] + 4 * (GH * D + GH + ph));
-        }
+        for (int k = 0; k < DEC_CLUSTER_MAX; k++)
+            os[k] = k < used ? cluster_ld_f32(cluster_map(base, k) + 4 * e) : 0.f;
         float M = NEG_INF, L = 0.f, O = 0.f;
 #pragma unroll
         for (int k = 0; k < DEC_CLUSTER_MAX; k++) {
             if (k >= used) break;
-            const float mn = fmaxf(M, ms[k]);
-            const float x = __expf(M - mn), y = __expf(ms[k] - mn);
-            L = __fmaf_rn(L, x, __fmul_rn(ls[k], y));
+            const float ms = ml[0][k][ph], ls = ml[1][k][ph];
+            const float mn = fmaxf(M, ms);
+            const float x = __expf(M - mn), y = __expf(ms - mn);
+            L = __fmaf_rn(L, x, __fmul_rn(ls, y));
             O = __fmaf_rn(O, x, __fmul_rn(os[k], y));
             M = mn;
         }
