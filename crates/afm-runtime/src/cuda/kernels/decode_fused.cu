@@ -300,6 +300,23 @@ struct FdRing {
     int stages;
 };
 
+// A place in the step's stage sequence, in one register: the slot (t % stages, bits 0..15) and
+// the parity of that slot's use ((t / stages) & 1, bit 16), kept by counting (a runtime-divisor
+// % and / before each tile's wait were ~25 dependent instructions with a reciprocal, ncu session
+// 17). `t`, the count itself, only for the producer's first pass and the profile.
+struct FdCursor {
+    u32 t, at;
+};
+
+__device__ __forceinline__ u32 fd_slot(const FdCursor& cur) { return cur.at & 0xffff; }
+__device__ __forceinline__ u32 fd_parity(const FdCursor& cur) { return cur.at >> 16; }
+
+__device__ __forceinline__ void fd_advance(FdCursor& cur, int stages) {
+    cur.t++;
+    cur.at++;
+    if ((cur.at & 0xffff) == (u32)stages) cur.at = (cur.at & 0x10000) ^ 0x10000;
+}
+
 __device__ __forceinline__ FdRing fd_ring(const FusedArgs& a) {
     const u32 base = (u32)__cvta_generic_to_shared(fd_smem());
     FdRing r;
@@ -336,7 +353,7 @@ __device__ __forceinline__ u64 fd_evict_first() { return 0; }
 __device__ void fd_produce(const u64* layers, const FusedArgs& a, int nq, int nk,
                            const FdRing& r, u64* prof) {
     const u64 pol = fd_evict_first();
-    u32 t = 0;
+    FdCursor cur = {0, 0};
     u64 blocked = 0, c_start = FD_PROF_ON ? fd_cycles() : 0;  // the profile: CTA 0's producer
     for (int li = 0; li < a.n_layers; li++) {
         const u64* L = layers + (i64)li * L_FIELDS;
@@ -346,12 +363,12 @@ __device__ void fd_produce(const u64* layers, const FusedArgs& a, int nq, int nk
                 const int ng = fd_groups(pc), nc = fd_chunks(pc);
                 for (int grp = 0; grp < ng; grp++) {
                     const int rows = min(FD_TILE_ROWS, pc.rows - grp * FD_TILE_ROWS);
-                    for (int ch = 0; ch < nc; ch++, t++) {
+                    for (int ch = 0; ch < nc; ch++, fd_advance(cur, r.stages)) {
                         const int c0 = ch * FD_TILE_COLS, cols = min(FD_TILE_COLS, pc.cols - c0);
-                        const u32 slot = t % r.stages, use = t / r.stages;
-                        if (use > 0) {
+                        const u32 slot = fd_slot(cur);
+                        if (cur.t >= (u32)r.stages) {  // the slot's previous use must be freed
                             const u64 cw = FD_PROF_ON ? fd_cycles() : 0;
-                            mbar_wait(r.empty + 8 * slot, (use - 1) & 1);
+                            mbar_wait(r.empty + 8 * slot, fd_parity(cur) ^ 1);
                             if (FD_PROF_ON) blocked += fd_cycles() - cw;
                         }
                         const u32 full = r.full + 8 * slot, dst = r.data + slot * FD_STAGE_BYTES;
@@ -360,7 +377,7 @@ __device__ void fd_produce(const u64* layers, const FusedArgs& a, int nq, int nk
                         for (int i = 0; i < rows; i++)
                             fd_bulk(dst + i * (2 * cols + 16), src + (i64)i * pc.cols * 2,
                                     cols * 2, full, pol);
-                        if (FD_PROF_ON) *(volatile u32*)((u8*)fd_smem() + FD_ISSUED_AT) = t + 1;
+                        if (FD_PROF_ON) *(volatile u32*)((u8*)fd_smem() + FD_ISSUED_AT) = cur.t + 1;
                     }
                 }
             }
@@ -412,8 +429,8 @@ __device__ __forceinline__ void fd_emit(const FdPiece& pc, int row, float s, con
     if (KIND == 5) out[r] = res + s;
 }
 
-// One piece of a GEMV phase on the consumer side: its tiles in order (t counts the step's
-// stages, as the producer does); `gi` counts the step's row groups (the partials' buffer
+// One piece of a GEMV phase on the consumer side: its tiles in order (`cur` walks the step's
+// stages, as the producer's does); `gi` counts the step's row groups (the partials' buffer
 // parity); xs: the input vector (shared, fd_xs_word's layout); part: the warps' partial sums
 // (shared, [2][FD_WARPS][8 lanes][2] floats, see fd_part). Every warp takes every tile,
 // its share of the tile's k16-tile pairs (pair p goes to warp p % FD_WARPS), into its own
@@ -423,7 +440,7 @@ __device__ __forceinline__ void fd_emit(const FdPiece& pc, int row, float s, con
 // it, [2] whether the stage was already full then, [3] cycles spent waiting for stages, [4]
 // stages not yet full when it came to them.
 template <bool BF16, int KIND>
-__device__ void fd_gemv(const FdPiece& pc, const FusedArgs& a, const FdRing& r, u32& t, u32& gi,
+__device__ void fd_gemv(const FdPiece& pc, const FusedArgs& a, const FdRing& r, FdCursor& cur, u32& gi,
                         const u32* xs, float* part, const float* bias, float* out, float* g,
                         u64* ready_at) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, tig = lane & 3;
@@ -441,9 +458,9 @@ __device__ void fd_gemv(const FdPiece& pc, const FusedArgs& a, const FdRing& r, 
                 if (row0 + e < pc.rows) res[e] = __ldcg(out + pc.first + row0 + e);
         }
         float c[4][4] = {};
-        for (int ch = 0; ch < nc; ch++, t++) {
+        for (int ch = 0; ch < nc; ch++, fd_advance(cur, r.stages)) {
             const int c0 = ch * FD_TILE_COLS, cols = min(FD_TILE_COLS, K - c0);
-            const u32 slot = t % r.stages, parity = (t / r.stages) & 1;
+            const u32 slot = fd_slot(cur), parity = fd_parity(cur);
             u64 cw = 0;
             if (ready_at) {
                 const u32 full = mbar_test(r.full + 8 * slot, parity);
@@ -945,7 +962,7 @@ __device__ void fd_step(const u64* layers, float* x, float* q, float* k, float* 
         if (threadIdx.x == FD_THREADS) fd_produce(layers, a, nq, nk, ring, prof);
         return;
     }
-    u32 t = 0;   // stages consumed, as the producer counts them
+    FdCursor cur = {0, 0};  // stages consumed, as the producer counts them
     u32 gi = 0;  // GEMV row groups finished (the partials' buffer parity)
     fd_pdl_wait();
     if (FD_PROF_ON && prof && threadIdx.x == 0 && blockIdx.x == 0) prof[0] = fd_now();
@@ -966,7 +983,7 @@ __device__ void fd_step(const u64* layers, float* x, float* q, float* k, float* 
     if (inner) {                                                                     \
         t1 = fd_now();                                                               \
         in_acc[3 * (ph)] += t1 - t0;                                                 \
-        in_acc[12 + (ph)] += *(volatile u32*)((u8*)fd_smem() + FD_ISSUED_AT) - t;    \
+        in_acc[12 + (ph)] += *(volatile u32*)((u8*)fd_smem() + FD_ISSUED_AT) - cur.t;\
         ready[0] = ready[3] = ready[4] = 0;                                          \
         c1 = fd_cycles();                                                            \
     }
@@ -992,7 +1009,7 @@ __device__ void fd_step(const u64* layers, float* x, float* q, float* k, float* 
         FD_LOADED(0)
 #pragma unroll
         for (int m = 0; m < 3; m++)
-            fd_gemv<BF16, 0>(fd_piece(L, a, nq, nk, 0, m), a, ring, t, gi, xs, part, fd_v(L, L_BQ + m),
+            fd_gemv<BF16, 0>(fd_piece(L, a, nq, nk, 0, m), a, ring, cur, gi, xs, part, fd_v(L, L_BQ + m),
                              m == 0 ? q : m == 1 ? k : v, gate, rp);
         FD_DONE(0)
         fd_grid_sync(bar, target, prof, slot, [&] {
@@ -1009,7 +1026,7 @@ __device__ void fd_step(const u64* layers, float* x, float* q, float* k, float* 
         FD_START
         fd_load_vec<BF16>(att, nq, xs);
         FD_LOADED(1)
-        fd_gemv<BF16, 5>(fd_piece(L, a, nq, nk, 1, 0), a, ring, t, gi, xs, part, nullptr, x, gate, rp);
+        fd_gemv<BF16, 5>(fd_piece(L, a, nq, nk, 1, 0), a, ring, cur, gi, xs, part, nullptr, x, gate, rp);
         FD_DONE(1)
         fd_grid_sync(bar, target, prof, slot + 2,
                      [&] { fd_prefetch_vec(fd_v(L, L_POST_NORM), a.hidden * 4); });
@@ -1018,15 +1035,15 @@ __device__ void fd_step(const u64* layers, float* x, float* q, float* k, float* 
         fd_load_normed<BF16>(x, fd_v(L, L_POST_NORM), a.hidden, a.eps, xs, red);
         FD_LOADED(2)
         // The same lanes finish gate group j and up group j: the up row finds its gate sum.
-        fd_gemv<BF16, 3>(fd_piece(L, a, nq, nk, 2, 0), a, ring, t, gi, xs, part, nullptr, act, gate, rp);
-        fd_gemv<BF16, 4>(fd_piece(L, a, nq, nk, 2, 1), a, ring, t, gi, xs, part, nullptr, act, gate, rp);
+        fd_gemv<BF16, 3>(fd_piece(L, a, nq, nk, 2, 0), a, ring, cur, gi, xs, part, nullptr, act, gate, rp);
+        fd_gemv<BF16, 4>(fd_piece(L, a, nq, nk, 2, 1), a, ring, cur, gi, xs, part, nullptr, act, gate, rp);
         FD_DONE(2)
         fd_grid_sync(bar, target, prof, slot + 3, none);
 
         FD_START
         fd_load_vec<BF16>(act, a.inter, xs);
         FD_LOADED(3)
-        fd_gemv<BF16, 5>(fd_piece(L, a, nq, nk, 3, 0), a, ring, t, gi, xs, part, nullptr, x, gate, rp);
+        fd_gemv<BF16, 5>(fd_piece(L, a, nq, nk, 3, 0), a, ring, cur, gi, xs, part, nullptr, x, gate, rp);
         FD_DONE(3)
         if (li + 1 < a.n_layers) {
             const u64* N = L + L_FIELDS;
