@@ -983,7 +983,7 @@ __device__ void fd_step(const u64* layers, float* x, float* q, float* k, float* 
     if (inner) {                                                                     \
         t1 = fd_now();                                                               \
         in_acc[3 * (ph)] += t1 - t0;                                                 \
-        in_acc[12 + (ph)] += *(volatile u32*)((u8*)fd_smem() + FD_ISSUED_AT) - cur.t;\
+        in_acc[12 + (ph)] += *(volatile u32*)((u8*)fd_smem() + FD_ISSUED_AT) - cur.t; \
         ready[0] = ready[3] = ready[4] = 0;                                          \
         c1 = fd_cycles();                                                            \
     }
