@@ -38,6 +38,7 @@
 
 use crate::switch::{Knob, Switch};
 
+use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{CudaFunction, CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig};
 use half::f16;
 
@@ -281,6 +282,15 @@ fn decode_target_per_sm(keys: usize) -> usize {
         })
 }
 
+/// Fewest keys of a decode split: [`DECODE_MIN_KEYS`], or `AFM_ATTN_DEC_MIN_KEYS` (read once;
+/// a multiple of the kernel's 16-key stage) for A/B.
+fn decode_min_keys() -> usize {
+    static MIN: Knob = Knob::new("AFM_ATTN_DEC_MIN_KEYS");
+    MIN.get()
+        .filter(|&v| v > 0 && v % 16 == 0)
+        .unwrap_or(DECODE_MIN_KEYS)
+}
+
 /// Whether decode steps fold the attention prologue into the decode kernel
 /// ([`CudaContext::attend_prologue`]), process-wide: off with `AFM_ATTN_FUSED_PRO=0`, or
 /// [`CudaContext::set_attn_fused_prologue`].
@@ -351,7 +361,7 @@ impl DecodePlan {
             Self {
                 decode,
                 mma,
-                min_keys: DECODE_MIN_KEYS,
+                min_keys: decode_min_keys(),
                 target_per_sm: decode_target_per_sm(keys),
             }
         } else {
@@ -642,7 +652,7 @@ impl CudaContext {
             format!("attn_{t}_{d}_{gh}")
         };
         let f = self.kernel(&name)?;
-        let ((args, z), cfg) = (self.dec_cluster_launch(f, &l), l.config());
+        let (args, z, cfg) = self.dec_cluster_launch(f, &l);
         launch!(self, f, cfg, cluster = z; qp, kc, vc, tab, seqs, tiles, op, ws, done, args)
     }
 
@@ -706,6 +716,7 @@ impl CudaContext {
             elem_name,
             grid: (gx as u32, simt_tiles as u32, n_splits as u32),
             args,
+            recv_slot_bytes: (gh * d + 2 * gh) as u32 * 4,
         }
     }
 
@@ -722,20 +733,39 @@ impl CudaContext {
         DEC_CLUSTER.set(on);
     }
 
-    /// The arguments and cluster size `f` (a decode kernel) launches `l` with: its splits as
-    /// one cluster where `l` asks for it and the device can hold such a cluster, else none
-    /// (the kernel then merges through `ws` and `done`).
-    pub(super) fn dec_cluster_launch(&self, f: &CudaFunction, l: &SimtLaunch) -> (AttnArgs, u32) {
+    /// The arguments, cluster size and launch configuration `f` (a decode kernel) launches
+    /// `l` with: its splits as one cluster where `l` asks for it and the device can hold such
+    /// a cluster, else none (the kernel then merges through `ws` and `done`). A cluster's
+    /// last used split receives the others' partials in dynamic shared memory (attention.cu
+    /// `dec_cluster_merge`): a slot for each other split.
+    pub(super) fn dec_cluster_launch(
+        &self,
+        f: &CudaFunction,
+        l: &SimtLaunch,
+    ) -> (AttnArgs, u32, LaunchConfig) {
         let mut args = l.args;
         if args.cluster == 0 {
-            return (args, 0);
+            return (args, 0, l.config());
         }
         let z = l.grid.2;
-        if super::cluster_fits(self.stream(), f, l.config(), z) {
-            (args, z)
+        let cfg = LaunchConfig {
+            shared_mem_bytes: (z - 1) * l.recv_slot_bytes,
+            ..l.config()
+        };
+        // The most any launch of `f` asks for (past 48 KB with the static stages needs the
+        // opt-in), the same value every time, so graphs captured earlier stay valid.
+        let most = (DEC_CLUSTER_MAX as u32 - 1) * l.recv_slot_bytes;
+        let opted = self.stream().context().bind_to_thread().is_ok()
+            && f.set_attribute(
+                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                most as i32,
+            )
+            .is_ok();
+        if opted && super::cluster_fits(self.stream(), f, cfg, z) {
+            (args, z, cfg)
         } else {
             args.cluster = 0;
-            (args, 0)
+            (args, 0, l.config())
         }
     }
 
@@ -790,6 +820,8 @@ pub(super) struct SimtLaunch {
     pub elem_name: &'static str,
     pub grid: (u32, u32, u32),
     pub args: AttnArgs,
+    /// Bytes of one split's partial (O, M and L of the block's heads) in a cluster merge.
+    pub recv_slot_bytes: u32,
 }
 
 impl SimtLaunch {

@@ -231,7 +231,7 @@ impl CudaContext {
         let (tab, seqs, _, tiles) = batch.ptrs(self);
         let (d, gh) = (p.head_dim, batch.gh);
         let f = self.kernel(&format!("attn_dec_pro_f16_{d}_{gh}"))?;
-        let ((args, z), cfg) = (self.dec_cluster_launch(f, &l), l.config());
+        let (args, z, cfg) = self.dec_cluster_launch(f, &l);
         launch!(self, f, cfg, cluster = z; qp, kc, vc, tab, seqs, tiles, op, ws, done, args, pr)?;
         Ok(true)
     }

@@ -352,9 +352,9 @@ ATTN_PROLOGUE(attn_prologue_f16, true)
 //  - a split takes at least `min_keys` keys (twice that past 16 · min_keys), in whole stages:
 //    a short context uses only the splits it needs (`used`); the others exit at once. A tile with one split used writes its
 //    output directly; otherwise, where the host launched each tile's splits as one thread
-//    block cluster (a.cluster, sm_90 on, at most DEC_CLUSTER_MAX splits), every split leaves
-//    its partial in its own shared memory and the cluster merges them through distributed
-//    shared memory (dec_cluster_merge: two cluster barriers, no global round trip); else the
+//    block cluster (a.cluster, sm_90 on, at most DEC_CLUSTER_MAX splits), every split but the
+//    last pushes its partial into the last one's shared memory and exits, and the last merges
+//    them (dec_cluster_merge: no global round trip, no barrier after the keys); else the
 //    last split to finish merges the `used` partials from `ws` in one pass, each thread over
 //    its own output elements (no barriers). Both merges give the same bits.
 // A lane holds units (16 bytes, less for short rows) li, li + 8, ... of a row, so the 8 lanes
@@ -418,49 +418,45 @@ __device__ __forceinline__ void dec_row(const u8* row, int li, u32 (&w)[W]) {
     }
 }
 
-// The cluster's merge of a decode tile's `used` split partials (each in its block's `part`:
-// O of [GH][D], then M and L of [GH]; the split is the block's cluster rank) into out[GH * D]:
-// each used block takes an even, contiguous share of the output elements, and each element is
-// the same online softmax over the splits in split order as the last-block merge of
-// attn_decode_impl, so the same bits. The splits' (M, L) are read from the other blocks once
-// per block, and of the partial outputs only the `used` splits' (16 reads of each of O, M and
-// L per element before: the merge took 4,350 SM cycles of block 0 at batch 1 on Qwen3-0.6B,
-// now 4,070; the two cluster barriers and the wait for the last split are the rest,
-// bench/RESULTS.md session 17). The second barrier keeps every block's shared memory alive
-// until the others have read it.
+// The cluster's merge of a decode tile's `used` split partials (O of [GH][D], then M and L of
+// [GH]; the split is the block's cluster rank) into out[GH * D], by the last used split (the
+// merger: the writer of the new key under PRO, so the one whose own keys finish last). Every
+// other used split pushes its partial into the merger's shared memory (`recv`, slot = its
+// rank, DecRecv's layout) with st.async, each store counted on the merger's mbarrier `bar`
+// (cluster_st_async_f32), and exits; the merger expects the pushers' bytes on `bar`, waits for
+// them and merges: each element the same online softmax over the splits in split order as the
+// last-block merge of attn_decode_impl, so the same bits. Before: two cluster barriers (the
+// partials stayed in each block until all had read them), each block waiting for the last
+// split, ~2 us of a Qwen3-0.6B layer's 8 us of attention (bench/RESULTS.md session 17).
 #define DEC_CLUSTER_MAX 16
 template <int D, int GH>
-__device__ __forceinline__ void dec_cluster_merge(const float* part, float* out, int used) {
-    __shared__ float ml[2][DEC_CLUSTER_MAX][GH];  // the splits' M, then L, of each head
-    cluster_sync();  // every used split's partial is in its block's shared memory
-    const u32 base = dec_smem_addr(part);
-    if ((int)threadIdx.x < 2 * used * GH) {
-        const int which = threadIdx.x / (used * GH), r = threadIdx.x % (used * GH);
-        const int k = r / GH, ph = r % GH;
-        ml[which][k][ph] = cluster_ld_f32(cluster_map(base, k) + 4 * (GH * D + which * GH + ph));
-    }
-    __syncthreads();
-    const int per = (GH * D + used - 1) / used, e1 = min((int)(blockIdx.z + 1) * per, GH * D);
-    for (int e = blockIdx.z * per + threadIdx.x; e < e1; e += blockDim.x) {
+struct DecRecv {
+    static constexpr int SLOT = GH * D + 2 * GH;  // floats a pusher sends: O, M, L
+    static constexpr u32 BYTES = SLOT * 4;
+};
+template <int D, int GH>
+__device__ __forceinline__ void dec_cluster_merge(const float* part, const float* recv, u32 bar,
+                                                  float* out, int used) {
+    typedef DecRecv<D, GH> R;
+    if (threadIdx.x == 0) mbar_expect_tx(bar, (used - 1) * R::BYTES);
+    __syncthreads();  // the merger's own partial (part) is complete
+    mbar_wait(bar, 0);
+    for (int e = threadIdx.x; e < GH * D; e += blockDim.x) {
         const int ph = e / D;
-        float os[DEC_CLUSTER_MAX];
-#pragma unroll
-        for (int k = 0; k < DEC_CLUSTER_MAX; k++)
-            os[k] = k < used ? cluster_ld_f32(cluster_map(base, k) + 4 * e) : 0.f;
         float M = NEG_INF, L = 0.f, O = 0.f;
 #pragma unroll
         for (int k = 0; k < DEC_CLUSTER_MAX; k++) {
             if (k >= used) break;
-            const float ms = ml[0][k][ph], ls = ml[1][k][ph];
+            const float* w = k < used - 1 ? recv + k * R::SLOT : part;
+            const float os = w[e], ms = w[GH * D + ph], ls = w[GH * D + GH + ph];
             const float mn = fmaxf(M, ms);
             const float x = __expf(M - mn), y = __expf(ms - mn);
             L = __fmaf_rn(L, x, __fmul_rn(ls, y));
-            O = __fmaf_rn(O, x, __fmul_rn(os[k], y));
+            O = __fmaf_rn(O, x, __fmul_rn(os, y));
             M = mn;
         }
         out[e] = O / L;
     }
-    cluster_sync();  // no block leaves while another still reads its partial
 }
 
 // DecPro (the fused kernels' prologue inputs): common.cuh.
@@ -511,6 +507,20 @@ __device__ void attn_decode_impl(const float* __restrict__ q, const u32* __restr
     chunk = (chunk + KEYS - 1) / KEYS * KEYS;
     const int used = (n + chunk - 1) / chunk;
     if ((int)blockIdx.z >= used) return;  // past the context: no keys
+    // The cluster merge (dec_cluster_merge): the merger's receive barrier, made before any
+    // block of the cluster can push to it (every used block arrives on the cluster barrier
+    // here, the pushers wait on it before their first push; blocks that exited count as
+    // arrived).
+    const bool cl = a.cluster && used > 1, merger = (int)blockIdx.z == used - 1;
+    __shared__ __align__(8) u64 recv_bar;
+    extern __shared__ __align__(16) float dec_recv[];  // the merger's: DecRecv slots
+    if (cl) {
+        if (merger && tid == 0) {
+            mbar_init(dec_smem_addr(&recv_bar), 1);
+            mbar_init_fence();
+        }
+        cluster_arrive();
+    }
     const int k0 = first + blockIdx.z * chunk, k1 = min(k0 + chunk, pos + 1);
     const int nst = (k1 - k0 + KEYS - 1) / KEYS;
     const int* table = tables + (i64)s * a.max_blocks;
@@ -631,6 +641,16 @@ __device__ void attn_decode_impl(const float* __restrict__ q, const u32* __restr
         // stored K and V, and thus the output, are its bits. The keys stream meanwhile (all
         // but the new one, which put_new adds).
         const int half = pr.dims / 2;
+        // The writer's value row first: its loads then fly with the query (or key) head's,
+        // one round trip after the wait instead of two (the writer is the split the others
+        // wait for).
+        constexpr int VR = (D + 127) / 128;
+        float vr[VR];
+        const float* vx = pr.v + (i64)row0 * pr.v_stride + kvh * D;
+        if (writer) {
+#pragma unroll
+            for (int j = 0; j < VR; j++) vr[j] = tid + 128 * j < D ? vx[tid + 128 * j] : 0.f;
+        }
         if (warp < GH) {
             const float* x = q + (i64)row0 * a.q_stride + (h0 + warp) * D;
             pro_head<PD>(x, sm_pro + warp * D, pr.qw, wq, pr.v4 & 1, D, pr.eps, rot, cpre, half,
@@ -638,7 +658,6 @@ __device__ void attn_decode_impl(const float* __restrict__ q, const u32* __restr
         }
         if (writer) {
             const float* kx = pr.k + (i64)row0 * pr.k_stride + kvh * D;
-            const float* vx = pr.v + (i64)row0 * pr.v_stride + kvh * D;
             const int sb = pos / bs;
             const i64 blk = tab_sm ? sm_tab[sb - b0] : table[sb];
             const i64 at = ((blk * a.n_kv_heads + kvh) * bs + (pos - sb * bs)) * D;
@@ -646,18 +665,21 @@ __device__ void attn_decode_impl(const float* __restrict__ q, const u32* __restr
             // only, and never this row: put_new).
             u16* kw16 = (u16*)(const void*)kc;
             u16* vw16 = (u16*)(const void*)vc;
-            float* sv = sm_pro + (GH + 1) * D;
-            for (int i = tid; i < D; i += blockDim.x) {
-                const float x = vx[i];
-                sv[i] = x;
-                if (store) vw16[at + i] = f2h(x);
-            }
             if (warp == kwarp) {
                 float* sk = sm_pro + GH * D;
                 pro_head<PD>(kx, sk, pr.kw, wk, (pr.v4 >> 1) & 1, D, pr.eps, rot, cpre, half,
                              pr.neox, lane);
                 if (store)
                     for (int i = lane; i < D; i += 32) kw16[at + i] = f2h(sk[i]);
+            }
+            float* sv = sm_pro + (GH + 1) * D;
+#pragma unroll
+            for (int j = 0; j < VR; j++) {
+                const int i = tid + 128 * j;
+                if (i < D) {
+                    sv[i] = vr[j];
+                    if (store) vw16[at + i] = f2h(vr[j]);
+                }
             }
         }
         __syncthreads();  // sm_pro complete
@@ -739,12 +761,21 @@ __device__ void attn_decode_impl(const float* __restrict__ q, const u32* __restr
     // and L of [GH].
     float* sm_part = sm_acc + NG * D;
     static_assert((NG * D + GH * D + 2 * GH) * 4 <= STAGES * 2 * SBYTES, "partial in stages");
-    const bool cl = a.cluster && used > 1;
     if (li == 0) { sm_m[g] = m; sm_l[g] = l; }
 #pragma unroll
     for (int i = 0; i < DL; i++) sm_acc[g * D + (li + 8 * (i / EPU)) * EPU + i % EPU] = acc[i];
     __syncthreads();
 
+    // A pusher's slot in the merger (cluster_map'ed) and the merger's barrier; the cluster
+    // barrier first: the merger has begun and made its barrier.
+    const bool push = cl && !merger;
+    u32 rslot = 0, rbar = 0;
+    if (push) {
+        cluster_wait();
+        const u32 rank = used - 1;
+        rslot = cluster_map(dec_smem_addr(dec_recv), rank) + blockIdx.z * DecRecv<D, GH>::BYTES;
+        rbar = cluster_map(dec_smem_addr(&recv_bar), rank);
+    }
     // Merge the P partitions of each head: into the output, or this split's partial.
     for (int e = tid; e < GH * D; e += blockDim.x) {
         const int ph = e / D, dd = e % D;
@@ -761,6 +792,12 @@ __device__ void attn_decode_impl(const float* __restrict__ q, const u32* __restr
         }
         if (used == 1) {
             out[(i64)row0 * a.out_stride + (h0 + ph) * D + dd] = O / L;
+        } else if (push) {
+            cluster_st_async_f32(rslot + 4 * e, O, rbar);
+            if (dd == 0) {
+                cluster_st_async_f32(rslot + 4 * (GH * D + ph), M, rbar);
+                cluster_st_async_f32(rslot + 4 * (GH * D + GH + ph), L, rbar);
+            }
         } else if (cl) {
             sm_part[e] = O;
             if (dd == 0) { sm_part[GH * D + ph] = M; sm_part[GH * D + GH + ph] = L; }
@@ -770,9 +807,10 @@ __device__ void attn_decode_impl(const float* __restrict__ q, const u32* __restr
             if (dd == 0) { wp[D] = M; wp[D + 1] = L; }
         }
     }
-    if (used == 1) return;
+    if (used == 1 || push) return;
     if (cl) {
-        dec_cluster_merge<D, GH>(sm_part, out + (i64)row0 * a.out_stride + h0 * D, used);
+        dec_cluster_merge<D, GH>(sm_part, dec_recv, dec_smem_addr(&recv_bar),
+                                 out + (i64)row0 * a.out_stride + h0 * D, used);
         return;
     }
 

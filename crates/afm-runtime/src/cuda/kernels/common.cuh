@@ -185,6 +185,25 @@ __device__ __forceinline__ void cluster_sync() {
                  ::: "memory");
 #endif
 }
+// The two halves of cluster_sync, for a block that arrives early and waits (or not) later.
+__device__ __forceinline__ void cluster_arrive() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void cluster_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
+// v into the shared memory of another block of the cluster (`a`, from cluster_map), counted
+// as 4 bytes of the transaction of the mbarrier at `bar` (also cluster_map'ed) there.
+__device__ __forceinline__ void cluster_st_async_f32(u32 a, float v, u32 bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.f32 [%0], %1, [%2];"
+                 ::"r"(a), "f"(v), "r"(bar) : "memory");
+#endif
+}
 // The shared-memory address `a` (of this block) in the block of cluster rank `rank`.
 __device__ __forceinline__ u32 cluster_map(u32 a, u32 rank) {
     u32 r = a;
@@ -367,6 +386,10 @@ __device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes) {
 __device__ __forceinline__ void mbar_arrive(u32 bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
 }
+// Makes this thread's mbarrier inits visible to the cluster (other blocks arrive on them).
+__device__ __forceinline__ void mbar_init_fence() {
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
 __device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
     asm volatile(
         "{\n\t.reg .pred p;\n"
@@ -393,5 +416,6 @@ __device__ __forceinline__ u32 mbar_test(u32, u32) { __trap(); return 0; }
 __device__ __forceinline__ void mbar_init(u32, u32) { __trap(); }
 __device__ __forceinline__ void mbar_expect_tx(u32, u32) { __trap(); }
 __device__ __forceinline__ void mbar_arrive(u32) { __trap(); }
+__device__ __forceinline__ void mbar_init_fence() { __trap(); }
 __device__ __forceinline__ void mbar_wait(u32, u32) { __trap(); }
 #endif

@@ -472,6 +472,9 @@ __device__ void fd_gemv(const FdPiece& pc, const FusedArgs& a, const FdRing& r, 
                 cw = fd_cycles();
             }
             mbar_wait(r.full + 8 * slot, parity);
+            // The lanes may leave the wait's loop apart; ldmatrix and mma need the warp
+            // converged.
+            __syncwarp();
             if (ready_at) {
                 ready_at[3] += fd_cycles() - cw;
                 if (ready_at[0] == 0) ready_at[0] = fd_now();
@@ -953,7 +956,7 @@ __device__ void fd_step(const u64* layers, float* x, float* q, float* k, float* 
             mbar_init(ring.empty + 8 * i, FD_WARPS);
         }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        mbar_init_fence();
 #endif
     }
     __syncthreads();  // the only barrier of all FD_BLOCK threads

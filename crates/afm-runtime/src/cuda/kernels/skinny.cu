@@ -144,7 +144,7 @@ __device__ void skinny_impl(const TmaDesc* wmap, const TmaDesc* xmap, float* __r
             mbar_init(bars + 8 * s, 1);
             mbar_init(bars + 8 * (STAGES + s), WARPS);
         }
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        mbar_init_fence();
         asm volatile("prefetch.tensormap [%0];" ::"l"(wmap) : "memory");
         asm volatile("prefetch.tensormap [%0];" ::"l"(xmap) : "memory");
     }
