@@ -294,12 +294,16 @@ static bool run(const Case& c, std::mt19937& rng) {
     std::vector<u64> bar(1, 0);
     const float scale = 1.0f / sqrtf((float)d);
     Kernel kernel = d == 64 ? decode_fused_bf16_64 : decode_fused_bf16_128;
-    // cuda/decode_fused.rs's layout: FD_HEAD floats, the phases' buffers (the widest of the
-    // GEMV inputs or x beside the CTA's gate sums, then the GEMV partials; attention's), then
-    // the ring.
+    // cuda/decode_fused.rs's layout: FD_HEAD floats, the phases' buffers (the widest of a GEMV
+    // phase's input, gate+up's with the CTA's gate sums, and its row groups' partials;
+    // attention's), then the ring.
     const int attn_floats = d == 64 ? FdAttnSmem<64>::TOTAL : FdAttnSmem<128>::TOTAL;
-    const int gate_floats = h + (f + c.grid - 1) / c.grid;
-    const int gemv_floats = max({f, nq, gate_floats}) + 2 * FD_WARPS * 16;  // + partials
+    auto groups = [&](int rows) { return ((rows + c.grid - 1) / c.grid + 7) / 8; };
+    const int gate_end = h + (f + c.grid - 1) / c.grid;
+    const int gemv_floats = max({h + FD_GROUP_FLOATS * (groups(nq + 2 * nk) + 2),
+                                 nq + FD_GROUP_FLOATS * groups(h),
+                                 gate_end + FD_GROUP_FLOATS * 2 * groups(f),
+                                 f + FD_GROUP_FLOATS * groups(h)});
     const int ring_at = (4 * (FD_HEAD + max(gemv_floats, attn_floats)) + 127) / 128 * 128;
     const size_t smem = (ring_at + (size_t)c.stages * FD_STAGE_BYTES) / 4;
     FusedArgs a{c.layers, h, f, c.nh, c.nkv, bs, max_blocks, rope_dims, c.neox ? 1 : 0, max_pos,

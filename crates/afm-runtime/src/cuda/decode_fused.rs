@@ -49,7 +49,11 @@ const GH: usize = 4;
 const HEAD: usize = 128;
 /// `FD_STAGE_BYTES`, `FD_MAX_STAGES`: the weight ring's slots (8 rows of 1,024 16-bit
 /// values, each padded by 16 bytes).
-const STAGE_BYTES: usize = 8 * (2 * 1024 + 16);
+const STAGE_BYTES: usize = TILE_ROWS * (2 * 1024 + 16);
+/// `FD_TILE_ROWS`: the weight rows of a ring slot's tile (a row group).
+const TILE_ROWS: usize = 8;
+/// `FD_GROUP_FLOATS`: a row group's partials, 8 sums per consumer warp and 8 residual rows.
+const GROUP_FLOATS: usize = 8 * WARPS + 8;
 const MAX_STAGES: usize = 16;
 /// Fewest ring slots worth running: one in use while the next one fills.
 const MIN_STAGES: usize = 2;
@@ -141,17 +145,31 @@ fn kernel_name(shape: &FusedShape) -> String {
 
 /// Where the weight ring starts in dynamic shared memory (bytes, 128-aligned): after
 /// `FD_HEAD` floats of block scratch (with the ring's mbarriers) and the phases' buffers, the
-/// widest of: the GEMVs' buffers (the widest input vector, or the normed x with the gate sums
-/// of the CTA's `inter / grid` rows after it; then the warps' partial sums, two buffers of 16
-/// per warp); an attention item's buffers (`FdAttnSmem`: 4 q heads, a k head, (m, l) and D
-/// outputs per warp and head).
+/// widest of: a GEMV phase's ([`gemv_floats`]); an attention item's (`FdAttnSmem`: 4 q heads,
+/// a k head, (m, l) and D outputs per warp and head).
 fn ring_at(s: &FusedShape, grid: usize) -> usize {
     let d = s.head_dim;
-    let vec = s.inter.max(s.n_heads * d);
-    let gate = s.hidden + s.inter.div_ceil(grid.max(1));
-    let gemv = vec.max(gate) + 2 * WARPS * 16;
     let attn = GH * d + d + 2 * WARPS * GH + WARPS * GH * d;
-    (4 * (HEAD + gemv.max(attn))).next_multiple_of(128)
+    (4 * (HEAD + gemv_floats(s, grid).max(attn))).next_multiple_of(128)
+}
+
+/// Floats of the widest GEMV phase's buffers (decode_fused.cu `fd_step`): its input vector
+/// (gate+up's also the CTA's gate sums), then `FD_GROUP_FLOATS` per row group of the CTA's
+/// rows. A CTA has at most ⌈rows / grid⌉ rows of a phase, and Q/K/V's three pieces add at
+/// most two partial groups.
+fn gemv_floats(s: &FusedShape, grid: usize) -> usize {
+    let groups = |rows: usize| rows.div_ceil(grid.max(1)).div_ceil(TILE_ROWS);
+    let (nq, nk) = (s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim);
+    let gate_end = s.hidden + s.inter.div_ceil(grid.max(1));
+    [
+        s.hidden + GROUP_FLOATS * (groups(nq + 2 * nk) + 2),
+        nq + GROUP_FLOATS * groups(s.hidden),
+        gate_end + GROUP_FLOATS * 2 * groups(s.inter),
+        s.inter + GROUP_FLOATS * groups(s.hidden),
+    ]
+    .into_iter()
+    .max()
+    .unwrap_or(0)
 }
 
 /// Ring slots that fit beside the buffers in `optin` bytes of shared memory (at most
@@ -344,19 +362,21 @@ mod tests {
         };
         let h200 = 232_448;
         let big = ring_at(&s(4096, 12288, 32, 128), 132);
-        assert_eq!(
-            big,
-            (4 * (128 + 12288 + 2 * 7 * 16) as usize).next_multiple_of(128)
-        );
+        // Down's input (12,288 floats), then 64 partials for each of 4 row groups (32 rows of
+        // 4,096 over 132 CTAs): still 11 ring slots on the H200.
+        assert_eq!(big, 4 * (128 + 12288 + 64 * 4));
         assert_eq!(ring_stages(big, h200), Some(11));
         // 4 q heads, a k head, (m, l) and 4 heads' outputs for each of 7 warps, 128-aligned.
         let attn = (4 * (128usize + 4 * 128 + 128 + 2 * 7 * 4 + 7 * 4 * 128)).next_multiple_of(128);
         let small = ring_at(&s(1024, 3072, 16, 128), 132);
         assert_eq!(small, attn);
         assert_eq!(ring_stages(small, h200), Some(13));
-        // The gate sums need room past the normed x when the MLP is barely wider than hidden:
-        // 4 × (128 + 4096 + 4104 + 224), 128-aligned.
-        assert_eq!(ring_at(&s(4096, 4104, 8, 64), 1), 34_304);
+        // One CTA with every row: gate+up's input (4,096 floats) and gate sums (4,104), then
+        // 64 partials for each of 2 × 513 row groups.
+        assert_eq!(
+            ring_at(&s(4096, 4104, 8, 64), 1),
+            (4 * (128 + 4096 + 4104 + 64 * 1026) as usize).next_multiple_of(128)
+        );
         // A device of 48 KB holds no ring beside an 8B's buffers.
         assert_eq!(ring_stages(big, 48 * 1024), None);
         assert_eq!(ring_stages(0, 1 << 30), Some(16));

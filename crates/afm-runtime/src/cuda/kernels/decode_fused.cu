@@ -429,25 +429,30 @@ __device__ __forceinline__ void fd_emit(const FdPiece& pc, int row, float s, con
     if (KIND == 5) out[r] = res + s;
 }
 
+// A row group's slot in a GEMV phase's partials (shared): each warp's 8 sums (its part of the
+// group's 8 rows), then the 8 residual rows as the group began (KIND 5).
+#define FD_GROUP_FLOATS (FD_WARPS * 8 + 8)
+
 // One piece of a GEMV phase on the consumer side: its tiles in order (`cur` walks the step's
-// stages, as the producer's does); `gi` counts the step's row groups (the partials' buffer
-// parity); xs: the input vector (shared, fd_xs_word's layout); part: the warps' partial sums
-// (shared, [2][FD_WARPS][8 lanes][2] floats, see fd_part). Every warp takes every tile,
-// its share of the tile's k16-tile pairs (pair p goes to warp p % FD_WARPS), into its own
-// sums, over all the group's tiles; then the warps' sums meet in shared memory and warp
-// grp % FD_WARPS adds them in warp order and writes the group's rows. With `ready_at` (the
+// stages, as the producer's does); xs: the input vector (shared, fd_xs_word's layout); part:
+// the phase's partials (shared, FD_GROUP_FLOATS a row group), the piece's groups from slot g0
+// (the phase's groups before it). Every warp takes every tile, its share of the tile's
+// k16-tile pairs (pair p goes to warp p % FD_WARPS), into its own sums, over all the group's
+// tiles, and leaves them in the group's slot without waiting for the other warps; after the
+// piece, one block barrier, then warp grp % FD_WARPS adds each group's parts in warp order
+// and writes its rows (session 16 had a block barrier after every group). With `ready_at` (the
 // profile, CTA 0's thread 0): [0] when its first stage was there, [1] when it began to wait for
 // it, [2] whether the stage was already full then, [3] cycles spent waiting for stages, [4]
 // stages not yet full when it came to them.
 template <bool BF16, int KIND>
-__device__ void fd_gemv(const FdPiece& pc, const FusedArgs& a, const FdRing& r, FdCursor& cur, u32& gi,
+__device__ void fd_gemv(const FdPiece& pc, const FusedArgs& a, const FdRing& r, FdCursor& cur, int g0,
                         const u32* xs, float* part, const float* bias, float* out, float* g,
                         u64* ready_at) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, tig = lane & 3;
     const int K = pc.cols, ng = fd_groups(pc), nc = fd_chunks(pc);
     // This lane's A fragments: hi (lanes g = 0 mod 2) or lo, words of tig; copies elsewhere.
     const uint4* xq = (const uint4*)(xs + ((lane >> 2) & 1) * (K / 2)) + tig;
-    for (int grp = 0; grp < ng; grp++, gi++) {
+    for (int grp = 0; grp < ng; grp++) {
         const bool fin = grp % FD_WARPS == warp;  // this warp writes the group's rows
         // Lanes 0..3 finish rows 2 tig and 2 tig + 1 of the group.
         const int row0 = grp * FD_TILE_ROWS + 2 * tig;
@@ -507,23 +512,35 @@ __device__ void fd_gemv(const FdPiece& pc, const FusedArgs& a, const FdRing& r, 
             if (lane == 0) mbar_arrive(r.empty + 8 * slot);
         }
         // Row 0 of C (lanes 0..3) is W . hi, row 1 (lanes 4..7) W . lo, columns 2 tig, 2 tig + 1:
-        // this warp's part, into the partials (double-buffered by group parity, so the next
-        // group's writes never meet this group's reads: a block barrier lies between).
-        float* pb = part + (gi & 1) * (FD_WARPS * 16);
-        if (lane < 8) {
+        // this warp's part of the group, hi + lo, into the group's slot of the partials; the
+        // finishing lanes park the residual rows there too (FD_GROUP_FLOATS, fd_part_at).
+        float* pg = part + (g0 + grp) * FD_GROUP_FLOATS;
 #pragma unroll
-            for (int e = 0; e < 2; e++)
-                pb[(warp * 8 + lane) * 2 + e] = (c[0][e] + c[1][e]) + (c[2][e] + c[3][e]);
+        for (int e = 0; e < 2; e++) {
+            const float hl = (c[0][e] + c[1][e]) + (c[2][e] + c[3][e]);
+            const float lo = __shfl_xor_sync(0xffffffffu, hl, 4);
+            if (lane < 4) pg[warp * 8 + 2 * lane + e] = hl + lo;
         }
-        fd_sync();
-        if (fin && lane < 4) {
+        if (KIND == 5 && fin && lane < 4) {
+            pg[FD_WARPS * 8 + 2 * lane] = res[0];
+            pg[FD_WARPS * 8 + 2 * lane + 1] = res[1];
+        }
+    }
+    // The piece's rows, once every warp's parts are in: group grp by warp grp % FD_WARPS, its
+    // lanes 0..3 rows 2 tig and 2 tig + 1, the parts added in warp order (the same operations
+    // as a barrier after each group, without the barriers).
+    fd_sync();
+    if (lane < 4) {
+        for (int grp = warp; grp < ng; grp += FD_WARPS) {
+            const float* pg = part + (g0 + grp) * FD_GROUP_FLOATS;
+            const int row0 = grp * FD_TILE_ROWS + 2 * tig;
 #pragma unroll
             for (int e = 0; e < 2; e++) {
                 float s = 0.f;
 #pragma unroll
-                for (int w = 0; w < FD_WARPS; w++)
-                    s += pb[(w * 8 + lane) * 2 + e] + pb[(w * 8 + lane + 4) * 2 + e];
-                if (row0 + e < pc.rows) fd_emit<KIND>(pc, row0 + e, s, bias, res[e], out, g, a.act);
+                for (int w = 0; w < FD_WARPS; w++) s += pg[w * 8 + 2 * lane + e];
+                const float res = KIND == 5 ? pg[FD_WARPS * 8 + 2 * lane + e] : 0.f;
+                if (row0 + e < pc.rows) fd_emit<KIND>(pc, row0 + e, s, bias, res, out, g, a.act);
             }
         }
     }
@@ -945,9 +962,9 @@ __device__ void fd_step(const u64* layers, float* x, float* q, float* k, float* 
     u32* xs = (u32*)fd_sm;           // a GEMV's input vector (fd_xs_word's layout)
     float* gate = fd_sm + a.hidden;  // gate sums while xs holds the normed x (ring_at in .rs)
     const int nq = a.n_heads * D, nk = a.n_kv_heads * D;
-    // The GEMV partials, past every GEMV input and the gate sums (cuda/decode_fused.rs ring_at).
+    // Each GEMV phase's partials right past its input (and the gate sums: cuda/decode_fused.rs
+    // ring_at).
     const int gate_end = a.hidden + (a.inter + (int)gridDim.x - 1) / (int)gridDim.x;
-    float* part = fd_sm + max(max(a.inter, nq), gate_end);
     const FdRing ring = fd_ring(a);
     if (threadIdx.x == 0) {
         if (FD_PROF_ON) *(volatile u32*)((u8*)fd_smem() + FD_ISSUED_AT) = 0;
@@ -966,7 +983,6 @@ __device__ void fd_step(const u64* layers, float* x, float* q, float* k, float* 
         return;
     }
     FdCursor cur = {0, 0};  // stages consumed, as the producer counts them
-    u32 gi = 0;  // GEMV row groups finished (the partials' buffer parity)
     fd_pdl_wait();
     if (FD_PROF_ON && prof && threadIdx.x == 0 && blockIdx.x == 0) prof[0] = fd_now();
     u64 target = threadIdx.x == 0 ? fd_bar_base(bar) : 0;  // thread 0 runs the barriers
@@ -1010,10 +1026,14 @@ __device__ void fd_step(const u64* layers, float* x, float* q, float* k, float* 
         FD_START
         fd_load_normed<BF16>(x, fd_v(L, L_IN_NORM), a.hidden, a.eps, xs, red);
         FD_LOADED(0)
+        int g0 = 0;  // the phase's row groups before the piece
 #pragma unroll
-        for (int m = 0; m < 3; m++)
-            fd_gemv<BF16, 0>(fd_piece(L, a, nq, nk, 0, m), a, ring, cur, gi, xs, part, fd_v(L, L_BQ + m),
+        for (int m = 0; m < 3; m++) {
+            const FdPiece pc = fd_piece(L, a, nq, nk, 0, m);
+            fd_gemv<BF16, 0>(pc, a, ring, cur, g0, xs, fd_sm + a.hidden, fd_v(L, L_BQ + m),
                              m == 0 ? q : m == 1 ? k : v, gate, rp);
+            g0 += fd_groups(pc);
+        }
         FD_DONE(0)
         fd_grid_sync(bar, target, prof, slot, [&] {
             if (!active) return;
@@ -1029,7 +1049,8 @@ __device__ void fd_step(const u64* layers, float* x, float* q, float* k, float* 
         FD_START
         fd_load_vec<BF16>(att, nq, xs);
         FD_LOADED(1)
-        fd_gemv<BF16, 5>(fd_piece(L, a, nq, nk, 1, 0), a, ring, cur, gi, xs, part, nullptr, x, gate, rp);
+        fd_gemv<BF16, 5>(fd_piece(L, a, nq, nk, 1, 0), a, ring, cur, 0, xs, fd_sm + nq, nullptr, x,
+                         gate, rp);
         FD_DONE(1)
         fd_grid_sync(bar, target, prof, slot + 2,
                      [&] { fd_prefetch_vec(fd_v(L, L_POST_NORM), a.hidden * 4); });
@@ -1038,15 +1059,18 @@ __device__ void fd_step(const u64* layers, float* x, float* q, float* k, float* 
         fd_load_normed<BF16>(x, fd_v(L, L_POST_NORM), a.hidden, a.eps, xs, red);
         FD_LOADED(2)
         // The same lanes finish gate group j and up group j: the up row finds its gate sum.
-        fd_gemv<BF16, 3>(fd_piece(L, a, nq, nk, 2, 0), a, ring, cur, gi, xs, part, nullptr, act, gate, rp);
-        fd_gemv<BF16, 4>(fd_piece(L, a, nq, nk, 2, 1), a, ring, cur, gi, xs, part, nullptr, act, gate, rp);
+        const FdPiece pg = fd_piece(L, a, nq, nk, 2, 0);
+        fd_gemv<BF16, 3>(pg, a, ring, cur, 0, xs, fd_sm + gate_end, nullptr, act, gate, rp);
+        fd_gemv<BF16, 4>(fd_piece(L, a, nq, nk, 2, 1), a, ring, cur, fd_groups(pg), xs,
+                         fd_sm + gate_end, nullptr, act, gate, rp);
         FD_DONE(2)
         fd_grid_sync(bar, target, prof, slot + 3, none);
 
         FD_START
         fd_load_vec<BF16>(act, a.inter, xs);
         FD_LOADED(3)
-        fd_gemv<BF16, 5>(fd_piece(L, a, nq, nk, 3, 0), a, ring, cur, gi, xs, part, nullptr, x, gate, rp);
+        fd_gemv<BF16, 5>(fd_piece(L, a, nq, nk, 3, 0), a, ring, cur, 0, xs, fd_sm + a.inter, nullptr,
+                         x, gate, rp);
         FD_DONE(3)
         if (li + 1 < a.n_layers) {
             const u64* N = L + L_FIELDS;
