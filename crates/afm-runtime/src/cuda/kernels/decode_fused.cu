@@ -513,7 +513,7 @@ __device__ void fd_gemv(const FdPiece& pc, const FusedArgs& a, const FdRing& r, 
         }
         // Row 0 of C (lanes 0..3) is W . hi, row 1 (lanes 4..7) W . lo, columns 2 tig, 2 tig + 1:
         // this warp's part of the group, hi + lo, into the group's slot of the partials; the
-        // finishing lanes park the residual rows there too (FD_GROUP_FLOATS, fd_part_at).
+        // finishing lanes park the residual rows there too (FD_GROUP_FLOATS).
         float* pg = part + (g0 + grp) * FD_GROUP_FLOATS;
 #pragma unroll
         for (int e = 0; e < 2; e++) {
