@@ -176,16 +176,10 @@ __device__ __forceinline__ void prefetch_l2(const void* p) {
 }
 
 // ---- Thread block clusters (sm_90 on; the host launches clusters only there) ----
-// Every thread of every running block of the cluster arrives, then waits for the rest: the
-// shared-memory stores before it are visible to the cluster's loads after it. A block that
-// has exited counts as arrived (PTX `exit`).
-__device__ __forceinline__ void cluster_sync() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;"
-                 ::: "memory");
-#endif
-}
-// The two halves of cluster_sync, for a block that arrives early and waits (or not) later.
+// cluster_sync: every thread of every running block of the cluster arrives, then waits for
+// the rest: the shared-memory stores before it are visible to the cluster's loads after it. A
+// block that has exited counts as arrived (PTX `exit`). Its two halves, cluster_arrive and
+// cluster_wait, serve a block that arrives early and waits (or not) later.
 __device__ __forceinline__ void cluster_arrive() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
@@ -195,6 +189,10 @@ __device__ __forceinline__ void cluster_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
 #endif
+}
+__device__ __forceinline__ void cluster_sync() {
+    cluster_arrive();
+    cluster_wait();
 }
 // v into the shared memory of another block of the cluster (`a`, from cluster_map), counted
 // as 4 bytes of the transaction of the mbarrier at `bar` (also cluster_map'ed) there.
@@ -211,13 +209,6 @@ __device__ __forceinline__ u32 cluster_map(u32 a, u32 rank) {
     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
 #endif
     return r;
-}
-__device__ __forceinline__ float cluster_ld_f32(u32 a) {
-    float v = 0.f;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(a) : "memory");
-#endif
-    return v;
 }
 __device__ __forceinline__ float4 cluster_ld_f32x4(u32 a) {
     float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
