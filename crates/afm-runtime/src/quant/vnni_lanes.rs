@@ -1,25 +1,28 @@
 //! Small-batch kernels on AVX-512 VNNI: one weight row against groups of eight activation rows
-//! held in the eight i32 lanes, so a block's dot products need no horizontal sums and each
-//! decoded weight block serves 8–32 activation rows.
+//! held in the lanes of 512-bit registers, so a block's dot products need no horizontal sums
+//! and each decoded weight block serves 8–16 activation rows.
 //!
 //! The activations are re-laid once per matmul call (`Q8Lanes`, from `Q8Rows`, same bytes):
 //! ```text
 //! per group of 8 rows, per 32-value block k:
-//!   qs:   [dword i = 0..8][lane = row 0..8][4 bytes]   256 B  (values 4i..4i+4 of each row)
-//!   ds:   [d of rows 0..8][s = d·Σq of rows 0..8]       16 f32
+//!   qs:   [pair p = 0..4][row 0..8][8 bytes]   256 B  (values 8p..8p+8 of each row)
+//!   ds:   [d of rows 0..8, each twice][s = d·Σq of rows 0..8]   24 f32
 //! ```
-//! Dword i of the weight block, broadcast to every lane, meets the activation dwords i of the
-//! eight rows in one `vpdpbusd`. For the formats with a minimum (Q4_1, Q5_1) the weights are
-//! the unsigned operand and `qs` the signed one. For the offset formats (Q4_0, Q5_0, Q8_0:
-//! `w = u − o`) `qs` holds `q + 128` as the unsigned operand and the signed weights meet it:
-//! `Σ(q+128)·w − 128·Σw = Σq·w`, the correction `−128·Σw` computed once per weight dword
-//! (`vpdpbusd` of `u` with −128, from `512·o`) — not a per-row offset sum read from memory,
-//! which doubled the bytes each activation dword cost. The 32-weight formats keep `vnni_legacy`'s summation order
-//! bit for bit (docs/DECISIONS.md): dword i's exact i32 is the per-row kernel's lane i, scaled
-//! by `d_w·d_x` into its own FMA chain, the eight chains summed in `hsum`'s order at the end,
-//! then `Σ m·s_x`. Q4_K and Q6_K keep `avx2_kquants`' order: a superblock's exact integer
-//! total, one FMA with `d·d_x` (then `dmin·d_x` and the mins' total). So a row's output is the
-//! same alone and in a batch.
+//! Pair p is dwords 2p and 2p+1 of every row: i32 lane `2r + j` of a 512-bit register meets
+//! dword `2p + j` of row r, so the weight operand is the block's qword p broadcast to every
+//! lane pair (one `vpbroadcastq` load) and one `vpdpbusd` covers two dwords of eight rows —
+//! half the instructions of the 256-bit form, where this CPU (Zen 5) runs both at one rate.
+//! For the formats with a minimum (Q4_1, Q5_1) the weights are the unsigned operand and `qs`
+//! the signed one. For the offset formats (Q4_0, Q5_0, Q8_0: `w = u − o`) `qs` holds `q + 128`
+//! as the unsigned operand and the signed weights meet it: `Σ(q+128)·w − 128·Σw = Σq·w`, the
+//! correction `−128·Σw` computed once per weight qword (`vpdpbusd` of `u` with −128, from
+//! `512·o`) — not a per-row offset sum read from memory, which doubled the bytes each
+//! activation dword cost. The 32-weight formats keep `vnni_legacy`'s summation order bit for
+//! bit (docs/DECISIONS.md): each (row, dword i) lane's exact i32 is the per-row kernel's lane
+//! i, scaled by `d_w·d_x` into its own FMA chain, the eight chains of a row summed in `hsum`'s
+//! order at the end, then `Σ m·s_x`. Q4_K and Q6_K keep `avx2_kquants`' order: a superblock's
+//! exact integer total, one FMA with `d·d_x` (then `dmin·d_x` and the mins' total). So a row's
+//! output is the same alone and in a batch.
 
 use super::activations::{Q8Rows, Q8kRows, Q8K_BLOCK, Q8_BLOCK};
 use super::vnni_legacy::{Block, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
@@ -32,10 +35,12 @@ pub const LANES: usize = 8;
 pub const MAX_GROUPS: usize = 4;
 /// Most weight rows one K-quant kernel call takes (their accumulators stay in registers).
 pub const MAX_ROWS: usize = 4;
-/// Most groups one 32-weight-format call handles: eight accumulators per group and row.
+/// Most groups one 32-weight-format call handles: four accumulators per group.
 pub const MAX_GROUPS_32: usize = 2;
+/// f32 scales per group and block in `Q8Lanes::ds`: each row's `d` twice, then its `s`.
+const DS: usize = 24;
 
-/// Whole groups of eight Q8 activation rows, interleaved by dword (see the module header).
+/// Whole groups of eight Q8 activation rows, interleaved by qword (see the module header).
 pub struct Q8Lanes {
     blocks: usize,
     groups: usize,
@@ -63,7 +68,7 @@ impl Q8Lanes {
             blocks,
             groups,
             qs: vec![flip; groups * blocks * 256],
-            ds: vec![0f32; groups * blocks * 16],
+            ds: vec![0f32; groups * blocks * DS],
         };
         for g in 0..groups {
             let rows = n.saturating_sub(g * LANES).min(LANES);
@@ -71,19 +76,15 @@ impl Q8Lanes {
                 let row = g * LANES + lane;
                 for k in 0..blocks {
                     let [d, s] = x.ds[row * blocks + k];
-                    l.ds[(g * blocks + k) * 16 + lane] = d;
-                    l.ds[(g * blocks + k) * 16 + 8 + lane] = s;
+                    let at = (g * blocks + k) * DS;
+                    l.ds[at + 2 * lane] = d;
+                    l.ds[at + 2 * lane + 1] = d;
+                    l.ds[at + 16 + lane] = s;
                 }
             }
             let src = &x.qs[g * LANES * cols..(g * LANES + rows) * cols];
             let dst = &mut l.qs[g * blocks * 256..(g + 1) * blocks * 256];
-            if std::arch::is_x86_feature_detected!("avx2") {
-                // SAFETY: AVX2 was just detected; `src` holds `rows` rows of `blocks` blocks
-                // and `dst` `blocks` lanes blocks of 256 bytes.
-                unsafe { dwords_to_lanes_avx2(src, rows, blocks, flip, dst) };
-            } else {
-                dwords_to_lanes(src, rows, blocks, flip, dst);
-            }
+            qwords_to_lanes(src, rows, blocks, flip, dst);
         }
         l
     }
@@ -95,78 +96,30 @@ impl Q8Lanes {
 }
 
 /// One group's activation bytes (`rows` ≤ 8 rows of `blocks` 32-byte blocks, row-major) into
-/// the lanes layout: `dst[256k + 32i + 4·lane..]` = dword `i` of block `k` of row `lane`, with
+/// the lanes layout: `dst[256k + 64p + 8·lane..]` = qword `p` of block `k` of row `lane`, with
 /// `flip` on every byte (the `q + 128` of the offset formats). Rows past `rows` stay as `dst`
-/// holds them (the caller fills it with `flip`).
-fn dwords_to_lanes(src: &[i8], rows: usize, blocks: usize, flip: i8, dst: &mut [i8]) {
+/// holds them (the caller fills it with `flip`). Whole qwords: ~0.1 µs per block and group.
+fn qwords_to_lanes(src: &[i8], rows: usize, blocks: usize, flip: i8, dst: &mut [i8]) {
     let cols = blocks * Q8_BLOCK;
+    assert!(rows <= LANES && src.len() >= rows * cols && dst.len() >= 256 * blocks);
+    let f = u64::from_ne_bytes([flip as u8; 8]);
     for lane in 0..rows {
-        for k in 0..blocks {
-            for i in 0..8 {
-                let from = &src[lane * cols + k * Q8_BLOCK + 4 * i..][..4];
-                let to = &mut dst[256 * k + 32 * i + 4 * lane..][..4];
-                for (t, &f) in to.iter_mut().zip(from) {
-                    *t = f ^ flip;
+        let row = &src[lane * cols..(lane + 1) * cols];
+        for (k, block) in row.chunks_exact(Q8_BLOCK).enumerate() {
+            for (p, q) in block.chunks_exact(8).enumerate() {
+                let v = u64::from_ne_bytes(std::array::from_fn(|i| q[i] as u8)) ^ f;
+                let at = 256 * k + 64 * p + 8 * lane;
+                for (t, b) in dst[at..at + 8].iter_mut().zip(v.to_ne_bytes()) {
+                    *t = b as i8;
                 }
             }
         }
     }
 }
 
-/// [`dwords_to_lanes`] with each block's 8×8 dwords moved by one AVX2 transpose (the scalar
-/// copy was ~0.3 ms of an 8-row SmolLM2 decode step: 121 calls).
-///
-/// # Safety
-/// The CPU must have AVX2; `src` holds `rows` (≤ 8) rows of `blocks` blocks, `dst` `256·blocks`
-/// bytes.
-#[target_feature(enable = "avx2")]
-unsafe fn dwords_to_lanes_avx2(src: &[i8], rows: usize, blocks: usize, flip: i8, dst: &mut [i8]) {
-    let cols = blocks * Q8_BLOCK;
-    assert!(rows <= LANES && src.len() >= rows * cols && dst.len() >= 256 * blocks);
-    let f = _mm256_set1_epi8(flip);
-    for k in 0..blocks {
-        let r: [__m256i; 8] = std::array::from_fn(|lane| {
-            if lane < rows {
-                _mm256_loadu_si256(src.as_ptr().add(lane * cols + k * Q8_BLOCK) as *const __m256i)
-            } else {
-                _mm256_setzero_si256()
-            }
-        });
-        let t: [__m256i; 8] = std::array::from_fn(|j| {
-            let (a, b) = (r[j & !1], r[j | 1]);
-            if j % 2 == 0 {
-                _mm256_unpacklo_epi32(a, b)
-            } else {
-                _mm256_unpackhi_epi32(a, b)
-            }
-        });
-        // u[4h + m]: dwords m and m + 4 of rows 4h..4h + 4 (low and high 128-bit halves).
-        let u: [__m256i; 8] = std::array::from_fn(|j| {
-            let (h, m) = (j / 4, j % 4);
-            let (a, b) = (t[4 * h + m / 2], t[4 * h + 2 + m / 2]);
-            if m % 2 == 0 {
-                _mm256_unpacklo_epi64(a, b)
-            } else {
-                _mm256_unpackhi_epi64(a, b)
-            }
-        });
-        for i in 0..8 {
-            let (a, b) = (u[i % 4], u[4 + i % 4]);
-            let v = if i < 4 {
-                _mm256_permute2x128_si256::<0x20>(a, b)
-            } else {
-                _mm256_permute2x128_si256::<0x31>(a, b)
-            };
-            // Missing rows were zeros: with the flip they hold `flip`, as `dst` did.
-            let v = _mm256_xor_si256(v, f);
-            _mm256_storeu_si256(dst.as_mut_ptr().add(256 * k + 32 * i) as *mut __m256i, v);
-        }
-    }
-}
-
 /// The eight dwords of `q`, each broadcast to every lane: through a stack copy and
 /// `vpbroadcastd` loads, which use the load ports, instead of eight `vpermd`, which queue on
-/// the shuffle units (the bottleneck with one group of rows).
+/// the shuffle units (the bottleneck with one group of rows; the K-quant tiles use it).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn dwords(q: __m256i) -> [__m256i; 8] {
@@ -188,203 +141,160 @@ unsafe fn dwords(q: __m256i) -> [__m256i; 8] {
     })
 }
 
-/// The eight dwords of a weight block's values, each broadcast to every lane.
-trait Dwords: Block {
-    /// Dwords 4..8 are 16 times the values (high nibbles left in place, saving a shift per
-    /// dword), so their lanes' integer sums are 16 times too and `tile` scales them by
-    /// `prod / 16`. Exact: 16·Σ stays far below 2²⁴, so its conversion is 16 times the
+/// The qword at `p` broadcast to every lane pair (a `vpbroadcastq` load).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn bcast_q(p: *const u8) -> __m512i {
+    _mm512_set1_epi64((p as *const i64).read_unaligned())
+}
+
+/// The four qword pairs of a weight block's values, each broadcast to every lane pair: pair p
+/// holds dwords 2p and 2p+1.
+trait Pairs: Block {
+    /// Pairs 2 and 3 (dwords 4..8) are 16 times the values (high nibbles left in place,
+    /// saving a shift), so their lanes' integer sums are 16 times too and `tile` scales them
+    /// by `prod / 16`. Exact: 16·Σ stays far below 2²⁴, so its conversion is 16 times the
     /// conversion of Σ, `prod / 16` is exact (a power of two, nowhere near subnormal), and
     /// the FMA sees the same product `prod · Σ` (only for formats without an offset, whose
     /// values are not shifted before the product).
     const HIGH_X16: bool = false;
-    /// The stored values are signed bytes (Q8_0): `tile` broadcasts each dword straight from
-    /// the block as the signed operand (an embedded broadcast) and corrects the `q + 128`
-    /// activations by `−128·Σw` computed from the same dword.
+    /// The stored values are signed bytes (Q8_0): `tile` uses the pairs as the signed operand
+    /// and corrects the `q + 128` activations by `−128·Σw` computed from the same qword.
     const RAW_SIGNED: bool = false;
-    /// Through `dwords(values)` unless the stored bytes can be broadcast directly.
+    /// Through `values` and a stack copy unless the stored bytes can be broadcast directly.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    unsafe fn dwords(p: *const u8) -> [__m256i; 8] {
-        dwords(Self::values(p))
-    }
-    /// `dwords` for a tile of two or more groups of rows.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    unsafe fn dwords_wide(p: *const u8) -> [__m256i; 8] {
-        Self::dwords(p)
+    unsafe fn pairs(p: *const u8) -> [__m512i; 4] {
+        #[repr(align(32))]
+        struct Buf([u8; 32]);
+        let mut buf = Buf([0; 32]);
+        _mm256_store_si256(buf.0.as_mut_ptr() as *mut __m256i, Self::values(p));
+        std::array::from_fn(|i| bcast_q(buf.0.as_ptr().add(8 * i)))
     }
 }
 
-/// Dwords of plain nibbles at `qs`: weights 0..15 are the low nibbles of bytes 0..15, 16..31
-/// the high ones, so dword i and i+4 come from the same four bytes.
+/// Pairs of plain nibbles at `qs`: weights 0..15 are the low nibbles of bytes 0..15, 16..31
+/// the high ones, so pairs p and p+2 come from the same eight bytes. With `shift` false the
+/// high nibbles stay in place (16 times the values, `Pairs::HIGH_X16`).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn nibble_dwords(qs: *const u8) -> [__m256i; 8] {
-    let m4 = _mm256_set1_epi8(0x0F);
-    let raw: [__m256i; 4] =
-        std::array::from_fn(|i| _mm256_set1_epi32((qs.add(4 * i) as *const i32).read_unaligned()));
+unsafe fn nibble_pairs(qs: *const u8, shift: bool) -> [__m512i; 4] {
+    let m4 = _mm512_set1_epi8(0x0F);
+    let raw = [bcast_q(qs), bcast_q(qs.add(8))];
     std::array::from_fn(|i| {
-        if i < 4 {
-            _mm256_and_si256(raw[i], m4)
+        if i < 2 {
+            _mm512_and_si512(raw[i], m4)
+        } else if shift {
+            _mm512_and_si512(_mm512_srli_epi16(raw[i - 2], 4), m4)
         } else {
-            _mm256_and_si256(_mm256_srli_epi16(raw[i - 4], 4), m4)
+            _mm512_and_si512(raw[i - 2], _mm512_set1_epi8(-16))
         }
     })
 }
 
-impl Dwords for Q4_0 {
+impl Pairs for Q4_0 {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    unsafe fn dwords(p: *const u8) -> [__m256i; 8] {
-        nibble_dwords(p.add(2))
+    unsafe fn pairs(p: *const u8) -> [__m512i; 4] {
+        nibble_pairs(p.add(2), true)
     }
 }
-impl Dwords for Q4_1 {
+impl Pairs for Q4_1 {
     const HIGH_X16: bool = true;
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    unsafe fn dwords(p: *const u8) -> [__m256i; 8] {
-        // Dwords 4..8 keep their nibbles in the high half (16·q, no shift): `HIGH_X16`.
-        let (qs, m4, h4) = (p.add(4), _mm256_set1_epi8(0x0F), _mm256_set1_epi8(-16));
-        let raw: [__m256i; 4] = std::array::from_fn(|i| {
-            _mm256_set1_epi32((qs.add(4 * i) as *const i32).read_unaligned())
-        });
-        std::array::from_fn(|i| {
-            if i < 4 {
-                _mm256_and_si256(raw[i], m4)
-            } else {
-                _mm256_and_si256(raw[i - 4], h4)
-            }
-        })
+    unsafe fn pairs(p: *const u8) -> [__m512i; 4] {
+        nibble_pairs(p.add(4), false)
     }
 }
-impl Dwords for Q8_0 {
+impl Pairs for Q8_0 {
     const RAW_SIGNED: bool = true;
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    unsafe fn dwords(p: *const u8) -> [__m256i; 8] {
-        // Stored signed; `values` are `q + 128` (see `vnni_legacy`).
-        let flip = _mm256_set1_epi8(-128);
-        std::array::from_fn(|i| {
-            let v = _mm256_set1_epi32((p.add(2 + 4 * i) as *const i32).read_unaligned());
-            _mm256_xor_si256(v, flip)
-        })
+    unsafe fn pairs(p: *const u8) -> [__m512i; 4] {
+        // The stored signed bytes, not `values` (`q + 128`, see `vnni_legacy`).
+        std::array::from_fn(|i| bcast_q(p.add(2 + 8 * i)))
     }
 }
-// The five-bit formats go through `values` and a stack copy: measured faster here than
-// building the high-bit masks per dword.
-// With two groups of rows per weight block, `vpermd` from the values in a register beats the
-// stack copy (Q5_0 1536x1024, 1 thread: n=16 88 -> 99 GFLOP/s, n=64 86 -> 95); with one group
-// the shuffles queue (n=8 78 -> 73), so `tile` takes the stack copy there.
-impl Dwords for Q5_0 {
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    unsafe fn dwords_wide(p: *const u8) -> [__m256i; 8] {
-        permuted_dwords(Self::values(p))
-    }
-}
-impl Dwords for Q5_1 {
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    unsafe fn dwords_wide(p: *const u8) -> [__m256i; 8] {
-        permuted_dwords(Self::values(p))
-    }
-}
-
-/// The eight dwords of `v`, each broadcast to every lane by `vpermd`.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn permuted_dwords(v: __m256i) -> [__m256i; 8] {
-    std::array::from_fn(|i| _mm256_permutexvar_epi32(_mm256_set1_epi32(i as i32), v))
-}
+// The five-bit formats go through `values` and a stack copy.
+impl Pairs for Q5_0 {}
+impl Pairs for Q5_1 {}
 
 /// `out[8g + j] = w · row(8(g0+g) + j)` for `G` groups, in `vnni_legacy`'s order (module
-/// header): eight FMA chains per output, one per dword of the block.
+/// header): eight FMA chains per output (two lanes in each of four registers).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn tile<B: Dwords, const G: usize>(w: &[u8], x: &Q8Lanes, g0: usize, out: &mut [f32]) {
+unsafe fn tile<B: Pairs, const G: usize>(w: &[u8], x: &Q8Lanes, g0: usize, out: &mut [f32]) {
     let blocks = x.blocks;
-    let mut acc = [[_mm256_setzero_ps(); 8]; G];
+    let mut acc = [[_mm512_setzero_ps(); 4]; G];
     let mut summs = [_mm256_setzero_ps(); G];
     let qs = x.qs.as_ptr().add(g0 * blocks * 256);
-    let ds = x.ds.as_ptr().add(g0 * blocks * 16);
+    let ds = x.ds.as_ptr().add(g0 * blocks * DS);
     // Offset formats (module header): `w = u − o` signed, correction `512·o − 128·Σu`.
     let o = (-B::OFFSET) as i32;
     let (o_bytes, c0, m128) = (
-        _mm256_set1_epi8(o as i8),
-        _mm256_set1_epi32(512 * o),
-        _mm256_set1_epi8(i8::MIN),
+        _mm512_set1_epi8(o as i8),
+        _mm512_set1_epi32(512 * o),
+        _mm512_set1_epi8(i8::MIN),
     );
+    let zero = _mm512_setzero_si512();
     for k in 0..blocks {
         let p = w.as_ptr().add(k * B::BYTES);
         let sc = B::scales(p);
-        let dw = _mm256_broadcastss_ps(sc);
-        if B::RAW_SIGNED {
-            // Q8_0: Σ(q_x + 128)·w − 128·Σw = Σq_x·w, `w` read once per dword.
-            let c128 = _mm256_set1_epi8(i8::MIN);
-            let zero = _mm256_setzero_si256();
-            let ws: [__m256i; 8] = std::array::from_fn(|i| {
-                _mm256_set1_epi32((p.add(2 + 4 * i) as *const i32).read_unaligned())
-            });
-            let neg: [__m256i; 8] = std::array::from_fn(|i| {
-                _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, c128, ws[i]))
-            });
-            for (g, acc_g) in acc.iter_mut().enumerate() {
-                let blk = g * blocks + k;
-                let xq = qs.add(blk * 256) as *const __m256i;
-                let prod = _mm256_mul_ps(dw, _mm256_loadu_ps(ds.add(blk * 16)));
-                for (i, a) in acc_g.iter_mut().enumerate() {
-                    let xi = _mm256_loadu_si256(xq.add(i));
-                    let lanes = _mm256_dpbusd_epi32(neg[i], xi, ws[i]);
-                    *a = _mm256_fmadd_ps(prod, _mm256_cvtepi32_ps(lanes), *a);
-                }
-            }
-            continue;
-        }
-        let u = if G == 1 {
-            B::dwords(p)
-        } else {
-            B::dwords_wide(p)
-        };
-        let (signed, corr): ([__m256i; 8], [__m256i; 8]) = if B::HAS_MIN {
-            (u, [_mm256_setzero_si256(); 8])
+        let dw = _mm512_broadcastss_ps(sc);
+        let u = B::pairs(p);
+        // The signed operand and each lane's starting value (the `−128·Σw` correction).
+        let (signed, init): ([__m512i; 4], [__m512i; 4]) = if B::HAS_MIN {
+            (u, [zero; 4])
+        } else if B::RAW_SIGNED {
+            // Q8_0: Σ(q_x + 128)·w − 128·Σw = Σq_x·w.
+            (
+                u,
+                std::array::from_fn(|i| {
+                    _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, m128, u[i]))
+                }),
+            )
         } else {
             (
-                std::array::from_fn(|i| _mm256_sub_epi8(u[i], o_bytes)),
-                std::array::from_fn(|i| _mm256_dpbusd_epi32(c0, u[i], m128)),
+                std::array::from_fn(|i| _mm512_sub_epi8(u[i], o_bytes)),
+                std::array::from_fn(|i| _mm512_dpbusd_epi32(c0, u[i], m128)),
             )
         };
         for (g, acc_g) in acc.iter_mut().enumerate() {
             let blk = g * blocks + k;
-            let xq = qs.add(blk * 256) as *const __m256i;
-            let prod = _mm256_mul_ps(dw, _mm256_loadu_ps(ds.add(blk * 16)));
+            let xq = qs.add(blk * 256) as *const __m512i;
+            let prod = _mm512_mul_ps(dw, _mm512_loadu_ps(ds.add(blk * DS)));
             let prod_hi = if B::HIGH_X16 {
-                _mm256_mul_ps(prod, _mm256_set1_ps(1.0 / 16.0))
+                _mm512_mul_ps(prod, _mm512_set1_ps(1.0 / 16.0))
             } else {
                 prod
             };
             for (i, a) in acc_g.iter_mut().enumerate() {
-                let xi = _mm256_loadu_si256(xq.add(i));
+                let xi = _mm512_loadu_si512(xq.add(i));
                 let lanes = if B::HAS_MIN {
-                    _mm256_dpbusd_epi32(_mm256_setzero_si256(), u[i], xi)
+                    _mm512_dpbusd_epi32(zero, u[i], xi)
                 } else {
-                    _mm256_dpbusd_epi32(corr[i], xi, signed[i])
+                    _mm512_dpbusd_epi32(init[i], xi, signed[i])
                 };
-                let p = if i < 4 { prod } else { prod_hi };
-                *a = _mm256_fmadd_ps(p, _mm256_cvtepi32_ps(lanes), *a);
+                let p = if i < 2 { prod } else { prod_hi };
+                *a = _mm512_fmadd_ps(p, _mm512_cvtepi32_ps(lanes), *a);
             }
             if B::HAS_MIN {
                 let mw = _mm256_broadcastss_ps(_mm_movehdup_ps(sc));
-                let sx = _mm256_loadu_ps(ds.add(blk * 16 + 8));
+                let sx = _mm256_loadu_ps(ds.add(blk * DS + 16));
                 summs[g] = _mm256_add_ps(summs[g], _mm256_mul_ps(mw, sx));
             }
         }
     }
+    let even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 0, 0, 0, 0, 0, 0, 0, 0);
+    let odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 0, 0, 0, 0, 0, 0, 0, 0);
     for (g, a) in acc.iter().enumerate() {
-        // `hsum`'s order: ((l0+l4)+(l2+l6))+((l1+l5)+(l3+l7)).
-        let even = _mm256_add_ps(_mm256_add_ps(a[0], a[4]), _mm256_add_ps(a[2], a[6]));
-        let odd = _mm256_add_ps(_mm256_add_ps(a[1], a[5]), _mm256_add_ps(a[3], a[7]));
-        let v = _mm256_add_ps(_mm256_add_ps(even, odd), summs[g]);
+        // `hsum`'s order: ((l0+l4)+(l2+l6))+((l1+l5)+(l3+l7)); lane 2r + j of `a[p]` is
+        // chain 2p + j of row r, so `e` holds row r's even sum in lane 2r, its odd in 2r + 1.
+        let e = _mm512_add_ps(_mm512_add_ps(a[0], a[2]), _mm512_add_ps(a[1], a[3]));
+        let ev = _mm512_castps512_ps256(_mm512_permutexvar_ps(even, e));
+        let od = _mm512_castps512_ps256(_mm512_permutexvar_ps(odd, e));
+        let v = _mm256_add_ps(_mm256_add_ps(ev, od), summs[g]);
         _mm256_storeu_ps(out.as_mut_ptr().add(LANES * g), v);
     }
 }
@@ -721,29 +631,3 @@ macro_rules! k_entry {
 
 k_entry!(dot_q4_k, tile_q4_k, 144);
 k_entry!(dot_q6_k, tile_q6_k, 210);
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn avx2_relayout_equals_the_scalar_one() {
-        if !std::arch::is_x86_feature_detected!("avx2") {
-            return;
-        }
-        let blocks = 5;
-        let src: Vec<i8> = (0..8 * blocks * Q8_BLOCK)
-            .map(|i| (i as u32).wrapping_mul(2_654_435_761).rotate_left(7) as i8)
-            .collect();
-        for flip in [0, i8::MIN] {
-            for rows in 1..=LANES {
-                let src = &src[..rows * blocks * Q8_BLOCK];
-                let (mut want, mut got) = (vec![flip; 256 * blocks], vec![flip; 256 * blocks]);
-                dwords_to_lanes(src, rows, blocks, flip, &mut want);
-                // SAFETY: AVX2 detected above; sizes as the function asks.
-                unsafe { dwords_to_lanes_avx2(src, rows, blocks, flip, &mut got) };
-                assert_eq!(want, got, "rows {rows}, flip {flip}");
-            }
-        }
-    }
-}
