@@ -8,7 +8,7 @@
 //! ```text
 //! head_kv      where a (sequence, KV head)'s keys and values are read from (Rows, HeadKv)
 //! llama_order  the tile kernels, summing in llama.cpp's 8- and 32-lane orders, its softmax
-//! decode_f16   one new token against an f16 cache, vectorized (AVX2)
+//! decode_f16   one new token against an f16 cache, vectorized (AVX2, or AVX-512 F)
 //! ```
 
 use half::f16;
@@ -176,9 +176,15 @@ fn attend_rows(
             // One new token (`half_head`): its query heads are one run of `q`.
             let at = ((s.row0 + rows.start) * p.n_heads + kh * group) * d;
             let q = &q[at..at + group * d];
-            // SAFETY: `Isa::best` detected AVX2, FMA and F16C; `fits(d)`.
+            let (base, scale, cap) = (kv.base, p.scale, p.softcap);
+            // SAFETY: `Isa::best` detected AVX2, FMA and F16C (and for `Avx512Vnni` AVX-512
+            // F/BW/VL); `fits(d)`.
             return unsafe {
-                decode_f16::attend(q, group, d, keys, values, kv.base, p.scale, p.softcap)
+                if crate::quant::Isa::best() == crate::quant::Isa::Avx512Vnni {
+                    decode_f16::attend_512(q, group, d, keys, values, base, scale, cap)
+                } else {
+                    decode_f16::attend(q, group, d, keys, values, base, scale, cap)
+                }
             };
         }
         // SAFETY: `Isa::best` detected AVX2, FMA and F16C.

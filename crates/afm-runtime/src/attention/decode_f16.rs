@@ -11,6 +11,8 @@
 //! output: per position lane (position mod 32) one FMA chain over its rows, columns as
 //!         vector lanes; the 32 lanes then meet in GGML_F32x8_REDUCE's tree
 //! ```
+//! `attend_512` runs the score and output passes in 512-bit registers (same chains, same
+//! bits): in-process A/B on an 8-row SmolLM2 decode step, 1.5–5% faster (bench/RESULTS.md).
 //! At SmolLM2's shape this took a batch-of-8 decode layer from ~185 µs to the figure in
 //! bench/RESULTS.md (`cargo bench -p afm-runtime --bench attention`).
 
@@ -35,6 +37,44 @@ pub(super) fn fits(d: usize) -> bool {
 #[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn attend(
+    q: &[f32],
+    g: usize,
+    d: usize,
+    keys: &HalfRows,
+    values: &HalfRows,
+    base: usize,
+    scale: f32,
+    softcap: Option<f32>,
+) -> Vec<f32> {
+    attend_impl::<false>(q, g, d, keys, values, base, scale, softcap)
+}
+
+/// `attend` with the score and output passes in 512-bit registers: two of the four 8-lane
+/// chains of `ggml_vec_dot_f16` in each (lanes 0..8 and 8..16 are the chains' own lanes,
+/// so every chain sees the same FMAs), and sixteen output columns per register. Same bits,
+/// half the FMAs and conversions.
+///
+/// # Safety
+/// The CPU must have AVX2, FMA, F16C and AVX-512 F/BW/VL; `fits(d)`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn attend_512(
+    q: &[f32],
+    g: usize,
+    d: usize,
+    keys: &HalfRows,
+    values: &HalfRows,
+    base: usize,
+    scale: f32,
+    softcap: Option<f32>,
+) -> Vec<f32> {
+    attend_impl::<true>(q, g, d, keys, values, base, scale, softcap)
+}
+
+/// `attend`'s body; `WIDE` picks the 512-bit passes (only inside `attend_512`).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn attend_impl<const WIDE: bool>(
     q: &[f32],
     g: usize,
     d: usize,
@@ -69,18 +109,24 @@ pub(super) unsafe fn attend(
         let (q, sc) = (&qh[t * d..(t + tile) * d], &mut sc[t * w..(t + tile) * w]);
         // The first tile asks for the values' lines; later tiles find them requested.
         let ahead: &[*const f16] = if t == 0 { &vrows } else { &[] };
-        match tile {
-            3 => scores::<3>(q, d, &krows, ahead, off, w, sc),
-            2 => scores::<2>(q, d, &krows, ahead, off, w, sc),
+        match (tile, WIDE) {
+            (3, true) => scores_512::<3>(q, d, &krows, ahead, off, w, sc),
+            (2, true) => scores_512::<2>(q, d, &krows, ahead, off, w, sc),
+            (_, true) => scores_512::<1>(q, d, &krows, ahead, off, w, sc),
+            (3, false) => scores::<3>(q, d, &krows, ahead, off, w, sc),
+            (2, false) => scores::<2>(q, d, &krows, ahead, off, w, sc),
             _ => scores::<1>(q, d, &krows, ahead, off, w, sc),
         }
         for row in sc.chunks_exact_mut(w) {
             softmax(row, off, n, scale, softcap);
         }
         let o = &mut out[t * d..(t + tile) * d];
-        match tile {
-            3 => weighted_values::<3>(sc, w, off, &vrows, d, base, o),
-            2 => weighted_values::<2>(sc, w, off, &vrows, d, base, o),
+        match (tile, WIDE) {
+            (3, true) => weighted_values_512::<3>(sc, w, off, &vrows, d, base, o),
+            (2, true) => weighted_values_512::<2>(sc, w, off, &vrows, d, base, o),
+            (_, true) => weighted_values_512::<1>(sc, w, off, &vrows, d, base, o),
+            (3, false) => weighted_values::<3>(sc, w, off, &vrows, d, base, o),
+            (2, false) => weighted_values::<2>(sc, w, off, &vrows, d, base, o),
             _ => weighted_values::<1>(sc, w, off, &vrows, d, base, o),
         }
         t += tile;
@@ -149,6 +195,74 @@ unsafe fn scores<const Q: usize>(
             _mm256_storeu_ps(sc.as_mut_ptr().add(t * w + off + j0), hsum_each(xt));
         }
     }
+}
+
+/// `scores` in 512-bit registers: `a[t][0]` holds chains 0 and 1 of query t (columns
+/// `c..c + 16`), `a[t][1]` chains 2 and 3, so `(a0 + a2) + (a1 + a3)` is the sum of the two
+/// registers' halves.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+unsafe fn scores_512<const Q: usize>(
+    qh: &[f32],
+    d: usize,
+    krows: &[*const f16],
+    vrows: &[*const f16],
+    off: usize,
+    w: usize,
+    sc: &mut [f32],
+) {
+    let n = krows.len();
+    let bytes = 2 * d;
+    for j0 in (0..n).step_by(8) {
+        for j in (j0 + PREFETCH_AHEAD..j0 + PREFETCH_AHEAD + 8).take_while(|&j| j < n) {
+            prefetch::<_MM_HINT_T0>(krows[j], bytes);
+        }
+        for &v in vrows.get(j0..(j0 + 8).min(n)).unwrap_or_default() {
+            prefetch::<_MM_HINT_T1>(v, bytes);
+        }
+        let mut x = [[_mm256_setzero_ps(); 8]; Q];
+        for k in 0..(n - j0).min(8) {
+            let key = krows[j0 + k];
+            let mut a = [[_mm512_setzero_ps(); 2]; Q];
+            for c in (0..d).step_by(32) {
+                for m in 0..2 {
+                    let kv = load_f16_16(key.add(c + 16 * m));
+                    for (t, at) in a.iter_mut().enumerate() {
+                        let qv = _mm512_loadu_ps(qh.as_ptr().add(t * d + c + 16 * m));
+                        at[m] = _mm512_fmadd_ps(qv, kv, at[m]);
+                    }
+                }
+            }
+            for (xt, at) in x.iter_mut().zip(&a) {
+                let s = _mm512_add_ps(at[0], at[1]);
+                xt[k] = _mm256_add_ps(low_256(s), high_256(s));
+            }
+        }
+        for (t, xt) in x.iter().enumerate() {
+            _mm256_storeu_ps(sc.as_mut_ptr().add(t * w + off + j0), hsum_each(xt));
+        }
+    }
+}
+
+/// Sixteen f16 at `p`, as f32.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+unsafe fn load_f16_16(p: *const f16) -> __m512 {
+    _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i))
+}
+
+/// Lanes 0..8 of `x`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+unsafe fn low_256(x: __m512) -> __m256 {
+    _mm512_castps512_ps256(x)
+}
+
+/// Lanes 8..16 of `x`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+unsafe fn high_256(x: __m512) -> __m256 {
+    _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(x)))
 }
 
 /// Keys `scores` asks for ahead of the one it reads.
@@ -293,6 +407,63 @@ unsafe fn weighted_values<const Q: usize>(
                 _mm256_storeu_ps(
                     out.as_mut_ptr().add(t * d + c0 + 8 * v),
                     _mm256_add_ps(lo, hi),
+                );
+            }
+        }
+    }
+}
+
+/// `weighted_values` with sixteen columns per 512-bit register (each column's chain and the
+/// 32-lane tree unchanged).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+#[allow(clippy::needless_range_loop)]
+unsafe fn weighted_values_512<const Q: usize>(
+    sc: &[f32],
+    w: usize,
+    off: usize,
+    vrows: &[*const f16],
+    d: usize,
+    base: usize,
+    out: &mut [f32],
+) {
+    const VECS: usize = 2;
+    let n = vrows.len();
+    let first = (32 - base % 32) % 32;
+    let mut lanes = [[[_mm512_setzero_ps(); VECS]; 32]; Q];
+    for c0 in (0..d).step_by(16 * VECS) {
+        for i in 0..32 {
+            let mut a = [[_mm512_setzero_ps(); VECS]; Q];
+            let mut j = (first + i) % 32;
+            while j < n {
+                let row = vrows.get_unchecked(j).add(c0);
+                let wj: [__m512; Q] =
+                    std::array::from_fn(|t| _mm512_set1_ps(*sc.get_unchecked(t * w + off + j)));
+                for v in 0..VECS {
+                    let x = load_f16_16(row.add(16 * v));
+                    for t in 0..Q {
+                        a[t][v] = _mm512_fmadd_ps(wj[t], x, a[t][v]);
+                    }
+                }
+                j += 32;
+            }
+            for t in 0..Q {
+                lanes[t][i] = a[t];
+            }
+        }
+        for (t, l) in lanes.iter().enumerate() {
+            for v in 0..VECS {
+                let x = |i: usize| {
+                    _mm512_add_ps(
+                        _mm512_add_ps(l[i][v], l[16 + i][v]),
+                        _mm512_add_ps(l[8 + i][v], l[24 + i][v]),
+                    )
+                };
+                let lo = _mm512_add_ps(_mm512_add_ps(x(0), x(4)), _mm512_add_ps(x(1), x(5)));
+                let hi = _mm512_add_ps(_mm512_add_ps(x(2), x(6)), _mm512_add_ps(x(3), x(7)));
+                _mm512_storeu_ps(
+                    out.as_mut_ptr().add(t * d + c0 + 16 * v),
+                    _mm512_add_ps(lo, hi),
                 );
             }
         }
