@@ -73,6 +73,8 @@ unsafe fn tile_q45_k<const HIGH: bool, const NB: usize>(w: &[u8], xs: &[Q8kRow; 
     let mut msum = [0i32; NB];
     for k in 0..w.len() / bytes {
         let b = &w[k * bytes..(k + 1) * bytes];
+        // In-process A/B, one-stream Qwen2.5-0.5B step: 0.5–2.4% faster with it.
+        super::prefetch_ahead(b.as_ptr(), bytes);
         let (d, dmin) = (f16_load(b.as_ptr()), f16_load(b.as_ptr().add(2)));
         let (sc, mins) = scales_mins_k4(&b[4..16]);
         let mins16 = _mm_cvtepu8_epi16(_mm_loadl_epi64(mins.as_ptr() as *const __m128i));
@@ -127,6 +129,7 @@ unsafe fn tile_q6_k<const NB: usize>(w: &[u8], xs: &[Q8kRow; NB]) -> [f32; NB] {
     let mut acc = [0f32; NB];
     for k in 0..w.len() / 210 {
         let b = w.as_ptr().add(k * 210);
+        super::prefetch_ahead(b, 210);
         let d = f16_load(b.add(208));
         let sc8 = _mm_loadu_si128(b.add(192) as *const __m128i);
         let scales = _mm256_cvtepi8_epi16(sc8);

@@ -77,3 +77,24 @@ fn f16_at(b: &[u8], i: usize) -> f32 {
 
 #[cfg(test)]
 mod tests;
+
+/// Bytes of weights a kernel asks for ahead of the block it reads: the hardware prefetcher
+/// alone left the kernels waiting on the weight stream (in-process A/B on SmolLM2 and
+/// Qwen2.5-0.5B decode steps, bench/RESULTS.md; 1–4 KiB alike, 512 bytes half the gain).
+#[cfg(target_arch = "x86_64")]
+const PREFETCH_AHEAD: usize = 2048;
+
+/// Asks for the cache lines of the `bytes` bytes `PREFETCH_AHEAD` past `p`. Past the end of a
+/// row it asks for the next row's blocks, which the same thread usually reads next.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn prefetch_ahead(p: *const u8, bytes: usize) {
+    for at in (0..bytes).step_by(64) {
+        // SAFETY: a prefetch is a hint; it never faults, whatever the address.
+        unsafe {
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                p.wrapping_add(PREFETCH_AHEAD + at) as *const i8,
+            )
+        };
+    }
+}

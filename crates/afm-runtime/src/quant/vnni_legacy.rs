@@ -96,6 +96,8 @@ unsafe fn tile<B: Block, const NB: usize>(w: &[u8], xs: &[Q8Row; NB]) -> [f32; N
     let to_signed = _mm256_set1_epi8((-B::OFFSET) as i32 as i8);
     for k in 0..w.len() / B::BYTES {
         let p = w.as_ptr().add(k * B::BYTES);
+        // In-process A/B, one-stream SmolLM2 step: 2–8% faster with it.
+        super::prefetch_ahead(p, 1);
         let (q, sc) = (B::values(p), B::scales(p));
         let signed = _mm256_sub_epi8(q, to_signed);
         let magnitude = _mm256_abs_epi8(signed);
