@@ -21,8 +21,9 @@
 //! bit (docs/DECISIONS.md): each (row, dword i) lane's exact i32 is the per-row kernel's lane
 //! i, scaled by `d_w·d_x` into its own FMA chain, the eight chains of a row summed in `hsum`'s
 //! order at the end, then `Σ m·s_x`. Q4_K and Q6_K keep `avx2_kquants`' order: a superblock's
-//! exact integer total, one FMA with `d·d_x` (then `dmin·d_x` and the mins' total). So a row's
-//! output is the same alone and in a batch.
+//! exact integer total (summed in the same qword-pair lanes, then each row's two lanes added),
+//! one FMA with `d·d_x` (then `dmin·d_x` and the mins' total). So a row's output is the same
+//! alone and in a batch.
 
 use super::activations::{Q8Rows, Q8kRows, Q8K_BLOCK, Q8_BLOCK};
 use super::prefetch_ahead;
@@ -116,30 +117,6 @@ fn qwords_to_lanes(src: &[i8], rows: usize, blocks: usize, flip: i8, dst: &mut [
             }
         }
     }
-}
-
-/// The eight dwords of `q`, each broadcast to every lane: through a stack copy and
-/// `vpbroadcastd` loads, which use the load ports, instead of eight `vpermd`, which queue on
-/// the shuffle units (the bottleneck with one group of rows; the K-quant tiles use it).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn dwords(q: __m256i) -> [__m256i; 8] {
-    #[repr(align(32))]
-    struct Buf([u32; 8]);
-    let mut buf = Buf([0; 8]);
-    _mm256_store_si256(buf.0.as_mut_ptr() as *mut __m256i, q);
-    let p = buf.0.as_ptr();
-    // Inline assembly, so the compiler cannot turn the loads back into shuffles.
-    std::array::from_fn(|i| {
-        let v: __m256i;
-        std::arch::asm!(
-            "vpbroadcastd {v}, dword ptr [{p}]",
-            v = out(ymm_reg) v,
-            p = in(reg) p.add(i),
-            options(pure, readonly, nostack, preserves_flags)
-        );
-        v
-    })
 }
 
 /// The qword at `p` broadcast to every lane pair (a `vpbroadcastq` load).
@@ -338,10 +315,10 @@ entry!(dot_q5_0, Q5_0);
 entry!(dot_q5_1, Q5_1);
 entry!(dot_q8_0, Q8_0);
 
-/// Whole groups of eight Q8K activation rows, interleaved like `Q8Lanes`, per 256-value
-/// superblock k:
+/// Whole groups of eight Q8K activation rows, interleaved like `Q8Lanes` (qword pairs), per
+/// 256-value superblock k:
 /// ```text
-///   qs:   [dword i = 0..64][lane][4 bytes]           2048 B
+///   qs:   [pair p = 0..32][lane][8 bytes]            2048 B  (values 8p..8p+8)
 ///   d:    [lane] f32
 ///   bs32: [pair h = 0..4][lane] (i16 Σq of 32-value sub-blocks 2h, 2h+1)   (Q4_K mins)
 ///   bs16: [pair h = 0..8][lane] (i16 Σq of 16-value groups 2h, 2h+1)       (Q6_K offset)
@@ -375,14 +352,8 @@ impl Q8kLanes {
         for g in 0..groups {
             for lane in (0..LANES).filter(|lane| g * LANES + lane < n) {
                 let row = g * LANES + lane;
-                let src = &x.qs[row * cols..(row + 1) * cols];
                 for k in 0..blocks {
                     let sbk = g * blocks + k;
-                    for i in 0..64 {
-                        let at = sbk * 2048 + 32 * i + 4 * lane;
-                        let from = k * Q8K_BLOCK + 4 * i;
-                        l.qs[at..at + 4].copy_from_slice(&src[from..from + 4]);
-                    }
                     l.d[sbk * 8 + lane] = x.d[row * blocks + k];
                     let bs = &x.bsums[(row * blocks + k) * 16..][..16];
                     let b = |i: usize| bs[i] as i32;
@@ -395,6 +366,11 @@ impl Q8kLanes {
                     }
                 }
             }
+            // A superblock is eight 32-byte blocks, so the 32-weight relayout gives this one.
+            let rows = n.saturating_sub(g * LANES).min(LANES);
+            let src = &x.qs[g * LANES * cols..(g * LANES + rows) * cols];
+            let dst = &mut l.qs[g * blocks * 2048..(g + 1) * blocks * 2048];
+            qwords_to_lanes(src, rows, blocks * Q8K_BLOCK / Q8_BLOCK, 0, dst);
         }
         l
     }
@@ -408,23 +384,23 @@ impl Q8kLanes {
 /// K-quant weight rows against `Q8kLanes` groups; `out` as for `LanesKernel`.
 pub type KLanesKernel = fn(w: &[u8], x: &Q8kLanes, g0: usize, out: &mut [f32]);
 
+/// `Σ_p dpbusd(u[p], x[p])` over four qword pairs (32 values of eight rows), in two chains.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn bcast(p: *const u8) -> __m256i {
-    _mm256_set1_epi32((p as *const i32).read_unaligned())
+unsafe fn dot4(u: &[__m512i; 4], x: *const __m512i) -> __m512i {
+    let z = _mm512_setzero_si512();
+    let s0 = _mm512_dpbusd_epi32(z, u[0], _mm512_loadu_si512(x));
+    let s1 = _mm512_dpbusd_epi32(z, u[1], _mm512_loadu_si512(x.add(1)));
+    let s0 = _mm512_dpbusd_epi32(s0, u[2], _mm512_loadu_si512(x.add(2)));
+    let s1 = _mm512_dpbusd_epi32(s1, u[3], _mm512_loadu_si512(x.add(3)));
+    _mm512_add_epi32(s0, s1)
 }
 
-/// `Σ_i dpbusd(u[i], x[i])` over eight dwords, in two chains.
+/// Lanes `2r` and `2r + 1` of `v` added, for r = 0..8: each row's integer total.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn dot8(u: &[__m256i; 8], x: *const __m256i) -> __m256i {
-    let mut s0 = _mm256_setzero_si256();
-    let mut s1 = _mm256_setzero_si256();
-    for i in (0..8).step_by(2) {
-        s0 = _mm256_dpbusd_epi32(s0, u[i], _mm256_loadu_si256(x.add(i)));
-        s1 = _mm256_dpbusd_epi32(s1, u[i + 1], _mm256_loadu_si256(x.add(i + 1)));
-    }
-    _mm256_add_epi32(s0, s1)
+unsafe fn fold_pairs(v: __m512i) -> __m256i {
+    _mm512_cvtepi64_epi32(_mm512_add_epi32(v, _mm512_srli_epi64(v, 32)))
 }
 
 /// Q4_K rows (144 bytes per superblock) against `G` groups: per 32-value sub-block an
@@ -438,7 +414,7 @@ unsafe fn tile_q4_k<const R: usize, const G: usize>(
     out: &mut [f32],
 ) {
     let blocks = x.blocks;
-    let m4 = _mm256_set1_epi8(0x0F);
+    let m4 = _mm512_set1_epi8(0x0F);
     let mut acc = [[_mm256_setzero_ps(); G]; R];
     for k in 0..blocks {
         for (r, acc_r) in acc.iter_mut().enumerate() {
@@ -460,26 +436,31 @@ unsafe fn tile_q4_k<const R: usize, const G: usize>(
                     *m = _mm256_dpwssd_epi32(*m, mp, bs);
                 }
             }
+            // Each row's integer total in its two lanes (exact, so any lane split gives it).
+            let mut sumi2 = [_mm512_setzero_si512(); G];
             for c in 0..4 {
                 let raw = bp.add(16 + 32 * c);
                 for half in 0..2 {
-                    let u: [__m256i; 8] = std::array::from_fn(|i| {
-                        let v = bcast(raw.add(4 * i));
+                    let u: [__m512i; 4] = std::array::from_fn(|p| {
+                        let v = bcast_q(raw.add(8 * p));
                         let v = if half == 0 {
                             v
                         } else {
-                            _mm256_srli_epi16(v, 4)
+                            _mm512_srli_epi16(v, 4)
                         };
-                        _mm256_and_si256(v, m4)
+                        _mm512_and_si512(v, m4)
                     });
-                    let scale = _mm256_set1_epi32(sc[2 * c + half] as i32);
-                    for (g, s) in sumi.iter_mut().enumerate() {
+                    let scale = _mm512_set1_epi32(sc[2 * c + half] as i32);
+                    for (g, s) in sumi2.iter_mut().enumerate() {
                         let sbk = (g0 + g) * blocks + k;
-                        let xq = x.qs.as_ptr().add(sbk * 2048 + 32 * (16 * c + 8 * half));
-                        let dot = dot8(&u, xq as *const __m256i);
-                        *s = _mm256_add_epi32(*s, _mm256_mullo_epi32(dot, scale));
+                        let xq = x.qs.as_ptr().add(sbk * 2048 + 256 * (2 * c + half));
+                        let dot = dot4(&u, xq as *const __m512i);
+                        *s = _mm512_add_epi32(*s, _mm512_mullo_epi32(dot, scale));
                     }
                 }
+            }
+            for (s, s2) in sumi.iter_mut().zip(&sumi2) {
+                *s = fold_pairs(*s2);
             }
             for (g, a) in acc_r.iter_mut().enumerate() {
                 let sbk = (g0 + g) * blocks + k;
@@ -524,6 +505,7 @@ unsafe fn tile_q6_k<const R: usize, const G: usize>(
             for s in sumi.iter_mut() {
                 *s = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(*s, 5));
             }
+            let mut sumi2 = [_mm512_setzero_si512(); G];
             for h in 0..2 {
                 let ql0 = _mm256_loadu_si256(b.add(64 * h) as *const __m256i);
                 let ql1 = _mm256_loadu_si256(b.add(64 * h + 32) as *const __m256i);
@@ -543,32 +525,38 @@ unsafe fn tile_q6_k<const R: usize, const G: usize>(
                     _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), hi(4)),
                     _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4), hi(6)),
                 ];
+                // The four 32-value runs' qword pairs, broadcast from a stack copy.
+                #[repr(align(32))]
+                struct Buf([u8; 128]);
+                let mut buf = Buf([0; 128]);
                 for (v, qv) in q.iter().enumerate() {
+                    _mm256_store_si256(buf.0.as_mut_ptr().add(32 * v) as *mut __m256i, *qv);
+                }
+                for v in 0..4 {
                     // Weights 128h + 32v + 0..32: two 16-value groups, scales 8h+2v, 8h+2v+1.
-                    let u = dwords(*qv);
-                    let s_lo = _mm256_set1_epi32(sc(8 * h + 2 * v));
-                    let s_hi = _mm256_set1_epi32(sc(8 * h + 2 * v + 1));
-                    for (g, s) in sumi.iter_mut().enumerate() {
+                    let u: [__m512i; 4] =
+                        std::array::from_fn(|p| bcast_q(buf.0.as_ptr().add(32 * v + 8 * p)));
+                    let s_lo = _mm512_set1_epi32(sc(8 * h + 2 * v));
+                    let s_hi = _mm512_set1_epi32(sc(8 * h + 2 * v + 1));
+                    for (g, s) in sumi2.iter_mut().enumerate() {
                         let sbk = (g0 + g) * blocks + k;
                         let xq =
-                            x.qs.as_ptr().add(sbk * 2048 + 32 * (32 * h + 8 * v)) as *const __m256i;
-                        let mut lo = _mm256_setzero_si256();
-                        let mut hi = _mm256_setzero_si256();
-                        for i in 0..4 {
-                            lo = _mm256_dpbusd_epi32(lo, u[i], _mm256_loadu_si256(xq.add(i)));
-                            hi = _mm256_dpbusd_epi32(
-                                hi,
-                                u[i + 4],
-                                _mm256_loadu_si256(xq.add(i + 4)),
-                            );
-                        }
-                        let both = _mm256_add_epi32(
-                            _mm256_mullo_epi32(lo, s_lo),
-                            _mm256_mullo_epi32(hi, s_hi),
+                            x.qs.as_ptr().add(sbk * 2048 + 256 * (4 * h + v)) as *const __m512i;
+                        let z = _mm512_setzero_si512();
+                        let lo = _mm512_dpbusd_epi32(z, u[0], _mm512_loadu_si512(xq));
+                        let lo = _mm512_dpbusd_epi32(lo, u[1], _mm512_loadu_si512(xq.add(1)));
+                        let hi = _mm512_dpbusd_epi32(z, u[2], _mm512_loadu_si512(xq.add(2)));
+                        let hi = _mm512_dpbusd_epi32(hi, u[3], _mm512_loadu_si512(xq.add(3)));
+                        let both = _mm512_add_epi32(
+                            _mm512_mullo_epi32(lo, s_lo),
+                            _mm512_mullo_epi32(hi, s_hi),
                         );
-                        *s = _mm256_add_epi32(*s, both);
+                        *s = _mm512_add_epi32(*s, both);
                     }
                 }
+            }
+            for (s, s2) in sumi.iter_mut().zip(&sumi2) {
+                *s = _mm256_add_epi32(*s, fold_pairs(*s2));
             }
             for (g, a) in acc_r.iter_mut().enumerate() {
                 let sbk = (g0 + g) * blocks + k;
