@@ -439,9 +439,11 @@ impl Lanes {
 const LANE_TILE: usize = 32;
 /// Activation rows per lanes-kernel group (`quant::LANES`).
 const LANE_GROUP: usize = 8;
-/// A remainder of this many rows past the whole groups of 8 is padded to one more group for
-/// the lanes kernels: from 5 rows on, 8 rows in lanes cost less than the one-row kernels'
-/// (1-thread kernel rates: lanes n=8 vs one-row, Q4_1 ~130 vs ~80 GFLOP/s, Q4_K ~140 vs ~75).
+/// A remainder of this many rows past the whole groups of 8 (or a batch of this many) is
+/// padded to one more group for the lanes kernels: from 5 rows on, 8 rows in lanes cost less
+/// than the one-row kernels' (896×4864, 1 thread, µs per call: Q4_1 5 rows 477 one-row
+/// against 8 in lanes 318, Q4_K 430–440 against 295–306, Q8_0 443–447 against 330–336; at 4
+/// rows they are even).
 #[cfg(target_arch = "x86_64")]
 const LANES_PAD_MIN: usize = 5;
 
@@ -455,9 +457,9 @@ const LANE_ROWS: usize = 4;
 /// Weight rows whose lanes-tile outputs `drive` gathers before copying them out (a multiple
 /// of `LANE_ROWS`, so kernel calls tile a run exactly).
 const LANE_RUN: usize = 8 * LANE_ROWS;
-/// From this many activation rows on, whole groups of 8 take the lanes kernels.
+/// From this many activation rows on, the lanes kernels take whole (or padded) groups of 8.
 #[cfg(target_arch = "x86_64")]
-const LANES_MIN_N: usize = 8;
+const LANES_MIN_N: usize = LANES_PAD_MIN;
 
 /// Quantized activations kept hot while a chunk's weight rows pass over them.
 const ACT_BLOCK_BYTES: usize = 256 << 10;
