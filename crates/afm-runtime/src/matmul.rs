@@ -223,6 +223,18 @@ impl WeightMatrix {
                         }
                     });
                 }
+                #[cfg(target_arch = "x86_64")]
+                if let Some(qk) = quant::quads_kernel(dtype, isa).filter(|_| n >= QUADS_MIN_N) {
+                    // n < LANES_MIN_N here: one quad group (padded), in the driver's 8-wide
+                    // lanes tiles (rows past the group's four are zeros, never copied out).
+                    let l = quant::Q8Quads::from_rows(&a, dtype);
+                    let lanes = Lanes {
+                        rows: LANE_GROUP,
+                        tile: LANE_GROUP,
+                        weight_rows: 1,
+                    };
+                    return drive(ms, n, cols, lanes, outs, |w, _, o| qk(w, &l, o));
+                }
                 drive(ms, n, cols, Lanes::NONE, outs, |w, i0, o| k(w, &a, i0, o))
             }
             RowKernel::Q8k(k) => {
@@ -460,6 +472,13 @@ const LANE_RUN: usize = 8 * LANE_ROWS;
 /// From this many activation rows on, the lanes kernels take whole (or padded) groups of 8.
 #[cfg(target_arch = "x86_64")]
 const LANES_MIN_N: usize = LANES_PAD_MIN;
+/// From this many activation rows up to `LANES_MIN_N`, the 32-weight formats take the quads
+/// kernels (one group of four, padded). 896×4864, 1 thread, µs per call, quads against the
+/// one-row kernels: 3 rows Q4_1 191 / 272, Q8_0 195 / 237, Q5_0 287 / 338; 4 rows Q4_1
+/// 185–207 / 323, Q8_0 189–198 / 297, Q5_0 285–289 / 421; at 2 rows the one-row kernels win
+/// (Q8_0 166 / 191, Q5_0 261 / 282).
+#[cfg(target_arch = "x86_64")]
+const QUADS_MIN_N: usize = 3;
 
 /// Quantized activations kept hot while a chunk's weight rows pass over them.
 const ACT_BLOCK_BYTES: usize = 256 << 10;

@@ -267,9 +267,9 @@ fn zero_activations_give_zero_and_empty_shapes_are_fine() {
 }
 
 /// A row's output does not depend on the batch it is in: the lanes kernels (whole groups of
-/// 8 rows, the last padded when 5–7 rows remain: n = 5, 7, 13, 63) and the one-row kernels
-/// keep one summation order (docs/DECISIONS.md), so a request's logits are the same alone and
-/// beside others.
+/// 8 rows, the last padded when 5–7 rows remain: n = 5, 7, 13, 63), the quads kernels (n = 3,
+/// 4) and the one-row kernels keep one summation order (docs/DECISIONS.md), so a request's
+/// logits are the same alone and beside others.
 #[test]
 fn batched_rows_equal_single_rows_bit_for_bit() {
     let mut rng = Rng(23);
@@ -280,7 +280,7 @@ fn batched_rows_equal_single_rows_bit_for_bit() {
             _ => 512,
         };
         let m = random_matrix(&mut rng, dtype, 11, cols);
-        for n in [5, 7, 8, 13, 17, 40, 63] {
+        for n in [2, 3, 4, 5, 7, 8, 13, 17, 40, 63] {
             let x = random_x(&mut rng, n, cols, true);
             let batch = m.fast(Isa::best(), &x, n);
             for i in 0..n {

@@ -146,6 +146,23 @@ pub(crate) fn lanes_kernel(dtype: DType, isa: Isa) -> Option<super::vnni_lanes::
     })
 }
 
+/// The four-rows-in-quads kernel for `dtype` (`vnni_quads`), where this CPU and type have one.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn quads_kernel(dtype: DType, isa: Isa) -> Option<super::vnni_quads::QuadsKernel> {
+    use super::vnni_quads as v;
+    if isa != Isa::Avx512Vnni || !isa.usable() {
+        return None;
+    }
+    Some(match dtype {
+        DType::Q4_0 => v::dot_q4_0,
+        DType::Q4_1 => v::dot_q4_1,
+        DType::Q5_0 => v::dot_q5_0,
+        DType::Q5_1 => v::dot_q5_1,
+        DType::Q8_0 => v::dot_q8_0,
+        _ => return None,
+    })
+}
+
 /// The K-quant eight-rows-in-lanes kernel for `dtype`, where this CPU and type have one.
 #[cfg(target_arch = "x86_64")]
 pub(crate) fn k_lanes_kernel(dtype: DType, isa: Isa) -> Option<super::vnni_lanes::KLanesKernel> {

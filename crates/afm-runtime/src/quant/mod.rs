@@ -7,7 +7,8 @@
 //! - `activations`: activation rows quantized once per matmul call (8-bit, as llama.cpp does).
 //! - `avx2_*`: the same kernels with AVX2+FMA, and `vnni_legacy` the 32-weight ones with
 //!   AVX-512 VNNI, chosen at run time by `kernel`; `vnni_lanes` the 32-weight formats, Q4_K
-//!   and Q6_K against groups of eight activation rows at once (small batches and prefill).
+//!   and Q6_K against groups of eight activation rows at once (small batches and prefill),
+//!   `vnni_quads` the 32-weight formats against batches of three or four rows.
 //!
 //! It does not own threading or tiling; `matmul` does.
 
@@ -27,16 +28,20 @@ mod mxfp4;
 mod vnni_lanes;
 #[cfg(target_arch = "x86_64")]
 mod vnni_legacy;
+#[cfg(target_arch = "x86_64")]
+mod vnni_quads;
 
 use crate::DType;
 
 pub(crate) use activations::{Q8Rows, Q8kRows};
 pub use kernel::Isa;
 #[cfg(target_arch = "x86_64")]
-pub(crate) use kernel::{k_lanes_kernel, lanes_kernel};
+pub(crate) use kernel::{k_lanes_kernel, lanes_kernel, quads_kernel};
 pub(crate) use kernel::{RowKernel, MAX_TILE};
 #[cfg(target_arch = "x86_64")]
 pub(crate) use vnni_lanes::{Q8Lanes, Q8kLanes, LANES, MAX_GROUPS, MAX_GROUPS_32, MAX_ROWS};
+#[cfg(target_arch = "x86_64")]
+pub(crate) use vnni_quads::Q8Quads;
 
 /// Decode one row stored as `dtype` into f32, bit-exact with GGML's reference dequantization.
 ///
