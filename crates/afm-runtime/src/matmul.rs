@@ -209,7 +209,7 @@ impl WeightMatrix {
                 let a = Q8Rows::quantize_for_weight(x, cols, dtype, isa);
                 #[cfg(target_arch = "x86_64")]
                 if let Some(lk) = quant::lanes_kernel(dtype, isa).filter(|_| n >= LANES_MIN_N) {
-                    let l = quant::Q8Lanes::from_rows(&a, dtype, lane_groups(n));
+                    let l = quant::Q8Lanes::from_rows(&a, dtype, lane_groups(n, LANES_PAD_MIN));
                     let lanes = Lanes {
                         rows: l.rows(),
                         tile: quant::LANES * quant::MAX_GROUPS_32,
@@ -240,8 +240,9 @@ impl WeightMatrix {
             RowKernel::Q8k(k) => {
                 let a = Q8kRows::quantize(x, cols, isa);
                 #[cfg(target_arch = "x86_64")]
-                if let Some(lk) = quant::k_lanes_kernel(dtype, isa).filter(|_| n >= LANES_MIN_N) {
-                    let l = quant::Q8kLanes::from_rows(&a, lane_groups(n));
+                if let Some(lk) = quant::k_lanes_kernel(dtype, isa).filter(|_| n >= K_LANES_PAD_MIN)
+                {
+                    let l = quant::Q8kLanes::from_rows(&a, lane_groups(n, K_LANES_PAD_MIN));
                     let lanes = Lanes {
                         rows: l.rows(),
                         tile: quant::LANES * quant::MAX_GROUPS,
@@ -459,10 +460,17 @@ const LANE_GROUP: usize = 8;
 #[cfg(target_arch = "x86_64")]
 const LANES_PAD_MIN: usize = 5;
 
-/// Groups of 8 activation rows the lanes kernels take for `n` rows.
+/// `LANES_PAD_MIN` for the K-quant lanes kernels: 8 rows in lanes cost less than 4 in the
+/// one-row kernels (896×4864, 1 thread, µs per call: Q4_K 256–259 against 336–340, Q6_K
+/// 343–352 against 349–359; at 3 rows Q4_K 263–268 and Q6_K 308–312 one-row).
 #[cfg(target_arch = "x86_64")]
-fn lane_groups(n: usize) -> usize {
-    n / LANE_GROUP + usize::from(n % LANE_GROUP >= LANES_PAD_MIN)
+const K_LANES_PAD_MIN: usize = 4;
+
+/// Groups of 8 activation rows the lanes kernels take for `n` rows, a remainder of `pad_min`
+/// or more rows padded to a group.
+#[cfg(target_arch = "x86_64")]
+fn lane_groups(n: usize, pad_min: usize) -> usize {
+    n / LANE_GROUP + usize::from(n % LANE_GROUP >= pad_min)
 }
 /// Most weight rows any lanes-kernel call takes.
 const LANE_ROWS: usize = 4;
