@@ -32,7 +32,7 @@ pub(super) fn scales_mins_k4(p: &[u8]) -> ([u8; 8], [u8; 8]) {
 /// `Σ_g mins[g]·(bsums[2g] + bsums[2g+1])` as four i32 lanes.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn mins_dot(mins: __m128i, bsums: *const i16) -> __m128i {
+pub(super) unsafe fn mins_dot(mins: __m128i, bsums: *const i16) -> __m128i {
     let lo = _mm_loadu_si128(bsums as *const __m128i);
     let hi = _mm_loadu_si128(bsums.add(8) as *const __m128i);
     _mm_madd_epi16(mins, _mm_hadd_epi16(lo, hi))
@@ -41,7 +41,7 @@ unsafe fn mins_dot(mins: __m128i, bsums: *const i16) -> __m128i {
 /// Exact sum of four i32 lanes.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn hsum_i128(v: __m128i) -> i32 {
+pub(super) unsafe fn hsum_i128(v: __m128i) -> i32 {
     let s = _mm_add_epi32(v, _mm_unpackhi_epi64(v, v));
     _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 1)))
 }
@@ -283,7 +283,7 @@ unsafe fn tile_q3_k<const NB: usize>(w: &[u8], xs: &[Q8kRow; NB]) -> [f32; NB] {
 }
 
 /// The activation rows `i0..i0+NB`, after checking they are as long as the weight row.
-fn rows<const NB: usize>(x: &Q8kRows, i0: usize, w_blocks: usize) -> [Q8kRow<'_>; NB] {
+pub(super) fn rows<const NB: usize>(x: &Q8kRows, i0: usize, w_blocks: usize) -> [Q8kRow<'_>; NB] {
     assert_eq!(
         w_blocks * Q8K_BLOCK,
         x.cols,

@@ -118,13 +118,15 @@ impl RowKernel {
 /// AVX-512 VNNI kernels; `None` where the AVX2 one is used.
 #[cfg(target_arch = "x86_64")]
 fn vnni(dtype: DType) -> Option<RowKernel> {
-    use super::vnni_legacy as v;
+    use super::{vnni_kquants as k, vnni_legacy as v};
     Some(match dtype {
         DType::Q4_0 => RowKernel::Q8(v::dot_q4_0),
         DType::Q4_1 => RowKernel::Q8(v::dot_q4_1),
         DType::Q5_0 => RowKernel::Q8(v::dot_q5_0),
         DType::Q5_1 => RowKernel::Q8(v::dot_q5_1),
         DType::Q8_0 => RowKernel::Q8(v::dot_q8_0),
+        DType::Q4K => RowKernel::Q8k(k::dot_q4_k),
+        DType::Q6K => RowKernel::Q8k(k::dot_q6_k),
         _ => return None,
     })
 }

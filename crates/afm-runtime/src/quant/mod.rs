@@ -5,10 +5,11 @@
 //!   (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) and the 256-weight K-quants (Q2_K..Q6_K), plus the portable
 //!   scalar dot kernels against quantized activations.
 //! - `activations`: activation rows quantized once per matmul call (8-bit, as llama.cpp does).
-//! - `avx2_*`: the same kernels with AVX2+FMA, and `vnni_legacy` the 32-weight ones with
-//!   AVX-512 VNNI, chosen at run time by `kernel`; `vnni_lanes` the 32-weight formats, Q4_K
-//!   and Q6_K against groups of eight activation rows at once (small batches and prefill),
-//!   `vnni_quads` the 32-weight formats against batches of three or four rows.
+//! - `avx2_*`: the same kernels with AVX2+FMA, and `vnni_legacy` the 32-weight ones (and
+//!   `vnni_kquants` Q4_K and Q6_K) with AVX-512 VNNI, chosen at run time by `kernel`;
+//!   `vnni_lanes` the 32-weight formats, Q4_K and Q6_K against groups of eight activation rows
+//!   at once (small batches and prefill), `vnni_quads` the 32-weight formats against batches
+//!   of three or four rows.
 //!
 //! It does not own threading or tiling; `matmul` does.
 
@@ -24,6 +25,8 @@ mod kernel;
 mod kquants;
 mod legacy;
 mod mxfp4;
+#[cfg(target_arch = "x86_64")]
+mod vnni_kquants;
 #[cfg(target_arch = "x86_64")]
 mod vnni_lanes;
 #[cfg(target_arch = "x86_64")]
