@@ -126,19 +126,82 @@ unsafe fn bcast_q(p: *const u8) -> __m512i {
     _mm512_set1_epi64((p as *const i64).read_unaligned())
 }
 
+/// How the 512-bit tiles (`tile` here, `vnni_quads`) treat a format's decoded values.
+pub(super) trait Form: Block {
+    /// The second half of a block's dwords (4..8) is 16 times the values (high nibbles left
+    /// in place, saving a shift), so their lanes' integer sums are 16 times too and the tiles
+    /// scale them by `prod / 16`. Exact: 16·Σ stays far below 2²⁴, so its conversion is 16
+    /// times the conversion of Σ, `prod / 16` is exact (a power of two, nowhere near
+    /// subnormal), and the FMA sees the same product `prod · Σ` (only for formats without an
+    /// offset, whose values are not shifted before the product).
+    const HIGH_X16: bool = false;
+    /// The stored values are signed bytes (Q8_0): the tiles use them as the signed operand
+    /// and correct the `q + 128` activations by `−128·Σw` computed from the same bytes.
+    const RAW_SIGNED: bool = false;
+}
+
+impl Form for Q4_0 {}
+impl Form for Q4_1 {
+    const HIGH_X16: bool = true;
+}
+impl Form for Q5_0 {}
+impl Form for Q5_1 {}
+impl Form for Q8_0 {
+    const RAW_SIGNED: bool = true;
+}
+
+/// A block's `vpdpbusd` operands for format `B` (module header): the weights (unsigned for
+/// the formats with a minimum, else signed against the `q + 128` activations) and each lane's
+/// start (0, or the `−128·Σw` correction).
+pub(super) struct Operands<const N: usize> {
+    w: [__m512i; N],
+    init: [__m512i; N],
+}
+
+impl<const N: usize> Operands<N> {
+    /// The operands of decoded weights `u` (broadcast as the tile lays them out).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub(super) unsafe fn new<B: Form>(u: [__m512i; N]) -> Self {
+        let zero = _mm512_setzero_si512();
+        let m128 = _mm512_set1_epi8(i8::MIN);
+        if B::HAS_MIN {
+            return Self {
+                w: u,
+                init: [zero; N],
+            };
+        }
+        if B::RAW_SIGNED {
+            // Q8_0: Σ(q_x + 128)·w − 128·Σw = Σq_x·w.
+            let init = std::array::from_fn(|i| {
+                _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, m128, u[i]))
+            });
+            return Self { w: u, init };
+        }
+        // Offset formats: `w = u − o` signed, correction `512·o − 128·Σu`.
+        let o = (-B::OFFSET) as i32;
+        let (o_bytes, c0) = (_mm512_set1_epi8(o as i8), _mm512_set1_epi32(512 * o));
+        Self {
+            w: std::array::from_fn(|i| _mm512_sub_epi8(u[i], o_bytes)),
+            init: std::array::from_fn(|i| _mm512_dpbusd_epi32(c0, u[i], m128)),
+        }
+    }
+
+    /// Register `i`'s exact i32 lanes against activation bytes `x`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub(super) unsafe fn dot<B: Form>(&self, i: usize, x: __m512i) -> __m512i {
+        if B::HAS_MIN {
+            _mm512_dpbusd_epi32(self.init[i], self.w[i], x)
+        } else {
+            _mm512_dpbusd_epi32(self.init[i], x, self.w[i])
+        }
+    }
+}
+
 /// The four qword pairs of a weight block's values, each broadcast to every lane pair: pair p
 /// holds dwords 2p and 2p+1.
-trait Pairs: Block {
-    /// Pairs 2 and 3 (dwords 4..8) are 16 times the values (high nibbles left in place,
-    /// saving a shift), so their lanes' integer sums are 16 times too and `tile` scales them
-    /// by `prod / 16`. Exact: 16·Σ stays far below 2²⁴, so its conversion is 16 times the
-    /// conversion of Σ, `prod / 16` is exact (a power of two, nowhere near subnormal), and
-    /// the FMA sees the same product `prod · Σ` (only for formats without an offset, whose
-    /// values are not shifted before the product).
-    const HIGH_X16: bool = false;
-    /// The stored values are signed bytes (Q8_0): `tile` uses the pairs as the signed operand
-    /// and corrects the `q + 128` activations by `−128·Σw` computed from the same qword.
-    const RAW_SIGNED: bool = false;
+trait Pairs: Form {
     /// Through `values` and a stack copy unless the stored bytes can be broadcast directly.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
@@ -178,7 +241,6 @@ impl Pairs for Q4_0 {
     }
 }
 impl Pairs for Q4_1 {
-    const HIGH_X16: bool = true;
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     unsafe fn pairs(p: *const u8) -> [__m512i; 4] {
@@ -186,7 +248,6 @@ impl Pairs for Q4_1 {
     }
 }
 impl Pairs for Q8_0 {
-    const RAW_SIGNED: bool = true;
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     unsafe fn pairs(p: *const u8) -> [__m512i; 4] {
@@ -208,38 +269,13 @@ unsafe fn tile<B: Pairs, const G: usize>(w: &[u8], x: &Q8Lanes, g0: usize, out: 
     let mut summs = [_mm256_setzero_ps(); G];
     let qs = x.qs.as_ptr().add(g0 * blocks * 256);
     let ds = x.ds.as_ptr().add(g0 * blocks * DS);
-    // Offset formats (module header): `w = u − o` signed, correction `512·o − 128·Σu`.
-    let o = (-B::OFFSET) as i32;
-    let (o_bytes, c0, m128) = (
-        _mm512_set1_epi8(o as i8),
-        _mm512_set1_epi32(512 * o),
-        _mm512_set1_epi8(i8::MIN),
-    );
-    let zero = _mm512_setzero_si512();
     for k in 0..blocks {
         let p = w.as_ptr().add(k * B::BYTES);
         // In-process A/B, 8-row SmolLM2 step: 12–15% faster with it.
         prefetch_ahead(p, 1);
         let sc = B::scales(p);
         let dw = _mm512_broadcastss_ps(sc);
-        let u = B::pairs(p);
-        // The signed operand and each lane's starting value (the `−128·Σw` correction).
-        let (signed, init): ([__m512i; 4], [__m512i; 4]) = if B::HAS_MIN {
-            (u, [zero; 4])
-        } else if B::RAW_SIGNED {
-            // Q8_0: Σ(q_x + 128)·w − 128·Σw = Σq_x·w.
-            (
-                u,
-                std::array::from_fn(|i| {
-                    _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, m128, u[i]))
-                }),
-            )
-        } else {
-            (
-                std::array::from_fn(|i| _mm512_sub_epi8(u[i], o_bytes)),
-                std::array::from_fn(|i| _mm512_dpbusd_epi32(c0, u[i], m128)),
-            )
-        };
+        let ops = Operands::new::<B>(B::pairs(p));
         for (g, acc_g) in acc.iter_mut().enumerate() {
             let blk = g * blocks + k;
             let xq = qs.add(blk * 256) as *const __m512i;
@@ -250,12 +286,7 @@ unsafe fn tile<B: Pairs, const G: usize>(w: &[u8], x: &Q8Lanes, g0: usize, out: 
                 prod
             };
             for (i, a) in acc_g.iter_mut().enumerate() {
-                let xi = _mm512_loadu_si512(xq.add(i));
-                let lanes = if B::HAS_MIN {
-                    _mm512_dpbusd_epi32(zero, u[i], xi)
-                } else {
-                    _mm512_dpbusd_epi32(init[i], xi, signed[i])
-                };
+                let lanes = ops.dot::<B>(i, _mm512_loadu_si512(xq.add(i)));
                 let p = if i < 2 { prod } else { prod_hi };
                 *a = _mm512_fmadd_ps(p, _mm512_cvtepi32_ps(lanes), *a);
             }

@@ -12,10 +12,11 @@
 //! `vpdpbusd`, one conversion and one FMA cover a quad of four rows. Each (row, dword) lane
 //! is the per-row kernel's lane with its own FMA chain, summed at the end in `hsum`'s order
 //! (docs/DECISIONS.md), so a row's output is the same alone and in a batch. The offset and
-//! minimum handling is `vnni_lanes`' (see its header).
+//! minimum handling is `vnni_lanes`' (`Form`, `Operands`).
 
 use super::activations::{Q8Rows, Q8_BLOCK};
 use super::prefetch_ahead;
+use super::vnni_lanes::{Form, Operands};
 use super::vnni_legacy::{Block, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
 use crate::DType;
 use std::arch::x86_64::*;
@@ -77,11 +78,7 @@ unsafe fn bcast16(p: *const u8) -> __m512i {
 
 /// The two quads of a weight block's values, each broadcast to every quarter: quad q holds
 /// dwords 4q..4q+4.
-trait Quads: Block {
-    /// Quad 1 (dwords 4..8) is 16 times the values (`vnni_lanes`' `HIGH_X16`).
-    const HIGH_X16: bool = false;
-    /// The stored values are signed bytes (Q8_0; `vnni_lanes`' `RAW_SIGNED`).
-    const RAW_SIGNED: bool = false;
+trait Quads: Form {
     /// Through `values` and a stack copy unless the stored bytes can be broadcast directly.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
@@ -117,7 +114,6 @@ impl Quads for Q4_0 {
     }
 }
 impl Quads for Q4_1 {
-    const HIGH_X16: bool = true;
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     unsafe fn quads(p: *const u8) -> [__m512i; 2] {
@@ -125,7 +121,6 @@ impl Quads for Q4_1 {
     }
 }
 impl Quads for Q8_0 {
-    const RAW_SIGNED: bool = true;
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     unsafe fn quads(p: *const u8) -> [__m512i; 2] {
@@ -142,34 +137,12 @@ impl Quads for Q5_1 {}
 unsafe fn tile<B: Quads>(w: &[u8], x: &Q8Quads, out: &mut [f32]) {
     let mut acc = [_mm512_setzero_ps(); 2];
     let mut summs = _mm_setzero_ps();
-    let o = (-B::OFFSET) as i32;
-    let (o_bytes, c0, m128) = (
-        _mm512_set1_epi8(o as i8),
-        _mm512_set1_epi32(512 * o),
-        _mm512_set1_epi8(i8::MIN),
-    );
-    let zero = _mm512_setzero_si512();
     for k in 0..x.blocks {
         let p = w.as_ptr().add(k * B::BYTES);
         prefetch_ahead(p, 1);
         let sc = B::scales(p);
         let dw = _mm512_broadcastss_ps(sc);
-        let u = B::quads(p);
-        let (signed, init): ([__m512i; 2], [__m512i; 2]) = if B::HAS_MIN {
-            (u, [zero; 2])
-        } else if B::RAW_SIGNED {
-            (
-                u,
-                std::array::from_fn(|i| {
-                    _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, m128, u[i]))
-                }),
-            )
-        } else {
-            (
-                std::array::from_fn(|i| _mm512_sub_epi8(u[i], o_bytes)),
-                std::array::from_fn(|i| _mm512_dpbusd_epi32(c0, u[i], m128)),
-            )
-        };
+        let ops = Operands::new::<B>(B::quads(p));
         let xq = x.qs.as_ptr().add(128 * k) as *const __m512i;
         let prod = _mm512_mul_ps(dw, _mm512_loadu_ps(x.ds.as_ptr().add(k * DS)));
         let prod_hi = if B::HIGH_X16 {
@@ -178,12 +151,7 @@ unsafe fn tile<B: Quads>(w: &[u8], x: &Q8Quads, out: &mut [f32]) {
             prod
         };
         for (i, a) in acc.iter_mut().enumerate() {
-            let xi = _mm512_loadu_si512(xq.add(i));
-            let lanes = if B::HAS_MIN {
-                _mm512_dpbusd_epi32(zero, u[i], xi)
-            } else {
-                _mm512_dpbusd_epi32(init[i], xi, signed[i])
-            };
+            let lanes = ops.dot::<B>(i, _mm512_loadu_si512(xq.add(i)));
             let p = if i == 0 { prod } else { prod_hi };
             *a = _mm512_fmadd_ps(p, _mm512_cvtepi32_ps(lanes), *a);
         }
