@@ -122,12 +122,12 @@ unsafe fn attend_impl<const WIDE: bool>(
         }
         let o = &mut out[t * d..(t + tile) * d];
         match (tile, WIDE) {
-            (3, true) => weighted_values_512::<3>(sc, w, off, &vrows, d, base, o),
-            (2, true) => weighted_values_512::<2>(sc, w, off, &vrows, d, base, o),
-            (_, true) => weighted_values_512::<1>(sc, w, off, &vrows, d, base, o),
-            (3, false) => weighted_values::<3>(sc, w, off, &vrows, d, base, o),
-            (2, false) => weighted_values::<2>(sc, w, off, &vrows, d, base, o),
-            _ => weighted_values::<1>(sc, w, off, &vrows, d, base, o),
+            (3, true) => weighted_values::<__m512, 3, 2>(sc, w, off, &vrows, d, base, o),
+            (2, true) => weighted_values::<__m512, 2, 2>(sc, w, off, &vrows, d, base, o),
+            (_, true) => weighted_values::<__m512, 1, 2>(sc, w, off, &vrows, d, base, o),
+            (3, false) => weighted_values::<__m256, 3, 4>(sc, w, off, &vrows, d, base, o),
+            (2, false) => weighted_values::<__m256, 2, 4>(sc, w, off, &vrows, d, base, o),
+            _ => weighted_values::<__m256, 1, 4>(sc, w, off, &vrows, d, base, o),
         }
         t += tile;
     }
@@ -361,7 +361,7 @@ unsafe fn mask(c: usize, off: usize, n: usize) -> __m256 {
 #[inline(always)]
 // Lane, query and column indices each address two or three arrays at once.
 #[allow(clippy::needless_range_loop)]
-unsafe fn weighted_values<const Q: usize>(
+unsafe fn weighted_values<V: Columns, const Q: usize, const VECS: usize>(
     sc: &[f32],
     w: usize,
     off: usize,
@@ -370,22 +370,22 @@ unsafe fn weighted_values<const Q: usize>(
     base: usize,
     out: &mut [f32],
 ) {
-    const VECS: usize = 4;
+    debug_assert_eq!(V::WIDTH * VECS, 32);
     let n = vrows.len();
     let first = (32 - base % 32) % 32;
-    let mut lanes = [[[_mm256_setzero_ps(); VECS]; 32]; Q];
-    for c0 in (0..d).step_by(8 * VECS) {
+    let mut lanes = [[[V::zero(); VECS]; 32]; Q];
+    for c0 in (0..d).step_by(V::WIDTH * VECS) {
         for i in 0..32 {
-            let mut a = [[_mm256_setzero_ps(); VECS]; Q];
+            let mut a = [[V::zero(); VECS]; Q];
             let mut j = (first + i) % 32;
             while j < n {
                 let row = vrows.get_unchecked(j).add(c0);
-                let wj: [__m256; Q] =
-                    std::array::from_fn(|t| _mm256_set1_ps(*sc.get_unchecked(t * w + off + j)));
+                let wj: [V; Q] =
+                    std::array::from_fn(|t| V::splat(*sc.get_unchecked(t * w + off + j)));
                 for v in 0..VECS {
-                    let x = load_f16(row.add(8 * v));
+                    let x = V::load_f16(row.add(V::WIDTH * v));
                     for t in 0..Q {
-                        a[t][v] = _mm256_fmadd_ps(wj[t], x, a[t][v]);
+                        a[t][v] = V::fma(wj[t], x, a[t][v]);
                     }
                 }
                 j += 32;
@@ -397,75 +397,86 @@ unsafe fn weighted_values<const Q: usize>(
         for (t, l) in lanes.iter().enumerate() {
             for v in 0..VECS {
                 let x = |i: usize| {
-                    _mm256_add_ps(
-                        _mm256_add_ps(l[i][v], l[16 + i][v]),
-                        _mm256_add_ps(l[8 + i][v], l[24 + i][v]),
+                    V::add(
+                        V::add(l[i][v], l[16 + i][v]),
+                        V::add(l[8 + i][v], l[24 + i][v]),
                     )
                 };
-                let lo = _mm256_add_ps(_mm256_add_ps(x(0), x(4)), _mm256_add_ps(x(1), x(5)));
-                let hi = _mm256_add_ps(_mm256_add_ps(x(2), x(6)), _mm256_add_ps(x(3), x(7)));
-                _mm256_storeu_ps(
-                    out.as_mut_ptr().add(t * d + c0 + 8 * v),
-                    _mm256_add_ps(lo, hi),
+                let lo = V::add(V::add(x(0), x(4)), V::add(x(1), x(5)));
+                let hi = V::add(V::add(x(2), x(6)), V::add(x(3), x(7)));
+                V::store(
+                    out.as_mut_ptr().add(t * d + c0 + V::WIDTH * v),
+                    V::add(lo, hi),
                 );
             }
         }
     }
 }
 
-/// `weighted_values` with sixteen columns per 512-bit register (each column's chain and the
-/// 32-lane tree unchanged).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
-#[allow(clippy::needless_range_loop)]
-unsafe fn weighted_values_512<const Q: usize>(
-    sc: &[f32],
-    w: usize,
-    off: usize,
-    vrows: &[*const f16],
-    d: usize,
-    base: usize,
-    out: &mut [f32],
-) {
-    const VECS: usize = 2;
-    let n = vrows.len();
-    let first = (32 - base % 32) % 32;
-    let mut lanes = [[[_mm512_setzero_ps(); VECS]; 32]; Q];
-    for c0 in (0..d).step_by(16 * VECS) {
-        for i in 0..32 {
-            let mut a = [[_mm512_setzero_ps(); VECS]; Q];
-            let mut j = (first + i) % 32;
-            while j < n {
-                let row = vrows.get_unchecked(j).add(c0);
-                let wj: [__m512; Q] =
-                    std::array::from_fn(|t| _mm512_set1_ps(*sc.get_unchecked(t * w + off + j)));
-                for v in 0..VECS {
-                    let x = load_f16_16(row.add(16 * v));
-                    for t in 0..Q {
-                        a[t][v] = _mm512_fmadd_ps(wj[t], x, a[t][v]);
-                    }
-                }
-                j += 32;
-            }
-            for t in 0..Q {
-                lanes[t][i] = a[t];
-            }
-        }
-        for (t, l) in lanes.iter().enumerate() {
-            for v in 0..VECS {
-                let x = |i: usize| {
-                    _mm512_add_ps(
-                        _mm512_add_ps(l[i][v], l[16 + i][v]),
-                        _mm512_add_ps(l[8 + i][v], l[24 + i][v]),
-                    )
-                };
-                let lo = _mm512_add_ps(_mm512_add_ps(x(0), x(4)), _mm512_add_ps(x(1), x(5)));
-                let hi = _mm512_add_ps(_mm512_add_ps(x(2), x(6)), _mm512_add_ps(x(3), x(7)));
-                _mm512_storeu_ps(
-                    out.as_mut_ptr().add(t * d + c0 + 16 * v),
-                    _mm512_add_ps(lo, hi),
-                );
-            }
-        }
+/// The f32 vector of the output pass: eight columns (AVX2) or sixteen (AVX-512, only inside
+/// `attend_512`). Each column's chain and the 32-lane tree are the same at either width.
+trait Columns: Copy {
+    const WIDTH: usize;
+    unsafe fn zero() -> Self;
+    unsafe fn splat(x: f32) -> Self;
+    unsafe fn load_f16(p: *const f16) -> Self;
+    unsafe fn fma(a: Self, b: Self, c: Self) -> Self;
+    unsafe fn add(a: Self, b: Self) -> Self;
+    unsafe fn store(p: *mut f32, v: Self);
+}
+
+impl Columns for __m256 {
+    const WIDTH: usize = 8;
+    #[inline(always)]
+    unsafe fn zero() -> Self {
+        _mm256_setzero_ps()
+    }
+    #[inline(always)]
+    unsafe fn splat(x: f32) -> Self {
+        _mm256_set1_ps(x)
+    }
+    #[inline(always)]
+    unsafe fn load_f16(p: *const f16) -> Self {
+        load_f16(p)
+    }
+    #[inline(always)]
+    unsafe fn fma(a: Self, b: Self, c: Self) -> Self {
+        _mm256_fmadd_ps(a, b, c)
+    }
+    #[inline(always)]
+    unsafe fn add(a: Self, b: Self) -> Self {
+        _mm256_add_ps(a, b)
+    }
+    #[inline(always)]
+    unsafe fn store(p: *mut f32, v: Self) {
+        _mm256_storeu_ps(p, v)
+    }
+}
+
+impl Columns for __m512 {
+    const WIDTH: usize = 16;
+    #[inline(always)]
+    unsafe fn zero() -> Self {
+        _mm512_setzero_ps()
+    }
+    #[inline(always)]
+    unsafe fn splat(x: f32) -> Self {
+        _mm512_set1_ps(x)
+    }
+    #[inline(always)]
+    unsafe fn load_f16(p: *const f16) -> Self {
+        load_f16_16(p)
+    }
+    #[inline(always)]
+    unsafe fn fma(a: Self, b: Self, c: Self) -> Self {
+        _mm512_fmadd_ps(a, b, c)
+    }
+    #[inline(always)]
+    unsafe fn add(a: Self, b: Self) -> Self {
+        _mm512_add_ps(a, b)
+    }
+    #[inline(always)]
+    unsafe fn store(p: *mut f32, v: Self) {
+        _mm512_storeu_ps(p, v)
     }
 }
