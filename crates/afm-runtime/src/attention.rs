@@ -9,6 +9,7 @@
 //! head_kv      where a (sequence, KV head)'s keys and values are read from (Rows, HeadKv)
 //! llama_order  the tile kernels, summing in llama.cpp's 8- and 32-lane orders, its softmax
 //! decode_f16   one new token against an f16 cache, vectorized (AVX2, or AVX-512 F)
+//! prompt_512   a prompt chunk's 8-lane tiles in 512-bit registers (AVX-512 F)
 //! ```
 
 use half::f16;
@@ -20,6 +21,8 @@ use crate::kv_store::{KvDtype, LayerKv};
 mod decode_f16;
 mod head_kv;
 mod llama_order;
+#[cfg(target_arch = "x86_64")]
+mod prompt_512;
 
 use head_kv::{half_head, single_order, HeadKv, KvScratch};
 #[cfg(target_arch = "x86_64")]
@@ -187,10 +190,32 @@ fn attend_rows(
                 }
             };
         }
+        if crate::quant::Isa::best() == crate::quant::Isa::Avx512Vnni && prompt_512::fits(d) {
+            // SAFETY: `Isa::best` detected AVX-512 F/BW/VL with AVX2, FMA and F16C.
+            return unsafe { attend_rows_avx512(q, kv, s, kh, group, rows, half, p) };
+        }
         // SAFETY: `Isa::best` detected AVX2, FMA and F16C.
         return unsafe { attend_rows_avx2(q, kv, s, kh, group, rows, half, p) };
     }
-    attend_rows_impl::<false>(q, kv, s, kh, group, rows, half, p)
+    attend_rows_impl::<false, false>(q, kv, s, kh, group, rows, half, p)
+}
+
+/// `attend_rows_avx2` with a prompt chunk's tiles in 512-bit registers (`prompt_512`, same
+/// bits); the caller checked `prompt_512::fits(head_dim)`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn attend_rows_avx512(
+    q: &[f32],
+    kv: &HeadKv,
+    s: &AttnSeq,
+    kh: usize,
+    group: usize,
+    rows: std::ops::Range<usize>,
+    half: bool,
+    p: &AttnParams,
+) -> Vec<f32> {
+    attend_rows_impl::<true, true>(q, kv, s, kh, group, rows, half, p)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -206,12 +231,13 @@ unsafe fn attend_rows_avx2(
     half: bool,
     p: &AttnParams,
 ) -> Vec<f32> {
-    attend_rows_impl::<true>(q, kv, s, kh, group, rows, half, p)
+    attend_rows_impl::<true, false>(q, kv, s, kh, group, rows, half, p)
 }
 
+/// `WIDE`: the prompt tiles of `prompt_512` (only inside `attend_rows_avx512`).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn attend_rows_impl<const FMA: bool>(
+fn attend_rows_impl<const FMA: bool, const WIDE: bool>(
     q: &[f32],
     kv: &HeadKv,
     s: &AttnSeq,
@@ -262,6 +288,14 @@ fn attend_rows_impl<const FMA: bool>(
             } else if single {
                 qk_tile32::<FMA>(&qs, d, kv.keys_t, kv.stride, j0, mt)
             } else {
+                #[cfg(target_arch = "x86_64")]
+                if WIDE {
+                    // SAFETY: `WIDE` only inside `attend_rows_avx512`, which checked `fits(d)`.
+                    unsafe { prompt_512::qk_tile8(&qs, d, kv.keys, j0) }
+                } else {
+                    qk_tile8::<FMA>(&qs, d, kv.keys, j0)
+                }
+                #[cfg(not(target_arch = "x86_64"))]
                 qk_tile8::<FMA>(&qs, d, kv.keys, j0)
             };
             for (t, row) in tile.iter().enumerate() {
@@ -290,6 +324,14 @@ fn attend_rows_impl<const FMA: bool>(
         } else if single {
             pv_tile32::<FMA>(&scores, sw, kv.values, d, lo, span, kv.base, mt)
         } else {
+            #[cfg(target_arch = "x86_64")]
+            if WIDE {
+                // SAFETY: as for `qk_tile8` above.
+                unsafe { prompt_512::pv_tile8(&scores, sw, kv.values, d, lo, span, kv.base) }
+            } else {
+                pv_tile::<FMA, 8>(&scores, sw, kv.values, d, lo, span, kv.base)
+            }
+            #[cfg(not(target_arch = "x86_64"))]
             pv_tile::<FMA, 8>(&scores, sw, kv.values, d, lo, span, kv.base)
         };
         for t in 0..mt {

@@ -304,3 +304,55 @@ fn check_against_dense(mut cache: KvCache, tol: f32) {
         }
     }
 }
+
+/// The 512-bit prompt tiles sum in tinyBLAS's 8-lane order exactly as the portable tiles do:
+/// head sizes 16 to 128, key tiles running past the last key, position lanes starting off a
+/// multiple of 8, spans that end mid-run.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn prompt_tiles_512_equal_the_8_lane_tiles() {
+    if crate::quant::Isa::best() != crate::quant::Isa::Avx512Vnni {
+        return;
+    }
+    let val = |i: usize| ((i * 2_654_435_761) % 1999) as f32 / 997.0 - 1.0;
+    for d in [16, 48, 64, 128] {
+        let n = 37;
+        let keys: Vec<f32> = (0..n * d).map(|i| val(3 * i + 1)).collect();
+        let qs: Vec<f32> = (0..Q_TILE * d).map(|i| val(7 * i + 5)).collect();
+        for j0 in [0, 16, 32] {
+            let want = llama_order::qk_tile8::<true>(&qs, d, &keys, j0);
+            // SAFETY: AVX-512 detected above; `fits(d)`.
+            let got = unsafe { prompt_512::qk_tile8(&qs, d, &keys, j0) };
+            for t in 0..Q_TILE {
+                for k in 0..KEY_TILE {
+                    assert_eq!(
+                        want[t][k].to_bits(),
+                        got[t][k].to_bits(),
+                        "qk d {d} j0 {j0} {t} {k}"
+                    );
+                }
+            }
+        }
+        let values: Vec<f32> = (0..n * d).map(|i| val(5 * i + 2)).collect();
+        for (lo, span, base) in [
+            (0usize, 37usize, 0usize),
+            (3, 30, 5),
+            (9, 17, 14),
+            (1, 8, 7),
+            (0, 1, 3),
+        ] {
+            let sw = span.div_ceil(KEY_TILE) * KEY_TILE;
+            let w: Vec<f32> = (0..Q_TILE * sw).map(|i| val(11 * i + 3)).collect();
+            let want = pv_tile::<true, 8>(&w, sw, &values, d, lo, span, base);
+            // SAFETY: as above; `w` holds Q_TILE rows of `sw`, `values` rows up to `lo + span`.
+            let got = unsafe { prompt_512::pv_tile8(&w, sw, &values, d, lo, span, base) };
+            for (i, (a, b)) in want.iter().zip(&got).enumerate() {
+                assert_eq!(
+                    a.to_bits(),
+                    b.to_bits(),
+                    "pv d {d} lo {lo} span {span} base {base} at {i}"
+                );
+            }
+        }
+    }
+}
