@@ -26,6 +26,8 @@ pub(super) fn fits(d: usize) -> bool {
 /// The CPU must have AVX-512 F (and AVX2, FMA); `fits(d)`, `qs.len() ≥ Q_TILE·d`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+// The key index addresses the keys and every query's column of `x` at once.
+#[allow(clippy::needless_range_loop)]
 pub(super) unsafe fn qk_tile8(
     qs: &[f32],
     d: usize,
