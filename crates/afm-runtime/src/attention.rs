@@ -311,6 +311,14 @@ fn attend_rows_impl<const FMA: bool, const WIDE: bool>(
             if let Some(cap) = p.softcap {
                 crate::ops::softcap(live, cap);
             }
+            #[cfg(target_arch = "x86_64")]
+            if FMA {
+                // SAFETY: `FMA` only inside the AVX2 (and AVX-512) wrappers of this function.
+                unsafe { llama_order::softmax_llama_x86(live, kv.base + qlo) }
+            } else {
+                softmax_llama(live, kv.base + qlo)
+            }
+            #[cfg(not(target_arch = "x86_64"))]
             softmax_llama(live, kv.base + qlo);
             if half {
                 live.iter_mut().for_each(|v| *v = round_f16(*v));

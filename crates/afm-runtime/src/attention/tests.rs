@@ -356,3 +356,26 @@ fn prompt_tiles_512_equal_the_8_lane_tiles() {
         }
     }
 }
+
+/// The vectorized softmax rounds as `softmax_llama`: lengths from 1 to past two vectors,
+/// positions starting on and off a multiple of 8.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn vector_softmax_equals_softmax_llama() {
+    if crate::quant::Isa::best() == crate::quant::Isa::Scalar {
+        return;
+    }
+    let val = |i: usize| ((i * 2_654_435_761) % 1999) as f32 / 97.0 - 10.0;
+    for n in [1, 3, 7, 8, 9, 16, 17, 31, 100] {
+        for pos0 in [0, 1, 5, 7, 8, 13] {
+            let x: Vec<f32> = (0..n).map(|i| val(i + 31 * pos0 + 7 * n)).collect();
+            let (mut want, mut got) = (x.clone(), x);
+            llama_order::softmax_llama(&mut want, pos0);
+            // SAFETY: AVX2 and FMA detected (`Isa::best` is not scalar).
+            unsafe { llama_order::softmax_llama_x86(&mut got, pos0) };
+            for (i, (a, b)) in want.iter().zip(&got).enumerate() {
+                assert_eq!(a.to_bits(), b.to_bits(), "n {n} pos0 {pos0} at {i}");
+            }
+        }
+    }
+}
