@@ -280,26 +280,27 @@ fn attend_rows_impl<const FMA: bool, const WIDE: bool>(
         // One new token: llama.cpp's `ggml_vec_dot_f16` order; a prompt chunk: tinyBLAS's
         // (which takes only head sizes that are a multiple of 8).
         let single = single_order(s.len, d);
-        for j0 in (lo..hi).step_by(KEY_TILE) {
-            let tile = if let Some((keys, _)) = &kv.half {
-                qk_rows32_by::<FMA, _>(&qs, d, keys, j0, mt)
-            } else if single && d.is_multiple_of(8) {
-                qk_rows32::<FMA>(&qs, d, kv.keys, j0, mt)
-            } else if single {
-                qk_tile32::<FMA>(&qs, d, kv.keys_t, kv.stride, j0, mt)
-            } else {
-                #[cfg(target_arch = "x86_64")]
-                if WIDE {
-                    // SAFETY: `WIDE` only inside `attend_rows_avx512`, which checked `fits(d)`.
-                    unsafe { prompt_512::qk_tile8(&qs, d, kv.keys, j0) }
+        if WIDE && !single && kv.half.is_none() {
+            // SAFETY: `WIDE` only inside `attend_rows_avx512`, which checked `fits(d)`;
+            // `scores` is `Q_TILE` rows of `sw`.
+            #[cfg(target_arch = "x86_64")]
+            unsafe {
+                prompt_512::qk_tiles8(&qs, d, kv.keys, (lo, hi), &mut scores, sw)
+            };
+        } else {
+            for j0 in (lo..hi).step_by(KEY_TILE) {
+                let tile = if let Some((keys, _)) = &kv.half {
+                    qk_rows32_by::<FMA, _>(&qs, d, keys, j0, mt)
+                } else if single && d.is_multiple_of(8) {
+                    qk_rows32::<FMA>(&qs, d, kv.keys, j0, mt)
+                } else if single {
+                    qk_tile32::<FMA>(&qs, d, kv.keys_t, kv.stride, j0, mt)
                 } else {
                     qk_tile8::<FMA>(&qs, d, kv.keys, j0)
+                };
+                for (t, row) in tile.iter().enumerate() {
+                    scores[t * sw + j0 - lo..][..KEY_TILE].copy_from_slice(row);
                 }
-                #[cfg(not(target_arch = "x86_64"))]
-                qk_tile8::<FMA>(&qs, d, kv.keys, j0)
-            };
-            for (t, row) in tile.iter().enumerate() {
-                scores[t * sw + j0 - lo..][..KEY_TILE].copy_from_slice(row);
             }
         }
         for (t, &(qlo, qhi)) in range.iter().enumerate().take(mt) {

@@ -109,13 +109,10 @@ unsafe fn attend_impl<const WIDE: bool>(
         let (q, sc) = (&qh[t * d..(t + tile) * d], &mut sc[t * w..(t + tile) * w]);
         // The first tile asks for the values' lines; later tiles find them requested.
         let ahead: &[*const f16] = if t == 0 { &vrows } else { &[] };
-        match (tile, WIDE) {
-            (3, true) => scores_512::<3>(q, d, &krows, ahead, off, w, sc),
-            (2, true) => scores_512::<2>(q, d, &krows, ahead, off, w, sc),
-            (_, true) => scores_512::<1>(q, d, &krows, ahead, off, w, sc),
-            (3, false) => scores::<3>(q, d, &krows, ahead, off, w, sc),
-            (2, false) => scores::<2>(q, d, &krows, ahead, off, w, sc),
-            _ => scores::<1>(q, d, &krows, ahead, off, w, sc),
+        match tile {
+            3 => scores::<3, WIDE>(q, d, &krows, ahead, off, w, sc),
+            2 => scores::<2, WIDE>(q, d, &krows, ahead, off, w, sc),
+            _ => scores::<1, WIDE>(q, d, &krows, ahead, off, w, sc),
         }
         for row in sc.chunks_exact_mut(w) {
             softmax(row, off, n, scale, softcap);
@@ -153,7 +150,7 @@ unsafe fn load_f16(p: *const f16) -> __m256 {
 /// tile asked) beside the keys they belong to: with both, an 8-row SmolLM2 decode step was
 /// 1.3–2.6% faster (in-process A/B, bench/RESULTS.md).
 #[inline(always)]
-unsafe fn scores<const Q: usize>(
+unsafe fn scores<const Q: usize, const WIDE: bool>(
     qh: &[f32],
     d: usize,
     krows: &[*const f16],
@@ -176,19 +173,13 @@ unsafe fn scores<const Q: usize>(
         let mut x = [[_mm256_setzero_ps(); 8]; Q];
         for k in 0..(n - j0).min(8) {
             let key = krows[j0 + k];
-            let mut a = [[_mm256_setzero_ps(); 4]; Q];
-            for c in (0..d).step_by(32) {
-                for m in 0..4 {
-                    let kv = load_f16(key.add(c + 8 * m));
-                    for (t, at) in a.iter_mut().enumerate() {
-                        let qv = _mm256_loadu_ps(qh.as_ptr().add(t * d + c + 8 * m));
-                        at[m] = _mm256_fmadd_ps(qv, kv, at[m]);
-                    }
-                }
-            }
-            // GGML_F32x8_REDUCE's first steps: (a0 + a2) + (a1 + a3).
-            for (xt, at) in x.iter_mut().zip(&a) {
-                xt[k] = _mm256_add_ps(_mm256_add_ps(at[0], at[2]), _mm256_add_ps(at[1], at[3]));
+            let dots = if WIDE {
+                key_chains_512::<Q>(qh, d, key)
+            } else {
+                key_chains::<Q>(qh, d, key)
+            };
+            for (xt, dt) in x.iter_mut().zip(dots) {
+                xt[k] = dt;
             }
         }
         for (t, xt) in x.iter().enumerate() {
@@ -197,51 +188,43 @@ unsafe fn scores<const Q: usize>(
     }
 }
 
-/// `scores` in 512-bit registers: `a[t][0]` holds chains 0 and 1 of query t (columns
+/// One key's four 8-lane chains against each of the `Q` queries (ggml_vec_dot_f16), folded
+/// as GGML_F32x8_REDUCE's first steps: `(a0 + a2) + (a1 + a3)`.
+#[inline(always)]
+unsafe fn key_chains<const Q: usize>(qh: &[f32], d: usize, key: *const f16) -> [__m256; Q] {
+    let mut a = [[_mm256_setzero_ps(); 4]; Q];
+    for c in (0..d).step_by(32) {
+        for m in 0..4 {
+            let kv = load_f16(key.add(c + 8 * m));
+            for (t, at) in a.iter_mut().enumerate() {
+                let qv = _mm256_loadu_ps(qh.as_ptr().add(t * d + c + 8 * m));
+                at[m] = _mm256_fmadd_ps(qv, kv, at[m]);
+            }
+        }
+    }
+    a.map(|at| _mm256_add_ps(_mm256_add_ps(at[0], at[2]), _mm256_add_ps(at[1], at[3])))
+}
+
+/// `key_chains` in 512-bit registers: `a[t][0]` holds chains 0 and 1 of query t (columns
 /// `c..c + 16`), `a[t][1]` chains 2 and 3, so `(a0 + a2) + (a1 + a3)` is the sum of the two
 /// registers' halves.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
-unsafe fn scores_512<const Q: usize>(
-    qh: &[f32],
-    d: usize,
-    krows: &[*const f16],
-    vrows: &[*const f16],
-    off: usize,
-    w: usize,
-    sc: &mut [f32],
-) {
-    let n = krows.len();
-    let bytes = 2 * d;
-    for j0 in (0..n).step_by(8) {
-        for j in (j0 + PREFETCH_AHEAD..j0 + PREFETCH_AHEAD + 8).take_while(|&j| j < n) {
-            prefetch::<_MM_HINT_T0>(krows[j], bytes);
-        }
-        for &v in vrows.get(j0..(j0 + 8).min(n)).unwrap_or_default() {
-            prefetch::<_MM_HINT_T1>(v, bytes);
-        }
-        let mut x = [[_mm256_setzero_ps(); 8]; Q];
-        for k in 0..(n - j0).min(8) {
-            let key = krows[j0 + k];
-            let mut a = [[_mm512_setzero_ps(); 2]; Q];
-            for c in (0..d).step_by(32) {
-                for m in 0..2 {
-                    let kv = load_f16_16(key.add(c + 16 * m));
-                    for (t, at) in a.iter_mut().enumerate() {
-                        let qv = _mm512_loadu_ps(qh.as_ptr().add(t * d + c + 16 * m));
-                        at[m] = _mm512_fmadd_ps(qv, kv, at[m]);
-                    }
-                }
+unsafe fn key_chains_512<const Q: usize>(qh: &[f32], d: usize, key: *const f16) -> [__m256; Q] {
+    let mut a = [[_mm512_setzero_ps(); 2]; Q];
+    for c in (0..d).step_by(32) {
+        for m in 0..2 {
+            let kv = load_f16_16(key.add(c + 16 * m));
+            for (t, at) in a.iter_mut().enumerate() {
+                let qv = _mm512_loadu_ps(qh.as_ptr().add(t * d + c + 16 * m));
+                at[m] = _mm512_fmadd_ps(qv, kv, at[m]);
             }
-            for (xt, at) in x.iter_mut().zip(&a) {
-                let s = _mm512_add_ps(at[0], at[1]);
-                xt[k] = _mm256_add_ps(low_256(s), high_256(s));
-            }
-        }
-        for (t, xt) in x.iter().enumerate() {
-            _mm256_storeu_ps(sc.as_mut_ptr().add(t * w + off + j0), hsum_each(xt));
         }
     }
+    a.map(|at| {
+        let s = _mm512_add_ps(at[0], at[1]);
+        _mm256_add_ps(low_256(s), high_256(s))
+    })
 }
 
 /// Sixteen f16 at `p`, as f32.

@@ -19,22 +19,27 @@ pub(super) fn fits(d: usize) -> bool {
     d > 0 && d.is_multiple_of(16)
 }
 
-/// `qk_tile8`: scores of the `Q_TILE` queries in `qs` (`[t][d]`) against keys `j0..j0 + 16`
-/// of `keys` (`[j][d]`, rows past the end score 0).
+/// `qk_tile8` over keys `lo..hi`, eight keys at a time from `lo`: the scores of the `Q_TILE`
+/// queries in `qs` (`[t][d]`) into `scores[t·sw + j − lo]` (keys past the end of `keys`, `[j][d]`,
+/// score 0). The queries are paired into registers once for all the tiles.
 ///
 /// # Safety
-/// The CPU must have AVX-512 F (and AVX2, FMA); `fits(d)`, `qs.len() ≥ Q_TILE·d`.
+/// The CPU must have AVX-512 F (and AVX2, FMA); `fits(d)`, `qs.len() ≥ Q_TILE·d`, `scores`
+/// holds `Q_TILE` rows of `sw ≥ hi − lo` rounded up to a whole tile.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
 // The key index addresses the keys and every query's column of `x` at once.
 #[allow(clippy::needless_range_loop)]
-pub(super) unsafe fn qk_tile8(
+pub(super) unsafe fn qk_tiles8(
     qs: &[f32],
     d: usize,
     keys: &[f32],
-    j0: usize,
-) -> [[f32; KEY_TILE]; Q_TILE] {
+    (lo, hi): (usize, usize),
+    scores: &mut [f32],
+    sw: usize,
+) {
     assert!(fits(d) && qs.len() >= Q_TILE * d);
+    assert!(sw >= (hi - lo).div_ceil(KEY_TILE) * KEY_TILE && scores.len() >= Q_TILE * sw);
     let n = keys.len() / d;
     let chunks = d / 8;
     // Queries 2p and 2p+1 side by side, chunk by chunk.
@@ -47,12 +52,11 @@ pub(super) unsafe fn qk_tile8(
             qp[p * 32 + c] = join(a, b);
         }
     }
-    let mut out = [[0f32; KEY_TILE]; Q_TILE];
-    for k0 in (0..KEY_TILE).step_by(8) {
-        // x[t][k]: the 8-lane chain of query t and key j0 + k0 + k.
+    for j0 in (lo..hi).step_by(8) {
+        // x[t][k]: the 8-lane chain of query t and key j0 + k.
         let mut x = [[_mm256_setzero_ps(); 8]; Q_TILE];
         for k in 0..8 {
-            let j = j0 + k0 + k;
+            let j = j0 + k;
             if j >= n {
                 break;
             }
@@ -73,10 +77,10 @@ pub(super) unsafe fn qk_tile8(
             }
         }
         for (t, xt) in x.iter().enumerate() {
-            _mm256_storeu_ps(out[t].as_mut_ptr().add(k0), hsum8_each(xt));
+            let at = scores.as_mut_ptr().add(t * sw + j0 - lo);
+            _mm256_storeu_ps(at, hsum8_each(xt));
         }
     }
-    out
 }
 
 /// `a` in lanes 0..8, `b` in 8..16.

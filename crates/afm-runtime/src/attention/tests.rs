@@ -319,17 +319,22 @@ fn prompt_tiles_512_equal_the_8_lane_tiles() {
         let n = 37;
         let keys: Vec<f32> = (0..n * d).map(|i| val(3 * i + 1)).collect();
         let qs: Vec<f32> = (0..Q_TILE * d).map(|i| val(7 * i + 5)).collect();
-        for j0 in [0, 16, 32] {
-            let want = llama_order::qk_tile8::<true>(&qs, d, &keys, j0);
-            // SAFETY: AVX-512 detected above; `fits(d)`.
-            let got = unsafe { prompt_512::qk_tile8(&qs, d, &keys, j0) };
-            for t in 0..Q_TILE {
-                for k in 0..KEY_TILE {
-                    assert_eq!(
-                        want[t][k].to_bits(),
-                        got[t][k].to_bits(),
-                        "qk d {d} j0 {j0} {t} {k}"
-                    );
+        for (lo, hi) in [(0usize, 37usize), (16, 37), (32, 35), (0, 5)] {
+            let sw = (hi - lo).div_ceil(KEY_TILE) * KEY_TILE;
+            let mut got = vec![0f32; Q_TILE * sw];
+            // SAFETY: AVX-512 detected above; `fits(d)`; `got` is Q_TILE rows of `sw`.
+            unsafe { prompt_512::qk_tiles8(&qs, d, &keys, (lo, hi), &mut got, sw) };
+            for j0 in (lo..hi).step_by(KEY_TILE) {
+                let want = llama_order::qk_tile8::<true>(&qs, d, &keys, j0);
+                for t in 0..Q_TILE {
+                    for k in 0..KEY_TILE.min(hi - j0) {
+                        let g = got[t * sw + j0 - lo + k];
+                        assert_eq!(
+                            want[t][k].to_bits(),
+                            g.to_bits(),
+                            "qk d {d} {lo}..{hi} {t} {j0}+{k}"
+                        );
+                    }
                 }
             }
         }
