@@ -6,9 +6,10 @@
 Each crates/afm-runtime/src/cuda/kernels/*.cu is compiled the way cuda/context.rs's
 compile_kernels does: kernels/common.cuh's text, a newline, then the module's text, named
 "<module>.cu", with the options "--std=c++17" and "--gpu-architecture=<arch>" (the runtime picks
-the device's own; compute_90 is the H200's). common.cuh is never compiled alone: it is part of
-every module. No include paths are given, as none are at run time. Then the module that
-compute/cuda.rs's CudaDevice::open builds from Rust string constants (EXTRA_KERNELS, then
+the device's own; compute_90 is the H200's, and skinny.cu takes compute_90a there, as the
+runtime gives it). common.cuh is never compiled alone: it is part of every module. No
+include paths are given, as none are at run time. Then the module that compute/cuda.rs's
+CudaDevice::open builds from Rust string constants (EXTRA_KERNELS, then
 compute/cuda/kv_rows.rs's KERNELS), as it does: "compute_extra.cu", the same two options.
 
 -D MACRO (repeatable) puts "#define MACRO 1" in front of every kernel module, as cuda/context.rs's
@@ -180,7 +181,12 @@ def main():
     for path in modules:
         with open(path) as f:
             defines = "".join(f"#define {d} 1\n" for d in args.define)
-            jobs.append((os.path.basename(path), f"{defines}{common}\n{f.read()}", options))
+            name = os.path.basename(path)
+            # cuda/context.rs's module_arch: the skinny GEMM's wgmma needs the 90a variant.
+            opts = options
+            if name == "skinny.cu" and arch.endswith("_90"):
+                opts = ["--std=c++17", f"--gpu-architecture={arch}a"]
+            jobs.append((name, f"{defines}{common}\n{f.read()}", opts))
     if args.dir == KERNELS:
         extra = "".join(rust_raw_string(os.path.join(COMPUTE, f), c) for f, c in EXTRA)
         jobs.append(("compute_extra.cu", extra, options))

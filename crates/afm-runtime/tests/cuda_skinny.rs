@@ -10,14 +10,18 @@
 //! - the accumulating product is the output before plus the product, bit for bit;
 //! - no less accurate than cuBLAS against the CPU's f32 matmul;
 //! - the automatic path takes it from 9 to 64 rows where `skinny_plan` has a shape, and a
-//!   forced shape it cannot run (columns not a multiple of 64 × splits) is an error.
+//!   forced shape it cannot run (columns not a multiple of 64 × splits) is an error;
+//! - the gated MLP through it (gate and up in one launch, the activation in its epilogue)
+//!   matches the cuBLAS path within rounding.
 //!
 //! Outputs are poisoned with NaN first. Needs an sm_90 device (`AFM_CUDA_DEVICE`, default 0);
 //! run with `--test-threads=1` (one shared context).
 
 mod common;
 
-use afm_runtime::cuda::{skinny_plan, DeviceWeight, MatmulPath, SkinnyPlan};
+use afm_runtime::cuda::{
+    skinny_plan, Activation, CudaContext, DeviceWeight, MatmulPath, RowNorm, SkinnyPlan,
+};
 use afm_runtime::DType;
 use common::int8::{activations, gpu_matmul};
 use common::matmul::{assert_as_accurate_as_cublas, exact_cases, rounded16};
@@ -150,4 +154,51 @@ fn auto_path_takes_skinny_from_9_to_64_rows() {
     let bad = plan(8, 16 * 3); // 4096 / 48 columns: not whole stages
     let r = ctx().matmul_with(bad, &dw, &xd, 16, &mut out);
     assert!(r.is_err(), "a plan that cannot run is refused");
+}
+
+/// The gated MLP through the skinny kernels (gate and up in one launch whose epilogue writes
+/// `act(gate) · up` in 16 bits, then the accumulating down product) against the cuBLAS path
+/// (f32 gate and up, the activation launch, cuBLAS's down): the MLP's contribution to x within
+/// rounding, for SiLU and GELU, every block height, split columns, and 1,280 outputs, which
+/// no gated block of 96 (6 warps) divides.
+#[test]
+fn skinny_gated_mlp_matches_cublas() {
+    let mut c = ctx();
+    let mut rng = Rng(76);
+    let (d, ff) = (1024, 1280);
+    for dtype in HALF {
+        let (gw, uw, dw) = (
+            random_weight(&mut rng, dtype, ff, d),
+            random_weight(&mut rng, dtype, ff, d),
+            random_weight(&mut rng, dtype, d, ff),
+        );
+        let up = |w| DeviceWeight::upload(&c, w).expect("upload");
+        let (gd, ud, dd) = (up(&gw), up(&uw), up(&dw));
+        let g: Vec<f32> = (0..d).map(|_| 1.0 + rng.sym(0.1)).collect();
+        let nd = c.upload(&g).expect("upload");
+        for n in [9, 40, 64] {
+            let x = activations(&mut rng, n, d);
+            for act in [Activation::Silu, Activation::GeluTanh] {
+                let mlp = |c: &mut CudaContext, path| {
+                    c.set_gemm_path(path);
+                    let mut xd = c.upload(&x).expect("upload");
+                    let norm = RowNorm {
+                        w: nd.slice(..),
+                        eps: 1e-6,
+                    };
+                    let taken = c.matmul_mlp_add(&gd, &ud, &dd, act, &mut xd, norm, n);
+                    c.set_gemm_path(MatmulPath::Auto);
+                    assert!(taken.expect("mlp"), "the one-path MLP applies");
+                    let out = c.download(&xd).expect("download");
+                    out.iter().zip(&x).map(|(o, x)| o - x).collect::<Vec<f32>>()
+                };
+                let want = mlp(&mut c, MatmulPath::Gemm);
+                for (warps, splits) in [(2, 1), (4, 2), (6, 1), (6, 4), (8, 1)] {
+                    let got = mlp(&mut c, plan(warps, splits));
+                    let what = format!("{dtype:?} n={n} {act:?} {warps} warps {splits} splits");
+                    assert_close(&what, &got, &want, 2e-3);
+                }
+            }
+        }
+    }
 }

@@ -137,7 +137,18 @@ pub fn compile_kernels(arch: Option<&'static str>) -> Result<Vec<(&'static str, 
 
 /// Module `i`'s PTX ([`module_source`]).
 fn compile_module(i: usize, arch: Option<&'static str>) -> Result<Ptx> {
-    compile_source(KERNEL_MODULES[i].0, module_source(i), arch)
+    let name = KERNEL_MODULES[i].0;
+    compile_source(name, module_source(i), module_arch(name, arch))
+}
+
+/// The architecture module `name` compiles for on a device of `arch`: the skinny GEMM's wgmma
+/// exists only in the architecture-specific `compute_90a` (its code runs on compute capability
+/// 9.0 alone, where `skinny.rs` launches it); every other module takes the device's own.
+fn module_arch(name: &str, arch: Option<&'static str>) -> Option<&'static str> {
+    match (name, arch) {
+        ("skinny", Some("compute_90")) => Some("compute_90a"),
+        _ => arch,
+    }
 }
 
 /// `src` (module `name`'s source) to PTX for `arch`.
@@ -198,7 +209,7 @@ fn source_with(i: usize, on: impl Fn(&Switch) -> bool) -> String {
 /// the disk cache (`true`) or compiled now (`kernel_cache`); PTX, for the driver to translate at
 /// load, where the architecture is unknown.
 fn module_binary(i: usize, arch: Option<&'static str>) -> Result<(Ptx, bool)> {
-    match real_arch(arch) {
+    match real_arch(module_arch(KERNEL_MODULES[i].0, arch)) {
         Some(sm) => {
             let dir = super::kernel_cache::cache_dir();
             let (name, src) = (KERNEL_MODULES[i].0, module_source(i));
@@ -226,7 +237,8 @@ fn load_binary(
     let name = KERNEL_MODULES[i].0;
     match load_module(ctx, name, binary) {
         Err(_) if cached => {
-            if let (Some(dir), Some(sm)) = (super::kernel_cache::cache_dir(), real_arch(arch)) {
+            let sm = real_arch(module_arch(name, arch));
+            if let (Some(dir), Some(sm)) = (super::kernel_cache::cache_dir(), sm) {
                 super::kernel_cache::forget(name, &module_source(i), &sm, &dir);
             }
             load_module(ctx, name, module_binary(i, arch)?.0)

@@ -51,7 +51,7 @@ use super::gemv_shape::{self, half_rows, HalfKernel, GEMV_HALF_ROWS, GEMV_HALF_U
 use super::mmh::{mmh_shape, MMH_GATED_MAX_ROWS};
 use super::mmq::mmq_env_on;
 use super::ops::grid_1d;
-use super::skinny::{GemmChoice, SkinnyArgs, SkinnyPlan};
+use super::skinny::{GemmChoice, SkinnyArgs, SkinnyGated, SkinnyPlan};
 use super::{check_len, launch, CudaContext, CudaError, Result};
 use crate::switch::Switch;
 use crate::{DType, WeightMatrix};
@@ -447,6 +447,18 @@ impl CudaContext {
         self.matmul_with(MatmulPath::Auto, w, x, n, out)
     }
 
+    /// Who runs the 16-bit GEMMs of the calls that take no path (the joined and shared
+    /// products, [`matmul_mlp_add`](Self::matmul_mlp_add)) until set again: `Gemm` cuBLAS
+    /// only, `Skinny(plan)` the skinny kernels with that plan (an error where it cannot run),
+    /// anything else the automatic choice. For tests and benchmarks.
+    pub fn set_gemm_path(&mut self, path: MatmulPath) {
+        self.gemm_choice = match path {
+            MatmulPath::Gemm => GemmChoice::Cublas,
+            MatmulPath::Skinny(plan) => GemmChoice::Skinny(plan),
+            _ => GemmChoice::Auto,
+        };
+    }
+
     pub fn matmul_with(
         &mut self,
         path: MatmulPath,
@@ -526,11 +538,7 @@ impl CudaContext {
             | MatmulPath::Skinny(_) => false,
         };
         if !use_gemv {
-            self.gemm_choice = match path {
-                MatmulPath::Gemm => GemmChoice::Cublas,
-                MatmulPath::Skinny(plan) => GemmChoice::Skinny(plan),
-                _ => GemmChoice::Auto,
-            };
+            self.set_gemm_path(path);
             let r = self.gemm(w, xp, n, op, accumulate);
             self.gemm_choice = GemmChoice::Auto;
             r
@@ -774,21 +782,13 @@ impl CudaContext {
             return Ok(());
         };
         let cols = first.cols;
-        let (ty, conv) = if first.dtype == DType::BF16 {
-            (cudaDataType_t::CUDA_R_16BF, "f32_to_bf16")
+        let bf16 = first.dtype == DType::BF16;
+        let ty = if bf16 {
+            cudaDataType_t::CUDA_R_16BF
         } else {
-            (cudaDataType_t::CUDA_R_16F, "f32_to_f16")
+            cudaDataType_t::CUDA_R_16F
         };
-        let stream = self.stream().clone();
-        let hx = scratch(&stream, &mut self.ws.half_x, n * cols)?;
-        if let Some(NormArg { w, eps }) = norm {
-            let bf16 = first.dtype == DType::BF16;
-            self.rms_norm_half(xp, w, cols, eps, hx, n * cols, bf16)?;
-        } else {
-            let len = (n * cols) as i64;
-            let f = self.kernel(conv)?;
-            launch!(self, f, grid_1d(n * cols, 256); xp, hx, len)?;
-        }
+        let hx = self.half_input(xp, n, cols, bf16, norm)?;
         if let (Some(all), [_, _, ..], false) = (joined(ws), ws, accumulate) {
             return self.gemm_joined(ty, &all, ws, hx, n, ops);
         }
@@ -806,6 +806,28 @@ impl CudaContext {
             }
         }
         Ok(())
+    }
+
+    /// `x` (`n` × `cols`, f32), or `rms_norm(x)` with `norm`, as bf16 (else f16) in the
+    /// workspace's `half_x`, one launch: the 16-bit GEMMs' input. Returns its address.
+    fn half_input(
+        &mut self,
+        xp: u64,
+        n: usize,
+        cols: usize,
+        bf16: bool,
+        norm: Option<NormArg>,
+    ) -> Result<u64> {
+        let stream = self.stream().clone();
+        let hx = scratch(&stream, &mut self.ws.half_x, n * cols)?;
+        if let Some(NormArg { w, eps }) = norm {
+            self.rms_norm_half(xp, w, cols, eps, hx, n * cols, bf16)?;
+        } else {
+            let len = (n * cols) as i64;
+            let f = self.kernel(if bf16 { "f32_to_bf16" } else { "f32_to_f16" })?;
+            launch!(self, f, grid_1d(n * cols, 256); xp, hx, len)?;
+        }
+        Ok(hx)
     }
 
     /// Two or three products of weights lying back to back (`all`, [`joined`]) as one GEMM
@@ -860,6 +882,7 @@ impl CudaContext {
             ldc: d.ldc,
             accumulate: d.accumulate,
             bf16: ty == cudaDataType_t::CUDA_R_16BF,
+            gated: None,
         };
         if half && self.skinny_gemm(skinny)? {
             return Ok(());
@@ -1227,13 +1250,33 @@ impl CudaContext {
         }
         check_len("matmul input", x.len(), n * d)?;
         let norm = self.norm_arg(Some(&norm), d)?;
-        let mut gu = self.gate_up_half(gate, up, xp, n, norm)?;
-        let gp = self.ptr_mut(&mut gu.buf);
-        let upp = gp + (4 * gu.up) as u64;
         let bf16 = gate.dtype == DType::BF16;
         let mut h = self.alloc::<u16>(n * ff)?;
         let hp = self.ptr_mut(&mut h);
-        self.gated_act_half(act, gp, upp, n, ff, gu.stride, hp, bf16)?;
+        // The skinny GEMM takes gate and up in one launch whose epilogue writes the activation
+        // in 16 bits (no f32 products, no activation launch); else cuBLAS and `gated_act_h`.
+        let hx = self.half_input(xp, n, d, bf16, norm)?;
+        let gated = SkinnyArgs {
+            w: self.weight_ptr(gate),
+            x: hx,
+            out: hp,
+            rows: ff,
+            cols: d,
+            n,
+            ldc: ff,
+            accumulate: false,
+            bf16,
+            gated: Some(SkinnyGated {
+                up: self.weight_ptr(up),
+                act: act.code(),
+            }),
+        };
+        if !self.skinny_gemm(gated)? {
+            let mut gu = self.gate_up_from_half(gate, up, hx, n)?;
+            let gp = self.ptr_mut(&mut gu.buf);
+            let upp = gp + (4 * gu.up) as u64;
+            self.gated_act_half(act, gp, upp, n, ff, gu.stride, hp, bf16)?;
+        }
         let ty = if bf16 {
             cudaDataType_t::CUDA_R_16BF
         } else {
@@ -1252,8 +1295,7 @@ impl CudaContext {
     }
 
     /// Gate and up of 16-bit weights through cuBLAS, from one conversion of x (of
-    /// `rms_norm(x)` with `norm`), in f32: one GEMM over both where they lie back to back
-    /// ([`joined`]; each row `[gate | up]`), else two (`[2][n][rows]`).
+    /// `rms_norm(x)` with `norm`), in f32 ([`gate_up_from_half`](Self::gate_up_from_half)).
     fn gate_up_half(
         &mut self,
         gate: &DeviceWeight,
@@ -1262,11 +1304,38 @@ impl CudaContext {
         n: usize,
         norm: Option<NormArg>,
     ) -> Result<GateUp> {
-        let rows = gate.rows;
+        let hx = self.half_input(xp, n, gate.cols, gate.dtype == DType::BF16, norm)?;
+        self.gate_up_from_half(gate, up, hx, n)
+    }
+
+    /// Gate and up of 16-bit weights through cuBLAS from `hx`, x already in their type
+    /// ([`half_input`](Self::half_input)), in f32: one GEMM over both where they lie back to
+    /// back ([`joined`]; each row `[gate | up]`), else two (`[2][n][rows]`).
+    fn gate_up_from_half(
+        &mut self,
+        gate: &DeviceWeight,
+        up: &DeviceWeight,
+        hx: u64,
+        n: usize,
+    ) -> Result<GateUp> {
+        let (rows, cols) = (gate.rows, gate.cols);
+        let ty = if gate.dtype == DType::BF16 {
+            cudaDataType_t::CUDA_R_16BF
+        } else {
+            cudaDataType_t::CUDA_R_16F
+        };
         let mut buf = self.alloc::<f32>(2 * n * rows)?;
         let gp = self.ptr_mut(&mut buf);
+        let product = |m, ldc| GemmDims {
+            m,
+            n,
+            k: cols,
+            ldc,
+            accumulate: false,
+        };
         if let Some(both) = joined(&[gate, up]) {
-            self.gemm_many_half(&[&both], xp, n, &[gp], false, norm)?;
+            let bp = self.weight_ptr(&both);
+            self.blas_gemm(ty, bp, hx, gp, product(2 * rows, 2 * rows))?;
             return Ok(GateUp {
                 buf,
                 up: rows,
@@ -1274,7 +1343,10 @@ impl CudaContext {
             });
         }
         let upp = gp + (4 * n * rows) as u64;
-        self.gemm_many_half(&[gate, up], xp, n, &[gp, upp], false, norm)?;
+        for (w, op) in [(gate, gp), (up, upp)] {
+            let wp = self.weight_ptr(w);
+            self.blas_gemm(ty, wp, hx, op, product(rows, rows))?;
+        }
         Ok(GateUp {
             buf,
             up: n * rows,

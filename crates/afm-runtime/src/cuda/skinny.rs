@@ -92,10 +92,12 @@ pub fn skinny_plan(rows: usize, cols: usize, sms: usize) -> Option<SkinnyPlan> {
 /// The entry points of `kernels/skinny.cu`.
 pub(super) fn kernel_names() -> Vec<String> {
     let mut v = Vec::new();
-    for t in ["bf16", "f16"] {
-        for w in [2, 4, 6, 8] {
-            for n in [16, 32, 64] {
-                v.push(format!("skinny_{t}_w{w}_n{n}"));
+    for name in ["skinny", "skinnyg"] {
+        for t in ["bf16", "f16"] {
+            for w in WARPS {
+                for n in [16, 32, 64] {
+                    v.push(format!("{name}_{t}_w{w}_n{n}"));
+                }
             }
         }
     }
@@ -179,7 +181,9 @@ pub enum GemmChoice {
 }
 
 /// One skinny product's operands: device addresses of W (`rows` × `cols`), x (`n` × `cols`)
-/// and out (`n` rows, `ldc` apart, f32; added to when `accumulate`).
+/// and out (`n` rows, `ldc` apart, f32; added to when `accumulate`). With `gated`, W is the
+/// gate matrix, `up` one of the same shape, and out `act(x · Wᵀ) · (x · upᵀ)` in W's 16-bit
+/// type (`accumulate` unused).
 #[derive(Clone, Copy)]
 pub(crate) struct SkinnyArgs {
     pub w: u64,
@@ -191,6 +195,14 @@ pub(crate) struct SkinnyArgs {
     pub ldc: usize,
     pub accumulate: bool,
     pub bf16: bool,
+    pub gated: Option<SkinnyGated>,
+}
+
+/// The up matrix and activation code (0 SiLU, 1 GELU-tanh) of a gated skinny product.
+#[derive(Clone, Copy)]
+pub(crate) struct SkinnyGated {
+    pub up: u64,
+    pub act: i32,
 }
 
 impl CudaContext {
@@ -214,17 +226,24 @@ impl CudaContext {
         if !skinny_on() || !SKINNY_ROWS.contains(&a.n) {
             return Ok(false);
         }
-        let Some(plan) = skinny_plan(a.rows, a.cols, self.info().sm_count) else {
+        // A gated block holds gate and up rows half and half: the plan of both stacked.
+        let rows = if a.gated.is_some() {
+            2 * a.rows
+        } else {
+            a.rows
+        };
+        let Some(plan) = skinny_plan(rows, a.cols, self.info().sm_count) else {
             return Ok(false);
         };
         self.skinny_with(a, plan)
     }
 
     /// [`skinny_gemm`](Self::skinny_gemm) with a forced plan (tests, benchmarks): `Ok(false)`
-    /// if the device cannot run it (below sm_90 the kernels are empty: TMA and clusters).
+    /// if the device cannot run it (the kernels are empty but on compute capability 9.0:
+    /// TMA, clusters and sm_90a's wgmma).
     pub(crate) fn skinny_with(&self, a: SkinnyArgs, plan: SkinnyPlan) -> Result<bool> {
         let whole_stages = plan.splits > 0 && a.cols.is_multiple_of(plan.splits * BK);
-        let hopper = self.info().compute_capability.0 >= 9;
+        let hopper = self.info().compute_capability == (9, 0);
         if !hopper || !WARPS.contains(&plan.warps) || !whole_stages || a.n == 0 || a.n > 64 {
             return Ok(false);
         }
@@ -237,18 +256,24 @@ impl CudaContext {
             64
         };
         let bytes = shared_bytes(plan, n_tile);
+        // Weight rows of one matrix per block: a gated block's tile is half gate, half up.
+        let boxed = match a.gated {
+            Some(_) => plan.rows_per_block() / 2,
+            None => plan.rows_per_block(),
+        };
         let cfg = LaunchConfig {
-            grid_dim: (
-                a.rows.div_ceil(plan.rows_per_block()) as u32,
-                1,
-                plan.splits as u32,
-            ),
-            // The consumer warps and one producer warp.
-            block_dim: (32 * (plan.warps + 1) as u32, 1, 1),
+            grid_dim: (a.rows.div_ceil(boxed) as u32, 1, plan.splits as u32),
+            // WARPS / 2 consumer warpgroups (64 weight rows each) and one producer warp.
+            block_dim: (64 * plan.warps as u32 + 32, 1, 1),
             shared_mem_bytes: bytes as u32,
         };
         let ty = if a.bf16 { "bf16" } else { "f16" };
-        let f = self.kernel(&format!("skinny_{ty}_w{}_n{n_tile}", plan.warps))?;
+        let name = if a.gated.is_some() {
+            "skinnyg"
+        } else {
+            "skinny"
+        };
+        let f = self.kernel(&format!("{name}_{ty}_w{}_n{n_tile}", plan.warps))?;
         self.stream().context().bind_to_thread()?;
         if f.set_attribute(
             CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
@@ -266,12 +291,16 @@ impl CudaContext {
         if cluster > 0 && !cluster_fits(self.stream(), f, cfg, cluster) {
             return Ok(false);
         }
-        let wmap = tensor_map(a.w, a.rows, a.cols, plan.rows_per_block(), a.bf16)?;
+        let wmap = tensor_map(a.w, a.rows, a.cols, boxed, a.bf16)?;
+        let (umap, act) = match a.gated {
+            Some(g) => (tensor_map(g.up, a.rows, a.cols, boxed, a.bf16)?, g.act),
+            None => (wmap, 0),
+        };
         let xmap = tensor_map(a.x, a.n, a.cols, n_tile, a.bf16)?;
         let (out, m, n, ldc) = (a.out, a.rows as i32, a.n as i32, a.ldc as i32);
         let ks = (a.cols / plan.splits) as i32;
         let acc = i32::from(a.accumulate);
-        launch!(self, f, cfg, cluster = cluster; wmap, xmap, out, m, n, ldc, ks, acc)?;
+        launch!(self, f, cfg, cluster = cluster; wmap, umap, xmap, out, m, n, ldc, ks, acc, act)?;
         Ok(true)
     }
 }

@@ -22,6 +22,14 @@ __device__ __forceinline__ u16 f2h(float f) {
     return h;
 }
 
+// The gated MLPs' activations (elementwise.cu's gated_act*, skinny.cu's gated epilogue).
+__device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x)); }
+
+__device__ __forceinline__ float gelu_tanh_f(float x) {
+    const float C = 0.7978846f;  // sqrt(2/pi)
+    return 0.5f * x * (1.0f + tanhf(C * (x + 0.044715f * x * x * x)));
+}
+
 __device__ __forceinline__ float bf2f(u16 b) { return __uint_as_float(((u32)b) << 16); }
 
 // Round to nearest even, NaN kept quiet: the same bits as half::bf16::from_f32.

@@ -195,13 +195,6 @@ extern "C" __global__ void rope(float* x, const int* pos, const float* cs, int n
     h[b] = __fmaf_rn(x0, s, __fmul_rn(x1, c));
 }
 
-__device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x)); }
-
-__device__ __forceinline__ float gelu_tanh_f(float x) {
-    const float C = 0.7978846f;  // sqrt(2/pi)
-    return 0.5f * x * (1.0f + tanhf(C * (x + 0.044715f * x * x * x)));
-}
-
 // out[r][c] = act(gate[r*stride + c]) * up[r*stride + c]; act 0 = SiLU, 1 = GELU (tanh).
 // With v4 (the host checked ff and stride % 4 == 0, 16-byte alignment and n * ff / 4 < 2^31)
 // a thread takes 4 columns in float4s, with 32-bit index arithmetic.

@@ -1,6 +1,6 @@
 // Skinny GEMM: out[n][m] (+)= x[n][k] · W[m][k]ᵀ for 16-bit weights and activations (bf16 or
 // f16, f32 products and sums) and 9 to 64 activation rows: the decode steps of 9..64 streams.
-// Hopper (sm_90) only: TMA tile copies, mbarriers and thread block clusters. Opt-in
+// Hopper (sm_90a) only: TMA tile copies, mbarriers, thread block clusters and wgmma. Opt-in
 // (AFM_SKINNY=1, cuda/skinny.rs says why).
 //
 // One CTA takes BM = 32·WARPS weight rows and a 1/S slice of the columns, so it reads x's slice
@@ -11,13 +11,15 @@
 //
 // Mainloop: one producer warp keeps up to 8 stages of TMA tile copies in flight (one
 // cp.async.bulk.tensor per tile: the weights' BM×64 box and x's N×64 box, 128-byte swizzled:
-// 16-byte chunk c of tile row r at chunk c ^ (r % 8), so ldmatrix is conflict-free), tracked
-// by mbarriers; the WARPS consumer warps wait on a stage's "full" barrier, multiply
-// (mma.m16n8k16, warp w: rows 32w..32w+31 times all N rows, 2 × N/8 tiles of f32), and free it
-// on its "empty" barrier. No block-wide barrier in the loop, so the loads run ahead of the math
-// by the whole ring. Rows past the matrix or past n arrive as zeros (the tensor maps' bounds),
-// and a copy still counts its whole box. The host encodes both tensor maps per call. The first
-// stages' weights are requested before the PDL wait (weights never change), x's after it.
+// 16-byte chunk c of tile row r at chunk c ^ (r % 8), the layout wgmma reads), tracked by
+// mbarriers; WARPS / 2 consumer warpgroups wait on a stage's "full" barrier, multiply (wgmma
+// m64nNk16 from shared memory, warpgroup g: rows 64g..64g+63 times all N rows, N/2 f32 a
+// thread), and free it on its "empty" barrier once those asynchronous MMAs are done. No
+// block-wide barrier in the loop, so the loads run ahead of the math by the whole ring. Rows
+// past the matrix or past n arrive as zeros (the tensor maps' bounds), and a copy still counts
+// its whole box. The host encodes both tensor maps per call. The first stages' weights are
+// requested before the PDL wait (weights never change), x's after it. (Session 14's mma.sync
+// consumers, with ldmatrix, were not hidden behind the weight stream at 64 rows.)
 
 #define SK_BK 64
 #define SKW_SMEM_MAX (227 * 1024)
@@ -33,49 +35,144 @@ __host__ __device__ constexpr int skw_stages(int bm, int n) {
                : 8;
 }
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-template <bool BF16>
-__device__ __forceinline__ void sk_mma(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
-    if (BF16) {
-        asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-            "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define SK_WGMMA 1
+// A wgmma operand descriptor of a K-major tile at shared address `at` in the 128-byte swizzle
+// (TMA's SWIZZLE_128B): 8-row atoms of 128 bytes, 1,024 bytes apart (the stride offset); the
+// leading offset is unused for K-major swizzled tiles. A k16 step inside the atom moves the
+// start by 32 bytes: the hardware applies the swizzle to the address bits, hence the 1 KB-aligned
+// ring.
+__device__ __forceinline__ u64 wg_desc(u32 at) {
+    return (u64)((at & 0x3FFFF) >> 4) | ((u64)1 << 16) | ((u64)(1024 >> 4) << 32) | ((u64)1 << 62);
+}
+
+// Keeps the compiler from moving accumulator reads or writes across the asynchronous MMAs.
+template <int K>
+__device__ __forceinline__ void wg_fence_acc(float (&d)[K]) {
+#pragma unroll
+    for (int i = 0; i < K; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+#define WG_F8(o)                                                                          \
+    "+f"(d[o]), "+f"(d[o + 1]), "+f"(d[o + 2]), "+f"(d[o + 3]), "+f"(d[o + 4]), "+f"(d[o + 5]), \
+        "+f"(d[o + 6]), "+f"(d[o + 7])
+#define WG_MMA16(T)                                                                \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"                           \
+                 "wgmma.mma_async.sync.aligned.m64n16k16.f32." T "." T " "                \
+                 "{%0, %1, %2, %3, %4, %5, %6, %7}, "  \
+                 "%8, %9, p, 1, 1, 0, 0;\n}\n"                                        \
+                 : WG_F8(0)                                                  \
+                 : "l"(da), "l"(db), "r"(1))
+#define WG_MMA32(T)                                                                \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"                           \
+                 "wgmma.mma_async.sync.aligned.m64n32k16.f32." T "." T " "                \
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "  \
+                 "%16, %17, p, 1, 1, 0, 0;\n}\n"                                        \
+                 : WG_F8(0), WG_F8(8)                                                  \
+                 : "l"(da), "l"(db), "r"(1))
+#define WG_MMA64(T)                                                                \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                           \
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." T "." T " "                \
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "  \
+                 "%32, %33, p, 1, 1, 0, 0;\n}\n"                                        \
+                 : WG_F8(0), WG_F8(8), WG_F8(16), WG_F8(24)                                                  \
+                 : "l"(da), "l"(db), "r"(1))
+
+// d (64 weight rows × N activation rows, f32) += A (64 weight rows × k16) · B (N rows × k16)ᵀ,
+// both K-major in shared memory (descriptors da, db). d's element 4c + e is weight row
+// 16·(warp % 4) + lane / 4 (+8 for e ≥ 2) and activation row 8c + 2·(lane % 4) (+1 for odd e):
+// mma.sync's m16n8 fragment, once per 8 activation rows.
+template <int N, bool BF16>
+__device__ __forceinline__ void wg_mma(float (&d)[N / 2], u64 da, u64 db) {
+    if constexpr (N == 16) {
+        if constexpr (BF16) WG_MMA16("bf16"); else WG_MMA16("f16");
+    } else if constexpr (N == 32) {
+        if constexpr (BF16) WG_MMA32("bf16"); else WG_MMA32("f16");
     } else {
-        asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-            "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+        if constexpr (BF16) WG_MMA64("bf16"); else WG_MMA64("f16");
     }
 }
 
-// Element offset of 16-byte chunk c of row r in a 64-column tile.
-__device__ __forceinline__ int sk_at(int r, int c) { return r * SK_BK + ((c ^ (r & 7)) << 3); }
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() {
+    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+template <int PENDING>
+__device__ __forceinline__ void wg_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(PENDING) : "memory");
+}
 
-// The products' store: out (+)= acc. acc's element e of tile (mt, nt) is weight row
-// warp*32 + mt*16 + g (+8 for e >= 2), activation row nt*8 + 2t (+1 for odd e). Warps at or past
-// WARPS (a producer) hold nothing. With split columns (gridDim.z > 1, a cluster along z) the
-// partials go to this block's stage memory as [N][BM] f32 (every warp must be done with it),
-// and rank r of the cluster sums elements [r·E/S, (r+1)·E/S) over ranks 0..S-1 in order.
-// Calls f(weight row, activation row, value) for each of this warp's accumulators.
+// Calls f(weight row, activation row, value) for each of this thread's accumulators: warpgroup
+// g (warps 4g..4g+3) holds weight rows 64g..64g+63.
 template <int N, class F>
-__device__ __forceinline__ void sk_each(const float (&acc)[2][N / 8][4], const F& f) {
+__device__ __forceinline__ void sk_each(const float (&acc)[N / 2], const F& f) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int row0 = (warp >> 2) * 64 + (warp & 3) * 16 + g;
 #pragma unroll
-    for (int mt = 0; mt < 2; mt++)
+    for (int c = 0; c < N / 8; c++)
 #pragma unroll
-        for (int nt = 0; nt < N / 8; nt++)
+        for (int e = 0; e < 4; e++)
+            f(row0 + (e >> 1) * 8, c * 8 + 2 * t + (e & 1), acc[4 * c + e]);
+}
+
+// The products' store: out (+)= acc. Consumer warps are the first 2·WARPS (WARPS / 2
+// warpgroups); the producer holds nothing. With split columns (gridDim.z > 1, a cluster along
+// z) the partials go to this block's stage memory as [N][BM] f32 (every warp must be done with
+// it), and rank r of the cluster sums elements [r·E/S, (r+1)·E/S) over ranks 0..S-1 in order.
+// The gated epilogue: the block's rows are BM/2 gate rows then the same BM/2 up rows, and
+// out16[c][m0 + j] = act(gate) · up, rounded to 16 bits, for the block's BM/2 outputs j.
+// Every partial goes through stage memory as [N][BM] f32; with split columns rank r of the
+// cluster finishes outputs [r·E/S, (r+1)·E/S) of the E = N·BM/2, summing ranks in order.
+template <int WARPS, int N, bool BF16>
+__device__ __forceinline__ void sk_epilogue_gated(const float (&acc)[N / 2], u16* out, int m0,
+                                                  int wrows, int n, int ldc, int act) {
+    constexpr int BM = WARPS * 32, H = BM / 2;
+    extern __shared__ __align__(128) u16 sk_sm[];
+    const bool holds = (threadIdx.x >> 5) < 2 * WARPS;
+    const int S = gridDim.z, rank = blockIdx.z;
+    __syncthreads();
+    float* red = (float*)sk_sm;
+    if (holds) sk_each<N>(acc, [&](int r, int c, float v) { red[c * BM + r] = v; });
+    if (S > 1) cluster_sync();
+    else __syncthreads();
+    const int per = N * H / S;  // a multiple of 4: H is of 32, N of 16 and S at most 16
+    const u32 base = smem_addr(red);
+    for (int i = rank * per + threadIdx.x * 4; i < (rank + 1) * per; i += blockDim.x * 4) {
+        const int c = i / H, j = i % H;
+        if (c >= n) break;  // i only grows
+        const int at = c * BM + j;
+        float4 g, u;
+        if (S == 1) {
+            g = *(const float4*)(red + at);
+            u = *(const float4*)(red + at + H);
+        } else {
+            g = cluster_ld_f32x4(cluster_map(base + at * 4, 0));
+            u = cluster_ld_f32x4(cluster_map(base + (at + H) * 4, 0));
+            for (int p = 1; p < S; p++) {
+                const float4 a = cluster_ld_f32x4(cluster_map(base + at * 4, p));
+                const float4 b = cluster_ld_f32x4(cluster_map(base + (at + H) * 4, p));
+                g.x += a.x, g.y += a.y, g.z += a.z, g.w += a.w;
+                u.x += b.x, u.y += b.y, u.z += b.z, u.w += b.w;
+            }
+        }
+        const float gv[4] = {g.x, g.y, g.z, g.w}, uv[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
-            for (int e = 0; e < 4; e++)
-                f(warp * 32 + mt * 16 + g + (e >> 1) * 8, nt * 8 + 2 * t + (e & 1), acc[mt][nt][e]);
+        for (int e = 0; e < 4; e++) {
+            if (j + e < wrows) {
+                const float o = (act == 0 ? silu_f(gv[e]) : gelu_tanh_f(gv[e])) * uv[e];
+                out[(i64)c * ldc + m0 + j + e] = BF16 ? f2bf(o) : f2h(o);
+            }
+        }
+    }
+    if (S > 1) cluster_sync();  // every block's partials stay until the others have read them
 }
 
 template <int WARPS, int N>
-__device__ __forceinline__ void sk_epilogue(const float (&acc)[2][N / 8][4], float* out, int m0,
+__device__ __forceinline__ void sk_epilogue(const float (&acc)[N / 2], float* out, int m0,
                                             int wrows, int n, int ldc, int accumulate) {
     constexpr int BM = WARPS * 32;
     extern __shared__ __align__(128) u16 sk_sm[];
-    const bool holds = (threadIdx.x >> 5) < WARPS;
+    const bool holds = (threadIdx.x >> 5) < 2 * WARPS;
     if (gridDim.z == 1) {
         if (!holds) return;
         sk_each<N>(acc, [&](int r, int c, float v) {
@@ -125,38 +222,48 @@ __device__ __forceinline__ void tma_tile(u32 dst, const TmaDesc* map, int c, int
         : "memory");
 }
 
-template <int WARPS, int N, bool BF16>
-__device__ void skinny_impl(const TmaDesc* wmap, const TmaDesc* xmap, float* __restrict__ out,
-                            int m, int n, int ldc, int ks, int accumulate) {
-    constexpr int BM = WARPS * 32, NT = N / 8;
+// GATED: W rows come half from the gate map and half from the up map (`umap`), both at row
+// blockIdx.x · BM/2, and the epilogue writes act(gate) · up in 16 bits (`m`: gate rows).
+template <int WARPS, int N, bool BF16, bool GATED>
+__device__ void skinny_impl(const TmaDesc* wmap, const TmaDesc* umap, const TmaDesc* xmap,
+                            void* __restrict__ out, int m, int n, int ldc, int ks, int accumulate,
+                            int act) {
+    constexpr int BM = WARPS * 32, CW = 2 * WARPS;  // consumer warps: WARPS / 2 warpgroups
     constexpr int STAGES = skw_stages(BM, N);
     constexpr int WST = BM * SK_BK, XST = N * SK_BK, ST = WST + XST;  // elements
     constexpr u32 STAGE_BYTES = ST * 2;
     extern __shared__ __align__(128) u16 sk_sm[];
     const u32 ring = (smem_addr(sk_sm) + 1023) & ~1023u;
     const u32 bars = ring + STAGES * STAGE_BYTES;  // full[STAGES], then empty[STAGES]
-    const int m0 = blockIdx.x * BM, k0 = blockIdx.z * ks, steps = ks / SK_BK;
+    constexpr int BOX = GATED ? BM / 2 : BM;  // weight rows per tensor-map box
+    const int m0 = blockIdx.x * BOX, k0 = blockIdx.z * ks, steps = ks / SK_BK;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int wrows = min(BM, m - m0);
+    const int wrows = min(BOX, m - m0);
+    // A stage's weight tile: one box, or the gate box above the up box.
+    auto weights = [&](u32 dst, int k, u32 full) {
+        tma_tile(dst, wmap, k, m0, full);
+        if (GATED) tma_tile(dst + BOX * SK_BK * 2, umap, k, m0, full);
+    };
 
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; s++) {
             mbar_init(bars + 8 * s, 1);
-            mbar_init(bars + 8 * (STAGES + s), WARPS);
+            mbar_init(bars + 8 * (STAGES + s), CW);
         }
         mbar_init_fence();
         asm volatile("prefetch.tensormap [%0];" ::"l"(wmap) : "memory");
+        if (GATED) asm volatile("prefetch.tensormap [%0];" ::"l"(umap) : "memory");
         asm volatile("prefetch.tensormap [%0];" ::"l"(xmap) : "memory");
     }
     __syncthreads();
 
-    if (warp == WARPS && lane == 0) {  // the producer: one lane issues every copy
+    if (warp == CW && lane == 0) {  // the producer: one lane issues every copy
         const int first = min(STAGES, steps);
         // Weights never change: the first stages' weight tiles go out before the PDL wait.
         for (int s = 0; s < first; s++) {
             const u32 full = bars + 8 * s;
             mbar_expect_tx(full, STAGE_BYTES);
-            tma_tile(ring + s * STAGE_BYTES, wmap, k0 + s * SK_BK, m0, full);
+            weights(ring + s * STAGE_BYTES, k0 + s * SK_BK, full);
         }
         pdl_begin();  // x is the previous kernel's output
         for (int s = 0; s < first; s++)
@@ -166,70 +273,65 @@ __device__ void skinny_impl(const TmaDesc* wmap, const TmaDesc* xmap, float* __r
             const u32 full = bars + 8 * slot, dst = ring + slot * STAGE_BYTES;
             mbar_wait(bars + 8 * (STAGES + slot), ((s / STAGES) & 1) ^ 1);
             mbar_expect_tx(full, STAGE_BYTES);
-            tma_tile(dst, wmap, k0 + s * SK_BK, m0, full);
+            weights(dst, k0 + s * SK_BK, full);
             tma_tile(dst + WST * 2, xmap, k0 + s * SK_BK, 0, full);
         }
     } else {
         pdl_begin();
     }
 
-    float acc[2][NT][4];
+    float acc[N / 2];
 #pragma unroll
-    for (int i = 0; i < 2; i++)
-#pragma unroll
-        for (int j = 0; j < NT; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) acc[i][j][e] = 0.f;
+    for (int i = 0; i < N / 2; i++) acc[i] = 0.f;
 
-    if (warp < WARPS) {
+    if (warp < CW) {
+        // Warpgroup g multiplies weight rows 64g..64g+63 of each stage by all N activation
+        // rows, four k16 steps a stage; a stage's slot is freed once the next stage's MMAs
+        // are issued and its own have completed (one group in flight).
+        const u32 a_off = (warp >> 2) * 64 * SK_BK * 2;
         for (int s = 0; s < steps; s++) {
             const int slot = s % STAGES;
             mbar_wait(bars + 8 * slot, (s / STAGES) & 1);
             const u32 wb = ring + slot * STAGE_BYTES, xb = wb + WST * 2;
+            wg_fence_acc(acc);
+            wg_fence();
 #pragma unroll
-            for (int kk = 0; kk < SK_BK / 16; kk++) {
-                u32 a[2][4];
-#pragma unroll
-                for (int mt = 0; mt < 2; mt++) {
-                    const int r = warp * 32 + mt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
-                    ldsm_x4(a[mt], wb + sk_at(r, kk * 2 + (lane >> 4)) * 2);
-                }
-#pragma unroll
-                for (int nt = 0; nt < NT; nt += 2) {
-                    u32 b[4];
-                    const int r = nt * 8 + (lane & 7) + (lane >> 4) * 8;
-                    ldsm_x4(b, xb + sk_at(r, kk * 2 + ((lane >> 3) & 1)) * 2);
-#pragma unroll
-                    for (int mt = 0; mt < 2; mt++) {
-                        sk_mma<BF16>(acc[mt][nt], a[mt], b[0], b[1]);
-                        sk_mma<BF16>(acc[mt][nt + 1], a[mt], b[2], b[3]);
-                    }
-                }
-            }
-            __syncwarp();
-            if (lane == 0) mbar_arrive(bars + 8 * (STAGES + slot));
+            for (int kk = 0; kk < SK_BK / 16; kk++)
+                wg_mma<N, BF16>(acc, wg_desc(wb + a_off + kk * 32), wg_desc(xb + kk * 32));
+            wg_commit();
+            wg_wait<1>();
+            wg_fence_acc(acc);
+            if (s > 0 && lane == 0) mbar_arrive(bars + 8 * (STAGES + (s - 1) % STAGES));
         }
+        wg_wait<0>();
+        wg_fence_acc(acc);
     }
-    sk_epilogue<WARPS, N>(acc, out, m0, wrows, n, ldc, accumulate);
+    if (GATED) sk_epilogue_gated<WARPS, N, BF16>(acc, (u16*)out, m0, wrows, n, ldc, act);
+    else sk_epilogue<WARPS, N>(acc, (float*)out, m0, wrows, n, ldc, accumulate);
 }
 #endif
 
-// Entry points skinny_{bf16,f16}_w{WARPS}_n{N} (cuda/skinny.rs lists them).
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define SK_BODY(W, NN, B) skinny_impl<W, NN, B>(&wmap, &xmap, out, m, n, ldc, ks, accumulate);
+// Entry points skinny_{bf16,f16}_w{WARPS}_n{N} and, gated, skinnyg_* (cuda/skinny.rs lists
+// them): 64·WARPS + 32 threads. Without sm_90a's wgmma (another architecture) they are empty;
+// the host launches them on compute capability 9.0 only.
+#if defined(SK_WGMMA)
+#define SK_BODY(W, NN, B, G) \
+    skinny_impl<W, NN, B, G>(&wmap, &umap, &xmap, out, m, n, ldc, ks, accumulate, act);
 #else
-#define SK_BODY(W, NN, B)
+#define SK_BODY(W, NN, B, G)
 #endif
-#define SK_KERNEL(T, W, NN, B)                                                                \
-    extern "C" __global__ void __launch_bounds__(W * 32 + 32) skinny_##T##_w##W##_n##NN(       \
-        const __grid_constant__ TmaDesc wmap, const __grid_constant__ TmaDesc xmap,             \
-        float* __restrict__ out, int m, int n, int ldc, int ks, int accumulate) {              \
-        SK_BODY(W, NN, B)                                                                     \
+#define SK_KERNEL(NAME, T, W, NN, B, G)                                                         \
+    extern "C" __global__ void __launch_bounds__(W * 64 + 32) NAME##_##T##_w##W##_n##NN(       \
+        const __grid_constant__ TmaDesc wmap, const __grid_constant__ TmaDesc umap,             \
+        const __grid_constant__ TmaDesc xmap, void* __restrict__ out, int m, int n, int ldc,    \
+        int ks, int accumulate, int act) {                                                    \
+        SK_BODY(W, NN, B, G)                                                                  \
     }
-#define SK_WIDTHS(T, B) \
-    SK_KERNEL(T, 2, 16, B) SK_KERNEL(T, 2, 32, B) SK_KERNEL(T, 2, 64, B) \
-    SK_KERNEL(T, 4, 16, B) SK_KERNEL(T, 4, 32, B) SK_KERNEL(T, 4, 64, B) \
-    SK_KERNEL(T, 6, 16, B) SK_KERNEL(T, 6, 32, B) SK_KERNEL(T, 6, 64, B) \
-    SK_KERNEL(T, 8, 16, B) SK_KERNEL(T, 8, 32, B) SK_KERNEL(T, 8, 64, B)
-SK_WIDTHS(bf16, true)
-SK_WIDTHS(f16, false)
+#define SK_NS(NAME, T, W, B, G) \
+    SK_KERNEL(NAME, T, W, 16, B, G) SK_KERNEL(NAME, T, W, 32, B, G) SK_KERNEL(NAME, T, W, 64, B, G)
+#define SK_WIDTHS(NAME, T, B, G) \
+    SK_NS(NAME, T, 2, B, G) SK_NS(NAME, T, 4, B, G) SK_NS(NAME, T, 6, B, G) SK_NS(NAME, T, 8, B, G)
+SK_WIDTHS(skinny, bf16, true, false)
+SK_WIDTHS(skinny, f16, false, false)
+SK_WIDTHS(skinnyg, bf16, true, true)
+SK_WIDTHS(skinnyg, f16, false, true)
