@@ -57,36 +57,39 @@ impl SkinnyPlan {
     }
 }
 
+/// Most column splits a plan takes: past 4 the cluster merge costs more than the fuller grid
+/// gains (`cuda_bench skinny`, session 21: Qwen3-0.6B's O, 1024×2048 at 64 rows, 7.7 µs at 4
+/// splits, 10.2 at 8).
+const MAX_PLAN_SPLITS: usize = 4;
+
 /// The shape for `rows` × `cols` weights on `sms` SMs, or `None` (cuBLAS): columns a multiple
-/// of 64 and at most [`MAX_ROWS`] rows. Picks the fullest waves — blocks ÷ (waves × SMs),
-/// less 5% per wave past the fewest possible — preferring taller blocks (less x re-read per
-/// weight byte) and then fewer splits (a shorter merge) among shapes within 2% of the best.
+/// of 64 and at most [`MAX_ROWS`] rows. The shortest blocks whose tiles fit one wave (one
+/// block an SM: a block's ring takes most of the shared memory), then the most column splits,
+/// up to [`MAX_PLAN_SPLITS`], that keep one wave and whole stages of at least two. Fitted to
+/// the wgmma kernel's sweep on the H200 (`cuda_bench skinny`, session 21, bench/RESULTS.md):
+/// it picks the fastest or within 0.7 µs of it for every Qwen3-0.6B and -8B decode matrix at
+/// 64 rows (e.g. Q/K/V 6144×4096 2 warps, 1 split: 19.0 µs; gate+up 24576×4096 6 warps:
+/// 55.3; down 4096×12288 2 warps, 2 splits: 34.2).
 pub fn skinny_plan(rows: usize, cols: usize, sms: usize) -> Option<SkinnyPlan> {
     if rows == 0 || rows > MAX_ROWS || cols == 0 || !cols.is_multiple_of(BK) || sms == 0 {
         return None;
     }
-    // (fill in thousandths, waves, plan), in preference order.
-    let mut shapes = Vec::new();
-    for warps in WARPS {
-        for splits in SPLITS {
-            let per = cols / splits;
-            if !cols.is_multiple_of(splits) || !per.is_multiple_of(BK) {
-                continue;
-            }
-            if splits > 1 && per < MIN_SPLIT_COLS {
-                continue;
-            }
-            let blocks = rows.div_ceil(32 * warps) * splits;
-            let waves = blocks.div_ceil(sms);
-            let fill = blocks * 1000 / (waves * sms);
-            shapes.push((fill, waves, SkinnyPlan { warps, splits }));
-        }
-    }
-    // Each wave past the fewest possible costs a ramp-up: 5% of fill.
-    let fewest = shapes.iter().map(|s| s.1).min()?;
-    let score = |s: &(usize, usize, SkinnyPlan)| (s.0 + 1000).saturating_sub(50 * (s.1 - fewest));
-    let best = shapes.iter().map(score).max()?;
-    shapes.iter().find(|s| score(s) + 20 >= best).map(|s| s.2)
+    let tiles = |warps: usize| rows.div_ceil(32 * warps);
+    let warps = WARPS
+        .into_iter()
+        .rev()
+        .find(|&w| tiles(w) <= sms)
+        .unwrap_or(WARPS[0]);
+    let whole = |s: usize| {
+        let per = cols / s;
+        cols.is_multiple_of(s) && per.is_multiple_of(BK) && (s == 1 || per >= MIN_SPLIT_COLS)
+    };
+    let splits = SPLITS
+        .into_iter()
+        .filter(|&s| s <= MAX_PLAN_SPLITS && whole(s) && (s == 1 || tiles(warps) * s <= sms))
+        .max()
+        .unwrap_or(1);
+    Some(SkinnyPlan { warps, splits })
 }
 
 /// The entry points of `kernels/skinny.cu`.
@@ -310,37 +313,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn qwen3_8b_shapes_fill_one_wave_of_132_sms() {
+    fn qwen3_shapes_take_the_sweeps_fastest_plans_on_132_sms() {
         let p = |r, c| skinny_plan(r, c, 132).unwrap();
-        // Q/K/V joined, O, gate+up joined, down.
-        assert_eq!(
-            p(6144, 4096),
-            SkinnyPlan {
-                warps: 6,
-                splits: 4
-            }
-        );
-        assert_eq!(
-            p(4096, 4096),
-            SkinnyPlan {
-                warps: 8,
-                splits: 8
-            }
-        );
-        assert_eq!(
-            p(24576, 4096),
-            SkinnyPlan {
-                warps: 6,
-                splits: 1
-            }
-        );
-        assert_eq!(
-            p(4096, 12288),
-            SkinnyPlan {
-                warps: 8,
-                splits: 8
-            }
-        );
+        let plan = |warps, splits| SkinnyPlan { warps, splits };
+        // Qwen3-8B: Q/K/V joined, O, gate+up joined, down.
+        assert_eq!(p(6144, 4096), plan(2, 1));
+        assert_eq!(p(4096, 4096), plan(2, 2));
+        assert_eq!(p(24576, 4096), plan(6, 1));
+        assert_eq!(p(4096, 12288), plan(2, 2));
+        // Qwen3-0.6B: the same four.
+        assert_eq!(p(4096, 1024), plan(2, 2));
+        assert_eq!(p(1024, 2048), plan(2, 4));
+        assert_eq!(p(6144, 1024), plan(2, 1));
+        assert_eq!(p(1024, 3072), plan(2, 4));
     }
 
     #[test]
