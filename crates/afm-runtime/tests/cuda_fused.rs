@@ -222,6 +222,8 @@ fn accumulating_matmul_adds_to_the_output_on_every_path() {
 #[test]
 fn mlp_in_one_path_equals_gate_up_then_down() {
     let mut c = ctx();
+    // The cuBLAS one-path MLP; the skinny kernels' gated MLP is checked in cuda_skinny.rs.
+    c.set_gemm_path(MatmulPath::Gemm);
     let mut rng = Rng(94);
     for (dtype, d, ff) in [
         (DType::BF16, 1024, 96),
@@ -264,6 +266,7 @@ fn mlp_in_one_path_equals_gate_up_then_down() {
             }
         }
     }
+    c.set_gemm_path(MatmulPath::Auto);
 }
 
 /// Q/K/V and gate+up uploaded back to back in one allocation (`DeviceWeight::upload_joined`,

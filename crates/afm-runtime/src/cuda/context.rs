@@ -43,13 +43,9 @@ pub const KERNEL_MODULES: [(&str, &str); 9] = [
 /// so a default start-up does not pay for them. On the shared 2-core build machine (noisy):
 /// NVRTC to compute_90 PTX, mmh 5.8 s and decode_fused 4.2 s of the eight modules' 30.7 s; then
 /// ptxas -arch=sm_90 on that PTX, a stand-in for the driver's JIT on a GPU without a cached
-/// copy, 7.0 and 7.7 s of 42.4 s. The skinny GEMM (`skinny.rs`, `AFM_SKINNY`) joined them in
-/// session 14.
-pub const OPT_IN: [(&str, &str); 3] = [
-    ("mmh", "AFM_MMH"),
-    ("decode_fused", "AFM_FUSED_DECODE"),
-    ("skinny", "AFM_SKINNY"),
-];
+/// copy, 7.0 and 7.7 s of 42.4 s. (The skinny GEMM was one of them from session 14 until it
+/// became the default in session 21.)
+pub const OPT_IN: [(&str, &str); 2] = [("mmh", "AFM_MMH"), ("decode_fused", "AFM_FUSED_DECODE")];
 
 /// Whether module `name` is compiled when the context is created (see [`OPT_IN`]).
 fn compiled_at_start(name: &str) -> bool {
@@ -732,7 +728,6 @@ mod tests {
         for (module, first) in [
             ("mmh", "mmh_reduce"),
             ("decode_fused", "decode_fused_profile"),
-            ("skinny", "skinny_bf16_w8_n64"),
         ] {
             let got: Vec<usize> = std::thread::scope(|s| {
                 let threads: Vec<_> = (0..4)

@@ -25,7 +25,7 @@
 //!
 //! Activations are f32 row-major `[rows][features]` buffers ([`CudaSlice<f32>`]), as on the CPU.
 //! Kernels are CUDA C (`kernels/*.cu`) compiled by NVRTC when the context is created, except
-//! the opt-in paths' modules ([`OPT_IN`]: MMH, the fused decode step, the skinny GEMM),
+//! the opt-in paths' modules ([`OPT_IN`]: MMH and the fused decode step),
 //! compiled on first use unless their switch is on; cudarc loads libcuda, libnvrtc and libcublas
 //! at run time, so building needs no CUDA toolkit.
 //! Nothing here knows about models, requests or the scheduler.

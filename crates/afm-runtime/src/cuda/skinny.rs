@@ -4,16 +4,17 @@
 //! (integers, unit-tested here), so a row's result never depends on how many rows run beside
 //! it.
 //!
-//! Opt-in (`AFM_SKINNY=1`): on the H200 it does not beat cuBLAS where issue #9 needs it
-//! (`cuda_bench skinny`, session 14, µs per product with the x conversion, eager): at 64 rows
-//! the best plan per Qwen3-8B matrix is 3–32% slower than cuBLAS (Q/K/V 22.9 vs 19.9, O 19.2 vs
-//! 14.5, gate+up 58.4 vs 56.6, down 39.4 vs 37.7) — `mma.sync` and ldmatrix at 64 rows are not
-//! hidden behind the weight stream, where cuBLAS's kernels use wgmma; at 16 rows it is 3–11%
-//! faster (gate+up at 3.9 TB/s, 91% of the copy rate). End to end its plans lost at every
-//! width. A first mainloop with cp.async and a block barrier per stage streamed only
-//! ~21–27 GB/s per SM; 128-byte `cp.async.bulk` copies per row were slower still (TMA issue
-//! cost); one tensor-map copy per tile is what reached the copy rate. The plan rule below is
-//! not tuned to those measurements (at 64 rows fewer, taller blocks beat a fuller wave).
+//! On by default on compute capability 9.0 (`AFM_SKINNY=0`: cuBLAS), where its consumers are
+//! wgmma warpgroups (session 21). Session 14's `mma.sync` consumers were 3–32% slower than
+//! cuBLAS per Qwen3-8B matrix at 64 rows and lost end to end. On wgmma, with the plans below
+//! (`cuda_bench skinny`, bench/RESULTS.md session 21), the 8B's Q/K/V, O and down are 0.6–9%
+//! faster than cuBLAS at 64 rows and gate+up is even; the gated MLP also drops the f32 gate/up
+//! products and the activation launch. End to end on the H200 (`gpu_bench`, 16 / 32 / 64
+//! streams): Qwen3-8B 3,004 / 5,596 / 10,869 tok/s against 2,910 / 5,507 / 10,551 with cuBLAS,
+//! Qwen3-0.6B 12,096 / 20,577 / 34,509 against 10,301 / 18,508 / 33,008. A first mainloop with
+//! cp.async and a block barrier per stage streamed only ~21–27 GB/s per SM; 128-byte
+//! `cp.async.bulk` copies per row were slower still (TMA issue cost); one tensor-map copy per
+//! tile is what reached the copy rate.
 
 use cudarc::driver::sys::CUfunction_attribute_enum;
 use cudarc::driver::LaunchConfig;
@@ -37,10 +38,10 @@ const MIN_SPLIT_COLS: usize = 2 * BK;
 /// Matrices taller than this stay with cuBLAS (lm_head: 151,936 rows, read at 3.9 TB/s there).
 const MAX_ROWS: usize = 65_536;
 
-/// Whether the skinny GEMM replaces cuBLAS where it applies (`AFM_SKINNY=1`; off by default,
+/// Whether the skinny GEMM replaces cuBLAS where it applies (on; `AFM_SKINNY=0` turns it off,
 /// see the module header).
 pub(crate) fn skinny_on() -> bool {
-    static ON: Switch = Switch::new("AFM_SKINNY", false);
+    static ON: Switch = Switch::new("AFM_SKINNY", true);
     ON.on()
 }
 
