@@ -7,7 +7,7 @@
 //! On by default on compute capability 9.0 (`AFM_SKINNY=0`: cuBLAS), where its consumers are
 //! wgmma warpgroups (session 21). Session 14's `mma.sync` consumers were 3–32% slower than
 //! cuBLAS per Qwen3-8B matrix at 64 rows and lost end to end. On wgmma, with the plans below
-//! (`cuda_bench skinny`, bench/RESULTS.md session 21), the 8B's Q/K/V, O and down are 0.6–9%
+//! (`cuda_bench skinny`, bench/RESULTS.md session 21), the 8B's Q/K/V, O and down are 0.7–9%
 //! faster than cuBLAS at 64 rows and gate+up is even; the gated MLP also drops the f32 gate/up
 //! products and the activation launch. End to end on the H200 (`gpu_bench`, 16 / 32 / 64
 //! streams): Qwen3-8B 3,004 / 5,596 / 10,869 tok/s against 2,910 / 5,507 / 10,551 with cuBLAS,
