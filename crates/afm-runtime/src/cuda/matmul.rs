@@ -783,11 +783,7 @@ impl CudaContext {
         };
         let cols = first.cols;
         let bf16 = first.dtype == DType::BF16;
-        let ty = if bf16 {
-            cudaDataType_t::CUDA_R_16BF
-        } else {
-            cudaDataType_t::CUDA_R_16F
-        };
+        let ty = blas_half(bf16);
         let hx = self.half_input(xp, n, cols, bf16, norm)?;
         if let (Some(all), [_, _, ..], false) = (joined(ws), ws, accumulate) {
             return self.gemm_joined(ty, &all, ws, hx, n, ops);
@@ -1002,6 +998,15 @@ fn half_gemm_ok(ws: &[&DeviceWeight], n: usize) -> bool {
         && ws
             .iter()
             .all(|w| w.dtype == first.dtype && w.cols == first.cols)
+}
+
+/// cuBLAS's type for 16-bit weights and activations: bf16, else f16.
+fn blas_half(bf16: bool) -> cudaDataType_t {
+    if bf16 {
+        cudaDataType_t::CUDA_R_16BF
+    } else {
+        cudaDataType_t::CUDA_R_16F
+    }
 }
 
 fn half_name(w: &DeviceWeight) -> &'static str {
@@ -1277,11 +1282,7 @@ impl CudaContext {
             let upp = gp + (4 * gu.up) as u64;
             self.gated_act_half(act, gp, upp, n, ff, gu.stride, hp, bf16)?;
         }
-        let ty = if bf16 {
-            cudaDataType_t::CUDA_R_16BF
-        } else {
-            cudaDataType_t::CUDA_R_16F
-        };
+        let ty = blas_half(bf16);
         let dims = GemmDims {
             m: d,
             n,
@@ -1319,11 +1320,7 @@ impl CudaContext {
         n: usize,
     ) -> Result<GateUp> {
         let (rows, cols) = (gate.rows, gate.cols);
-        let ty = if gate.dtype == DType::BF16 {
-            cudaDataType_t::CUDA_R_16BF
-        } else {
-            cudaDataType_t::CUDA_R_16F
-        };
+        let ty = blas_half(gate.dtype == DType::BF16);
         let mut buf = self.alloc::<f32>(2 * n * rows)?;
         let gp = self.ptr_mut(&mut buf);
         let product = |m, ldc| GemmDims {
