@@ -3,7 +3,10 @@
 //! greedy decode in lockstep over two KV pools, one step fused and one not, each step fed the
 //! layer loop's own greedy token. Logits must agree to 1e-3 relative (max |a - b| / max |b|;
 //! the f32 bound of the GPU reference tests; the H200 showed 1.7e-4 on the random Qwen3-0.6B,
-//! summation order and f16 K/V rounding) and pick the same token, at every step.
+//! summation order and f16 K/V rounding) at every step. The greedy picks are counted, not
+//! asserted: two picks can differ only where the layer loop's top two logits lie within twice
+//! that bound (a near-tie, which random weights meet: session 22, Qwen3-0.6B, step 41 of the
+//! 20-token prompt), and elsewhere the logits bound already makes them equal.
 //!
 //! `AFM_TEST_DEVICE=cuda` (else the tests print why they skip) and, for the real-shape checks,
 //! `AFM_FUSED_MODELS=dir[,dir...]` (bf16 checkpoints, e.g. `scripts/gpu_random_models.py`'s
@@ -69,6 +72,8 @@ fn forward(
 
 struct Run {
     max_err: f32,
+    /// Steps whose greedy picks differ (near-ties: see the header).
+    near_ties: usize,
     fused_steps: u64,
 }
 
@@ -89,6 +94,7 @@ fn lockstep(m: &LoadedModel, plen: usize, seed: u64) -> Run {
     let mut lb = forward(m, &mut b, &table, &prompt, 0, false);
     let mut max_err = rel_err(&la, &lb);
     let launches = Device::fused_decode_launches();
+    let mut near_ties = 0;
     for i in 0..STEPS {
         let tok = argmax(&lb) as u32;
         let pos = plen + i;
@@ -101,15 +107,13 @@ fn lockstep(m: &LoadedModel, plen: usize, seed: u64) -> Run {
             "{}: step {i} (position {pos}): logits relative error {err:.2e} > {MAX_REL_ERR:.0e}",
             m.name
         );
-        assert_eq!(
-            argmax(&la),
-            argmax(&lb),
-            "{}: step {i} (position {pos}): greedy tokens differ",
-            m.name
-        );
+        if argmax(&la) != argmax(&lb) {
+            near_ties += 1;
+        }
     }
     Run {
         max_err,
+        near_ties,
         fused_steps: Device::fused_decode_launches() - launches,
     }
 }
@@ -132,8 +136,9 @@ fn fused_step_matches_the_layer_loop_on_real_shapes() {
         for (plen, seed) in [(20, 1), (1030, 2)] {
             let r = lockstep(&m, plen, seed);
             println!(
-                "{}: prompt {plen}, {STEPS} steps: {} fused, logits relative error max {:.2e}",
-                m.name, r.fused_steps, r.max_err
+                "{}: prompt {plen}, {STEPS} steps: {} fused, logits relative error max {:.2e}, \
+                 {} near-tie greedy picks differ",
+                m.name, r.fused_steps, r.max_err, r.near_ties
             );
             assert_eq!(
                 r.fused_steps, STEPS as u64,

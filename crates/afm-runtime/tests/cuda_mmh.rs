@@ -12,7 +12,8 @@
 //!   against the CPU's f32 matmul, and within cuda_ops's bounds for that path (2e-2 bf16,
 //!   1e-3 f16);
 //! - the automatic path takes MMH from 9 to 64 rows (GEMV below, cuBLAS above) unless
-//!   MMH is off (no `AFM_MMH=1`) or the width is not a multiple of 64; Q/K/V in one launch give the single
+//!   MMH is off (no `AFM_MMH=1`) or the width is not a multiple of 64 (then the skinny GEMM
+//!   where it runs, else cuBLAS); Q/K/V in one launch give the single
 //!   launches' results; gate+up in one launch with SiLU / GELU tanh the activation of the
 //!   separate results; the accumulating matmul gives the output before plus the matmul, bit for bit;
 //! - quantized weights, widths that are not a multiple of 64 and warp counts other than 4 and
@@ -24,7 +25,7 @@
 
 mod common;
 
-use afm_runtime::cuda::{DeviceWeight, MatmulPath, MMH_GATED_MAX_ROWS};
+use afm_runtime::cuda::{skinny_plan, DeviceWeight, MatmulPath, MMH_GATED_MAX_ROWS};
 use afm_runtime::DType;
 use common::int8::activations;
 use common::matmul::{
@@ -99,8 +100,20 @@ fn mmh_is_as_accurate_as_the_cublas_path() {
     });
 }
 
+/// The path `Auto` takes from 9 to 64 rows where MMH does not: the skinny GEMM where it runs
+/// (compute capability 9.0, a plan for the shape, `AFM_SKINNY` not `0`), else cuBLAS.
+fn gemm_auto(rows: usize, cols: usize) -> MatmulPath {
+    let c = ctx();
+    let on = std::env::var("AFM_SKINNY").map_or(true, |v| v != "0");
+    match skinny_plan(rows, cols, c.info().sm_count) {
+        Some(p) if on && c.info().compute_capability == (9, 0) => MatmulPath::Skinny(p),
+        _ => MatmulPath::Gemm,
+    }
+}
+
 /// `Auto` runs the GEMV up to 8 rows, MMH from 9 to 64 and cuBLAS above (each compared bit for
-/// bit with the forced path); without `AFM_MMH=1`, or a width MMH does not take, cuBLAS from 9.
+/// bit with the forced path); without `AFM_MMH=1`, or a width MMH does not take, the skinny
+/// GEMM or cuBLAS from 9 ([`gemm_auto`]).
 #[test]
 fn auto_path_takes_mmh_from_9_to_64_rows() {
     let mut rng = Rng(43);
@@ -115,7 +128,7 @@ fn auto_path_takes_mmh_from_9_to_64_rows() {
                 8 => MatmulPath::Gemv,
                 65 => MatmulPath::Gemm,
                 _ if mmh => MatmulPath::Mmh,
-                _ => MatmulPath::Gemm,
+                _ => gemm_auto(rows, cols),
             };
             let what = format!("{rows}x{cols} (MMH off: {off})");
             assert_auto_is(&mut rng, &dw, n, expected, &what);
