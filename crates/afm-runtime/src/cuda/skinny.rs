@@ -108,20 +108,32 @@ pub(super) fn kernel_names() -> Vec<String> {
     v
 }
 
-/// The kernels' shared memory budget (`SKW_SMEM_MAX`) and its part kept for the 1 KB ring
-/// alignment and the barriers (`SKW_RESERVED`), whence their stages (`skw_stages`, at most 8).
+/// A block's shared memory budget for its ring, and the part of it kept for the 1 KB ring
+/// alignment (the swizzle's period) and the barriers.
 const SMEM_MAX: usize = 227 * 1024;
 const SMEM_RESERVED: usize = 2048;
 
-fn stages(rows: usize, n_tile: usize) -> usize {
-    ((SMEM_MAX - SMEM_RESERVED) / ((rows + n_tile) * BK * 2)).min(8)
-}
+/// Columns of a block's share from which its ring takes up to 16 stages rather than 8.
+const DEEP_RING_COLS: usize = 2048;
 
-/// Dynamic shared memory of a block: the stages' weight and activation tiles (the split
-/// merge reuses them for `n_tile` × rows f32, always smaller) and [`SMEM_RESERVED`].
-fn shared_bytes(plan: SkinnyPlan, n_tile: usize) -> usize {
-    let rows = plan.rows_per_block();
-    stages(rows, n_tile) * (rows + n_tile) * BK * 2 + SMEM_RESERVED
+/// A ring's stages for blocks of `rows` weight rows, `n_tile` activation rows and `cols`
+/// columns each: as many as fit, up to 16 for tiles of 16 or 32 activation rows whose blocks
+/// read at least [`DEEP_RING_COLS`] columns, else up to 8. Measured on the H200 (session 22,
+/// `gpu_bench`): 16 stages gave Qwen3-8B (column shares of 2,048 to 6,144) 3,156 tok/s at 16
+/// streams and 5,912 at 32, against 2,998 and 5,600 with 8; Qwen3-0.6B (shares of 512 to
+/// 1,024) lost ~1% with them (16 streams 11,898–11,915 against 12,047–12,057; 32 streams
+/// 20,292–20,301 against 20,480–20,535), and the 8B at 64 streams lost ~1% (10,725–10,777
+/// against 10,839–10,947). Also measured there and not taken: stages of two 64-column boxes
+/// (as 16 stages at 16 and 32 streams, −1% at 64), a ring in half the shared memory so the
+/// next kernel's blocks fit beside it (−10% at 64 streams), and kernels that let the next one
+/// launch before their own PDL wait (+0.4%, within noise).
+fn stages(rows: usize, n_tile: usize, cols: usize) -> usize {
+    let cap = if n_tile <= 32 && cols >= DEEP_RING_COLS {
+        16
+    } else {
+        8
+    };
+    ((SMEM_MAX - SMEM_RESERVED) / ((rows + n_tile) * BK * 2)).min(cap)
 }
 
 /// A TMA descriptor of the 16-bit row-major matrix at `ptr` (`rows` × `cols`), read in boxes of
@@ -259,7 +271,11 @@ impl CudaContext {
         } else {
             64
         };
-        let bytes = shared_bytes(plan, n_tile);
+        let ks = a.cols / plan.splits;
+        let ring = stages(plan.rows_per_block(), n_tile, ks);
+        // The stages' weight and activation tiles (the split merge reuses them for n_tile ×
+        // rows f32, always smaller) and the reserve.
+        let bytes = ring * (plan.rows_per_block() + n_tile) * BK * 2 + SMEM_RESERVED;
         // Weight rows of one matrix per block: a gated block's tile is half gate, half up.
         let boxed = match a.gated {
             Some(_) => plan.rows_per_block() / 2,
@@ -302,9 +318,8 @@ impl CudaContext {
         };
         let xmap = tensor_map(a.x, a.n, a.cols, n_tile, a.bf16)?;
         let (out, m, n, ldc) = (a.out, a.rows as i32, a.n as i32, a.ldc as i32);
-        let ks = (a.cols / plan.splits) as i32;
-        let acc = i32::from(a.accumulate);
-        launch!(self, f, cfg, cluster = cluster; wmap, umap, xmap, out, m, n, ldc, ks, acc, act)?;
+        let (ks, acc, ring) = (ks as i32, i32::from(a.accumulate), ring as i32);
+        launch!(self, f, cfg, cluster = cluster; wmap, umap, xmap, out, m, n, ldc, ks, acc, act, ring)?;
         Ok(true)
     }
 }
@@ -312,6 +327,32 @@ impl CudaContext {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_ring_fits_the_shared_memory_and_holds_the_split_merge() {
+        for warps in WARPS {
+            let rows = 32 * warps;
+            for n_tile in [16, 32, 64] {
+                for cols in [128, 1024, 2048, 6144] {
+                    let ring = stages(rows, n_tile, cols);
+                    let bytes = ring * (rows + n_tile) * BK * 2;
+                    assert!(ring >= 2, "{warps} warps, {n_tile} rows: {ring} stages");
+                    assert!(
+                        bytes + SMEM_RESERVED <= SMEM_MAX,
+                        "{warps}/{n_tile}: {bytes}"
+                    );
+                    assert!(
+                        n_tile * rows * 4 <= bytes,
+                        "{warps}/{n_tile}: the merge's partials"
+                    );
+                }
+            }
+        }
+        // Deep rings only for 16/32-row tiles over long column shares (Qwen3-8B's, not 0.6B's).
+        assert_eq!(stages(64, 32, 4096), 16);
+        assert_eq!(stages(64, 32, 1024), 8);
+        assert_eq!(stages(64, 64, 4096), 8);
+    }
 
     #[test]
     fn qwen3_shapes_take_the_sweeps_fastest_plans_on_132_sms() {

@@ -1,7 +1,7 @@
 // Skinny GEMM: out[n][m] (+)= x[n][k] · W[m][k]ᵀ for 16-bit weights and activations (bf16 or
 // f16, f32 products and sums) and 9 to 64 activation rows: the decode steps of 9..64 streams.
-// Hopper (sm_90a) only: TMA tile copies, mbarriers, thread block clusters and wgmma. Opt-in
-// (AFM_SKINNY=1, cuda/skinny.rs says why).
+// Hopper (sm_90a) only: TMA tile copies, mbarriers, thread block clusters and wgmma. The
+// default there (AFM_SKINNY=0: cuBLAS; cuda/skinny.rs says why).
 //
 // One CTA takes BM = 32·WARPS weight rows and a 1/S slice of the columns, so it reads x's slice
 // only (x traffic ≤ N/BM of the weights'); the S column slices of a tile run as one thread block
@@ -9,7 +9,8 @@
 // workspace, and every output element's sum is the same whatever n is (a row's result does not
 // depend on the rows beside it).
 //
-// Mainloop: one producer warp keeps up to 8 stages of TMA tile copies in flight (one
+// Mainloop: one producer warp keeps a ring of `stages` stages of TMA tile copies in flight (its
+// depth and the shared memory for it are the host's choice, cuda/skinny.rs; one
 // cp.async.bulk.tensor per tile: the weights' BM×64 box and x's N×64 box, 128-byte swizzled:
 // 16-byte chunk c of tile row r at chunk c ^ (r % 8), the layout wgmma reads), tracked by
 // mbarriers; WARPS / 2 consumer warpgroups wait on a stage's "full" barrier, multiply (wgmma
@@ -22,18 +23,10 @@
 // consumers, with ldmatrix, were not hidden behind the weight stream at 64 rows.)
 
 #define SK_BK 64
-#define SKW_SMEM_MAX (227 * 1024)
-#define SKW_RESERVED 2048  // 1 KB to align the ring to 1 KB (the swizzle's period), barriers
 
 struct __align__(64) TmaDesc {
     u64 v[16];
 };
-
-__host__ __device__ constexpr int skw_stages(int bm, int n) {
-    return (SKW_SMEM_MAX - SKW_RESERVED) / ((bm + n) * SK_BK * 2) < 8
-               ? (SKW_SMEM_MAX - SKW_RESERVED) / ((bm + n) * SK_BK * 2)
-               : 8;
-}
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define SK_WGMMA 1
@@ -227,9 +220,9 @@ __device__ __forceinline__ void tma_tile(u32 dst, const TmaDesc* map, int c, int
 template <int WARPS, int N, bool BF16, bool GATED>
 __device__ void skinny_impl(const TmaDesc* wmap, const TmaDesc* umap, const TmaDesc* xmap,
                             void* __restrict__ out, int m, int n, int ldc, int ks, int accumulate,
-                            int act) {
+                            int act, int stages) {
     constexpr int BM = WARPS * 32, CW = 2 * WARPS;  // consumer warps: WARPS / 2 warpgroups
-    constexpr int STAGES = skw_stages(BM, N);
+    const int STAGES = stages;  // the ring's depth: the host sized the shared memory for it
     constexpr int WST = BM * SK_BK, XST = N * SK_BK, ST = WST + XST;  // elements
     constexpr u32 STAGE_BYTES = ST * 2;
     extern __shared__ __align__(128) u16 sk_sm[];
@@ -316,7 +309,7 @@ __device__ void skinny_impl(const TmaDesc* wmap, const TmaDesc* umap, const TmaD
 // the host launches them on compute capability 9.0 only.
 #if defined(SK_WGMMA)
 #define SK_BODY(W, NN, B, G) \
-    skinny_impl<W, NN, B, G>(&wmap, &umap, &xmap, out, m, n, ldc, ks, accumulate, act);
+    skinny_impl<W, NN, B, G>(&wmap, &umap, &xmap, out, m, n, ldc, ks, accumulate, act, stages);
 #else
 #define SK_BODY(W, NN, B, G)
 #endif
@@ -324,7 +317,7 @@ __device__ void skinny_impl(const TmaDesc* wmap, const TmaDesc* umap, const TmaD
     extern "C" __global__ void __launch_bounds__(W * 64 + 32) NAME##_##T##_w##W##_n##NN(       \
         const __grid_constant__ TmaDesc wmap, const __grid_constant__ TmaDesc umap,             \
         const __grid_constant__ TmaDesc xmap, void* __restrict__ out, int m, int n, int ldc,    \
-        int ks, int accumulate, int act) {                                                    \
+        int ks, int accumulate, int act, int stages) {                                        \
         SK_BODY(W, NN, B, G)                                                                  \
     }
 #define SK_NS(NAME, T, W, B, G) \
