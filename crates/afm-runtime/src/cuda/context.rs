@@ -388,6 +388,12 @@ pub struct CudaContext {
     /// Who runs the 16-bit GEMMs of the call in progress (a forced `MatmulPath` sets it for
     /// that call only).
     pub(super) gemm_choice: super::skinny::GemmChoice,
+    /// A residual product's output prepared for the normed product after it (`norm_fold.rs`),
+    /// whether residual products prepare (`None`: `AFM_NORM_FOLD`), and how many normed
+    /// products took a preparation.
+    pub(super) prepared: Option<super::norm_fold::PreparedNorm>,
+    pub(super) norm_fold: Option<bool>,
+    pub(super) norm_folds: u64,
 }
 
 /// cuBLAS workspace: what cuBLAS recommends for Hopper.
@@ -465,6 +471,9 @@ impl CudaContext {
             ws: Workspace::default(),
             _blas_ws: blas_ws,
             gemm_choice: super::skinny::GemmChoice::Auto,
+            prepared: None,
+            norm_fold: None,
+            norm_folds: 0,
         };
         let loaded = ctx.loaded_modules();
         let later: Vec<&str> = KERNEL_MODULES
@@ -591,6 +600,7 @@ impl CudaContext {
         dst: &mut impl DevicePtrMut<T>,
     ) -> Result<()> {
         super::check_len("upload destination", dst.len(), host.len())?;
+        super::norm_fold::launched();
         Ok(self.stream.memcpy_htod(host, dst)?)
     }
 
@@ -607,6 +617,7 @@ impl CudaContext {
     /// Device-to-device copy of `src` into the start of `dst`.
     pub fn copy<T>(&self, src: &impl DevicePtr<T>, dst: &mut impl DevicePtrMut<T>) -> Result<()> {
         super::check_len("copy destination", dst.len(), src.len())?;
+        super::norm_fold::launched();
         Ok(self.stream.memcpy_dtod(src, dst)?)
     }
 

@@ -39,6 +39,7 @@ mod kernel_cache;
 mod matmul;
 mod mmh;
 mod mmq;
+mod norm_fold;
 mod ops;
 mod sampling;
 mod skinny;
@@ -209,6 +210,7 @@ pub(crate) unsafe fn launch_raw(
         )
     }
     .result()?;
+    norm_fold::launched();
     Ok(())
 }
 

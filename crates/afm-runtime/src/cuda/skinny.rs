@@ -212,7 +212,27 @@ pub(crate) struct SkinnyArgs {
     pub accumulate: bool,
     pub bf16: bool,
     pub gated: Option<SkinnyGated>,
+    /// The RMSNorm fold's arguments (`cuda/norm_fold.rs`); all zero: none.
+    pub fold: SkinnyFold,
 }
+
+/// The folded norm's device arguments (`SkFold` in skinny.cu): "prep" (`nw` set) writes the
+/// next norm's 16-bit input `x16` and each tile's row sums of squares `pss`; "scale" (`rss`
+/// set) scales each row by the norm of `rtiles` such partials over `k` columns.
+#[repr(C)]
+#[derive(Clone, Copy, Default, Debug)]
+pub(crate) struct SkinnyFold {
+    pub nw: u64,
+    pub x16: u64,
+    pub pss: u64,
+    pub rss: u64,
+    pub rtiles: i32,
+    pub k: i32,
+    pub eps: f32,
+}
+
+// SAFETY: plain #[repr(C)] data, laid out as the CUDA struct (four pointers, two ints, a float).
+unsafe impl cudarc::driver::DeviceRepr for SkinnyFold {}
 
 /// The up matrix and activation code (0 SiLU, 1 GELU-tanh) of a gated skinny product.
 #[derive(Clone, Copy)]
@@ -318,8 +338,8 @@ impl CudaContext {
         };
         let xmap = tensor_map(a.x, a.n, a.cols, n_tile, a.bf16)?;
         let (out, m, n, ldc) = (a.out, a.rows as i32, a.n as i32, a.ldc as i32);
-        let (ks, acc, ring) = (ks as i32, i32::from(a.accumulate), ring as i32);
-        launch!(self, f, cfg, cluster = cluster; wmap, umap, xmap, out, m, n, ldc, ks, acc, act, ring)?;
+        let (ks, acc, ring, fold) = (ks as i32, i32::from(a.accumulate), ring as i32, a.fold);
+        launch!(self, f, cfg, cluster = cluster; wmap, umap, xmap, out, m, n, ldc, ks, acc, act, ring, fold)?;
         Ok(true)
     }
 }
@@ -329,7 +349,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_ring_fits_the_shared_memory_and_holds_the_split_merge() {
+    fn every_ring_fits_the_shared_memory_and_holds_the_epilogue() {
         for warps in WARPS {
             let rows = 32 * warps;
             for n_tile in [16, 32, 64] {
@@ -341,10 +361,9 @@ mod tests {
                         bytes + SMEM_RESERVED <= SMEM_MAX,
                         "{warps}/{n_tile}: {bytes}"
                     );
-                    assert!(
-                        n_tile * rows * 4 <= bytes,
-                        "{warps}/{n_tile}: the merge's partials"
-                    );
+                    // The merge's partials, the norm fold's final values and row scales.
+                    let epilogue = 2 * n_tile * rows * 4 + 4 * n_tile;
+                    assert!(epilogue <= bytes, "{warps}/{n_tile}: {epilogue} bytes");
                 }
             }
         }

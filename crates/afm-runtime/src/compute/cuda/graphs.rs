@@ -376,10 +376,14 @@ impl CudaDevice {
                 return forward(&tokens, &seqs, kv).map(|_| ());
             }
             let stream = self.lock().stream().clone();
+            // A norm preparation left by a forward (one no product took) is freed where it
+            // was made: the warm-up's here, the capture's inside the graph.
+            self.lock().clear_prepared();
             stream
                 .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
                 .map_err(gerr)?;
             let ran = forward(&tokens, &seqs, kv);
+            self.lock().clear_prepared();
             let graph = stream.end_capture(CUgraphInstantiate_flags(0));
             ran?;
             let graph = graph.map_err(gerr)?.ok_or(ComputeError::Unsupported {

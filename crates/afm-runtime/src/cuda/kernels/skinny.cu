@@ -28,6 +28,22 @@ struct __align__(64) TmaDesc {
     u64 v[16];
 };
 
+// The RMSNorm folded across two products (AFM_NORM_FOLD=1, cuda/skinny.rs `NormFold`): a
+// residual product ("prep", nw set) writes, beside x + x·Wᵀ, the next norm's input as
+// half(x ⊙ nw) in x16 and each row's sum of squares over its block's outputs in
+// pss[blockIdx.x][row] (64 rows a tile); the normed product after it ("scale", rss set)
+// multiplies by half(x ⊙ nw) and scales row c of its result by 1 / sqrt(Σ_t rss[t][c] / k + eps),
+// summing the rtiles partials in order. So no norm launch between them; the rounding moves
+// from half(x · s · w) to half(x · w) · s.
+struct SkFold {
+    const float* nw;
+    u16* x16;
+    float* pss;
+    const float* rss;
+    int rtiles, k;
+    float eps;
+};
+
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define SK_WGMMA 1
 // A wgmma operand descriptor of a K-major tile at shared address `at` in the 128-byte swizzle
@@ -108,6 +124,17 @@ __device__ __forceinline__ void sk_each(const float (&acc)[N / 2], const F& f) {
             f(row0 + (e >> 1) * 8, c * 8 + 2 * t + (e & 1), acc[4 * c + e]);
 }
 
+// Row c's norm scale (SkFold "scale") into scale[c] for c < N, by threads 0..N-1; the caller
+// then syncs before reading it.
+template <int N>
+__device__ __forceinline__ void sk_row_scales(const SkFold& f, float* scale) {
+    if (f.rss != nullptr && threadIdx.x < N) {
+        float ss = 0.f;
+        for (int t = 0; t < f.rtiles; t++) ss += f.rss[t * 64 + threadIdx.x];
+        scale[threadIdx.x] = 1.0f / sqrtf(ss / (float)f.k + f.eps);
+    }
+}
+
 // The products' store: out (+)= acc. Consumer warps are the first 2·WARPS (WARPS / 2
 // warpgroups); the producer holds nothing. With split columns (gridDim.z > 1, a cluster along
 // z) the partials go to this block's stage memory as [N][BM] f32 (every warp must be done with
@@ -118,13 +145,16 @@ __device__ __forceinline__ void sk_each(const float (&acc)[N / 2], const F& f) {
 // cluster finishes outputs [r·E/S, (r+1)·E/S) of the E = N·BM/2, summing ranks in order.
 template <int WARPS, int N, bool BF16>
 __device__ __forceinline__ void sk_epilogue_gated(const float (&acc)[N / 2], u16* out, int m0,
-                                                  int wrows, int n, int ldc, int act) {
+                                                  int wrows, int n, int ldc, int act,
+                                                  const SkFold& fold) {
     constexpr int BM = WARPS * 32, H = BM / 2;
     extern __shared__ __align__(128) u16 sk_sm[];
     const bool holds = (threadIdx.x >> 5) < 2 * WARPS;
     const int S = gridDim.z, rank = blockIdx.z;
     __syncthreads();
     float* red = (float*)sk_sm;
+    float* scale = red + N * BM;  // [N]: the folded norm's row scales
+    sk_row_scales<N>(fold, scale);
     if (holds) sk_each<N>(acc, [&](int r, int c, float v) { red[c * BM + r] = v; });
     if (S > 1) cluster_sync();
     else __syncthreads();
@@ -148,7 +178,9 @@ __device__ __forceinline__ void sk_epilogue_gated(const float (&acc)[N / 2], u16
                 u.x += b.x, u.y += b.y, u.z += b.z, u.w += b.w;
             }
         }
-        const float gv[4] = {g.x, g.y, g.z, g.w}, uv[4] = {u.x, u.y, u.z, u.w};
+        const float sc = fold.rss != nullptr ? scale[c] : 1.f;
+        const float gv[4] = {sc * g.x, sc * g.y, sc * g.z, sc * g.w};
+        const float uv[4] = {sc * u.x, sc * u.y, sc * u.z, sc * u.w};
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             if (j + e < wrows) {
@@ -160,13 +192,20 @@ __device__ __forceinline__ void sk_epilogue_gated(const float (&acc)[N / 2], u16
     if (S > 1) cluster_sync();  // every block's partials stay until the others have read them
 }
 
-template <int WARPS, int N>
+// With a fold, the partials go through stage memory even without split columns: "scale"
+// needs the row scales there, "prep" the block's final values ([N][BM] f32 after the
+// partials) to sum each row's squares over its outputs in order. Each rank finishes whole
+// rows (N / S of them), so that sum is block-local.
+template <int WARPS, int N, bool BF16>
 __device__ __forceinline__ void sk_epilogue(const float (&acc)[N / 2], float* out, int m0,
-                                            int wrows, int n, int ldc, int accumulate) {
+                                            int wrows, int n, int ldc, int accumulate,
+                                            const SkFold& fold) {
     constexpr int BM = WARPS * 32;
     extern __shared__ __align__(128) u16 sk_sm[];
     const bool holds = (threadIdx.x >> 5) < 2 * WARPS;
-    if (gridDim.z == 1) {
+    const bool prep = fold.nw != nullptr, scaled = fold.rss != nullptr;
+    const int S = gridDim.z, rank = blockIdx.z;
+    if (S == 1 && !prep && !scaled) {
         if (!holds) return;
         sk_each<N>(acc, [&](int r, int c, float v) {
             if (r < wrows && c < n) {
@@ -178,32 +217,56 @@ __device__ __forceinline__ void sk_epilogue(const float (&acc)[N / 2], float* ou
     }
     __syncthreads();
     float* red = (float*)sk_sm;
+    float* fin = red + N * BM;    // prep: this block's final values
+    float* scale = fin + N * BM;  // scale: the row scales
+    sk_row_scales<N>(fold, scale);
     if (holds) sk_each<N>(acc, [&](int r, int c, float v) { red[c * BM + r] = v; });
-    cluster_sync();
-    const int S = gridDim.z, rank = blockIdx.z;
+    if (S > 1) cluster_sync();
+    else __syncthreads();
     const int per = N * BM / S;  // a multiple of 4: BM is of 64 and S at most 16
     const u32 base = smem_addr(red);
     for (int i = rank * per + threadIdx.x * 4; i < (rank + 1) * per; i += blockDim.x * 4) {
         const int c = i / BM, r = i % BM;
         if (c >= n) break;  // i only grows
-        float4 sum = cluster_ld_f32x4(cluster_map(base + i * 4, 0));
-        for (int p = 1; p < S; p++) {
-            const float4 v = cluster_ld_f32x4(cluster_map(base + i * 4, p));
-            sum.x += v.x;
-            sum.y += v.y;
-            sum.z += v.z;
-            sum.w += v.w;
+        float4 sum;
+        if (S == 1) {
+            sum = *(const float4*)(red + i);
+        } else {
+            sum = cluster_ld_f32x4(cluster_map(base + i * 4, 0));
+            for (int p = 1; p < S; p++) {
+                const float4 v = cluster_ld_f32x4(cluster_map(base + i * 4, p));
+                sum.x += v.x;
+                sum.y += v.y;
+                sum.z += v.z;
+                sum.w += v.w;
+            }
         }
-        const float sv[4] = {sum.x, sum.y, sum.z, sum.w};
+        const float sc = scaled ? scale[c] : 1.f;
+        const float sv[4] = {sc * sum.x, sc * sum.y, sc * sum.z, sc * sum.w};
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             if (r + e < wrows) {
-                float* o = out + (i64)c * ldc + m0 + r + e;
-                *o = accumulate ? *o + sv[e] : sv[e];
+                const i64 at = (i64)c * ldc + m0 + r + e;
+                const float v = accumulate ? out[at] + sv[e] : sv[e];
+                out[at] = v;
+                if (prep) {
+                    fin[i + e] = v;
+                    const float h = v * fold.nw[m0 + r + e];
+                    fold.x16[at] = BF16 ? f2bf(h) : f2h(h);
+                }
             }
         }
     }
-    cluster_sync();  // every block's partials stay until the others have read them
+    if (prep) {
+        __syncthreads();
+        const int rows = N / S, c0 = rank * rows;
+        for (int c = c0 + threadIdx.x; c < c0 + rows && c < n; c += blockDim.x) {
+            float ss = 0.f;
+            for (int r = 0; r < wrows; r++) ss += fin[c * BM + r] * fin[c * BM + r];
+            fold.pss[blockIdx.x * 64 + c] = ss;
+        }
+    }
+    if (S > 1) cluster_sync();  // every block's partials stay until the others have read them
 }
 
 // The box of tensor map `map` at (column c, row r) into shared dst, counted on barrier bar.
@@ -220,7 +283,7 @@ __device__ __forceinline__ void tma_tile(u32 dst, const TmaDesc* map, int c, int
 template <int WARPS, int N, bool BF16, bool GATED>
 __device__ void skinny_impl(const TmaDesc* wmap, const TmaDesc* umap, const TmaDesc* xmap,
                             void* __restrict__ out, int m, int n, int ldc, int ks, int accumulate,
-                            int act, int stages) {
+                            int act, int stages, const SkFold& fold) {
     constexpr int BM = WARPS * 32, CW = 2 * WARPS;  // consumer warps: WARPS / 2 warpgroups
     const int STAGES = stages;  // the ring's depth: the host sized the shared memory for it
     constexpr int WST = BM * SK_BK, XST = N * SK_BK, ST = WST + XST;  // elements
@@ -299,8 +362,8 @@ __device__ void skinny_impl(const TmaDesc* wmap, const TmaDesc* umap, const TmaD
         wg_wait<0>();
         wg_fence_acc(acc);
     }
-    if (GATED) sk_epilogue_gated<WARPS, N, BF16>(acc, (u16*)out, m0, wrows, n, ldc, act);
-    else sk_epilogue<WARPS, N>(acc, (float*)out, m0, wrows, n, ldc, accumulate);
+    if (GATED) sk_epilogue_gated<WARPS, N, BF16>(acc, (u16*)out, m0, wrows, n, ldc, act, fold);
+    else sk_epilogue<WARPS, N, BF16>(acc, (float*)out, m0, wrows, n, ldc, accumulate, fold);
 }
 #endif
 
@@ -309,7 +372,8 @@ __device__ void skinny_impl(const TmaDesc* wmap, const TmaDesc* umap, const TmaD
 // the host launches them on compute capability 9.0 only.
 #if defined(SK_WGMMA)
 #define SK_BODY(W, NN, B, G) \
-    skinny_impl<W, NN, B, G>(&wmap, &umap, &xmap, out, m, n, ldc, ks, accumulate, act, stages);
+    skinny_impl<W, NN, B, G>(&wmap, &umap, &xmap, out, m, n, ldc, ks, accumulate, act, stages, \
+                             fold);
 #else
 #define SK_BODY(W, NN, B, G)
 #endif
@@ -317,7 +381,7 @@ __device__ void skinny_impl(const TmaDesc* wmap, const TmaDesc* umap, const TmaD
     extern "C" __global__ void __launch_bounds__(W * 64 + 32) NAME##_##T##_w##W##_n##NN(       \
         const __grid_constant__ TmaDesc wmap, const __grid_constant__ TmaDesc umap,             \
         const __grid_constant__ TmaDesc xmap, void* __restrict__ out, int m, int n, int ldc,    \
-        int ks, int accumulate, int act, int stages) {                                        \
+        int ks, int accumulate, int act, int stages, const SkFold fold) {                     \
         SK_BODY(W, NN, B, G)                                                                  \
     }
 #define SK_NS(NAME, T, W, B, G) \
