@@ -187,6 +187,14 @@ fn vector<'a>(v: &'a Vector, op: &'static str) -> Result<CudaView<'a, f32>> {
     }
 }
 
+/// A norm's weights and epsilon as the CUDA context takes them.
+fn row_norm<'a>((w, eps): (&'a Vector, f32)) -> Result<cuda::RowNorm<'a>> {
+    Ok(cuda::RowNorm {
+        w: vector(w, "rms_norm")?,
+        eps,
+    })
+}
+
 fn weight<'a>(w: &'a Weight, op: &'static str) -> Result<&'a DeviceWeight> {
     match &w.data {
         WeightData::Cuda(d) => Ok(d),
@@ -751,13 +759,7 @@ impl CudaDevice {
         let mut refs: Vec<&mut CudaSlice<f32>> = outs.iter_mut().collect();
         let done = match norm {
             None => ctx.matmul_many(&dws, &xv, n, &mut refs)?,
-            Some((w, eps)) => {
-                let rn = cuda::RowNorm {
-                    w: vector(w, "rms_norm")?,
-                    eps,
-                };
-                ctx.matmul_many_norm(&dws, &xv, rn, n, &mut refs)?
-            }
+            Some(nm) => ctx.matmul_many_norm(&dws, &xv, row_norm(nm)?, n, &mut refs)?,
         };
         Ok(done.then_some(outs))
     }
@@ -779,14 +781,7 @@ impl CudaDevice {
             .map(|w| weight(w, "linear"))
             .collect::<Result<Vec<_>>>()?;
         let xv = view(x, "linear")?;
-        let rn = norm
-            .map(|(w, eps)| {
-                Ok::<_, ComputeError>(cuda::RowNorm {
-                    w: vector(w, "rms_norm")?,
-                    eps,
-                })
-            })
-            .transpose()?;
+        let rn = norm.map(row_norm).transpose()?;
         let Some(mut out) = ctx.matmul_joined(&dws, &xv, rn, x.rows)? else {
             return Ok(None);
         };
@@ -845,10 +840,7 @@ impl CudaDevice {
         let mut ctx = self.lock();
         let xv = view(x, "linear")?;
         let mut av = view_mut(acc, "linear")?;
-        let rn = cuda::RowNorm {
-            w: vector(next.0, "rms_norm")?,
-            eps: next.1,
-        };
+        let rn = row_norm(next)?;
         Ok(ctx.matmul_add_then_norm(weight(w, "linear")?, &xv, x.rows, &mut av, rn)?)
     }
 
@@ -876,18 +868,7 @@ impl CudaDevice {
             weight(up, "mlp")?,
             weight(down, "mlp")?,
         );
-        let rn = cuda::RowNorm {
-            w: vector(norm.0, "rms_norm")?,
-            eps: norm.1,
-        };
-        let next = next
-            .map(|(w, eps)| {
-                Ok::<_, ComputeError>(cuda::RowNorm {
-                    w: vector(w, "rms_norm")?,
-                    eps,
-                })
-            })
-            .transpose()?;
+        let (rn, next) = (row_norm(norm)?, next.map(row_norm).transpose()?);
         let mut xv = view_mut(x, "mlp")?;
         Ok(ctx.matmul_mlp_add(g, u, d, cuda_act(act), &mut xv, rn, next, n)?)
     }
@@ -920,12 +901,8 @@ impl CudaDevice {
         let mut out = alloc::<f32>(&ctx, n * g.rows())?;
         let done = match norm {
             None => ctx.matmul_gated(g, u, cuda_act(act), &xv, n, &mut out)?,
-            Some((w, eps)) => {
-                let rn = cuda::RowNorm {
-                    w: vector(w, "rms_norm")?,
-                    eps,
-                };
-                ctx.matmul_gated_norm(g, u, cuda_act(act), &xv, rn, n, &mut out)?
+            Some(nm) => {
+                ctx.matmul_gated_norm(g, u, cuda_act(act), &xv, row_norm(nm)?, n, &mut out)?
             }
         };
         Ok(done.then_some(out))
