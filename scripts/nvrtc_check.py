@@ -26,7 +26,8 @@ a CUBIN as the runtime's kernel cache holds) and also prints, per kernel, what c
 per thread, and the local-memory loads and stores in its SASS. A kernel with a stack keeps
 arrays or spilled values in local memory, which goes through L1 to L2 (the fused decode step's
 phases waited on it: bench/RESULTS.md, session 15). Needs cuobjdump (--cuobjdump,
-$AFM_CUOBJDUMP, PATH, or the pip wheel nvidia-cuda-cuobjdump). --module NAME (repeatable)
+$AFM_CUOBJDUMP, PATH, or the pip wheel nvidia-cuda-cuobjdump) and, for the SASS, nvdisasm on
+PATH or in $NVDISASM_PATH (the pip wheel nvidia-cuda-nvdisasm). --module NAME (repeatable)
 limits the run to those modules.
 """
 
@@ -138,8 +139,13 @@ def resources(cuobjdump, cubin):
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
-        run = lambda flag: subprocess.run(
-            [cuobjdump, flag, f.name], capture_output=True, text=True, check=True).stdout
+        def run(flag):
+            r = subprocess.run([cuobjdump, flag, f.name], capture_output=True, text=True)
+            if r.returncode != 0:
+                # e.g. -sass needs nvdisasm on PATH (the nvidia-cuda-nvdisasm wheel has it)
+                last = (r.stderr.strip().splitlines() or ["no message"])[-1]
+                sys.exit(f"nvrtc_check: cuobjdump {flag} failed: {last}")
+            return r.stdout
         usage, sass = run("-res-usage"), run("-sass")
     pattern = r"Function (\w+):\s*REG:(\d+) STACK:(\d+)"
     regs = {n: (int(r), int(st)) for n, r, st in re.findall(pattern, usage)}
