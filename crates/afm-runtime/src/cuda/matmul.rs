@@ -1001,7 +1001,6 @@ struct NormArg {
 }
 
 impl CudaContext {
-    /// The kernels' form of `norm`, checked to be one weight per column of `cols`.
     /// `norm` as the norm fold takes it: one weight per column of `cols` (a norm over groups
     /// of columns is not folded).
     fn fold_norm(&self, norm: &RowNorm, cols: usize) -> Option<FoldNorm> {
@@ -1011,6 +1010,7 @@ impl CudaContext {
         })
     }
 
+    /// The kernels' form of `norm`, checked to be one weight per column of `cols`.
     fn norm_arg(&self, norm: Option<&RowNorm>, cols: usize) -> Result<Option<NormArg>> {
         norm.map(|n| {
             check_len("folded norm weight", n.w.len(), cols)?;
