@@ -7,17 +7,20 @@
 //! batch adds padding rows. The same rows as one buffer of rows `[q | k | v]` (a joined Q/K/V
 //! product, `attend_prologue_joined`), read in place with its stride, give the same bits on
 //! both paths. The two-launch path is checked against the CPU by `cuda_ops`' prologue and
-//! attention tests.
+//! attention tests. With the bf16 copy of the output on (`AFM_ATTN_HALF`), the output keeps
+//! its bits and a 16-bit O product after it gives the bits of one that converts it.
 //!
 //! Needs a CUDA device (`AFM_CUDA_DEVICE`, default 0). Run with `--test-threads=1`.
 
 mod common;
 
 use afm_runtime::attention::{AttnParams, AttnSeq};
-use afm_runtime::cuda::{AttnBatch, CudaContext, DeviceKvCache, RopeTable};
+use afm_runtime::cuda::{AttnBatch, CudaContext, DeviceKvCache, DeviceWeight, RopeTable};
 use afm_runtime::kv_store::{KvDtype, LayerKvShape};
 use afm_runtime::ops::{Rope, RopeStyle};
+use afm_runtime::DType;
 use common::attention::{prologue_inputs, scattered_tables};
+use common::weights::random_weight;
 use common::{bits, ctx, poisoned, Rng};
 
 const BS: usize = 16;
@@ -90,7 +93,9 @@ fn fill_history(
         .unwrap();
 }
 
-fn check(case: Case) {
+/// Returns whether an O product after the one-launch step read the step's bf16 copy of its
+/// output (`AFM_ATTN_HALF`; tensor-core decode steps of 9..64 rows).
+fn check(case: Case) -> bool {
     let mut c = ctx();
     let (d, nh, nkv) = (case.d, case.n_heads, case.n_kv);
     let what = format!(
@@ -104,7 +109,7 @@ fn check(case: Case) {
     };
     let new: Vec<(usize, usize)> = case.ctx.iter().map(|&p| (p, 1)).collect();
     let (num_blocks, tables) = scattered_tables(&mut rng, &new, BS, 3);
-    let mut caches = [(); 4].map(|_| {
+    let mut caches = [(); 5].map(|_| {
         let mut cache = DeviceKvCache::new(&c, &[shape], num_blocks, BS, case.dtype).unwrap();
         fill_history(&c, &mut cache, &tables, &case, 77);
         cache
@@ -150,7 +155,7 @@ fn check(case: Case) {
         window: case.window,
         softcap: case.softcap,
     };
-    let [sep, fused, joined, joined_two] = &mut caches;
+    let [sep, fused, joined, joined_two, halved] = &mut caches;
 
     // Two launches.
     let (mut qs, mut ks) = (c.upload(&q).unwrap(), c.upload(&k).unwrap());
@@ -183,6 +188,47 @@ fn check(case: Case) {
         )
         .unwrap();
     assert_eq!(one, case.one_launch, "{what}: one launch");
+
+    // The same step writing a bf16 copy of its output where it can (norm_fold.rs), then an O
+    // product (16-bit weights, skinny rows): the product reads the copy, and gives the bits of
+    // the one that converts the f32 output itself.
+    let wo = random_weight(&mut rng, DType::BF16, 256, qw);
+    let wo = DeviceWeight::upload(&c, &wo).unwrap();
+    c.set_attn_half(Some(true));
+    let copies = c.attn_half_copies();
+    let (mut qh, mut kh) = (c.upload(&q).unwrap(), c.upload(&k).unwrap());
+    let mut out_half = poisoned(&c, rows * qw);
+    c.attend_prologue(
+        halved,
+        0,
+        &batch,
+        &table,
+        &pd,
+        &mut qh,
+        &mut kh,
+        &vd,
+        norms,
+        &p,
+        &mut out_half,
+        case.splits,
+    )
+    .unwrap();
+    let mut o_half = poisoned(&c, rows * 256);
+    c.matmul(&wo, &out_half, rows, &mut o_half).unwrap();
+    let took = c.attn_half_copies() > copies;
+    c.set_attn_half(None);
+    let mut o_conv = poisoned(&c, rows * 256);
+    c.matmul(&wo, &out_half, rows, &mut o_conv).unwrap();
+    assert_eq!(
+        bits(&c.download(&out_half).unwrap()),
+        bits(&c.download(&out_fused).unwrap()),
+        "{what}: the bf16 copy moved the attention output"
+    );
+    assert_eq!(
+        bits(&c.download(&o_half).unwrap()),
+        bits(&c.download(&o_conv).unwrap()),
+        "{what}: O from the attention's bf16 copy"
+    );
 
     // The same rows as one buffer of rows [q | k | v] (a joined Q/K/V product), read in
     // place: in one launch where the step allows it, and as two launches (switched off).
@@ -243,7 +289,7 @@ fn check(case: Case) {
     for blk in 0..num_blocks {
         for h in 0..nkv {
             let y = sep.layers[0].read_block(&c, sep, blk, h).unwrap();
-            for cache in [&*fused, &*joined, &*joined_two] {
+            for cache in [&*fused, &*joined, &*joined_two, &*halved] {
                 let x = cache.layers[0].read_block(&c, cache, blk, h).unwrap();
                 assert_eq!(
                     (bits(&x.0), bits(&x.1)),
@@ -253,6 +299,7 @@ fn check(case: Case) {
             }
         }
     }
+    took
 }
 
 /// Qwen3-0.6B's heads (16/8, d 128: two query heads per block) with the Q/K norms, contexts
@@ -430,14 +477,19 @@ fn falls_back_to_two_launches() {
 /// decode kernel (`attn_dec_mma_*`), whose prologue twin (`attn_dec_mma_pro_*`) must give the
 /// bits of the prologue launch followed by it: every head size, groups 1 to 4, norms on and
 /// off, forced splits (the new key in the last of 3), a window with softcap, a graph's batch.
+/// At Qwen3's heads (20 rows) an O product after it reads its bf16 copy (`AFM_ATTN_HALF`).
 #[test]
 fn many_sequences_on_tensor_cores() {
     let sm = common::ctx().info().sm_count;
     let ctx = |n_kv: usize| -> Vec<usize> {
         (0..sm.div_ceil(n_kv) + 3).map(|i| (i * 41) % 600).collect()
     };
-    check(Case::decode(16, 8, 128, true, &ctx(8)));
-    check(Case::decode(32, 8, 128, false, &ctx(8)));
+    for case in [
+        Case::decode(16, 8, 128, true, &ctx(8)),
+        Case::decode(32, 8, 128, false, &ctx(8)),
+    ] {
+        assert!(check(case), "the O product reads the attention's bf16 copy");
+    }
     check(Case::decode(8, 2, 256, true, &ctx(2)));
     check(Case::decode(4, 4, 64, true, &ctx(4)));
     for splits in [Some(3), Some(1)] {

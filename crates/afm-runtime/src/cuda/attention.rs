@@ -641,6 +641,7 @@ impl CudaContext {
                 (op, out_stride),
                 (ws, done),
                 None,
+                0,
             );
         }
         let (kc, vc) = (kv.k.ptr(self), kv.v.ptr(self));

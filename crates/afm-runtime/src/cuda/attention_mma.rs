@@ -198,9 +198,11 @@ struct MmaArgs {
     n_splits: i32,
     scale: f32,
     softcap: f32,
+    /// The decode kernel's bf16 copy of its output (0: none; `norm_fold.rs`, `AFM_ATTN_HALF`).
+    out16: u64,
 }
 
-// SAFETY: plain #[repr(C)] data, laid out as the CUDA struct.
+// SAFETY: plain #[repr(C)] data, laid out as the CUDA struct (the pointer at offset 48 in both).
 unsafe impl cudarc::driver::DeviceRepr for MmaArgs {}
 
 impl MmaArgs {
@@ -229,6 +231,7 @@ impl MmaArgs {
             n_splits: n_splits as i32,
             scale: p.scale,
             softcap: p.softcap.unwrap_or(0.0),
+            out16: 0,
         }
     }
 }
@@ -381,7 +384,8 @@ impl CudaContext {
     /// The tensor-core decode kernel over the first `l.grid.1` tiles (one per decode row) of
     /// `batch` ([`SimtLaunch::mma`]: shapes and strides checked by the caller, `ws` and `done`
     /// sized for `l`'s splits); with `pro`, its twin that does the attention prologue too
-    /// (`attn_dec_mma_pro_*`, see attention/prologue.rs).
+    /// (`attn_dec_mma_pro_*`, see attention/prologue.rs). `out16` (0: none): a bf16 copy of
+    /// the output, same layout.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn launch_dec_mma(
         &mut self,
@@ -394,6 +398,7 @@ impl CudaContext {
         (out, out_stride): (u64, usize),
         (ws, done): (u64, u64),
         pro: Option<DecPro>,
+        out16: u64,
     ) -> Result<()> {
         let (d, nkv) = (kv.shape.head_dim, kv.shape.n_kv_heads);
         let bytes = dec_shared_bytes(d);
@@ -408,7 +413,10 @@ impl CudaContext {
             CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
             bytes as i32,
         )?;
-        let args = MmaArgs::new(p, nkv, block_size, batch, (q_stride, out_stride), l.grid.2);
+        let args = MmaArgs {
+            out16,
+            ..MmaArgs::new(p, nkv, block_size, batch, (q_stride, out_stride), l.grid.2)
+        };
         let (kc, vc) = kv.addresses(self);
         let (tab, seqs, _, tiles) = batch.ptrs(self);
         let cfg = LaunchConfig {

@@ -394,6 +394,13 @@ pub struct CudaContext {
     pub(super) prepared: Option<super::norm_fold::PreparedNorm>,
     pub(super) norm_fold: Option<bool>,
     pub(super) norm_folds: u64,
+    /// The decode attention's bf16 copy of its output for the O product, the copy that
+    /// product read (held until the next), and whether the copy is made (`None`:
+    /// `AFM_ATTN_HALF`).
+    pub(super) prepared_half: Option<super::norm_fold::PreparedHalf>,
+    pub(super) half_held: Option<super::norm_fold::PreparedHalf>,
+    pub(super) attn_half: Option<bool>,
+    pub(super) half_copies: u64,
 }
 
 /// cuBLAS workspace: what cuBLAS recommends for Hopper.
@@ -474,6 +481,10 @@ impl CudaContext {
             prepared: None,
             norm_fold: None,
             norm_folds: 0,
+            prepared_half: None,
+            half_held: None,
+            attn_half: None,
+            half_copies: 0,
         };
         let loaded = ctx.loaded_modules();
         let later: Vec<&str> = KERNEL_MODULES

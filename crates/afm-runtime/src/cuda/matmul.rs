@@ -867,6 +867,12 @@ impl CudaContext {
         bf16: bool,
         norm: Option<NormArg>,
     ) -> Result<u64> {
+        if let (true, None) = (bf16, norm) {
+            // The decode attention's own bf16 copy of x, where it made one (norm_fold.rs).
+            if let Some(at) = self.take_prepared_half(xp, n * cols) {
+                return Ok(at);
+            }
+        }
         let stream = self.stream().clone();
         let hx = scratch(&stream, &mut self.ws.half_x, n * cols)?;
         if let Some(NormArg { w, eps }) = norm {

@@ -15,6 +15,11 @@
 //! it reads the same x with the same norm and nothing was launched in between ([`launched`]
 //! counts every launch and cuBLAS call, and every copy into device memory); anything else
 //! leaves it unused and the normed product normalizes as usual.
+//!
+//! `AFM_ATTN_HALF=1` (off by default, not yet measured) hands over the same way a bf16 copy
+//! of the decode attention's output ([`PreparedHalf`], written by the tensor-core decode
+//! kernel beside its f32 output) to the O product after it, whose input conversion launch
+//! (3.1 µs a layer in the same profile) then goes; the copy is the conversion's bits.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -60,6 +65,21 @@ pub(crate) struct PreparedNorm {
     at: u64,
 }
 
+/// Whether the tensor-core decode attention writes a bf16 copy of its output for the O
+/// product (`AFM_ATTN_HALF=1`).
+fn attn_half_on() -> bool {
+    static ON: Switch = Switch::new("AFM_ATTN_HALF", false);
+    ON.on()
+}
+
+/// A bf16 copy of the `len` f32 values at `x`, made by the launch that wrote them.
+pub(crate) struct PreparedHalf {
+    x: u64,
+    len: usize,
+    buf: CudaSlice<u16>,
+    at: u64,
+}
+
 /// A norm as the fold takes it: the weights' device address and epsilon.
 #[derive(Clone, Copy)]
 pub(crate) struct FoldNorm {
@@ -74,9 +94,57 @@ impl CudaContext {
         self.norm_fold = on;
     }
 
-    /// Drops a preparation no product took (its buffers freed in stream order).
+    /// Drops the hand-overs no product took, and the one the last product read (their
+    /// buffers freed in stream order).
     pub fn clear_prepared(&mut self) {
         self.prepared = None;
+        self.prepared_half = None;
+        self.half_held = None;
+    }
+
+    /// Whether the decode attention writes a bf16 copy of its output, over `AFM_ATTN_HALF`
+    /// (`None`: the switch decides); tests and benchmarks.
+    pub fn set_attn_half(&mut self, on: Option<bool>) {
+        self.attn_half = on;
+    }
+
+    /// A buffer for the bf16 copy of a decode attention output of `rows` rows, `len` values,
+    /// where a 16-bit product may read it next (the copy on, the skinny GEMM's rows); `None`.
+    pub(super) fn half_twin(&self, rows: usize, len: usize) -> Result<Option<CudaSlice<u16>>> {
+        let on = self.attn_half.unwrap_or_else(attn_half_on);
+        if !(on && skinny_on() && SKINNY_ROWS.contains(&rows)) {
+            return Ok(None);
+        }
+        Ok(Some(self.alloc::<u16>(len)?))
+    }
+
+    /// Records `buf`, just written by the last launch, as the bf16 copy of the f32 values at `x`.
+    pub(super) fn set_prepared_half(&mut self, x: u64, buf: CudaSlice<u16>) {
+        let len = buf.len();
+        self.prepared_half = Some(PreparedHalf {
+            x,
+            len,
+            buf,
+            at: launches(),
+        });
+    }
+
+    /// The bf16 copy of the `len` f32 values at `x` if the last launch made it (kept in the
+    /// context until the next hand-over, so it outlives the launch that reads it).
+    pub(super) fn take_prepared_half(&mut self, x: u64, len: usize) -> Option<u64> {
+        let p = self.prepared_half.take()?;
+        if p.x != x || p.len != len || p.at != launches() {
+            return None;
+        }
+        let at = self.ptr(&p.buf);
+        self.half_held = Some(p);
+        self.half_copies += 1;
+        Some(at)
+    }
+
+    /// 16-bit products so far that read the decode attention's bf16 copy of their input.
+    pub fn attn_half_copies(&self) -> u64 {
+        self.half_copies
     }
 
     /// Normed products so far that took a residual product's preparation.

@@ -225,7 +225,13 @@ impl CudaContext {
         if l.mma {
             let (bs, qo) = (cache.block_size, (qp, q_stride));
             let w = (op, width);
-            self.launch_dec_mma(kv, bs, batch, &l, qo, p, w, (ws, done), Some(pr))?;
+            // A bf16 copy for the O product after it, where one may take it (norm_fold.rs).
+            let mut twin = self.half_twin(out.len() / width, out.len())?;
+            let tp = twin.as_mut().map_or(0, |b| self.ptr_mut(b));
+            self.launch_dec_mma(kv, bs, batch, &l, qo, p, w, (ws, done), Some(pr), tp)?;
+            if let Some(b) = twin {
+                self.set_prepared_half(op, b);
+            }
             return Ok(true);
         }
         let (tab, seqs, _, tiles) = batch.ptrs(self);

@@ -48,6 +48,9 @@ struct MmaArgs {
     int bs_shift;  // log2(block_size) when it is a power of two, else -1
     int n_splits;  // key-range splits (grid z), at most MMA_MAX_SPLITS
     float scale, softcap;
+    // Decode: also each output in bf16 here (same layout as out; null: none), the input of a
+    // 16-bit O product (AFM_ATTN_HALF, cuda/norm_fold.rs), so it needs no conversion launch.
+    u16* out16;
 };
 
 #define MMA_BM 64          // query rows per CTA: 4 warps x 16
@@ -191,7 +194,8 @@ __device__ __forceinline__ void store_rows(const float (&o)[DT][4], float* pa, f
 // the decode kernel's at `out + r * D`, `stride` = D). `sw` and `flag`: free shared memory.
 template <int D>
 __device__ void merge_mma_splits(const float* w0, int* done, float* out, i64 stride, int nq,
-                                 int n_splits, float* sw, int* flag, int wr) {
+                                 int n_splits, float* sw, int* flag, int wr,
+                                 u16* out16 = nullptr) {
     constexpr int W = D + 2;
     __threadfence();
     __syncthreads();
@@ -223,6 +227,7 @@ __device__ void merge_mma_splits(const float* w0, int* done, float* out, i64 str
         for (int z = 0; z < n_splits; z++)
             acc += __ldcg(w0 + (z * wr + r) * W + d) * sw[r * MMA_MAX_SPLITS + z];
         out[r * stride + d] = acc;
+        if (out16) out16[r * stride + d] = f2bf(acc);
     }
 }
 
@@ -597,7 +602,9 @@ __device__ void attn_dec_mma_impl(const float* __restrict__ q, const u16* __rest
             acc += pw[c] * ew;
         }
         if (!split) {
-            out[(i64)row0 * a.out_stride + (kvh * G + r) * D + c] = acc / L;
+            const i64 at = (i64)row0 * a.out_stride + (kvh * G + r) * D + c;
+            out[at] = acc / L;
+            if (a.out16) a.out16[at] = f2bf(acc / L);
         } else {
             wp[r * W + c] = acc;
             if (c == 0) { wp[r * W + D] = M; wp[r * W + D + 1] = L; }
@@ -606,8 +613,9 @@ __device__ void attn_dec_mma_impl(const float* __restrict__ q, const u16* __rest
     if (!split) return;
     // The split weights and the flag over Q's space and the first ring (free since the
     // barrier in the merge, which every thread reaches).
-    merge_mma_splits<D>(w0, done + pair, out + (i64)row0 * a.out_stride + kvh * G * D, D, G,
-                        a.n_splits, (float*)(smem + 16 * LD), (int*)smem, G);
+    const i64 first = (i64)row0 * a.out_stride + kvh * G * D;
+    merge_mma_splits<D>(w0, done + pair, out + first, D, G, a.n_splits, (float*)(smem + 16 * LD),
+                        (int*)smem, G, a.out16 ? a.out16 + first : nullptr);
 }
 
 #define ATTN_MMA(D, BN)                                                                        \
