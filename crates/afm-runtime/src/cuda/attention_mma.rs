@@ -202,8 +202,11 @@ struct MmaArgs {
     out16: u64,
 }
 
-// SAFETY: plain #[repr(C)] data, laid out as the CUDA struct (the pointer at offset 48 in both).
+// SAFETY: plain #[repr(C)] data, laid out as the CUDA struct (the pointer at offset 48 in both;
+// attention_mma.cu asserts the same size).
 unsafe impl cudarc::driver::DeviceRepr for MmaArgs {}
+const _: () =
+    assert!(std::mem::size_of::<MmaArgs>() == 56 && std::mem::offset_of!(MmaArgs, out16) == 48);
 
 impl MmaArgs {
     fn new(

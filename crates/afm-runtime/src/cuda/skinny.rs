@@ -231,8 +231,11 @@ pub(crate) struct SkinnyFold {
     pub eps: f32,
 }
 
-// SAFETY: plain #[repr(C)] data, laid out as the CUDA struct (four pointers, two ints, a float).
+// SAFETY: plain #[repr(C)] data, laid out as the CUDA struct (four pointers, two ints, a float;
+// skinny.cu asserts the same size).
 unsafe impl cudarc::driver::DeviceRepr for SkinnyFold {}
+const _: () =
+    assert!(std::mem::size_of::<SkinnyFold>() == 48 && std::mem::offset_of!(SkinnyFold, eps) == 40);
 
 /// The up matrix and activation code (0 SiLU, 1 GELU-tanh) of a gated skinny product.
 #[derive(Clone, Copy)]

@@ -52,6 +52,8 @@ struct MmaArgs {
     // 16-bit O product (AFM_ATTN_HALF, cuda/norm_fold.rs), so it needs no conversion launch.
     u16* out16;
 };
+// cuda/attention_mma.rs's MmaArgs mirrors this layout.
+static_assert(sizeof(MmaArgs) == 56, "MmaArgs");
 
 #define MMA_BM 64          // query rows per CTA: 4 warps x 16
 #define MMA_MAX_SPLITS 16  // split weights of a merge: [MMA_BM][MMA_MAX_SPLITS] f32 in Q's space

@@ -43,6 +43,8 @@ struct SkFold {
     int rtiles, k;
     float eps;
 };
+// cuda/skinny.rs's SkinnyFold mirrors this layout.
+static_assert(sizeof(SkFold) == 48, "SkFold");
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define SK_WGMMA 1
