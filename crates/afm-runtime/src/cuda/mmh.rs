@@ -16,7 +16,8 @@ use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute_enum};
 use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig};
 
 use super::context::{scratch, scratch_zeroed};
-use super::matmul::{DeviceWeight, MatmulPath, GEMV_MAX_BATCH};
+use super::device_weight::DeviceWeight;
+use super::matmul::{MatmulPath, GEMV_MAX_BATCH};
 use super::ops::grid_1d;
 use super::{check_len, launch, CudaContext, CudaError, Result};
 use crate::switch::Switch;

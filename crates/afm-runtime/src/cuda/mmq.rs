@@ -9,7 +9,7 @@
 use cudarc::driver::LaunchConfig;
 
 use super::context::scratch;
-use super::matmul::DeviceWeight;
+use super::device_weight::DeviceWeight;
 use super::ops::grid_1d;
 use super::{launch, CudaContext, CudaError, Result};
 use crate::switch::Switch;

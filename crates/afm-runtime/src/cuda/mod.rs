@@ -34,6 +34,7 @@ mod attention;
 mod attention_mma;
 mod context;
 mod decode_fused;
+mod device_weight;
 mod gemv_shape;
 mod kernel_cache;
 mod matmul;
@@ -52,7 +53,8 @@ pub use context::{
 };
 pub use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, DevicePtr, DevicePtrMut};
 pub use decode_fused::{FusedShape, FusedState, LAYER_FIELDS};
-pub use matmul::{DeviceWeight, MatmulPath, RowNorm, GEMV_MAX_BATCH, MMQ_GATED_MAX_ROWS};
+pub use device_weight::DeviceWeight;
+pub use matmul::{MatmulPath, RowNorm, GEMV_MAX_BATCH, MMQ_GATED_MAX_ROWS};
 pub use mmh::{MMH_GATED_MAX_ROWS, MMH_LAUNCH_ROWS, MMH_MAX_ROWS};
 pub use mmq::MMQ_LAUNCH_ROWS;
 pub use ops::{Activation, RopeTable};
