@@ -49,7 +49,6 @@ use super::device_weight::{joined, DeviceWeight};
 use super::gemv_shape::{self, half_rows, HalfKernel, GEMV_HALF_ROWS, GEMV_HALF_U2_ROWS};
 use super::mmh::{mmh_shape, MMH_GATED_MAX_ROWS};
 use super::mmq::mmq_env_on;
-use super::norm_fold::FoldNorm;
 use super::ops::grid_1d;
 use super::skinny::{GemmChoice, SkinnyArgs, SkinnyFold, SkinnyGated, SkinnyPlan};
 use super::{check_len, launch, CudaContext, CudaError, Result};
@@ -692,11 +691,7 @@ impl CudaContext {
         let ty = blas_half(bf16);
         if let (Some(nm), [w]) = (norm, ws) {
             // The norm prepared by the residual product before (`norm_fold.rs`).
-            let fold = FoldNorm {
-                w: nm.w,
-                eps: nm.eps,
-            };
-            if let Some(p) = self.take_prepared(xp, n, cols, fold, bf16) {
+            if let Some(p) = self.take_prepared(xp, n, cols, nm, bf16) {
                 let args = SkinnyArgs {
                     w: self.weight_ptr(w),
                     x: p.x16(self),
@@ -879,16 +874,16 @@ pub struct RowNorm<'a> {
 
 /// A [`RowNorm`] as the kernels take it: the weight's device address (0: no norm) and epsilon.
 #[derive(Clone, Copy)]
-struct NormArg {
-    w: u64,
-    eps: f32,
+pub(super) struct NormArg {
+    pub(super) w: u64,
+    pub(super) eps: f32,
 }
 
 impl CudaContext {
     /// `norm` as the norm fold takes it: one weight per column of `cols` (a norm over groups
     /// of columns is not folded).
-    fn fold_norm(&self, norm: &RowNorm, cols: usize) -> Option<FoldNorm> {
-        (norm.w.len() == cols).then(|| FoldNorm {
+    fn fold_norm(&self, norm: &RowNorm, cols: usize) -> Option<NormArg> {
+        (norm.w.len() == cols).then(|| NormArg {
             w: self.ptr(&norm.w),
             eps: norm.eps,
         })
@@ -1205,10 +1200,6 @@ impl CudaContext {
         check_len("matmul input", x.len(), n * d)?;
         let next = next.and_then(|nx| self.fold_norm(&nx, d));
         let norm = self.norm_arg(Some(&norm), d)?;
-        let fold = norm.map(|nm| FoldNorm {
-            w: nm.w,
-            eps: nm.eps,
-        });
         let bf16 = gate.dtype == DType::BF16;
         let mut h = self.alloc::<u16>(n * ff)?;
         let hp = self.ptr_mut(&mut h);
@@ -1216,7 +1207,7 @@ impl CudaContext {
         // in 16 bits (no f32 products, no activation launch); else cuBLAS and `gated_act_h`.
         // Its input is the one the residual product before prepared, if it did
         // (`norm_fold.rs`), else normalized here.
-        let prepared = fold.and_then(|f| self.take_prepared(xp, n, d, f, bf16));
+        let prepared = norm.and_then(|nm| self.take_prepared(xp, n, d, nm, bf16));
         let (hx, scale) = match &prepared {
             Some(p) => (p.x16(self), p.scale(self)),
             None => (

@@ -26,6 +26,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use cudarc::driver::CudaSlice;
 
 use super::context::CudaContext;
+use super::matmul::NormArg;
 use super::skinny::{skinny_on, skinny_plan, SkinnyArgs, SkinnyFold, SkinnyPlan, SKINNY_ROWS};
 use super::Result;
 use crate::switch::Switch;
@@ -72,19 +73,12 @@ fn attn_half_on() -> bool {
     ON.on()
 }
 
-/// A bf16 copy of the `len` f32 values at `x`, made by the launch that wrote them.
+/// A bf16 copy of the f32 values at `x` (as many as `buf` holds), made by the launch that
+/// wrote them.
 pub(crate) struct PreparedHalf {
     x: u64,
-    len: usize,
     buf: CudaSlice<u16>,
     at: u64,
-}
-
-/// A norm as the fold takes it: the weights' device address and epsilon.
-#[derive(Clone, Copy)]
-pub(crate) struct FoldNorm {
-    pub w: u64,
-    pub eps: f32,
 }
 
 impl CudaContext {
@@ -120,10 +114,8 @@ impl CudaContext {
 
     /// Records `buf`, just written by the last launch, as the bf16 copy of the f32 values at `x`.
     pub(super) fn set_prepared_half(&mut self, x: u64, buf: CudaSlice<u16>) {
-        let len = buf.len();
         self.prepared_half = Some(PreparedHalf {
             x,
-            len,
             buf,
             at: launches(),
         });
@@ -133,7 +125,7 @@ impl CudaContext {
     /// context until the next hand-over, so it outlives the launch that reads it).
     pub(super) fn take_prepared_half(&mut self, x: u64, len: usize) -> Option<u64> {
         let p = self.prepared_half.take()?;
-        if p.x != x || p.len != len || p.at != launches() {
+        if p.x != x || p.buf.len() != len || p.at != launches() {
             return None;
         }
         let at = self.ptr(&p.buf);
@@ -175,7 +167,7 @@ impl CudaContext {
         n: usize,
         bf16: bool,
         plan: SkinnyPlan,
-        next: FoldNorm,
+        next: NormArg,
     ) -> Result<bool> {
         let tiles = rows.div_ceil(32 * plan.warps);
         let mut x16 = self.alloc::<u16>(n * rows)?;
@@ -224,7 +216,7 @@ impl CudaContext {
         x: u64,
         n: usize,
         cols: usize,
-        norm: FoldNorm,
+        norm: NormArg,
         bf16: bool,
     ) -> Option<PreparedNorm> {
         let p = self.prepared.take()?;
