@@ -133,7 +133,12 @@ fn stages(rows: usize, n_tile: usize, cols: usize) -> usize {
     } else {
         8
     };
-    ((SMEM_MAX - SMEM_RESERVED) / ((rows + n_tile) * BK * 2)).min(cap)
+    ((SMEM_MAX - SMEM_RESERVED) / stage_bytes(rows, n_tile)).min(cap)
+}
+
+/// A stage's bytes: `rows` weight rows and `n_tile` activation rows of 64 16-bit columns.
+fn stage_bytes(rows: usize, n_tile: usize) -> usize {
+    (rows + n_tile) * BK * 2
 }
 
 /// A TMA descriptor of the 16-bit row-major matrix at `ptr` (`rows` × `cols`), read in boxes of
@@ -296,9 +301,9 @@ impl CudaContext {
         };
         let ks = a.cols / plan.splits;
         let ring = stages(plan.rows_per_block(), n_tile, ks);
-        // The stages' weight and activation tiles (the split merge reuses them for n_tile ×
-        // rows f32, always smaller) and the reserve.
-        let bytes = ring * (plan.rows_per_block() + n_tile) * BK * 2 + SMEM_RESERVED;
+        // The stages (the epilogue reuses them for the split merge's partials and the norm
+        // fold's values: a unit test checks they fit) and the reserve.
+        let bytes = ring * stage_bytes(plan.rows_per_block(), n_tile) + SMEM_RESERVED;
         // Weight rows of one matrix per block: a gated block's tile is half gate, half up.
         let boxed = match a.gated {
             Some(_) => plan.rows_per_block() / 2,
@@ -358,7 +363,7 @@ mod tests {
             for n_tile in [16, 32, 64] {
                 for cols in [128, 1024, 2048, 6144] {
                     let ring = stages(rows, n_tile, cols);
-                    let bytes = ring * (rows + n_tile) * BK * 2;
+                    let bytes = ring * stage_bytes(rows, n_tile);
                     assert!(ring >= 2, "{warps} warps, {n_tile} rows: {ring} stages");
                     assert!(
                         bytes + SMEM_RESERVED <= SMEM_MAX,
