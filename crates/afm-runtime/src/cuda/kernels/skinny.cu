@@ -126,6 +126,19 @@ __device__ __forceinline__ void sk_each(const float (&acc)[N / 2], const F& f) {
             f(row0 + (e >> 1) * 8, c * 8 + 2 * t + (e & 1), acc[4 * c + e]);
 }
 
+// Elements at..at+3 of the blocks' [N][BM] partials in stage memory, summed over the S column
+// splits of the cluster in rank order (this block's own when S == 1).
+__device__ __forceinline__ float4 sk_sum_splits(const float* red, int at, int S) {
+    if (S == 1) return *(const float4*)(red + at);
+    const u32 a = smem_addr(red) + at * 4;
+    float4 sum = cluster_ld_f32x4(cluster_map(a, 0));
+    for (int p = 1; p < S; p++) {
+        const float4 v = cluster_ld_f32x4(cluster_map(a, p));
+        sum.x += v.x, sum.y += v.y, sum.z += v.z, sum.w += v.w;
+    }
+    return sum;
+}
+
 // Row c's norm scale (SkFold "scale") into scale[c] for c < N, by threads 0..N-1; the caller
 // then syncs before reading it.
 template <int N>
@@ -161,25 +174,11 @@ __device__ __forceinline__ void sk_epilogue_gated(const float (&acc)[N / 2], u16
     if (S > 1) cluster_sync();
     else __syncthreads();
     const int per = N * H / S;  // a multiple of 4: H is of 32, N of 16 and S at most 16
-    const u32 base = smem_addr(red);
     for (int i = rank * per + threadIdx.x * 4; i < (rank + 1) * per; i += blockDim.x * 4) {
         const int c = i / H, j = i % H;
         if (c >= n) break;  // i only grows
         const int at = c * BM + j;
-        float4 g, u;
-        if (S == 1) {
-            g = *(const float4*)(red + at);
-            u = *(const float4*)(red + at + H);
-        } else {
-            g = cluster_ld_f32x4(cluster_map(base + at * 4, 0));
-            u = cluster_ld_f32x4(cluster_map(base + (at + H) * 4, 0));
-            for (int p = 1; p < S; p++) {
-                const float4 a = cluster_ld_f32x4(cluster_map(base + at * 4, p));
-                const float4 b = cluster_ld_f32x4(cluster_map(base + (at + H) * 4, p));
-                g.x += a.x, g.y += a.y, g.z += a.z, g.w += a.w;
-                u.x += b.x, u.y += b.y, u.z += b.z, u.w += b.w;
-            }
-        }
+        const float4 g = sk_sum_splits(red, at, S), u = sk_sum_splits(red, at + H, S);
         const float sc = fold.rss != nullptr ? scale[c] : 1.f;
         const float gv[4] = {sc * g.x, sc * g.y, sc * g.z, sc * g.w};
         const float uv[4] = {sc * u.x, sc * u.y, sc * u.z, sc * u.w};
@@ -226,23 +225,10 @@ __device__ __forceinline__ void sk_epilogue(const float (&acc)[N / 2], float* ou
     if (S > 1) cluster_sync();
     else __syncthreads();
     const int per = N * BM / S;  // a multiple of 4: BM is of 64 and S at most 16
-    const u32 base = smem_addr(red);
     for (int i = rank * per + threadIdx.x * 4; i < (rank + 1) * per; i += blockDim.x * 4) {
         const int c = i / BM, r = i % BM;
         if (c >= n) break;  // i only grows
-        float4 sum;
-        if (S == 1) {
-            sum = *(const float4*)(red + i);
-        } else {
-            sum = cluster_ld_f32x4(cluster_map(base + i * 4, 0));
-            for (int p = 1; p < S; p++) {
-                const float4 v = cluster_ld_f32x4(cluster_map(base + i * 4, p));
-                sum.x += v.x;
-                sum.y += v.y;
-                sum.z += v.z;
-                sum.w += v.w;
-            }
-        }
+        const float4 sum = sk_sum_splits(red, i, S);
         const float sc = scaled ? scale[c] : 1.f;
         const float sv[4] = {sc * sum.x, sc * sum.y, sc * sum.z, sc * sum.w};
 #pragma unroll
