@@ -18,6 +18,7 @@
 #     cb [SECTION]              cuda_bench
 #     ncu MODEL STREAMS SKIP N  bench/ncu_kernels.py's per-kernel profile
 #     gpucheck                  scripts/gpu_check.sh run (needs target/cuda/gpucheck carried too)
+#   TIMEOUT=S among a CMD's assignments bounds it to S seconds (bench, graph64, t_, cb).
 #   MODELs are scripts/gpu_random_models.py's names (qwen3-0.6b, qwen3-8b), made on first use.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -73,6 +74,9 @@ for c in "$@"; do
         envs+=("${w[0]}")
         w=("${w[@]:1}")
     done
+    # TIMEOUT=S among the assignments bounds this command (default: each kind's own).
+    to=""
+    for e in "${envs[@]}"; do [[ $e == TIMEOUT=* ]] && to=${e#TIMEOUT=}; done
     [ ${#w[@]} -gt 0 ] || continue
     name=$(echo "$c" | tr -c 'A-Za-z0-9_.-' '_' | cut -c1-90)
     log="$O/$name.log"
@@ -80,18 +84,18 @@ for c in "$@"; do
     case "${w[0]}" in
     bench)
         gen "${w[1]}"
-        env "${envs[@]}" timeout 400 "$B/gpu_bench" "$R/${w[1]}" cuda "${w[2]}" 128 256 "" y >"$log" 2>&1
+        env "${envs[@]}" timeout ${to:-400} "$B/gpu_bench" "$R/${w[1]}" cuda "${w[2]}" 128 256 "" y >"$log" 2>&1
         grep -E "^streams|error|panick" "$log" | tail -6
         ;;
     graph64)
         gen qwen3-0.6b
-        env "${envs[@]}" AFM_GRAPH_CHECK_COPIES=8 timeout 300 "$B/graph_check" "$R/qwen3-0.6b" cuda >"$log" 2>&1
+        env "${envs[@]}" AFM_GRAPH_CHECK_COPIES=8 timeout ${to:-300} "$B/graph_check" "$R/qwen3-0.6b" cuda >"$log" 2>&1
         tail -3 "$log"
         ;;
     t_*)
         t=${w[0]#t_}
         unpack "$t"
-        env "${envs[@]}" AFM_TEST_DEVICE=cuda AFM_FIXTURES_DIR="$PWD/tests/fixtures/tiny" timeout 300 \
+        env "${envs[@]}" AFM_TEST_DEVICE=cuda AFM_FIXTURES_DIR="$PWD/tests/fixtures/tiny" timeout ${to:-300} \
             "$B/$t" --test-threads=1 "${w[@]:1}" >"$log" 2>&1
         echo "exit $?"
         grep -E "test result|FAILED|panicked" "$log" | head -8
@@ -104,7 +108,7 @@ for c in "$@"; do
         ;;
     cb)
         unpack cuda_bench
-        env "${envs[@]}" timeout 400 "$B/cuda_bench" "${w[@]:1}" >"$log" 2>&1
+        env "${envs[@]}" timeout ${to:-400} "$B/cuda_bench" "${w[@]:1}" >"$log" 2>&1
         grep -E "^\||error|panick" "$log" | head -40
         ;;
     ncu)
