@@ -93,23 +93,6 @@ pub fn skinny_plan(rows: usize, cols: usize, sms: usize) -> Option<SkinnyPlan> {
     Some(SkinnyPlan { warps, splits })
 }
 
-/// Blocks that share each x tile through a TMA multicast (`AFM_SKINNY_MCAST=C`, C of 2, 4 or
-/// 8; default 1, none; not yet measured): each loads 1/C of the tile's rows into all C, so the
-/// L2-to-SM traffic of x falls by C. The hypothesis (session 22): with 64-row blocks x moves
-/// as many bytes out of L2 as the weights, and the products of those plans (Q/K/V, O, down)
-/// stream the weights at 2.6–2.9 TB/s against 3.4 for gate+up's 192-row blocks. A group must
-/// divide the tiles, keep at least 8 rows of x a block (the swizzle's atom) and fit a cluster
-/// of at most 16 with the splits; else 1.
-fn mcast(tiles: usize, n_tile: usize, splits: usize) -> usize {
-    static C: crate::switch::Knob = crate::switch::Knob::new("AFM_SKINNY_MCAST");
-    match C.get() {
-        Some(c @ (2 | 4 | 8)) if tiles.is_multiple_of(c) && n_tile / c >= 8 && c * splits <= 16 => {
-            c
-        }
-        _ => 1,
-    }
-}
-
 /// The entry points of `kernels/skinny.cu`.
 pub(super) fn kernel_names() -> Vec<String> {
     let mut v = Vec::new();
@@ -326,11 +309,8 @@ impl CudaContext {
             Some(_) => plan.rows_per_block() / 2,
             None => plan.rows_per_block(),
         };
-        let tiles = a.rows.div_ceil(boxed);
-        let c = mcast(tiles, n_tile, plan.splits);
         let cfg = LaunchConfig {
-            // Cluster rank (z) = tile's place in its multicast group + C · split.
-            grid_dim: ((tiles / c) as u32, 1, (c * plan.splits) as u32),
+            grid_dim: (a.rows.div_ceil(boxed) as u32, 1, plan.splits as u32),
             // WARPS / 2 consumer warpgroups (64 weight rows each) and one producer warp.
             block_dim: (64 * plan.warps as u32 + 32, 1, 1),
             shared_mem_bytes: bytes as u32,
@@ -351,8 +331,8 @@ impl CudaContext {
         {
             return Ok(false);
         }
-        let cluster = if c * plan.splits > 1 {
-            (c * plan.splits) as u32
+        let cluster = if plan.splits > 1 {
+            plan.splits as u32
         } else {
             0
         };
@@ -364,12 +344,10 @@ impl CudaContext {
             Some(g) => (tensor_map(g.up, a.rows, a.cols, boxed, a.bf16)?, g.act),
             None => (wmap, 0),
         };
-        // With x multicast each block of a group loads n_tile / C rows of x for all of them.
-        let xmap = tensor_map(a.x, a.n, a.cols, n_tile / c, a.bf16)?;
+        let xmap = tensor_map(a.x, a.n, a.cols, n_tile, a.bf16)?;
         let (out, m, n, ldc) = (a.out, a.rows as i32, a.n as i32, a.ldc as i32);
         let (ks, acc, ring, fold) = (ks as i32, i32::from(a.accumulate), ring as i32, a.fold);
-        let mc = c as i32;
-        launch!(self, f, cfg, cluster = cluster; wmap, umap, xmap, out, m, n, ldc, ks, acc, act, ring, fold, mc)?;
+        launch!(self, f, cfg, cluster = cluster; wmap, umap, xmap, out, m, n, ldc, ks, acc, act, ring, fold)?;
         Ok(true)
     }
 }

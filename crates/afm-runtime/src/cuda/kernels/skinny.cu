@@ -31,7 +31,7 @@ struct __align__(64) TmaDesc {
 // The RMSNorm folded across two products (AFM_NORM_FOLD=1, cuda/skinny.rs `NormFold`): a
 // residual product ("prep", nw set) writes, beside x + x·Wᵀ, the next norm's input as
 // half(x ⊙ nw) in x16 and each row's sum of squares over its block's outputs in
-// pss[tile][row] (64 rows a tile); the normed product after it ("scale", rss set)
+// pss[blockIdx.x][row] (64 rows a tile); the normed product after it ("scale", rss set)
 // multiplies by half(x ⊙ nw) and scales row c of its result by 1 / sqrt(Σ_t rss[t][c] / k + eps),
 // summing the rtiles partials in order. So no norm launch between them; the rounding moves
 // from half(x · s · w) to half(x · w) · s.
@@ -126,23 +126,14 @@ __device__ __forceinline__ void sk_each(const float (&acc)[N / 2], const F& f) {
             f(row0 + (e >> 1) * 8, c * 8 + 2 * t + (e & 1), acc[4 * c + e]);
 }
 
-// Where a block sits (cuda/skinny.rs `mcast`): blockIdx.z = xc + C · split, so the cluster
-// (along z, C · S blocks) holds C weight tiles side by side that share each x tile (x
-// multicast, C > 1) and, for each, its S column splits; tile = blockIdx.x · C + xc.
-struct SkSplit {
-    int S, split, C, xc, tile;
-    // The cluster rank of this tile's split p.
-    __device__ __forceinline__ u32 peer(int p) const { return (u32)(xc + C * p); }
-};
-
 // Elements at..at+3 of the blocks' [N][BM] partials in stage memory, summed over the S column
-// splits of this tile in split order (this block's own when S == 1).
-__device__ __forceinline__ float4 sk_sum_splits(const float* red, int at, const SkSplit& sp) {
-    if (sp.S == 1) return *(const float4*)(red + at);
+// splits of the cluster in rank order (this block's own when S == 1).
+__device__ __forceinline__ float4 sk_sum_splits(const float* red, int at, int S) {
+    if (S == 1) return *(const float4*)(red + at);
     const u32 a = smem_addr(red) + at * 4;
-    float4 sum = cluster_ld_f32x4(cluster_map(a, sp.peer(0)));
-    for (int p = 1; p < sp.S; p++) {
-        const float4 v = cluster_ld_f32x4(cluster_map(a, sp.peer(p)));
+    float4 sum = cluster_ld_f32x4(cluster_map(a, 0));
+    for (int p = 1; p < S; p++) {
+        const float4 v = cluster_ld_f32x4(cluster_map(a, p));
         sum.x += v.x, sum.y += v.y, sum.z += v.z, sum.w += v.w;
     }
     return sum;
@@ -170,11 +161,11 @@ __device__ __forceinline__ void sk_row_scales(const SkFold& f, float* scale) {
 template <int WARPS, int N, bool BF16>
 __device__ __forceinline__ void sk_epilogue_gated(const float (&acc)[N / 2], u16* out, int m0,
                                                   int wrows, int n, int ldc, int act,
-                                                  const SkFold& fold, const SkSplit& sp) {
+                                                  const SkFold& fold) {
     constexpr int BM = WARPS * 32, H = BM / 2;
     extern __shared__ __align__(128) u16 sk_sm[];
     const bool holds = (threadIdx.x >> 5) < 2 * WARPS;
-    const int S = sp.S, rank = sp.split;
+    const int S = gridDim.z, rank = blockIdx.z;
     __syncthreads();
     float* red = (float*)sk_sm;
     float* scale = red + N * BM;  // [N]: the folded norm's row scales
@@ -187,7 +178,7 @@ __device__ __forceinline__ void sk_epilogue_gated(const float (&acc)[N / 2], u16
         const int c = i / H, j = i % H;
         if (c >= n) break;  // i only grows
         const int at = c * BM + j;
-        const float4 g = sk_sum_splits(red, at, sp), u = sk_sum_splits(red, at + H, sp);
+        const float4 g = sk_sum_splits(red, at, S), u = sk_sum_splits(red, at + H, S);
         const float sc = fold.rss != nullptr ? scale[c] : 1.f;
         const float gv[4] = {sc * g.x, sc * g.y, sc * g.z, sc * g.w};
         const float uv[4] = {sc * u.x, sc * u.y, sc * u.z, sc * u.w};
@@ -209,12 +200,12 @@ __device__ __forceinline__ void sk_epilogue_gated(const float (&acc)[N / 2], u16
 template <int WARPS, int N, bool BF16>
 __device__ __forceinline__ void sk_epilogue(const float (&acc)[N / 2], float* out, int m0,
                                             int wrows, int n, int ldc, int accumulate,
-                                            const SkFold& fold, const SkSplit& sp) {
+                                            const SkFold& fold) {
     constexpr int BM = WARPS * 32;
     extern __shared__ __align__(128) u16 sk_sm[];
     const bool holds = (threadIdx.x >> 5) < 2 * WARPS;
     const bool prep = fold.nw != nullptr, scaled = fold.rss != nullptr;
-    const int S = sp.S, rank = sp.split;
+    const int S = gridDim.z, rank = blockIdx.z;
     if (S == 1 && !prep && !scaled) {
         if (!holds) return;
         sk_each<N>(acc, [&](int r, int c, float v) {
@@ -237,7 +228,7 @@ __device__ __forceinline__ void sk_epilogue(const float (&acc)[N / 2], float* ou
     for (int i = rank * per + threadIdx.x * 4; i < (rank + 1) * per; i += blockDim.x * 4) {
         const int c = i / BM, r = i % BM;
         if (c >= n) break;  // i only grows
-        const float4 sum = sk_sum_splits(red, i, sp);
+        const float4 sum = sk_sum_splits(red, i, S);
         const float sc = scaled ? scale[c] : 1.f;
         const float sv[4] = {sc * sum.x, sc * sum.y, sc * sum.z, sc * sum.w};
 #pragma unroll
@@ -260,7 +251,7 @@ __device__ __forceinline__ void sk_epilogue(const float (&acc)[N / 2], float* ou
         for (int c = c0 + threadIdx.x; c < c0 + rows && c < n; c += blockDim.x) {
             float ss = 0.f;
             for (int r = 0; r < wrows; r++) ss += fin[c * BM + r] * fin[c * BM + r];
-            fold.pss[sp.tile * 64 + c] = ss;
+            fold.pss[blockIdx.x * 64 + c] = ss;
         }
     }
     if (S > 1) cluster_sync();  // every block's partials stay until the others have read them
@@ -275,31 +266,12 @@ __device__ __forceinline__ void tma_tile(u32 dst, const TmaDesc* map, int c, int
         : "memory");
 }
 
-// tma_tile's box into the same shared address of every block in `mask` (cluster ranks), each
-// counting it on its barrier at `bar`'s offset.
-__device__ __forceinline__ void tma_tile_mc(u32 dst, const TmaDesc* map, int c, int r, u32 bar,
-                                            u16 mask) {
-    asm volatile(
-        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-        ".multicast::cluster [%0], [%1, {%2, %3}], [%4], %5;" ::"r"(dst),
-        "l"(map), "r"(c), "r"(r), "r"(bar), "h"(mask)
-        : "memory");
-}
-
-// One arrival on the mbarrier at cluster address `a` (cluster_map), in this block or another.
-__device__ __forceinline__ void mbar_arrive_cluster(u32 a) {
-    asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(a) : "memory");
-}
-
 // GATED: W rows come half from the gate map and half from the up map (`umap`), both at row
-// tile · BM/2, and the epilogue writes act(gate) · up in 16 bits (`m`: gate rows). With x
-// multicast (mc = C > 1) each of the C blocks sharing x loads N/C of its rows into all C
-// (xmap's box is N/C rows), and a stage's slot is free only once the consumers of all C have
-// released it (each arrives on every one's empty barrier).
+// blockIdx.x · BM/2, and the epilogue writes act(gate) · up in 16 bits (`m`: gate rows).
 template <int WARPS, int N, bool BF16, bool GATED>
 __device__ void skinny_impl(const TmaDesc* wmap, const TmaDesc* umap, const TmaDesc* xmap,
                             void* __restrict__ out, int m, int n, int ldc, int ks, int accumulate,
-                            int act, int stages, const SkFold& fold, int mc) {
+                            int act, int stages, const SkFold& fold) {
     constexpr int BM = WARPS * 32, CW = 2 * WARPS;  // consumer warps: WARPS / 2 warpgroups
     const int STAGES = stages;  // the ring's depth: the host sized the shared memory for it
     constexpr int WST = BM * SK_BK, XST = N * SK_BK, ST = WST + XST;  // elements
@@ -308,9 +280,7 @@ __device__ void skinny_impl(const TmaDesc* wmap, const TmaDesc* umap, const TmaD
     const u32 ring = (smem_addr(sk_sm) + 1023) & ~1023u;
     const u32 bars = ring + STAGES * STAGE_BYTES;  // full[STAGES], then empty[STAGES]
     constexpr int BOX = GATED ? BM / 2 : BM;  // weight rows per tensor-map box
-    const int C = mc, split = blockIdx.z / C, xc = blockIdx.z - split * C;
-    const SkSplit sp{(int)gridDim.z / C, split, C, xc, (int)blockIdx.x * C + xc};
-    const int m0 = sp.tile * BOX, k0 = split * ks, steps = ks / SK_BK;
+    const int m0 = blockIdx.x * BOX, k0 = blockIdx.z * ks, steps = ks / SK_BK;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int wrows = min(BOX, m - m0);
     // A stage's weight tile: one box, or the gate box above the up box.
@@ -322,22 +292,14 @@ __device__ void skinny_impl(const TmaDesc* wmap, const TmaDesc* umap, const TmaD
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; s++) {
             mbar_init(bars + 8 * s, 1);
-            mbar_init(bars + 8 * (STAGES + s), CW * C);
+            mbar_init(bars + 8 * (STAGES + s), CW);
         }
         mbar_init_fence();
         asm volatile("prefetch.tensormap [%0];" ::"l"(wmap) : "memory");
         if (GATED) asm volatile("prefetch.tensormap [%0];" ::"l"(umap) : "memory");
         asm volatile("prefetch.tensormap [%0];" ::"l"(xmap) : "memory");
     }
-    // Peers arrive on these barriers and copy into this block: all initialized first.
-    if (C > 1) cluster_sync();
-    else __syncthreads();
-    // A stage's x tile: the whole box, or this block's N/C rows into every block sharing it.
-    const u16 group = (u16)(((1u << C) - 1) << (split * C));
-    auto acts = [&](u32 stage, int k, u32 full) {
-        if (C == 1) tma_tile(stage + WST * 2, xmap, k, 0, full);
-        else tma_tile_mc(stage + WST * 2 + xc * (N / C) * SK_BK * 2, xmap, k, xc * (N / C), full, group);
-    };
+    __syncthreads();
 
     if (warp == CW && lane == 0) {  // the producer: one lane issues every copy
         const int first = min(STAGES, steps);
@@ -348,14 +310,15 @@ __device__ void skinny_impl(const TmaDesc* wmap, const TmaDesc* umap, const TmaD
             weights(ring + s * STAGE_BYTES, k0 + s * SK_BK, full);
         }
         pdl_begin();  // x is the previous kernel's output
-        for (int s = 0; s < first; s++) acts(ring + s * STAGE_BYTES, k0 + s * SK_BK, bars + 8 * s);
+        for (int s = 0; s < first; s++)
+            tma_tile(ring + s * STAGE_BYTES + WST * 2, xmap, k0 + s * SK_BK, 0, bars + 8 * s);
         for (int s = first; s < steps; s++) {
             const int slot = s % STAGES;
             const u32 full = bars + 8 * slot, dst = ring + slot * STAGE_BYTES;
             mbar_wait(bars + 8 * (STAGES + slot), ((s / STAGES) & 1) ^ 1);
             mbar_expect_tx(full, STAGE_BYTES);
             weights(dst, k0 + s * SK_BK, full);
-            acts(dst, k0 + s * SK_BK, full);
+            tma_tile(dst + WST * 2, xmap, k0 + s * SK_BK, 0, full);
         }
     } else {
         pdl_begin();
@@ -382,19 +345,13 @@ __device__ void skinny_impl(const TmaDesc* wmap, const TmaDesc* umap, const TmaD
             wg_commit();
             wg_wait<1>();
             wg_fence_acc(acc);
-            if (s > 0 && lane == 0) {
-                const u32 e = bars + 8 * (STAGES + (s - 1) % STAGES);
-                if (C == 1) mbar_arrive(e);
-                else for (int j = 0; j < C; j++) mbar_arrive_cluster(cluster_map(e, split * C + j));
-            }
+            if (s > 0 && lane == 0) mbar_arrive(bars + 8 * (STAGES + (s - 1) % STAGES));
         }
         wg_wait<0>();
         wg_fence_acc(acc);
     }
-    // No block of a multicast group leaves while another may still arrive on its barriers.
-    if (C > 1) cluster_sync();
-    if (GATED) sk_epilogue_gated<WARPS, N, BF16>(acc, (u16*)out, m0, wrows, n, ldc, act, fold, sp);
-    else sk_epilogue<WARPS, N, BF16>(acc, (float*)out, m0, wrows, n, ldc, accumulate, fold, sp);
+    if (GATED) sk_epilogue_gated<WARPS, N, BF16>(acc, (u16*)out, m0, wrows, n, ldc, act, fold);
+    else sk_epilogue<WARPS, N, BF16>(acc, (float*)out, m0, wrows, n, ldc, accumulate, fold);
 }
 #endif
 
@@ -404,7 +361,7 @@ __device__ void skinny_impl(const TmaDesc* wmap, const TmaDesc* umap, const TmaD
 #if defined(SK_WGMMA)
 #define SK_BODY(W, NN, B, G) \
     skinny_impl<W, NN, B, G>(&wmap, &umap, &xmap, out, m, n, ldc, ks, accumulate, act, stages, \
-                             fold, mc);
+                             fold);
 #else
 #define SK_BODY(W, NN, B, G)
 #endif
@@ -412,7 +369,7 @@ __device__ void skinny_impl(const TmaDesc* wmap, const TmaDesc* umap, const TmaD
     extern "C" __global__ void __launch_bounds__(W * 64 + 32) NAME##_##T##_w##W##_n##NN(       \
         const __grid_constant__ TmaDesc wmap, const __grid_constant__ TmaDesc umap,             \
         const __grid_constant__ TmaDesc xmap, void* __restrict__ out, int m, int n, int ldc,    \
-        int ks, int accumulate, int act, int stages, const SkFold fold, int mc) {             \
+        int ks, int accumulate, int act, int stages, const SkFold fold) {                     \
         SK_BODY(W, NN, B, G)                                                                  \
     }
 #define SK_NS(NAME, T, W, B, G) \
