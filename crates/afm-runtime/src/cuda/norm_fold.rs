@@ -69,7 +69,7 @@ pub(crate) struct PreparedNorm {
 /// Whether the tensor-core decode attention writes a bf16 copy of its output for the O
 /// product (`AFM_ATTN_HALF=1`).
 fn attn_half_on() -> bool {
-    static ON: Switch = Switch::new("AFM_ATTN_HALF", false);
+    static ON: Switch = Switch::new("AFM_ATTN_HALF", true);
     ON.on()
 }
 

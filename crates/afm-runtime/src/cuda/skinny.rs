@@ -369,8 +369,9 @@ mod tests {
                         bytes + SMEM_RESERVED <= SMEM_MAX,
                         "{warps}/{n_tile}: {bytes}"
                     );
-                    // The merge's partials, the norm fold's final values and row scales.
-                    let epilogue = 2 * n_tile * rows * 4 + 4 * n_tile;
+                    // The merge's partials, the norm fold's final values, row scales and
+                    // the consumers' parts of them (64 a warp pair).
+                    let epilogue = 2 * n_tile * rows * 4 + 4 * n_tile + 4 * 64 * warps;
                     assert!(epilogue <= bytes, "{warps}/{n_tile}: {epilogue} bytes");
                 }
             }

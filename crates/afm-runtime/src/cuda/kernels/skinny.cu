@@ -139,13 +139,32 @@ __device__ __forceinline__ float4 sk_sum_splits(const float* red, int at, int S)
     return sum;
 }
 
-// Row c's norm scale (SkFold "scale") into scale[c] for c < N, by threads 0..N-1; the caller
-// then syncs before reading it.
-template <int N>
-__device__ __forceinline__ void sk_row_scales(const SkFold& f, float* scale) {
-    if (f.rss != nullptr && threadIdx.x < N) {
+// SkFold "scale", first half, by each consumer thread right after the PDL wait, so its loads
+// overlap the first stages: row (tid % 64)'s sum of squares over the producer's tiles
+// tid / 64, + P, + 2P, ... (P = WARPS: the consumers are 64·WARPS threads); 0 for others.
+template <int WARPS>
+__device__ __forceinline__ float sk_rss_part(const SkFold& f) {
+    float ss = 0.f;
+    if (f.rss != nullptr && threadIdx.x < 64 * WARPS) {
+        const int row = threadIdx.x & 63;
+#pragma unroll 8
+        for (int t = threadIdx.x >> 6; t < f.rtiles; t += WARPS) ss += f.rss[t * 64 + row];
+    }
+    return ss;
+}
+
+// Second half, in the epilogue: the parts through `tmp` (WARPS·64 floats) and row c's scale
+// into scale[c] for c < N, its parts summed in order. Syncs inside; the caller syncs again
+// before reading scale.
+template <int WARPS, int N>
+__device__ __forceinline__ void sk_row_scales(const SkFold& f, float part, float* tmp,
+                                              float* scale) {
+    if (f.rss == nullptr) return;
+    if (threadIdx.x < 64 * WARPS) tmp[threadIdx.x] = part;
+    __syncthreads();
+    if (threadIdx.x < N) {
         float ss = 0.f;
-        for (int t = 0; t < f.rtiles; t++) ss += f.rss[t * 64 + threadIdx.x];
+        for (int p = 0; p < WARPS; p++) ss += tmp[p * 64 + threadIdx.x];
         scale[threadIdx.x] = 1.0f / sqrtf(ss / (float)f.k + f.eps);
     }
 }
@@ -161,7 +180,7 @@ __device__ __forceinline__ void sk_row_scales(const SkFold& f, float* scale) {
 template <int WARPS, int N, bool BF16>
 __device__ __forceinline__ void sk_epilogue_gated(const float (&acc)[N / 2], u16* out, int m0,
                                                   int wrows, int n, int ldc, int act,
-                                                  const SkFold& fold) {
+                                                  const SkFold& fold, float rss_part) {
     constexpr int BM = WARPS * 32, H = BM / 2;
     extern __shared__ __align__(128) u16 sk_sm[];
     const bool holds = (threadIdx.x >> 5) < 2 * WARPS;
@@ -169,7 +188,7 @@ __device__ __forceinline__ void sk_epilogue_gated(const float (&acc)[N / 2], u16
     __syncthreads();
     float* red = (float*)sk_sm;
     float* scale = red + N * BM;  // [N]: the folded norm's row scales
-    sk_row_scales<N>(fold, scale);
+    sk_row_scales<WARPS, N>(fold, rss_part, scale + N, scale);
     if (holds) sk_each<N>(acc, [&](int r, int c, float v) { red[c * BM + r] = v; });
     if (S > 1) cluster_sync();
     else __syncthreads();
@@ -200,7 +219,7 @@ __device__ __forceinline__ void sk_epilogue_gated(const float (&acc)[N / 2], u16
 template <int WARPS, int N, bool BF16>
 __device__ __forceinline__ void sk_epilogue(const float (&acc)[N / 2], float* out, int m0,
                                             int wrows, int n, int ldc, int accumulate,
-                                            const SkFold& fold) {
+                                            const SkFold& fold, float rss_part) {
     constexpr int BM = WARPS * 32;
     extern __shared__ __align__(128) u16 sk_sm[];
     const bool holds = (threadIdx.x >> 5) < 2 * WARPS;
@@ -220,7 +239,7 @@ __device__ __forceinline__ void sk_epilogue(const float (&acc)[N / 2], float* ou
     float* red = (float*)sk_sm;
     float* fin = red + N * BM;    // prep: this block's final values
     float* scale = fin + N * BM;  // scale: the row scales
-    sk_row_scales<N>(fold, scale);
+    sk_row_scales<WARPS, N>(fold, rss_part, scale + N, scale);
     if (holds) sk_each<N>(acc, [&](int r, int c, float v) { red[c * BM + r] = v; });
     if (S > 1) cluster_sync();
     else __syncthreads();
@@ -246,12 +265,16 @@ __device__ __forceinline__ void sk_epilogue(const float (&acc)[N / 2], float* ou
         }
     }
     if (prep) {
+        // A warp a row: lanes sum r = lane, lane + 32, ... (consecutive banks), then a fixed
+        // butterfly; the same order whatever the batch.
         __syncthreads();
-        const int rows = N / S, c0 = rank * rows;
-        for (int c = c0 + threadIdx.x; c < c0 + rows && c < n; c += blockDim.x) {
+        const int rows = N / S, c0 = rank * rows, lane = threadIdx.x & 31;
+        for (int c = c0 + (threadIdx.x >> 5); c < c0 + rows && c < n; c += blockDim.x >> 5) {
             float ss = 0.f;
-            for (int r = 0; r < wrows; r++) ss += fin[c * BM + r] * fin[c * BM + r];
-            fold.pss[blockIdx.x * 64 + c] = ss;
+            for (int r = lane; r < wrows; r += 32) ss += fin[c * BM + r] * fin[c * BM + r];
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(FULL_MASK, ss, o);
+            if (lane == 0) fold.pss[blockIdx.x * 64 + c] = ss;
         }
     }
     if (S > 1) cluster_sync();  // every block's partials stay until the others have read them
@@ -312,17 +335,19 @@ __device__ void skinny_impl(const TmaDesc* wmap, const TmaDesc* umap, const TmaD
         pdl_begin();  // x is the previous kernel's output
         for (int s = 0; s < first; s++)
             tma_tile(ring + s * STAGE_BYTES + WST * 2, xmap, k0 + s * SK_BK, 0, bars + 8 * s);
-        for (int s = first; s < steps; s++) {
-            const int slot = s % STAGES;
+        // Past the first fill (first == STAGES) the ring's second round: slot 0, parity 0.
+        for (int s = first, slot = 0, par = 0; s < steps; s++) {
             const u32 full = bars + 8 * slot, dst = ring + slot * STAGE_BYTES;
-            mbar_wait(bars + 8 * (STAGES + slot), ((s / STAGES) & 1) ^ 1);
+            mbar_wait(bars + 8 * (STAGES + slot), par);
             mbar_expect_tx(full, STAGE_BYTES);
             weights(dst, k0 + s * SK_BK, full);
             tma_tile(dst + WST * 2, xmap, k0 + s * SK_BK, 0, full);
+            if (++slot == STAGES) slot = 0, par ^= 1;
         }
     } else {
         pdl_begin();
     }
+    const float rss_part = sk_rss_part<WARPS>(fold);  // rss: the previous kernel's output
 
     float acc[N / 2];
 #pragma unroll
@@ -333,9 +358,10 @@ __device__ void skinny_impl(const TmaDesc* wmap, const TmaDesc* umap, const TmaD
         // rows, four k16 steps a stage; a stage's slot is freed once the next stage's MMAs
         // are issued and its own have completed (one group in flight).
         const u32 a_off = (warp >> 2) * 64 * SK_BK * 2;
-        for (int s = 0; s < steps; s++) {
-            const int slot = s % STAGES;
-            mbar_wait(bars + 8 * slot, (s / STAGES) & 1);
+        // The ring's slot and round parity by counting: a runtime depth's `%` and `/` in this
+        // loop cost ~3% end to end (session 23).
+        for (int s = 0, slot = 0, par = 0, prev = 0; s < steps; s++) {
+            mbar_wait(bars + 8 * slot, par);
             const u32 wb = ring + slot * STAGE_BYTES, xb = wb + WST * 2;
             wg_fence_acc(acc);
             wg_fence();
@@ -345,13 +371,18 @@ __device__ void skinny_impl(const TmaDesc* wmap, const TmaDesc* umap, const TmaD
             wg_commit();
             wg_wait<1>();
             wg_fence_acc(acc);
-            if (s > 0 && lane == 0) mbar_arrive(bars + 8 * (STAGES + (s - 1) % STAGES));
+            if (s > 0 && lane == 0) mbar_arrive(bars + 8 * (STAGES + prev));
+            prev = slot;
+            if (++slot == STAGES) slot = 0, par ^= 1;
         }
         wg_wait<0>();
         wg_fence_acc(acc);
     }
-    if (GATED) sk_epilogue_gated<WARPS, N, BF16>(acc, (u16*)out, m0, wrows, n, ldc, act, fold);
-    else sk_epilogue<WARPS, N, BF16>(acc, (float*)out, m0, wrows, n, ldc, accumulate, fold);
+    if (GATED)
+        sk_epilogue_gated<WARPS, N, BF16>(acc, (u16*)out, m0, wrows, n, ldc, act, fold, rss_part);
+    else
+        sk_epilogue<WARPS, N, BF16>(acc, (float*)out, m0, wrows, n, ldc, accumulate, fold,
+                                    rss_part);
 }
 #endif
 
