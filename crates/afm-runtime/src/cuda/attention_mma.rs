@@ -105,22 +105,13 @@ fn mma_split_count(sm_count: usize, ctas: usize, key_tiles: usize) -> usize {
 /// Keys per tile of the decode kernel (`DEC_BN` in attention_mma.cu).
 const DEC_KEYS: usize = 16;
 /// CTAs per multiprocessor the decode kernel's split count aims for (its shared memory lets
-/// 2 to 5 reside, by head_dim): 2, or `AFM_ATTN_DEC_CTAS` (read once) for A/B runs.
-fn dec_target_ctas_per_sm() -> usize {
-    static N: Knob = Knob::new("AFM_ATTN_DEC_CTAS");
-    N.get().filter(|&v| v > 0).unwrap_or(2)
-}
-
-/// A/B switches of the head_dim-128 decode kernel's shape (cuda/context.rs `MODULE_DEFINES`,
-/// `ATTN_DEC128_*` in attention_mma.cu): 4 warps a CTA rather than 2 (`AFM_ATTN_DEC128_W4=1`),
-/// 4 ring buffers a warp rather than 3 (`AFM_ATTN_DEC128_STG4=1`). Not measured yet: at 64
-/// streams of Qwen3-8B the kernel read 1.5 TB/s (session 22's ncu profile).
-pub(crate) static DEC128_W4: Switch = Switch::new("AFM_ATTN_DEC128_W4", false);
-pub(crate) static DEC128_STG4: Switch = Switch::new("AFM_ATTN_DEC128_STG4", false);
+/// 2 to 5 reside, by head_dim). A target of 8 (two splits at 64 streams of Qwen3-8B) was 11%
+/// slower there (session 23).
+const DEC_TARGET_CTAS_PER_SM: usize = 2;
 
 /// Warps per CTA of the decode kernel (`ATTN_DEC_MMA` in attention_mma.cu).
 fn dec_warps(head_dim: usize) -> usize {
-    if head_dim == 64 || (head_dim == 128 && DEC128_W4.on()) {
+    if head_dim == 64 {
         4
     } else {
         2
@@ -131,15 +122,13 @@ fn dec_warps(head_dim: usize) -> usize {
 fn dec_stages(head_dim: usize) -> usize {
     if head_dim > 128 {
         2
-    } else if head_dim == 128 && DEC128_STG4.on() {
-        4
     } else {
         3
     }
 }
 
 /// Key-range splits of the decode kernel over `ctas` CTAs (sequence × KV head) of contexts of
-/// at most `keys` keys: enough CTAs for [`dec_target_ctas_per_sm`], each warp at least two
+/// at most `keys` keys: enough CTAs for [`DEC_TARGET_CTAS_PER_SM`], each warp at least two
 /// tiles per split, at most `MMA_MAX_SPLITS`.
 pub(super) fn dec_mma_split_count(
     sm_count: usize,
@@ -148,7 +137,7 @@ pub(super) fn dec_mma_split_count(
     head_dim: usize,
 ) -> usize {
     let most = keys.div_ceil(DEC_KEYS) / (dec_min_tiles() * dec_warps(head_dim));
-    (dec_target_ctas_per_sm() * sm_count)
+    (DEC_TARGET_CTAS_PER_SM * sm_count)
         .div_ceil(ctas.max(1))
         .min(most)
         .clamp(1, MMA_MAX_SPLITS)

@@ -176,22 +176,10 @@ fn compile_source(name: &'static str, src: String, arch: Option<&'static str>) -
 /// - `AFM_GEMV_L2PF_LINES` (off; `=1` on): that prefetch line by line rather than in bulk.
 /// - `AFM_FUSED_PROFILE` (off; `=1` on): the fused decode step with its phase profile
 ///   (decode_fused.cu `FD_PROFILE`); off, the kernel has none of the profile's code.
-/// - `AFM_ATTN_DEC128_W4`, `AFM_ATTN_DEC128_STG4` (off; `=1` on): the head_dim-128 tensor-core
-///   decode attention with 4 warps a CTA, or 4 ring buffers a warp (cuda/attention_mma.rs).
-static MODULE_DEFINES: [(&str, &str, &Switch); 5] = [
+static MODULE_DEFINES: [(&str, &str, &Switch); 3] = [
     ("gemv", "AFM_GEMV_L2PF", &GEMV_L2PF),
     ("gemv", "AFM_GEMV_L2PF_LINES", &GEMV_L2PF_LINES),
     ("decode_fused", "FD_PROFILE", &super::decode_fused::PROFILE),
-    (
-        "attention_mma",
-        "ATTN_DEC128_W4",
-        &super::attention_mma::DEC128_W4,
-    ),
-    (
-        "attention_mma",
-        "ATTN_DEC128_STG4",
-        &super::attention_mma::DEC128_STG4,
-    ),
 ];
 static GEMV_L2PF: Switch = Switch::new("AFM_GEMV_L2PF", false);
 static GEMV_L2PF_LINES: Switch = Switch::new("AFM_GEMV_L2PF_LINES", false);

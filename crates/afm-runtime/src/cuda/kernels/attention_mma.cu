@@ -663,18 +663,9 @@ ATTN_MMA(128, 64)
 ATTN_MMA(256, 32)
 // Decode: warps per CTA and ring buffers per warp (the host's dec_warps, dec_stages): shared
 // memory for 4 CTAs of 2 warps per SM at head_dim 128 (55 KB each: 64 streams x 8 KV heads
-// is one wave on 132 SMs), 3 of 4 warps at 64, 2 of 2 warps at 256 (76 KB).
-// ATTN_DEC128_W4 / ATTN_DEC128_STG4: A/B shapes at head_dim 128 (cuda/attention_mma.rs).
-#ifdef ATTN_DEC128_W4
-#define DEC128_NW 4
-#else
-#define DEC128_NW 2
-#endif
-#ifdef ATTN_DEC128_STG4
-#define DEC128_STG 4
-#else
-#define DEC128_STG 3
-#endif
+// is one wave on 132 SMs), 3 of 4 warps at 64, 2 of 2 warps at 256 (76 KB). Measured slower at
+// head_dim 128 (Qwen3-8B, 64 streams, session 23): 4 warps a CTA (-3.5%), 4 ring buffers a
+// warp (-6%), both (-12%): fewer CTAs fit, so the step's CTAs take two waves.
 ATTN_DEC_MMA(64, 4, 3)
-ATTN_DEC_MMA(128, DEC128_NW, DEC128_STG)
+ATTN_DEC_MMA(128, 2, 3)
 ATTN_DEC_MMA(256, 2, 2)
