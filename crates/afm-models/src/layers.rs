@@ -182,21 +182,12 @@ impl GatedMlp {
     }
 
     /// `x += forward(norm(x))`: the MLP sub-layer with its pre-norm and residual add, each
-    /// folded into a product's launches where the device can (a GPU's decode GEMVs). `next`:
-    /// the norm the next product applies to x (the next layer's input norm), which a GPU may
-    /// prepare in this sub-layer's last product (`Device::linear_add_then_norm`).
-    pub fn forward_residual(
-        &self,
-        dev: &Device,
-        norm: &RmsNorm,
-        x: &mut Tensor,
-        next: Option<&RmsNorm>,
-    ) -> Result<()> {
+    /// folded into a product's launches where the device can (a GPU's decode GEMVs).
+    pub fn forward_residual(&self, dev: &Device, norm: &RmsNorm, x: &mut Tensor) -> Result<()> {
         let (gate, up, down) = (&self.gate, &self.up, &self.down);
         if gate.b.is_none() && up.b.is_none() && down.b.is_none() {
             let (n, eps) = (&norm.w, norm.eps);
-            let next = next.map(|nx| (&nx.w, nx.eps));
-            return dev.norm_gated_mlp_add(x, n, eps, &gate.w, &up.w, &down.w, self.act, next);
+            return dev.norm_gated_mlp_add(x, n, eps, &gate.w, &up.w, &down.w, self.act);
         }
         let g = if self.gate.b.is_none() && self.up.b.is_none() {
             dev.norm_gated_linear(x, &norm.w, norm.eps, &self.gate.w, &self.up.w, self.act)?

@@ -189,7 +189,7 @@ fn check(case: Case) -> bool {
         .unwrap();
     assert_eq!(one, case.one_launch, "{what}: one launch");
 
-    // The same step writing a bf16 copy of its output where it can (norm_fold.rs), then an O
+    // The same step writing a bf16 copy of its output where it can (handover.rs), then an O
     // product (16-bit weights, skinny rows): the product reads the copy, and gives the bits of
     // the one that converts the f32 output itself.
     let wo = random_weight(&mut rng, DType::BF16, 256, qw);

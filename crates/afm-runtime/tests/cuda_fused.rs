@@ -247,7 +247,7 @@ fn mlp_in_one_path_equals_gate_up_then_down() {
                 };
                 let mut one = c.upload(&x).unwrap();
                 let taken = c
-                    .matmul_mlp_add(&gd, &ud, &dd, act, &mut one, norm(), None, n)
+                    .matmul_mlp_add(&gd, &ud, &dd, act, &mut one, norm(), n)
                     .unwrap();
                 let what = format!("mlp {dtype:?} {d}/{ff} n={n} {act:?}");
                 assert_eq!(taken, !is_quant(dtype) && n > 8, "{what}: taken");
@@ -399,7 +399,7 @@ fn joined_weights_equal_separate_uploads() {
                 }
                 let mlp = |c: &mut CudaContext, g: &DeviceWeight, u| {
                     let mut xm = c.upload(&x).unwrap();
-                    let ok = c.matmul_mlp_add(g, u, &down, act, &mut xm, norm(), None, n);
+                    let ok = c.matmul_mlp_add(g, u, &down, act, &mut xm, norm(), n);
                     ok.unwrap().then(|| c.download(&xm).unwrap())
                 };
                 let (a, b) = (mlp(&mut c, &gu[0], &gu[1]), mlp(&mut c, &sep[3], &sep[4]));

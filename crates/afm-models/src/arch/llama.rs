@@ -194,8 +194,7 @@ impl Llama {
         let norm = a.qk_norm();
         let params = AttnParams::scaled(self.cfg.num_heads, hd);
         let o = dev.attend_prologue(&self.rope, norm, qkv, kv, layer, step, &params)?;
-        let next = (&b.post_attn_norm.w, b.post_attn_norm.eps);
-        dev.linear_add_then_norm(&o, &a.o.w, a.o.b.as_ref(), x, next)
+        dev.linear_add(&o, &a.o.w, a.o.b.as_ref(), x)
     }
 
     /// The layer stack as `Device::fused_decode` reads it (one launch per decode step of one
@@ -247,10 +246,9 @@ impl CausalLm for Llama {
         if !fused {
             for (i, layer) in self.layers.iter().enumerate() {
                 self.attention(layer, &mut x, kv, i, &step)?;
-                let next = self.layers.get(i + 1).map(|l| &l.input_norm);
                 layer
                     .mlp
-                    .forward_residual(dev, &layer.post_attn_norm, &mut x, next)?;
+                    .forward_residual(dev, &layer.post_attn_norm, &mut x)?;
             }
         }
         let mut last = dev.gather_rows(&x, &batch.logit_rows())?;

@@ -824,29 +824,9 @@ impl CudaDevice {
         Ok(ctx.matmul_add(weight(w, "linear")?, &xv, x.rows, &mut av)?)
     }
 
-    /// [`linear_add`](Self::linear_add) into the residual stream `acc` that also prepares
-    /// `rms_norm(acc, next)` for the normed product after it
-    /// ([`cuda::CudaContext::matmul_add_then_norm`]).
-    pub(super) fn linear_add_then_norm(
-        &self,
-        x: &Tensor,
-        w: &Weight,
-        acc: &mut Tensor,
-        next: (&Vector, f32),
-    ) -> Result<()> {
-        if x.rows == 0 {
-            return Ok(());
-        }
-        let mut ctx = self.lock();
-        let xv = view(x, "linear")?;
-        let mut av = view_mut(acc, "linear")?;
-        let rn = row_norm(next)?;
-        Ok(ctx.matmul_add_then_norm(weight(w, "linear")?, &xv, x.rows, &mut av, rn)?)
-    }
-
     /// `x += down(act(gate(n)) · up(n))` with `n = rms_norm(x)` in one CudaContext path
-    /// ([`cuda::CudaContext::matmul_mlp_add`]), preparing `rms_norm(x, next)` where it can;
-    /// `false` (nothing launched) where it does not apply.
+    /// ([`cuda::CudaContext::matmul_mlp_add`]); `false` (nothing launched) where it does not
+    /// apply.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn norm_gated_mlp_add(
         &self,
@@ -856,7 +836,6 @@ impl CudaDevice {
         up: &Weight,
         down: &Weight,
         act: Activation,
-        next: Option<(&Vector, f32)>,
     ) -> Result<bool> {
         let n = x.rows;
         if n == 0 {
@@ -868,9 +847,9 @@ impl CudaDevice {
             weight(up, "mlp")?,
             weight(down, "mlp")?,
         );
-        let (rn, next) = (row_norm(norm)?, next.map(row_norm).transpose()?);
+        let rn = row_norm(norm)?;
         let mut xv = view_mut(x, "mlp")?;
-        Ok(ctx.matmul_mlp_add(g, u, d, cuda_act(act), &mut xv, rn, next, n)?)
+        Ok(ctx.matmul_mlp_add(g, u, d, cuda_act(act), &mut xv, rn, n)?)
     }
 
     pub(super) fn gated_linear(

@@ -147,29 +147,6 @@ impl Device {
         self.add_assign(acc, &y)
     }
 
-    /// [`linear_add`](Self::linear_add) into a residual stream that the next product reads
-    /// through `rms_norm(acc, next)`: on a GPU with `AFM_NORM_FOLD=1` the skinny GEMM prepares
-    /// that norm's input in this product's epilogue (cuda/norm_fold.rs); elsewhere the same
-    /// as `linear_add`.
-    pub fn linear_add_then_norm(
-        &self,
-        x: &Tensor,
-        w: &Weight,
-        bias: Option<&Vector>,
-        acc: &mut Tensor,
-        next: (&Vector, f32),
-    ) -> Result<()> {
-        check_linear(x, w, bias)?;
-        check("linear_add accumulator rows", acc.rows, x.rows)?;
-        check("linear_add accumulator columns", acc.cols, w.rows)?;
-        super::elementwise::check_norm(acc, next.0)?;
-        #[cfg(feature = "cuda")]
-        if let (Device::Cuda(c), None) = (self, bias) {
-            return c.linear_add_then_norm(x, w, acc, next);
-        }
-        self.linear_add(x, w, bias, acc)
-    }
-
     /// [`linear_many`](Self::linear_many) of `rms_norm(x, norm)`: on a GPU the norm is folded
     /// into the product's launches where they are GEMVs (each block sums the squares of x
     /// itself) or quantize x first (one launch for both); otherwise normalized first.
@@ -278,8 +255,6 @@ impl Device {
     /// norm)` ([`norm_gated_linear`](Self::norm_gated_linear) then
     /// [`linear_add`](Self::linear_add)); on a GPU past the GEMV's rows, with 16-bit weights,
     /// one path that hands the GEMMs their inputs in 16 bits directly.
-    /// With `next`, the norm of the product after it (the next layer's input norm) is
-    /// prepared where it can be ([`linear_add_then_norm`](Self::linear_add_then_norm)).
     #[allow(clippy::too_many_arguments)]
     pub fn norm_gated_mlp_add(
         &self,
@@ -290,19 +265,15 @@ impl Device {
         up: &Weight,
         down: &Weight,
         act: Activation,
-        next: Option<(&Vector, f32)>,
     ) -> Result<()> {
         super::elementwise::check_norm(x, norm)?;
-        if let Some((nw, _)) = next {
-            super::elementwise::check_norm(x, nw)?;
-        }
         #[cfg(feature = "cuda")]
         if let Device::Cuda(c) = self {
             let fits = gate.cols == x.cols && up.cols == x.cols && gate.rows == up.rows;
             if fits
                 && down.cols == gate.rows
                 && down.rows == x.cols
-                && c.norm_gated_mlp_add(x, (norm, eps), gate, up, down, act, next)?
+                && c.norm_gated_mlp_add(x, (norm, eps), gate, up, down, act)?
             {
                 return Ok(());
             }

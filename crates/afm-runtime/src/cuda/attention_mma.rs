@@ -187,7 +187,7 @@ struct MmaArgs {
     n_splits: i32,
     scale: f32,
     softcap: f32,
-    /// The decode kernel's bf16 copy of its output (0: none; `norm_fold.rs`, `AFM_ATTN_HALF`).
+    /// The decode kernel's bf16 copy of its output (0: none; `handover.rs`, `AFM_ATTN_HALF`).
     out16: u64,
 }
 

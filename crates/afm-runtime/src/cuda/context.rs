@@ -376,17 +376,11 @@ pub struct CudaContext {
     /// Who runs the 16-bit GEMMs of the call in progress (a forced `MatmulPath` sets it for
     /// that call only).
     pub(super) gemm_choice: super::skinny::GemmChoice,
-    /// A residual product's output prepared for the normed product after it (`norm_fold.rs`),
-    /// whether residual products prepare (`None`: `AFM_NORM_FOLD`), and how many normed
-    /// products took a preparation.
-    pub(super) prepared: Option<super::norm_fold::PreparedNorm>,
-    pub(super) norm_fold: Option<bool>,
-    pub(super) norm_folds: u64,
     /// The decode attention's bf16 copy of its output for the O product, the copy that
     /// product read (held until the next), and whether the copy is made (`None`:
     /// `AFM_ATTN_HALF`).
-    pub(super) prepared_half: Option<super::norm_fold::PreparedHalf>,
-    pub(super) half_held: Option<super::norm_fold::PreparedHalf>,
+    pub(super) prepared_half: Option<super::handover::PreparedHalf>,
+    pub(super) half_held: Option<super::handover::PreparedHalf>,
     pub(super) attn_half: Option<bool>,
     pub(super) half_copies: u64,
 }
@@ -466,9 +460,6 @@ impl CudaContext {
             ws: Workspace::default(),
             _blas_ws: blas_ws,
             gemm_choice: super::skinny::GemmChoice::Auto,
-            prepared: None,
-            norm_fold: None,
-            norm_folds: 0,
             prepared_half: None,
             half_held: None,
             attn_half: None,
@@ -599,7 +590,7 @@ impl CudaContext {
         dst: &mut impl DevicePtrMut<T>,
     ) -> Result<()> {
         super::check_len("upload destination", dst.len(), host.len())?;
-        super::norm_fold::launched();
+        super::handover::launched();
         Ok(self.stream.memcpy_htod(host, dst)?)
     }
 
@@ -616,7 +607,7 @@ impl CudaContext {
     /// Device-to-device copy of `src` into the start of `dst`.
     pub fn copy<T>(&self, src: &impl DevicePtr<T>, dst: &mut impl DevicePtrMut<T>) -> Result<()> {
         super::check_len("copy destination", dst.len(), src.len())?;
-        super::norm_fold::launched();
+        super::handover::launched();
         Ok(self.stream.memcpy_dtod(src, dst)?)
     }
 

@@ -50,7 +50,7 @@ use super::gemv_shape::{self, half_rows, HalfKernel, GEMV_HALF_ROWS, GEMV_HALF_U
 use super::mmh::{mmh_shape, MMH_GATED_MAX_ROWS};
 use super::mmq::mmq_env_on;
 use super::ops::grid_1d;
-use super::skinny::{GemmChoice, SkinnyArgs, SkinnyFold, SkinnyGated, SkinnyPlan};
+use super::skinny::{GemmChoice, SkinnyArgs, SkinnyGated, SkinnyPlan};
 use super::{check_len, launch, CudaContext, CudaError, Result};
 use crate::switch::Switch;
 use crate::DType;
@@ -360,33 +360,6 @@ impl CudaContext {
         self.matmul_into(MatmulPath::Auto, w, x, n, out, true)
     }
 
-    /// [`matmul_add`](Self::matmul_add) into the residual stream `out` that also prepares
-    /// `rms_norm(out, next)` for the normed product after it where the skinny GEMM runs it
-    /// (`AFM_NORM_FOLD=1`, `norm_fold.rs`); otherwise `matmul_add`.
-    pub fn matmul_add_then_norm(
-        &mut self,
-        w: &DeviceWeight,
-        x: &impl DevicePtr<f32>,
-        n: usize,
-        out: &mut impl DevicePtrMut<f32>,
-        next: RowNorm,
-    ) -> Result<()> {
-        let half = matches!(w.dtype, DType::BF16 | DType::F16);
-        if let (true, Some(plan)) = (half, self.prep_plan(w.rows, w.cols, n)) {
-            check_len("matmul input", x.len(), n * w.cols)?;
-            check_len("matmul output", out.len(), n * w.rows)?;
-            if let Some(next) = self.fold_norm(&next, w.rows) {
-                let bf16 = w.dtype == DType::BF16;
-                let (xp, op, wp) = (self.ptr(x), self.ptr_mut(out), self.weight_ptr(w));
-                let hx = self.half_input(xp, n, w.cols, bf16, None)?;
-                if self.residual_prep((wp, hx, op), w.rows, w.cols, n, bf16, plan, next)? {
-                    return Ok(());
-                }
-            }
-        }
-        self.matmul_add(w, x, n, out)
-    }
-
     /// [`matmul_with`](Self::matmul_with), adding to `out` when `accumulate` is set.
     pub fn matmul_into(
         &mut self,
@@ -689,27 +662,6 @@ impl CudaContext {
         let cols = first.cols;
         let bf16 = first.dtype == DType::BF16;
         let ty = blas_half(bf16);
-        if let (Some(nm), [w]) = (norm, ws) {
-            // The norm prepared by the residual product before (`norm_fold.rs`).
-            if let Some(p) = self.take_prepared(xp, n, cols, nm, bf16) {
-                let args = SkinnyArgs {
-                    w: self.weight_ptr(w),
-                    x: p.x16(self),
-                    out: ops[0],
-                    rows: w.rows,
-                    cols,
-                    n,
-                    ldc: w.rows,
-                    accumulate,
-                    bf16,
-                    gated: None,
-                    fold: p.scale(self),
-                };
-                if self.skinny_gemm(args)? {
-                    return Ok(());
-                }
-            }
-        }
         let hx = self.half_input(xp, n, cols, bf16, norm)?;
         if let (Some(all), [_, _, ..], false) = (joined(ws), ws, accumulate) {
             return self.gemm_joined(ty, &all, ws, hx, n, ops);
@@ -741,7 +693,7 @@ impl CudaContext {
         norm: Option<NormArg>,
     ) -> Result<u64> {
         if let (true, None) = (bf16, norm) {
-            // The decode attention's own bf16 copy of x, where it made one (norm_fold.rs).
+            // The decode attention's own bf16 copy of x, where it made one (handover.rs).
             if let Some(at) = self.take_prepared_half(xp, n * cols) {
                 return Ok(at);
             }
@@ -811,14 +763,13 @@ impl CudaContext {
             accumulate: d.accumulate,
             bf16: ty == cudaDataType_t::CUDA_R_16BF,
             gated: None,
-            fold: SkinnyFold::default(),
         };
         if half && self.skinny_gemm(skinny)? {
             return Ok(());
         }
         let (alpha, beta) = (1.0f32, if d.accumulate { 1.0f32 } else { 0.0 });
         let (mi, ni, ki, ldci) = (d.m as i32, d.n as i32, d.k as i32, d.ldc as i32);
-        super::norm_fold::launched();
+        super::handover::launched();
         // SAFETY: a, b and c are device buffers of at least m·k, k·n and (n−1)·ldc + m
         // elements, checked by the callers.
         unsafe {
@@ -880,15 +831,6 @@ pub(super) struct NormArg {
 }
 
 impl CudaContext {
-    /// `norm` as the norm fold takes it: one weight per column of `cols` (a norm over groups
-    /// of columns is not folded).
-    fn fold_norm(&self, norm: &RowNorm, cols: usize) -> Option<NormArg> {
-        (norm.w.len() == cols).then(|| NormArg {
-            w: self.ptr(&norm.w),
-            eps: norm.eps,
-        })
-    }
-
     /// The kernels' form of `norm`, checked to be one weight per column of `cols`.
     fn norm_arg(&self, norm: Option<&RowNorm>, cols: usize) -> Result<Option<NormArg>> {
         norm.map(|n| {
@@ -1186,7 +1128,6 @@ impl CudaContext {
         act: super::Activation,
         x: &mut impl DevicePtrMut<f32>,
         norm: RowNorm,
-        next: Option<RowNorm>,
         n: usize,
     ) -> Result<bool> {
         let (d, ff) = (gate.cols, gate.rows);
@@ -1198,23 +1139,13 @@ impl CudaContext {
             return Ok(false);
         }
         check_len("matmul input", x.len(), n * d)?;
-        let next = next.and_then(|nx| self.fold_norm(&nx, d));
         let norm = self.norm_arg(Some(&norm), d)?;
         let bf16 = gate.dtype == DType::BF16;
         let mut h = self.alloc::<u16>(n * ff)?;
         let hp = self.ptr_mut(&mut h);
         // The skinny GEMM takes gate and up in one launch whose epilogue writes the activation
         // in 16 bits (no f32 products, no activation launch); else cuBLAS and `gated_act_h`.
-        // Its input is the one the residual product before prepared, if it did
-        // (`norm_fold.rs`), else normalized here.
-        let prepared = norm.and_then(|nm| self.take_prepared(xp, n, d, nm, bf16));
-        let (hx, scale) = match &prepared {
-            Some(p) => (p.x16(self), p.scale(self)),
-            None => (
-                self.half_input(xp, n, d, bf16, norm)?,
-                SkinnyFold::default(),
-            ),
-        };
+        let hx = self.half_input(xp, n, d, bf16, norm)?;
         let gated = SkinnyArgs {
             w: self.weight_ptr(gate),
             x: hx,
@@ -1229,14 +1160,8 @@ impl CudaContext {
                 up: self.weight_ptr(up),
                 act: act.code(),
             }),
-            fold: scale,
         };
         if !self.skinny_gemm(gated)? {
-            // A prepared input is not normalized: cuBLAS needs the norm launch after all.
-            let hx = match prepared {
-                Some(_) => self.half_input(xp, n, d, bf16, norm)?,
-                None => hx,
-            };
             let mut gu = self.gate_up_from_half(gate, up, hx, n)?;
             let gp = self.ptr_mut(&mut gu.buf);
             let upp = gp + (4 * gu.up) as u64;
@@ -1251,11 +1176,6 @@ impl CudaContext {
             accumulate: true,
         };
         let dp = self.weight_ptr(down);
-        if let (Some(nx), Some(plan)) = (next, self.prep_plan(d, ff, n)) {
-            if self.residual_prep((dp, hp, xp), d, ff, n, bf16, plan, nx)? {
-                return Ok(true);
-            }
-        }
         self.blas_gemm(ty, dp, hp, xp, dims)?;
         Ok(true)
     }

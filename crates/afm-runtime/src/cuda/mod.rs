@@ -36,11 +36,11 @@ mod context;
 mod decode_fused;
 mod device_weight;
 mod gemv_shape;
+mod handover;
 mod kernel_cache;
 mod matmul;
 mod mmh;
 mod mmq;
-mod norm_fold;
 mod ops;
 mod sampling;
 mod skinny;
@@ -212,7 +212,7 @@ pub(crate) unsafe fn launch_raw(
         )
     }
     .result()?;
-    norm_fold::launched();
+    handover::launched();
     Ok(())
 }
 

@@ -217,30 +217,7 @@ pub(crate) struct SkinnyArgs {
     pub accumulate: bool,
     pub bf16: bool,
     pub gated: Option<SkinnyGated>,
-    /// The RMSNorm fold's arguments (`cuda/norm_fold.rs`); all zero: none.
-    pub fold: SkinnyFold,
 }
-
-/// The folded norm's device arguments (`SkFold` in skinny.cu): "prep" (`nw` set) writes the
-/// next norm's 16-bit input `x16` and each tile's row sums of squares `pss`; "scale" (`rss`
-/// set) scales each row by the norm of `rtiles` such partials over `k` columns.
-#[repr(C)]
-#[derive(Clone, Copy, Default, Debug)]
-pub(crate) struct SkinnyFold {
-    pub nw: u64,
-    pub x16: u64,
-    pub pss: u64,
-    pub rss: u64,
-    pub rtiles: i32,
-    pub k: i32,
-    pub eps: f32,
-}
-
-// SAFETY: plain #[repr(C)] data, laid out as the CUDA struct (four pointers, two ints, a float;
-// skinny.cu asserts the same size).
-unsafe impl cudarc::driver::DeviceRepr for SkinnyFold {}
-const _: () =
-    assert!(std::mem::size_of::<SkinnyFold>() == 48 && std::mem::offset_of!(SkinnyFold, eps) == 40);
 
 /// The up matrix and activation code (0 SiLU, 1 GELU-tanh) of a gated skinny product.
 #[derive(Clone, Copy)]
@@ -301,8 +278,8 @@ impl CudaContext {
         };
         let ks = a.cols / plan.splits;
         let ring = stages(plan.rows_per_block(), n_tile, ks);
-        // The stages (the epilogue reuses them for the split merge's partials and the norm
-        // fold's values: a unit test checks they fit) and the reserve.
+        // The stages (the epilogue reuses them for the split merge's partials: a unit test
+        // checks they fit) and the reserve.
         let bytes = ring * stage_bytes(plan.rows_per_block(), n_tile) + SMEM_RESERVED;
         // Weight rows of one matrix per block: a gated block's tile is half gate, half up.
         let boxed = match a.gated {
@@ -346,8 +323,8 @@ impl CudaContext {
         };
         let xmap = tensor_map(a.x, a.n, a.cols, n_tile, a.bf16)?;
         let (out, m, n, ldc) = (a.out, a.rows as i32, a.n as i32, a.ldc as i32);
-        let (ks, acc, ring, fold) = (ks as i32, i32::from(a.accumulate), ring as i32, a.fold);
-        launch!(self, f, cfg, cluster = cluster; wmap, umap, xmap, out, m, n, ldc, ks, acc, act, ring, fold)?;
+        let (ks, acc, ring) = (ks as i32, i32::from(a.accumulate), ring as i32);
+        launch!(self, f, cfg, cluster = cluster; wmap, umap, xmap, out, m, n, ldc, ks, acc, act, ring)?;
         Ok(true)
     }
 }
@@ -369,9 +346,8 @@ mod tests {
                         bytes + SMEM_RESERVED <= SMEM_MAX,
                         "{warps}/{n_tile}: {bytes}"
                     );
-                    // The merge's partials, the norm fold's final values, row scales and
-                    // the consumers' parts of them (64 a warp pair).
-                    let epilogue = 2 * n_tile * rows * 4 + 4 * n_tile + 4 * 64 * warps;
+                    // The merge's partials.
+                    let epilogue = n_tile * rows * 4;
                     assert!(epilogue <= bytes, "{warps}/{n_tile}: {epilogue} bytes");
                 }
             }

@@ -225,7 +225,7 @@ impl CudaContext {
         if l.mma {
             let (bs, qo) = (cache.block_size, (qp, q_stride));
             let w = (op, width);
-            // A bf16 copy for the O product after it, where one may take it (norm_fold.rs).
+            // A bf16 copy for the O product after it, where one may take it (handover.rs).
             let mut twin = self.half_twin(out.len() / width, out.len())?;
             let tp = twin.as_mut().map_or(0, |b| self.ptr_mut(b));
             self.launch_dec_mma(kv, bs, batch, &l, qo, p, w, (ws, done), Some(pr), tp)?;

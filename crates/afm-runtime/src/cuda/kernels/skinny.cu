@@ -28,24 +28,6 @@ struct __align__(64) TmaDesc {
     u64 v[16];
 };
 
-// The RMSNorm folded across two products (AFM_NORM_FOLD=1, cuda/skinny.rs `NormFold`): a
-// residual product ("prep", nw set) writes, beside x + x·Wᵀ, the next norm's input as
-// half(x ⊙ nw) in x16 and each row's sum of squares over its block's outputs in
-// pss[blockIdx.x][row] (64 rows a tile); the normed product after it ("scale", rss set)
-// multiplies by half(x ⊙ nw) and scales row c of its result by 1 / sqrt(Σ_t rss[t][c] / k + eps),
-// summing the rtiles partials in order. So no norm launch between them; the rounding moves
-// from half(x · s · w) to half(x · w) · s.
-struct SkFold {
-    const float* nw;
-    u16* x16;
-    float* pss;
-    const float* rss;
-    int rtiles, k;
-    float eps;
-};
-// cuda/skinny.rs's SkinnyFold mirrors this layout.
-static_assert(sizeof(SkFold) == 48, "SkFold");
-
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define SK_WGMMA 1
 // A wgmma operand descriptor of a K-major tile at shared address `at` in the 128-byte swizzle
@@ -139,36 +121,6 @@ __device__ __forceinline__ float4 sk_sum_splits(const float* red, int at, int S)
     return sum;
 }
 
-// SkFold "scale", first half, by each consumer thread right after the PDL wait, so its loads
-// overlap the first stages: row (tid % 64)'s sum of squares over the producer's tiles
-// tid / 64, + P, + 2P, ... (P = WARPS: the consumers are 64·WARPS threads); 0 for others.
-template <int WARPS>
-__device__ __forceinline__ float sk_rss_part(const SkFold& f) {
-    float ss = 0.f;
-    if (f.rss != nullptr && threadIdx.x < 64 * WARPS) {
-        const int row = threadIdx.x & 63;
-#pragma unroll 8
-        for (int t = threadIdx.x >> 6; t < f.rtiles; t += WARPS) ss += f.rss[t * 64 + row];
-    }
-    return ss;
-}
-
-// Second half, in the epilogue: the parts through `tmp` (WARPS·64 floats) and row c's scale
-// into scale[c] for c < N, its parts summed in order. Syncs inside; the caller syncs again
-// before reading scale.
-template <int WARPS, int N>
-__device__ __forceinline__ void sk_row_scales(const SkFold& f, float part, float* tmp,
-                                              float* scale) {
-    if (f.rss == nullptr) return;
-    if (threadIdx.x < 64 * WARPS) tmp[threadIdx.x] = part;
-    __syncthreads();
-    if (threadIdx.x < N) {
-        float ss = 0.f;
-        for (int p = 0; p < WARPS; p++) ss += tmp[p * 64 + threadIdx.x];
-        scale[threadIdx.x] = 1.0f / sqrtf(ss / (float)f.k + f.eps);
-    }
-}
-
 // The products' store: out (+)= acc. Consumer warps are the first 2·WARPS (WARPS / 2
 // warpgroups); the producer holds nothing. With split columns (gridDim.z > 1, a cluster along
 // z) the partials go to this block's stage memory as [N][BM] f32 (every warp must be done with
@@ -179,16 +131,13 @@ __device__ __forceinline__ void sk_row_scales(const SkFold& f, float part, float
 // cluster finishes outputs [r·E/S, (r+1)·E/S) of the E = N·BM/2, summing ranks in order.
 template <int WARPS, int N, bool BF16>
 __device__ __forceinline__ void sk_epilogue_gated(const float (&acc)[N / 2], u16* out, int m0,
-                                                  int wrows, int n, int ldc, int act,
-                                                  const SkFold& fold, float rss_part) {
+                                                  int wrows, int n, int ldc, int act) {
     constexpr int BM = WARPS * 32, H = BM / 2;
     extern __shared__ __align__(128) u16 sk_sm[];
     const bool holds = (threadIdx.x >> 5) < 2 * WARPS;
     const int S = gridDim.z, rank = blockIdx.z;
     __syncthreads();
     float* red = (float*)sk_sm;
-    float* scale = red + N * BM;  // [N]: the folded norm's row scales
-    sk_row_scales<WARPS, N>(fold, rss_part, scale + N, scale);
     if (holds) sk_each<N>(acc, [&](int r, int c, float v) { red[c * BM + r] = v; });
     if (S > 1) cluster_sync();
     else __syncthreads();
@@ -198,9 +147,7 @@ __device__ __forceinline__ void sk_epilogue_gated(const float (&acc)[N / 2], u16
         if (c >= n) break;  // i only grows
         const int at = c * BM + j;
         const float4 g = sk_sum_splits(red, at, S), u = sk_sum_splits(red, at + H, S);
-        const float sc = fold.rss != nullptr ? scale[c] : 1.f;
-        const float gv[4] = {sc * g.x, sc * g.y, sc * g.z, sc * g.w};
-        const float uv[4] = {sc * u.x, sc * u.y, sc * u.z, sc * u.w};
+        const float gv[4] = {g.x, g.y, g.z, g.w}, uv[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             if (j + e < wrows) {
@@ -212,20 +159,14 @@ __device__ __forceinline__ void sk_epilogue_gated(const float (&acc)[N / 2], u16
     if (S > 1) cluster_sync();  // every block's partials stay until the others have read them
 }
 
-// With a fold, the partials go through stage memory even without split columns: "scale"
-// needs the row scales there, "prep" the block's final values ([N][BM] f32 after the
-// partials) to sum each row's squares over its outputs in order. Each rank finishes whole
-// rows (N / S of them), so that sum is block-local.
-template <int WARPS, int N, bool BF16>
+template <int WARPS, int N>
 __device__ __forceinline__ void sk_epilogue(const float (&acc)[N / 2], float* out, int m0,
-                                            int wrows, int n, int ldc, int accumulate,
-                                            const SkFold& fold, float rss_part) {
+                                            int wrows, int n, int ldc, int accumulate) {
     constexpr int BM = WARPS * 32;
     extern __shared__ __align__(128) u16 sk_sm[];
     const bool holds = (threadIdx.x >> 5) < 2 * WARPS;
-    const bool prep = fold.nw != nullptr, scaled = fold.rss != nullptr;
     const int S = gridDim.z, rank = blockIdx.z;
-    if (S == 1 && !prep && !scaled) {
+    if (S == 1) {
         if (!holds) return;
         sk_each<N>(acc, [&](int r, int c, float v) {
             if (r < wrows && c < n) {
@@ -237,47 +178,23 @@ __device__ __forceinline__ void sk_epilogue(const float (&acc)[N / 2], float* ou
     }
     __syncthreads();
     float* red = (float*)sk_sm;
-    float* fin = red + N * BM;    // prep: this block's final values
-    float* scale = fin + N * BM;  // scale: the row scales
-    sk_row_scales<WARPS, N>(fold, rss_part, scale + N, scale);
     if (holds) sk_each<N>(acc, [&](int r, int c, float v) { red[c * BM + r] = v; });
-    if (S > 1) cluster_sync();
-    else __syncthreads();
+    cluster_sync();
     const int per = N * BM / S;  // a multiple of 4: BM is of 64 and S at most 16
     for (int i = rank * per + threadIdx.x * 4; i < (rank + 1) * per; i += blockDim.x * 4) {
         const int c = i / BM, r = i % BM;
         if (c >= n) break;  // i only grows
         const float4 sum = sk_sum_splits(red, i, S);
-        const float sc = scaled ? scale[c] : 1.f;
-        const float sv[4] = {sc * sum.x, sc * sum.y, sc * sum.z, sc * sum.w};
+        const float sv[4] = {sum.x, sum.y, sum.z, sum.w};
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             if (r + e < wrows) {
-                const i64 at = (i64)c * ldc + m0 + r + e;
-                const float v = accumulate ? out[at] + sv[e] : sv[e];
-                out[at] = v;
-                if (prep) {
-                    fin[i + e] = v;
-                    const float h = v * fold.nw[m0 + r + e];
-                    fold.x16[at] = BF16 ? f2bf(h) : f2h(h);
-                }
+                float* o = out + (i64)c * ldc + m0 + r + e;
+                *o = accumulate ? *o + sv[e] : sv[e];
             }
         }
     }
-    if (prep) {
-        // A warp a row: lanes sum r = lane, lane + 32, ... (consecutive banks), then a fixed
-        // butterfly; the same order whatever the batch.
-        __syncthreads();
-        const int rows = N / S, c0 = rank * rows, lane = threadIdx.x & 31;
-        for (int c = c0 + (threadIdx.x >> 5); c < c0 + rows && c < n; c += blockDim.x >> 5) {
-            float ss = 0.f;
-            for (int r = lane; r < wrows; r += 32) ss += fin[c * BM + r] * fin[c * BM + r];
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(FULL_MASK, ss, o);
-            if (lane == 0) fold.pss[blockIdx.x * 64 + c] = ss;
-        }
-    }
-    if (S > 1) cluster_sync();  // every block's partials stay until the others have read them
+    cluster_sync();  // every block's partials stay until the others have read them
 }
 
 // The box of tensor map `map` at (column c, row r) into shared dst, counted on barrier bar.
@@ -294,7 +211,7 @@ __device__ __forceinline__ void tma_tile(u32 dst, const TmaDesc* map, int c, int
 template <int WARPS, int N, bool BF16, bool GATED>
 __device__ void skinny_impl(const TmaDesc* wmap, const TmaDesc* umap, const TmaDesc* xmap,
                             void* __restrict__ out, int m, int n, int ldc, int ks, int accumulate,
-                            int act, int stages, const SkFold& fold) {
+                            int act, int stages) {
     constexpr int BM = WARPS * 32, CW = 2 * WARPS;  // consumer warps: WARPS / 2 warpgroups
     const int STAGES = stages;  // the ring's depth: the host sized the shared memory for it
     constexpr int WST = BM * SK_BK, XST = N * SK_BK, ST = WST + XST;  // elements
@@ -347,7 +264,6 @@ __device__ void skinny_impl(const TmaDesc* wmap, const TmaDesc* umap, const TmaD
     } else {
         pdl_begin();
     }
-    const float rss_part = sk_rss_part<WARPS>(fold);  // rss: the previous kernel's output
 
     float acc[N / 2];
 #pragma unroll
@@ -358,8 +274,9 @@ __device__ void skinny_impl(const TmaDesc* wmap, const TmaDesc* umap, const TmaD
         // rows, four k16 steps a stage; a stage's slot is freed once the next stage's MMAs
         // are issued and its own have completed (one group in flight).
         const u32 a_off = (warp >> 2) * 64 * SK_BK * 2;
-        // The ring's slot and round parity by counting: a runtime depth's `%` and `/` in this
-        // loop cost ~3% end to end (session 23).
+        // The ring's slot and round parity by counting, not `%` and `/` by the runtime depth:
+        // +2.3% end to end at 64 streams of Qwen3-8B (session 23), so this loop's few
+        // instructions a stage are on the step's critical path.
         for (int s = 0, slot = 0, par = 0, prev = 0; s < steps; s++) {
             mbar_wait(bars + 8 * slot, par);
             const u32 wb = ring + slot * STAGE_BYTES, xb = wb + WST * 2;
@@ -378,11 +295,8 @@ __device__ void skinny_impl(const TmaDesc* wmap, const TmaDesc* umap, const TmaD
         wg_wait<0>();
         wg_fence_acc(acc);
     }
-    if (GATED)
-        sk_epilogue_gated<WARPS, N, BF16>(acc, (u16*)out, m0, wrows, n, ldc, act, fold, rss_part);
-    else
-        sk_epilogue<WARPS, N, BF16>(acc, (float*)out, m0, wrows, n, ldc, accumulate, fold,
-                                    rss_part);
+    if (GATED) sk_epilogue_gated<WARPS, N, BF16>(acc, (u16*)out, m0, wrows, n, ldc, act);
+    else sk_epilogue<WARPS, N>(acc, (float*)out, m0, wrows, n, ldc, accumulate);
 }
 #endif
 
@@ -391,8 +305,7 @@ __device__ void skinny_impl(const TmaDesc* wmap, const TmaDesc* umap, const TmaD
 // the host launches them on compute capability 9.0 only.
 #if defined(SK_WGMMA)
 #define SK_BODY(W, NN, B, G) \
-    skinny_impl<W, NN, B, G>(&wmap, &umap, &xmap, out, m, n, ldc, ks, accumulate, act, stages, \
-                             fold);
+    skinny_impl<W, NN, B, G>(&wmap, &umap, &xmap, out, m, n, ldc, ks, accumulate, act, stages);
 #else
 #define SK_BODY(W, NN, B, G)
 #endif
@@ -400,7 +313,7 @@ __device__ void skinny_impl(const TmaDesc* wmap, const TmaDesc* umap, const TmaD
     extern "C" __global__ void __launch_bounds__(W * 64 + 32) NAME##_##T##_w##W##_n##NN(       \
         const __grid_constant__ TmaDesc wmap, const __grid_constant__ TmaDesc umap,             \
         const __grid_constant__ TmaDesc xmap, void* __restrict__ out, int m, int n, int ldc,    \
-        int ks, int accumulate, int act, int stages, const SkFold fold) {                     \
+        int ks, int accumulate, int act, int stages) {                                        \
         SK_BODY(W, NN, B, G)                                                                  \
     }
 #define SK_NS(NAME, T, W, B, G) \
