@@ -49,7 +49,7 @@ struct MmaArgs {
     int n_splits;  // key-range splits (grid z), at most MMA_MAX_SPLITS
     float scale, softcap;
     // Decode: also each output in bf16 here (same layout as out; null: none), the input of a
-    // 16-bit O product (AFM_ATTN_HALF, cuda/norm_fold.rs), so it needs no conversion launch.
+    // 16-bit O product (AFM_ATTN_HALF, cuda/handover.rs), so it needs no conversion launch.
     u16* out16;
 };
 // cuda/attention_mma.rs's MmaArgs mirrors this layout.
