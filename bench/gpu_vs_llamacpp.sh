@@ -16,6 +16,8 @@
 #                                    trimmed llama.cpp source tarball from LLAMA_SRC (llama-cpp-
 #                                    python's sdist, vendor/llama.cpp), gpu_bench from GPU_BIN_DIR
 #                                    (bench/gpu_bench.sh build) and the Qwen2.5 tokenizer files
+#                                    (made by scripts/qwen25_tokenizer.py from the Qwen2.5 GGUF
+#                                    when TOKENIZER_DIR has none)
 #   bench/gpu_vs_llamacpp.sh run     on the GPU machine, repo root, with CARRY carried
 #
 # Time (run): every step is capped so that the steps end BUDGET seconds (default 530) after the
@@ -48,7 +50,8 @@ carry() {
     local tok=${TOKENIZER_DIR:-models/hf/qwen25}
     [ -f "$src/convert_hf_to_gguf.py" ] || die "LLAMA_SRC=$src has no convert_hf_to_gguf.py (unpack llama-cpp-python's sdist)"
     [ -x "$bin" ] || die "$bin missing: run bench/gpu_bench.sh build first"
-    [ -f "$tok/tokenizer.json" ] || die "$tok/tokenizer.json missing (scripts/fetch_*.sh)"
+    [ -f "$tok/tokenizer.json" ] || python3 scripts/qwen25_tokenizer.py "${QWEN25_GGUF:-models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf}" "$tok" ||
+        die "$tok/tokenizer.json missing and not made (scripts/fetch_models.sh qwen05, then scripts/qwen25_tokenizer.py)"
     mkdir -p "$C"
     local tmp
     tmp=$(mktemp -d)
