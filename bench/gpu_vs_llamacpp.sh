@@ -30,7 +30,8 @@
 # the llama.cpp build there.
 # Knobs: MODELS, STREAMS (1,8,32,64), PROMPT (128), GEN (256), TTFT (1024), PP (llama-bench's
 # prompt lengths, 512,TTFT), REPS (10), LONG (16384; empty: none), BUDGET, WORK_DIR
-# (/tmp/afm-vs-llama), KEEP_HF=1 keeps each HF dir after its conversion, REBUILD=1, DEVICE=cpu
+# (/tmp/afm-vs-llama), KEEP_HF=1 keeps each HF dir after its conversion, Q4=0 leaves out the
+# Q4_K_M files and their rows (e.g. a call for the LONG rows alone), REBUILD=1, DEVICE=cpu
 # (the flow without a GPU: no ceilings, llama.cpp built without CUDA, -ngl 0).
 # Output: progress and the table on stdout; under ${OUT:-bench/out}: table.md, steps.log and
 # raw.tar.gz (every log and JSON line; few files, as the device tool returns at most eight).
@@ -150,6 +151,7 @@ gguf_lane() {
             weight_bytes "$m-bf16"
     done
     await build || return 0
+    [ "$Q4" = 1 ] || return 0
     for m in ${MODELS//,/ }; do
         await "conv.$m" || continue
         # shellcheck disable=SC2086
@@ -211,6 +213,7 @@ run() {
     REPS=${REPS:-10}
     LONG=${LONG-16384}
     TTFT=${TTFT:-1024}
+    Q4=${Q4:-1}
     PP=${PP:-512,$TTFT}
     DEV=${DEVICE:-cuda}
     NGL=99
@@ -242,7 +245,7 @@ run() {
     cp "$C/AFM_COMMIT" "$R/afm_commit.txt"
     cp "$C/LLAMA_VERSION" "$R/llama_version.txt"
 
-    export W R JOBS BG DEV
+    export W R JOBS BG DEV Q4
     if [ "${REBUILD:-0}" != 1 ] && [ -x "$LB/llama-bench" ] && [ -x "$LB/llama-batched-bench" ] &&
         [ -x "$LB/llama-quantize" ]; then
         say "llama.cpp: reusing the build in $LB (REBUILD=1 rebuilds)"
@@ -282,6 +285,7 @@ run() {
         fi
     done
     for m in ${MODELS//,/ }; do
+        [ "$Q4" = 1 ] || break
         if await "quant.$m"; then
             afm_bench "afm-$m-Q4_K_M" "$W/$m-Q4_K_M.gguf" "$STREAMS" "$TTFT"
             llama_bench "$m-Q4_K_M" "$W/$m-Q4_K_M.gguf"

@@ -376,11 +376,9 @@ pub struct CudaContext {
     /// Who runs the 16-bit GEMMs of the call in progress (a forced `MatmulPath` sets it for
     /// that call only).
     pub(super) gemm_choice: super::skinny::GemmChoice,
-    /// The decode attention's bf16 copy of its output for the O product, the copy that
-    /// product read (held until the next), and whether the copy is made (`None`:
-    /// `AFM_ATTN_HALF`).
+    /// The decode attention's bf16 copy of its output for the O product, and whether the copy
+    /// is made (`None`: `AFM_ATTN_HALF`).
     pub(super) prepared_half: Option<super::handover::PreparedHalf>,
-    pub(super) half_held: Option<super::handover::PreparedHalf>,
     pub(super) attn_half: Option<bool>,
     pub(super) half_copies: u64,
 }
@@ -461,7 +459,6 @@ impl CudaContext {
             _blas_ws: blas_ws,
             gemm_choice: super::skinny::GemmChoice::Auto,
             prepared_half: None,
-            half_held: None,
             attn_half: None,
             half_copies: 0,
         };

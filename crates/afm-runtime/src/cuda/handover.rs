@@ -17,9 +17,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use cudarc::driver::CudaSlice;
-
-use super::context::CudaContext;
+use super::context::{scratch, CudaContext};
 use super::skinny::{skinny_on, SKINNY_ROWS};
 use super::Result;
 use crate::switch::Switch;
@@ -44,20 +42,19 @@ fn attn_half_on() -> bool {
     ON.on()
 }
 
-/// A bf16 copy of the f32 values at `x` (as many as `buf` holds), made by the launch that
-/// wrote them.
+/// A bf16 copy at `buf` (the workspace's `half_x`) of the `len` f32 values at `x`, made by
+/// the launch that wrote them.
 pub(crate) struct PreparedHalf {
     x: u64,
-    buf: CudaSlice<u16>,
+    buf: u64,
+    len: usize,
     at: u64,
 }
 
 impl CudaContext {
-    /// Drops a copy no product took, and the one the last product read (their buffers freed
-    /// in stream order).
+    /// Forgets a copy no product took.
     pub fn clear_prepared(&mut self) {
         self.prepared_half = None;
-        self.half_held = None;
     }
 
     /// Whether the decode attention writes a bf16 copy of its output, over `AFM_ATTN_HALF`
@@ -66,36 +63,39 @@ impl CudaContext {
         self.attn_half = on;
     }
 
-    /// A buffer for the bf16 copy of a decode attention output of `rows` rows, `len` values,
-    /// where a 16-bit product may read it next (the copy on, the skinny GEMM's rows); `None`.
-    pub(super) fn half_twin(&self, rows: usize, len: usize) -> Result<Option<CudaSlice<u16>>> {
+    /// Where the bf16 copy of a decode attention output of `rows` rows, `len` values, goes
+    /// when a 16-bit product may read it next (the copy on, the skinny GEMM's rows): the
+    /// workspace's `half_x`, which that product would otherwise convert its input into, so the
+    /// copy costs no buffer of its own; else `None`.
+    pub(super) fn half_twin(&mut self, rows: usize, len: usize) -> Result<Option<u64>> {
         let on = self.attn_half.unwrap_or_else(attn_half_on);
         if !(on && skinny_on() && SKINNY_ROWS.contains(&rows)) {
             return Ok(None);
         }
-        Ok(Some(self.alloc::<u16>(len)?))
+        let stream = self.stream().clone();
+        Ok(Some(scratch(&stream, &mut self.ws.half_x, len)?))
     }
 
-    /// Records `buf`, just written by the last launch, as the bf16 copy of the f32 values at `x`.
-    pub(super) fn set_prepared_half(&mut self, x: u64, buf: CudaSlice<u16>) {
+    /// Records `buf`, just written by the last launch, as the bf16 copy of the `len` f32
+    /// values at `x`.
+    pub(super) fn set_prepared_half(&mut self, x: u64, buf: u64, len: usize) {
         self.prepared_half = Some(PreparedHalf {
             x,
             buf,
+            len,
             at: launches(),
         });
     }
 
-    /// The bf16 copy of the `len` f32 values at `x` if the last launch made it (kept in the
-    /// context until the next hand-over, so it outlives the launch that reads it).
+    /// The bf16 copy of the `len` f32 values at `x` if the last launch made it. Nothing ran
+    /// in between (the launch count), so nothing else wrote or regrew `half_x` either.
     pub(super) fn take_prepared_half(&mut self, x: u64, len: usize) -> Option<u64> {
         let p = self.prepared_half.take()?;
-        if p.x != x || p.buf.len() != len || p.at != launches() {
+        if p.x != x || p.len != len || p.at != launches() {
             return None;
         }
-        let at = self.ptr(&p.buf);
-        self.half_held = Some(p);
         self.half_copies += 1;
-        Some(at)
+        Some(p.buf)
     }
 
     /// 16-bit products so far that read the decode attention's bf16 copy of their input.

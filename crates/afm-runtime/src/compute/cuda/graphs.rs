@@ -376,9 +376,8 @@ impl CudaDevice {
                 return forward(&tokens, &seqs, kv).map(|_| ());
             }
             let stream = self.lock().stream().clone();
-            // A hand-over left by a forward (a copy no product took, or the one the last
-            // read; cuda/handover.rs) is freed where it was made: the warm-up's here, the
-            // capture's inside the graph.
+            // A hand-over left by a forward (a copy no product took; cuda/handover.rs) is
+            // forgotten on both sides of the capture, so none crosses into or out of a graph.
             self.lock().clear_prepared();
             stream
                 .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)

@@ -226,11 +226,11 @@ impl CudaContext {
             let (bs, qo) = (cache.block_size, (qp, q_stride));
             let w = (op, width);
             // A bf16 copy for the O product after it, where one may take it (handover.rs).
-            let mut twin = self.half_twin(out.len() / width, out.len())?;
-            let tp = twin.as_mut().map_or(0, |b| self.ptr_mut(b));
+            let twin = self.half_twin(out.len() / width, out.len())?;
+            let tp = twin.unwrap_or(0);
             self.launch_dec_mma(kv, bs, batch, &l, qo, p, w, (ws, done), Some(pr), tp)?;
             if let Some(b) = twin {
-                self.set_prepared_half(op, b);
+                self.set_prepared_half(op, b, out.len());
             }
             return Ok(true);
         }
