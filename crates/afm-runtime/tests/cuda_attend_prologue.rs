@@ -224,9 +224,12 @@ fn check(case: Case) -> bool {
         bits(&c.download(&out_fused).unwrap()),
         "{what}: the bf16 copy moved the attention output"
     );
+    // A graph's padding rows have no attention output (their copy rows hold whatever the
+    // workspace held, their f32 rows the poison), and no one reads their products.
+    let real = case.ctx.len() * 256;
     assert_eq!(
-        bits(&c.download(&o_half).unwrap()),
-        bits(&c.download(&o_conv).unwrap()),
+        bits(&c.download(&o_half).unwrap()[..real]),
+        bits(&c.download(&o_conv).unwrap()[..real]),
         "{what}: O from the attention's bf16 copy"
     );
 
