@@ -12,6 +12,8 @@
 #                                           [NAME=VALUE ...] KIND [ARGS]: the assignments are its
 #                                           environment. KINDs:
 #     bench MODEL STREAMS       gpu_bench MODEL cuda STREAMS 128 256 "" y (graphs, device sampling)
+#     ttft MODEL LENS           gpu_bench MODEL cuda "" 128 16 LENS y: time to first token (median
+#                               of 3) at each prompt length of LENS (e.g. 1024,16384)
 #     graph64                   graph_check on qwen3-0.6b, AFM_GRAPH_CHECK_COPIES=8 (64 rows)
 #     t_TEST [ARGS]             a test binary, --test-threads=1 (timeout 300 s: a hang ends it)
 #     tfd                       tests/fused_decode.rs on qwen3-0.6b
@@ -86,6 +88,11 @@ for c in "$@"; do
         gen "${w[1]}"
         env "${envs[@]}" timeout ${to:-400} "$B/gpu_bench" "$R/${w[1]}" cuda "${w[2]}" 128 256 "" y >"$log" 2>&1
         grep -E "^streams|error|panick" "$log" | tail -6
+        ;;
+    ttft)
+        gen "${w[1]}"
+        env "${envs[@]}" timeout ${to:-400} "$B/gpu_bench" "$R/${w[1]}" cuda "" 128 16 "${w[2]}" y >"$log" 2>&1
+        grep -E "^TTFT|error|panick" "$log" | tail -6
         ;;
     graph64)
         gen qwen3-0.6b
