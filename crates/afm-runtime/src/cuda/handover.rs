@@ -66,7 +66,9 @@ impl CudaContext {
     /// Where the bf16 copy of a decode attention output of `rows` rows, `len` values, goes
     /// when a 16-bit product may read it next (the copy on, the skinny GEMM's rows): the
     /// workspace's `half_x`, which that product would otherwise convert its input into, so the
-    /// copy costs no buffer of its own; else `None`.
+    /// copy costs no buffer of its own; else `None`. The Q/K/V product before the attention
+    /// read its input from `half_x` too; the attention writes the copy after its PDL wait,
+    /// which returns once that product has completed.
     pub(super) fn half_twin(&mut self, rows: usize, len: usize) -> Result<Option<u64>> {
         let on = self.attn_half.unwrap_or_else(attn_half_on);
         if !(on && skinny_on() && SKINNY_ROWS.contains(&rows)) {
