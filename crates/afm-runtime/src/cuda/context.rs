@@ -801,14 +801,13 @@ mod tests {
         );
     }
 
-    /// Every name `kernel_names` lists is an entry point of its module's PTX (a missing one
-    /// fails `CudaContext::new` on the GPU with "named symbol not found"). Needs libnvrtc only.
+    /// Every module compiles, and every name `kernel_names` lists is an entry point of its
+    /// module's PTX (a missing one fails `CudaContext::new` on the GPU with "named symbol not
+    /// found"). Needs libnvrtc only (without it cudarc's loader panics). A compile error used
+    /// to count as "libnvrtc not found" and pass.
     #[test]
     fn every_listed_kernel_is_in_the_ptx() {
-        let Ok(modules) = compile_kernels(Some("compute_90")) else {
-            eprintln!("skipped: libnvrtc not found");
-            return;
-        };
+        let modules = compile_kernels(Some("compute_90")).unwrap_or_else(|e| panic!("{e}"));
         for (module, ptx) in modules {
             let text = ptx.to_src();
             for name in kernel_names(module) {
