@@ -24,11 +24,11 @@
 # Every command has a timeout; a hung grid barrier traps after 2 s by itself.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
+# Copied into target/cuda/<dir> (CALLS_DIR at build, default h19) it runs from there.
 case "$here" in
-*/target/cuda/h19) cd "$here/../../.." ;;
-*) cd "$here/.." ;;
+*/target/cuda/*) cd "$here/../../.." && H=target/cuda/${here##*/} ;;
+*) cd "$here/.." && H=${CALLS_DIR:-target/cuda/h19} ;;
 esac
-H=target/cuda/h19
 R=${RANDOM_MODELS_DIR:-/tmp/afm-gpucheck}
 case "${1:-}" in
 build)

@@ -21,14 +21,16 @@
 #     ncu MODEL STREAMS SKIP N  bench/ncu_kernels.py's per-kernel profile
 #     gpucheck                  scripts/gpu_check.sh run (needs target/cuda/gpucheck carried too)
 #   TIMEOUT=S among a CMD's assignments bounds it to S seconds (bench, graph64, t_, cb).
+#   CALLS_DIR=target/cuda/<dir> at build puts everything there instead of target/cuda/h19, so
+#   builds of two branches can travel in one call (carry both; run each dir's call.sh).
 #   MODELs are scripts/gpu_random_models.py's names (qwen3-0.6b, qwen3-8b), made on first use.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
+# Copied into target/cuda/<dir> (CALLS_DIR at build, default h19) it runs from there.
 case "$here" in
-*/target/cuda/h19) cd "$here/../../.." ;;
-*) cd "$here/.." ;;
+*/target/cuda/*) cd "$here/../../.." && H=target/cuda/${here##*/} ;;
+*) cd "$here/.." && H=${CALLS_DIR:-target/cuda/h19} ;;
 esac
-H=target/cuda/h19
 R=${RANDOM_MODELS_DIR:-/tmp/afm-gpucheck}
 
 exe_of() { # cargo's JSON on stdin -> the executable of target $1
@@ -45,7 +47,7 @@ if [ "${1:-}" = build ]; then
     set -e
     shift
     export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target/cuda}
-    bash scripts/fused_decode_check.sh build
+    CALLS_DIR=$H bash scripts/fused_decode_check.sh build
     tests=("$@")
     [ ${#tests[@]} -gt 0 ] || tests=(cuda_skinny cuda_fused cuda_ops cuda_mmh cuda_attend_prologue)
     for t in "${tests[@]}"; do
