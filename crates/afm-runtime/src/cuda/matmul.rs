@@ -825,9 +825,9 @@ pub struct RowNorm<'a> {
 
 /// A [`RowNorm`] as the kernels take it: the weight's device address (0: no norm) and epsilon.
 #[derive(Clone, Copy)]
-pub(super) struct NormArg {
-    pub(super) w: u64,
-    pub(super) eps: f32,
+struct NormArg {
+    w: u64,
+    eps: f32,
 }
 
 impl CudaContext {
